@@ -1,0 +1,1 @@
+"""The coordinator: round engine, strategies (round scripts), transports, summaries."""

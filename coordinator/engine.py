@@ -1,0 +1,286 @@
+"""The round engine: drives a strategy's round scripts, dispatches each phase through a
+transport, enforces the phase deadline and quorum, drops bad or late answers, aggregates when
+the phase asks for it, and records what happened in every round.
+
+A round whose phase misses its quorum is abandoned: the strategy's state stays as it was
+before the round, the round is recorded as failed, and the run stops after
+`max_consecutive_failed_rounds` such rounds in a row.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Generator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from fedsilo.coordinator.phases import (
+    Phase,
+    PhaseOutcome,
+    QuorumNotMet,
+    SiloReport,
+    WeightedMean,
+)
+from fedsilo.coordinator.strategies.base import RoundContext, ServerState, Strategy
+from fedsilo.coordinator.summary import summarize_metrics
+from fedsilo.coordinator.transport import Delivery, Transport
+from fedsilo.policies.schema import Policy
+from fedsilo.wire.messages import TaskMessage, TaskResult
+from fedsilo.wire.tensors import WireError
+
+
+class RunAborted(RuntimeError):
+    """The run cannot go on (setup failed, or too many rounds in a row missed their quorum)."""
+
+
+@dataclass
+class RoundRecord:
+    round: int
+    status: str  # "completed" | "failed"
+    seconds: float
+    phases: dict[str, dict[str, Any]] = field(default_factory=dict)
+    evaluation: dict[str, dict[str, float]] | None = None
+    test_sizes: dict[str, int] | None = None
+    summary: dict[str, dict[str, float]] | None = None
+    error: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if v is not None}
+
+
+@dataclass
+class RunHistory:
+    records: list[RoundRecord]
+    state: ServerState
+    final: RoundRecord
+
+    def to_json(self) -> dict[str, Any]:
+        return {"rounds": [r.to_json() for r in self.records], "final": self.final.to_json()}
+
+
+class EngineObserver(Protocol):
+    def on_round(self, record: RoundRecord, total_rounds: int) -> None: ...
+
+
+class RoundEngine:
+    def __init__(
+        self,
+        strategy: Strategy,
+        transport: Transport,
+        policy: Policy,
+        silos: Sequence[str],
+        observers: Sequence[EngineObserver] = (),
+        deployment: str = "simulation",
+    ) -> None:
+        if not silos:
+            raise ValueError("a consortium needs at least one silo")
+        self.strategy = strategy
+        self.transport = transport
+        self.policy = policy
+        self.silos = tuple(silos)
+        self.observers = tuple(observers)
+        self.deployment = deployment
+
+    # -- the run ----------------------------------------------------------------------------
+
+    def run(self) -> RunHistory:
+        total = self.policy.rounds
+        try:
+            state = self._drive(
+                self.strategy.setup(self._context(0)), 0, RoundRecord(0, "setup", 0.0)
+            )
+        except QuorumNotMet as exc:
+            raise RunAborted(f"setup failed: {exc}") from exc
+        records: list[RoundRecord] = []
+        failures_in_a_row = 0
+        for round_no in range(1, total + 1):
+            record, state = self._run_round(state, round_no)
+            failures_in_a_row = failures_in_a_row + 1 if record.status == "failed" else 0
+            if record.status == "completed" and (
+                round_no % self.policy.eval_every == 0 or round_no == total
+            ):
+                self._evaluate(state, round_no, record)
+            records.append(record)
+            for observer in self.observers:
+                observer.on_round(record, total)
+            if failures_in_a_row >= self.policy.participants.max_consecutive_failed_rounds:
+                raise RunAborted(
+                    f"{failures_in_a_row} rounds in a row missed their quorum; last: {record.error}"
+                )
+        final = next((r for r in reversed(records) if r.evaluation is not None), None)
+        if final is None or final.round != records[-1].round:
+            final = RoundRecord(records[-1].round, "final", 0.0)
+            self._evaluate(state, final.round, final)
+        return RunHistory(records, state, final)
+
+    def _run_round(self, state: ServerState, round_no: int) -> tuple[RoundRecord, ServerState]:
+        started = time.perf_counter()
+        record = RoundRecord(round_no, "completed", 0.0)
+        try:
+            state = self._drive(
+                self.strategy.round(state, self._context(round_no)), round_no, record
+            )
+        except QuorumNotMet as exc:
+            record.status, record.error = "failed", str(exc)
+        record.seconds = time.perf_counter() - started
+        return record, state
+
+    def _evaluate(self, state: ServerState, round_no: int, record: RoundRecord) -> None:
+        try:
+            outcome = self._drive(
+                self.strategy.evaluate(state, self._context(round_no)), round_no, record
+            )
+        except QuorumNotMet as exc:
+            record.error = f"evaluation: {exc}"
+            return
+        record.evaluation = {s: dict(r.metrics) for s, r in outcome.reports.items()}
+        record.test_sizes = {s: r.num_samples for s, r in outcome.reports.items()}
+        summaries = summarize_metrics(record.evaluation, record.test_sizes, {})
+        record.summary = {name: summary.as_dict() for name, summary in summaries.items()}
+
+    def _context(self, round_no: int) -> RoundContext:
+        return RoundContext(
+            round=round_no,
+            total_rounds=self.policy.rounds,
+            silos=self.silos,
+            seed=self.policy.seed,
+            min_silos=self.policy.participants.min_silos,
+        )
+
+    def _drive(
+        self, script: Generator[Phase, PhaseOutcome, Any], round_no: int, record: RoundRecord
+    ) -> Any:
+        """Run one round script to its end, executing every phase it yields."""
+        try:
+            phase = next(script)
+            while True:
+                outcome = self.execute(phase, round_no)
+                record.phases[phase.name] = {
+                    "answered": {
+                        s: {"num_samples": r.num_samples, **r.metrics}
+                        for s, r in outcome.reports.items()
+                    },
+                    "dropped": dict(outcome.dropped),
+                }
+                phase = script.send(outcome)
+        except StopIteration as done:
+            return done.value
+        finally:
+            script.close()
+
+    # -- one phase --------------------------------------------------------------------------
+
+    def execute(self, phase: Phase, round_no: int) -> PhaseOutcome:
+        silos = [task.silo for task in phase.tasks]
+        if len(set(silos)) != len(silos):
+            raise ValueError(f"phase {phase.name!r} gives one silo two tasks; fold them into one")
+        messages = {
+            task.silo: TaskMessage(
+                task_id=f"{self.deployment}/r{round_no}/{phase.name}/{task.silo}",
+                round=round_no,
+                phase=phase.name,
+                kind=task.kind,
+                silo=task.silo,
+                config=task.config,
+                tensors=task.tensors,
+                spec=task.spec,
+            )
+            for task in phase.tasks
+        }
+        deliveries = [Delivery(s, m.task_id, m.encode()) for s, m in messages.items()]
+        deadline = time.monotonic() + self.policy.participants.phase_timeout_s
+        replies = self.transport.dispatch(deliveries, deadline)
+
+        results: dict[str, TaskResult] = {}
+        dropped: dict[str, str] = {}
+        for silo, message in messages.items():
+            reply = replies.get(silo)
+            if reply is None:
+                dropped[silo] = "no reply before the deadline"
+            elif reply.failure is not None or reply.payload is None:
+                dropped[silo] = reply.failure or "empty reply"
+            else:
+                result, problem = _accept(reply.payload, message, phase.aggregate)
+                if result is None:
+                    dropped[silo] = problem
+                else:
+                    results[silo] = result
+
+        quorum = (
+            phase.quorum
+            if phase.quorum is not None
+            else min(self.policy.participants.min_silos, len(phase.tasks))
+        )
+        if len(results) < quorum:
+            reasons = "; ".join(f"{s}: {why}" for s, why in sorted(dropped.items()))
+            raise QuorumNotMet(
+                f"phase {phase.name!r}: {len(results)} of {len(phase.tasks)} silos answered, "
+                f"quorum is {quorum} ({reasons})"
+            )
+        reports = {
+            s: SiloReport(r.num_samples, dict(r.metrics), r.compute_seconds)
+            for s, r in sorted(results.items())
+        }
+        spec = next((r.spec for _, r in sorted(results.items()) if r.spec is not None), None)
+        if phase.aggregate is None:
+            tensors = {s: dict(r.tensors) for s, r in sorted(results.items())}
+            return PhaseOutcome(phase.name, reports, dropped, tensors=tensors, spec=spec)
+        mean, total = _weighted_mean(results, phase.aggregate)
+        if total <= 0:
+            raise QuorumNotMet(f"phase {phase.name!r}: the answering silos carry zero total weight")
+        return PhaseOutcome(phase.name, reports, dropped, mean=mean, total_weight=total, spec=spec)
+
+
+def _accept(
+    payload: bytes, sent: TaskMessage, aggregate: WeightedMean | None
+) -> tuple[TaskResult | None, str]:
+    """Decode and check one reply; a bad reply is that silo's dropout, with the reason."""
+    try:
+        result = TaskResult.decode(payload)
+    except WireError as exc:
+        return None, f"malformed reply: {exc}"
+    if result.task_id != sent.task_id or result.silo != sent.silo:
+        return None, f"reply is for task {result.task_id!r} of silo {result.silo!r}, not this task"
+    if not result.ok:
+        return None, f"task failed at the silo ({result.status}): {result.error}"
+    for name, tensor in result.tensors.items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            return None, f"non-finite values in {name!r}"
+    if aggregate is not None:
+        missing = [t for t in aggregate.tensors if t not in result.tensors]
+        if missing:
+            return None, f"reply lacks {missing}"
+        if sent.spec is not None and any(
+            result.tensors[t].shape != (sent.spec.numel,) for t in aggregate.tensors
+        ):
+            return None, "reply's tensors do not match the model's shape"
+        if aggregate.weights is None and result.num_samples <= 0:
+            return None, "reply reports no samples"
+    return result, ""
+
+
+def _weighted_mean(
+    results: Mapping[str, TaskResult], aggregate: WeightedMean
+) -> tuple[dict[str, torch.Tensor], float]:
+    """sum_k a_k x_k / sum_k a_k in float64, summed in sorted silo order (deterministic)."""
+    weights = {
+        s: float(aggregate.weights.get(s, 0.0))
+        if aggregate.weights is not None
+        else float(r.num_samples)
+        for s, r in results.items()
+    }
+    total = math.fsum(weights.values())
+    means: dict[str, torch.Tensor] = {}
+    if total <= 0:
+        return means, total
+    for name in aggregate.tensors:
+        first = results[min(results)].tensors[name]
+        acc = torch.zeros(first.shape, dtype=torch.float64)
+        for silo in sorted(results):
+            if weights[silo] != 0.0:
+                acc += weights[silo] * results[silo].tensors[name].to(torch.float64)
+        means[name] = (acc / total).to(first.dtype)
+    return means, total

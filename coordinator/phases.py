@@ -1,0 +1,76 @@
+"""What a strategy yields (a `Phase` of `Task`s, optionally with an aggregate it wants) and what
+it gets back (a `PhaseOutcome`).
+
+The phase decides what the strategy may see: when it declares `aggregate=WeightedMean(...)`
+the outcome carries only the weighted mean of the results' tensors, never one silo's; only
+phases without an aggregate return individual tensors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from fedsilo.wire.tensors import ParameterSpec
+
+
+@dataclass(frozen=True)
+class Task:
+    """One silo's part of a phase: a task kind, its configuration and the tensors it needs."""
+
+    silo: str
+    kind: str
+    config: Mapping[str, Any] = field(default_factory=dict)
+    tensors: Mapping[str, torch.Tensor] = field(default_factory=dict)
+    spec: ParameterSpec | None = None
+
+
+@dataclass(frozen=True)
+class WeightedMean:
+    """Aggregate result tensors as sum_k a_k x_k / sum_k a_k over the silos that answered.
+
+    a_k is the silo's reported sample count, or `weights[silo]` when given (a strategy's
+    mixing coefficients); a silo missing from `weights` counts with weight 0.
+    """
+
+    tensors: tuple[str, ...] = ("model",)
+    weights: Mapping[str, float] | None = None
+
+
+@dataclass(frozen=True)
+class Phase:
+    name: str
+    tasks: tuple[Task, ...]
+    aggregate: WeightedMean | None = None
+    quorum: int | None = None  # answers needed; default min(policy min_silos, len(tasks))
+
+
+@dataclass(frozen=True)
+class SiloReport:
+    """The scalars one silo reported for a task (these always reach the strategy)."""
+
+    num_samples: int
+    metrics: Mapping[str, float]
+    compute_seconds: float
+
+
+@dataclass(frozen=True)
+class PhaseOutcome:
+    phase: str
+    reports: Mapping[str, SiloReport]
+    dropped: Mapping[str, str]  # silo -> why (deadline, error, malformed)
+    mean: Mapping[str, torch.Tensor] = field(default_factory=dict)
+    total_weight: float = 0.0
+    tensors: Mapping[str, Mapping[str, torch.Tensor]] = field(default_factory=dict)
+    spec: ParameterSpec | None = None
+
+    @property
+    def answered(self) -> tuple[str, ...]:
+        return tuple(self.reports)
+
+
+class QuorumNotMet(RuntimeError):
+    """Fewer silos answered a phase than its quorum; the round is abandoned."""

@@ -1,0 +1,17 @@
+"""Server-side strategies, one file per family, looked up by the policy's `algorithm.name`."""
+
+from __future__ import annotations
+
+from fedsilo.coordinator.strategies.base import Strategy
+from fedsilo.coordinator.strategies.fedavg import FedAvg, FedProx
+from fedsilo.coordinator.strategies.fedopt import FedAdagrad, FedAdam, FedYogi
+from fedsilo.coordinator.strategies.references import Central, Local
+from fedsilo.policies.schema import Policy
+
+STRATEGIES: dict[str, type[Strategy]] = {
+    cls.name: cls for cls in (FedAvg, FedProx, FedAdam, FedYogi, FedAdagrad, Central, Local)
+}
+
+
+def make_strategy(policy: Policy) -> Strategy:
+    return STRATEGIES[policy.algorithm.name](policy)

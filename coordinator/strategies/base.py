@@ -1,0 +1,158 @@
+"""The strategy contract: a round is a generator that yields phases and returns the next state.
+
+A strategy decides; it never talks to silos. `setup` builds the initial state, `round` reads
+like the paper's pseudocode, `evaluate` asks silos for held-out metrics of the current model.
+State is an immutable `ServerState` (tensors + JSON-able extras), so a round that fails
+midway leaves the previous state untouched.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Generator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+from fedsilo.coordinator.phases import Phase, PhaseOutcome, Task, WeightedMean
+from fedsilo.coordinator.seeding import derive_rng, derive_seed
+from fedsilo.policies.schema import Policy
+from fedsilo.wire.tensors import ParameterSpec
+
+MODEL = "model"
+
+
+@dataclass(frozen=True)
+class ServerState:
+    tensors: Mapping[str, torch.Tensor]
+    spec: ParameterSpec
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def model(self) -> torch.Tensor:
+        return self.tensors[MODEL]
+
+
+@dataclass(frozen=True)
+class RoundContext:
+    """What a round may know: its number (1-based; 0 is setup), the consortium, the seed."""
+
+    round: int
+    total_rounds: int
+    silos: tuple[str, ...]
+    seed: int
+    min_silos: int
+
+    def rng(self, *purpose: int | str) -> np.random.Generator:
+        return derive_rng(self.seed, "round", self.round, *purpose)
+
+    def seed_for(self, *purpose: int | str) -> int:
+        return derive_seed(self.seed, "round", self.round, *purpose)
+
+
+RoundScript = Generator[Phase, PhaseOutcome, ServerState]
+EvaluationScript = Generator[Phase, PhaseOutcome, PhaseOutcome]
+
+
+class SetupError(RuntimeError):
+    """The silos cannot agree on an initial model (their data schemas or policies differ)."""
+
+
+class Strategy:
+    name: ClassVar[str]
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+
+    def setup(self, ctx: RoundContext) -> RoundScript:
+        """Every silo builds the model from the run's seed; all answers must be identical."""
+        if self.policy.data.scaling == "federated":
+            yield from self.federated_scaling(ctx)
+        tasks = tuple(
+            Task(s, "init", {"seed": derive_seed(ctx.seed, "model-init")}) for s in ctx.silos
+        )
+        out = yield Phase("init", tasks, quorum=1)
+        models = {silo: tensors[MODEL] for silo, tensors in out.tensors.items()}
+        first = sorted(models)[0]
+        for silo, model in models.items():
+            if model.shape != models[first].shape or not torch.equal(model, models[first]):
+                raise SetupError(
+                    f"silo {silo!r} built a different initial model than {first!r}: their "
+                    "feature schemas or model settings disagree"
+                )
+        assert out.spec is not None
+        return ServerState({MODEL: models[first]}, out.spec)
+
+    def federated_scaling(self, ctx: RoundContext) -> Generator[Phase, PhaseOutcome, None]:
+        """Consortium-wide feature mean and std from the silos' summed moments, then broadcast.
+
+        The strategy sees only the sums (averaged with equal weights, so every ratio below is
+        the pooled one), never one silo's moments.
+        """
+        names = ("count", "sum", "sumsq")
+        out = yield Phase(
+            "moments",
+            tuple(Task(s, "feature_moments") for s in ctx.silos),
+            aggregate=WeightedMean(names, weights=dict.fromkeys(ctx.silos, 1.0)),
+        )
+        count = out.mean["count"].clamp(min=1e-12)
+        mean = out.mean["sum"] / count
+        std = (out.mean["sumsq"] / count - mean**2).clamp(min=0).sqrt()
+        std = torch.where(std > 1e-12, std, torch.ones_like(std))
+        scaler = {"mean": mean, "std": std}
+        yield Phase(
+            "standardise",
+            tuple(Task(s, "standardise", tensors=scaler) for s in self.data_silos(ctx)),
+        )
+
+    def data_silos(self, ctx: RoundContext) -> tuple[str, ...]:
+        """Every endpoint holding data this strategy trains or evaluates on."""
+        return ctx.silos
+
+    def round(self, state: ServerState, ctx: RoundContext) -> RoundScript:
+        raise NotImplementedError
+
+    def evaluate(self, state: ServerState, ctx: RoundContext) -> EvaluationScript:
+        """The current global model on every silo's test split."""
+        tasks = tuple(self.evaluate_task(s, state.model, state.spec) for s in ctx.silos)
+        return (yield Phase("evaluate", tasks, quorum=1))
+
+    # -- building blocks shared by strategies -------------------------------------------------
+
+    def sample_silos(self, ctx: RoundContext, fraction: float) -> tuple[str, ...]:
+        """max(min_silos, ceil(fraction * K)) silos drawn without replacement, seeded by round."""
+        k = min(len(ctx.silos), max(ctx.min_silos, math.ceil(fraction * len(ctx.silos) - 1e-9)))
+        if k == len(ctx.silos):
+            return ctx.silos
+        chosen = ctx.rng("sample").choice(len(ctx.silos), size=k, replace=False)
+        return tuple(ctx.silos[i] for i in sorted(chosen))
+
+    def train_task(
+        self,
+        silo: str,
+        model: torch.Tensor,
+        spec: ParameterSpec,
+        ctx: RoundContext,
+        prox_mu: float = 0.0,
+    ) -> Task:
+        training = self.policy.training
+        config = {
+            "epochs": training.epochs,
+            "steps": training.steps,
+            "batch_size": training.batch_size,
+            "optimizer": training.optimizer,
+            "lr": training.lr_at(ctx.round - 1, ctx.total_rounds),
+            "momentum": training.momentum,
+            "weight_decay": training.weight_decay,
+            "prox_mu": prox_mu,
+            "seed": ctx.seed_for("train", silo),
+        }
+        return Task(silo, "train", config, {MODEL: model}, spec)
+
+    @staticmethod
+    def evaluate_task(
+        silo: str, model: torch.Tensor, spec: ParameterSpec, split: str = "test"
+    ) -> Task:
+        return Task(silo, "evaluate", {"split": split}, {MODEL: model}, spec)

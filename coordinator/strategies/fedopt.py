@@ -1,0 +1,87 @@
+"""Adaptive federated optimisation (Reddi et al. 2021): FedAdagrad, FedAdam, FedYogi.
+
+The silos run the FedAvg round; the server treats Delta = mean(models) - x as a
+pseudo-gradient and takes a per-coordinate adaptive step (spec robust-and-daisy-chain.md §2.3):
+
+    m  = beta1 m + (1 - beta1) Delta
+    v  = v + Delta^2                                   (Adagrad)
+    v  = beta2 v + (1 - beta2) Delta^2                 (Adam)
+    v  = v - (1 - beta2) Delta^2 sign(v - Delta^2)     (Yogi)
+    x  = x + server_lr * m / (sqrt(v) + tau),          m_0 = 0, v_0 = tau^2
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from fedsilo.coordinator.phases import Phase, WeightedMean
+from fedsilo.coordinator.strategies.base import (
+    MODEL,
+    RoundContext,
+    RoundScript,
+    ServerState,
+    Strategy,
+)
+from fedsilo.policies.algorithms import FedOptConfig
+
+
+class FedOpt(Strategy):
+    @property
+    def config(self) -> FedOptConfig:
+        return self.policy.algorithm  # type: ignore[return-value]
+
+    def setup(self, ctx: RoundContext) -> RoundScript:
+        state = yield from super().setup(ctx)
+        zeros = torch.zeros_like(state.model)
+        return replace(
+            state,
+            tensors={
+                MODEL: state.model,
+                "m": zeros,
+                "v": torch.full_like(zeros, self.config.tau**2),
+            },
+        )
+
+    def round(self, state: ServerState, ctx: RoundContext) -> RoundScript:
+        chosen = self.sample_silos(ctx, self.config.client_fraction)
+        tasks = tuple(
+            self.train_task(s, state.model, state.spec, ctx, prox_mu=self.config.prox_mu)
+            for s in chosen
+        )
+        out = yield Phase("train", tasks, aggregate=WeightedMean((MODEL,)))
+        return replace(state, tensors=self.server_step(state.tensors, out.mean[MODEL]))
+
+    def server_step(self, tensors: dict, mean: torch.Tensor) -> dict[str, torch.Tensor]:
+        c = self.config
+        x, m, v = tensors[MODEL], tensors["m"], tensors["v"]
+        delta = mean - x
+        m = c.beta1 * m + (1 - c.beta1) * delta
+        v = self.second_moment(v, delta * delta)
+        x = x + c.server_lr * m / (v.sqrt() + c.tau)
+        return {MODEL: x, "m": m, "v": v}
+
+    def second_moment(self, v: torch.Tensor, delta_sq: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class FedAdagrad(FedOpt):
+    name = "fedadagrad"
+
+    def second_moment(self, v: torch.Tensor, delta_sq: torch.Tensor) -> torch.Tensor:
+        return v + delta_sq
+
+
+class FedAdam(FedOpt):
+    name = "fedadam"
+
+    def second_moment(self, v: torch.Tensor, delta_sq: torch.Tensor) -> torch.Tensor:
+        return self.config.beta2 * v + (1 - self.config.beta2) * delta_sq
+
+
+class FedYogi(FedOpt):
+    name = "fedyogi"
+
+    def second_moment(self, v: torch.Tensor, delta_sq: torch.Tensor) -> torch.Tensor:
+        return v - (1 - self.config.beta2) * delta_sq * torch.sign(v - delta_sq)

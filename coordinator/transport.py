@@ -1,0 +1,97 @@
+"""How tasks reach silos. The engine hands a transport encoded task messages and a deadline and
+gets back whichever encoded results arrived in time; strategies never see the transport.
+
+`InProcessTransport` calls each silo's endpoint (bytes in, bytes out) on its own daemon thread,
+so a silo that hangs costs only its own deadline and never blocks the process from exiting.
+Messages are encoded exactly as on the network, so the in-process path exercises the same
+contract as the gRPC one.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from fedsilo.wire.messages import SiloEndpoint
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """A task for one silo, already encoded."""
+
+    silo: str
+    task_id: str
+    payload: bytes
+
+
+@dataclass(frozen=True)
+class Reply:
+    """What came back for one task: the encoded result, or why nothing usable came back."""
+
+    silo: str
+    task_id: str
+    payload: bytes | None
+    failure: str | None = None
+
+
+class Transport(Protocol):
+    def silos(self) -> list[str]: ...
+
+    def dispatch(self, deliveries: Sequence[Delivery], deadline: float) -> dict[str, Reply]:
+        """Deliver every task; return the replies received before `deadline` (time.monotonic),
+        keyed by silo. A silo absent from the answer did not reply in time."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class InProcessTransport:
+    def __init__(self, endpoints: Mapping[str, SiloEndpoint], max_parallel: int = 4) -> None:
+        if max_parallel < 1:
+            raise ValueError("max_parallel must be >= 1")
+        self._endpoints = dict(endpoints)
+        self._slots = threading.BoundedSemaphore(max_parallel)
+
+    def silos(self) -> list[str]:
+        return list(self._endpoints)
+
+    def dispatch(self, deliveries: Sequence[Delivery], deadline: float) -> dict[str, Reply]:
+        replies: queue.Queue[Reply] = queue.Queue()
+        for delivery in deliveries:
+            if delivery.silo not in self._endpoints:
+                replies.put(Reply(delivery.silo, delivery.task_id, None, "unknown silo"))
+                continue
+            worker = threading.Thread(
+                target=self._call,
+                args=(self._endpoints[delivery.silo], delivery, replies),
+                name=f"silo-{delivery.silo}",
+                daemon=True,
+            )
+            worker.start()
+        received: dict[str, Reply] = {}
+        while len(received) < len(deliveries):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            try:
+                reply = replies.get(timeout=remaining)
+            except queue.Empty:
+                break
+            received[reply.silo] = reply
+        return received
+
+    def _call(self, endpoint: SiloEndpoint, delivery: Delivery, replies: queue.Queue) -> None:
+        with self._slots:
+            try:
+                payload = endpoint(delivery.payload)
+            except Exception as exc:  # a silo's crash is that silo's dropout, not ours
+                replies.put(Reply(delivery.silo, delivery.task_id, None, f"silo crashed: {exc!r}"))
+                return
+        replies.put(Reply(delivery.silo, delivery.task_id, payload))
+
+    def close(self) -> None:
+        self._endpoints.clear()

@@ -1,0 +1,5 @@
+"""`python -m fedsilo` runs the command-line interface."""
+
+from fedsilo.ops.cli import main
+
+main()

@@ -1,0 +1,1 @@
+"""Operator tools: the `fedsilo` CLI, simulations, reports and plots."""

@@ -1,0 +1,192 @@
+"""Reports of simulation runs: results.json, a per-silo CSV and table, PNG plots, and a
+side-by-side comparison when several algorithms ran on the same consortium.
+
+Everything goes into a temporary sibling of the output folder first and is moved into place
+only when complete, so an interrupted or failed run never leaves a half-written folder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import json
+import math
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+from fedsilo import __version__  # noqa: E402
+from fedsilo.ops.simulate import SimulationResult  # noqa: E402
+
+
+@contextlib.contextmanager
+def atomic_directory(target: Path) -> Iterator[Path]:
+    """Yield an empty temporary folder that replaces `target` only if the block succeeds."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        yield staging
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    previous = target.with_name(f".{target.name}.previous-{os.getpid()}")
+    if target.exists():
+        target.rename(previous)
+    staging.rename(target)
+    shutil.rmtree(previous, ignore_errors=True)
+
+
+def write_results(out: Path, results: Mapping[str, SimulationResult]) -> None:
+    """One subfolder per algorithm, plus a comparison when there are several."""
+    with atomic_directory(out) as staging:
+        for name, result in results.items():
+            folder = staging / name if len(results) > 1 else staging
+            folder.mkdir(exist_ok=True)
+            write_run(folder, result)
+        if len(results) > 1:
+            write_comparison(staging, results)
+
+
+def write_run(folder: Path, result: SimulationResult) -> None:
+    metric = result.headline_metric
+    final = result.history.final
+    document = {
+        "fedsilo_version": __version__,
+        "policy": result.policy.model_dump(mode="json"),
+        "device": result.device,
+        "seconds": result.seconds,
+        "silos": [profile.__dict__ for profile in result.silos],
+        "final": {"round": final.round, "per_silo": final.evaluation, "summary": final.summary},
+        "history": result.history.to_json()["rounds"],
+    }
+    (folder / "results.json").write_text(json.dumps(_finite(document), indent=2))
+    with (folder / "silos.csv").open("w", newline="") as handle:
+        metrics = sorted({m for values in (final.evaluation or {}).values() for m in values})
+        writer = csv.writer(handle)
+        writer.writerow(["silo", "train", "val", "test", *metrics])
+        for profile in result.silos:
+            values = (final.evaluation or {}).get(profile.name, {})
+            writer.writerow(
+                [
+                    profile.name,
+                    profile.train,
+                    profile.val,
+                    profile.test,
+                    *(values.get(m, "") for m in metrics),
+                ]
+            )
+    _plot_rounds(folder / "metric_per_round.png", {result.policy.algorithm.name: result}, metric)
+    _plot_final(folder / "final_per_silo.png", {result.policy.algorithm.name: result}, metric)
+
+
+def write_comparison(folder: Path, results: Mapping[str, SimulationResult]) -> None:
+    first = next(iter(results.values()))
+    metric = first.headline_metric
+    document = {
+        name: {
+            "per_silo": r.history.final.evaluation,
+            "summary": r.history.final.summary,
+            "seconds": r.seconds,
+        }
+        for name, r in results.items()
+    }
+    (folder / "comparison.json").write_text(json.dumps(_finite(document), indent=2))
+    _plot_rounds(folder / "comparison_per_round.png", results, metric)
+    _plot_final(folder / "comparison_per_silo.png", results, metric)
+
+
+def comparison_table(results: Mapping[str, SimulationResult]) -> Table:
+    """Per-silo test metric of every algorithm side by side, then mean and worst silo."""
+    first = next(iter(results.values()))
+    metric = first.headline_metric
+    table = Table(title=f"test {metric} per silo")
+    table.add_column("silo")
+    table.add_column("train/val/test", justify="right")
+    if any(p.positive_rate is not None for p in first.silos):
+        table.add_column("positive rate", justify="right")
+    for name in results:
+        table.add_column(name, justify="right")
+    for profile in first.silos:
+        row = [profile.name, f"{profile.train}/{profile.val}/{profile.test}"]
+        if profile.positive_rate is not None:
+            row.append(f"{profile.positive_rate:.0%}")
+        for result in results.values():
+            row.append(
+                _fmt((result.history.final.evaluation or {}).get(profile.name, {}).get(metric))
+            )
+        table.add_row(*row)
+    table.add_section()
+    pad = [""] * (len(table.columns) - 1 - len(results))
+    for label, key in (("mean", "mean"), ("worst silo", "worst"), ("Gini", "gini")):
+        values = [
+            _fmt(((r.history.final.summary or {}).get(metric) or {}).get(key))
+            for r in results.values()
+        ]
+        table.add_row(label, *pad, *values)
+    return table
+
+
+def _plot_rounds(path: Path, results: Mapping[str, SimulationResult], metric: str) -> None:
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, result in results.items():
+        rounds = [r for r in result.history.records if r.summary and metric in r.summary]
+        xs = [r.round for r in rounds]
+        line = ax.plot(xs, [r.summary[metric]["mean"] for r in rounds], label=f"{name} mean")[0]
+        ax.plot(
+            xs,
+            [r.summary[metric]["worst"] for r in rounds],
+            "--",
+            color=line.get_color(),
+            label=f"{name} worst silo",
+        )
+    ax.set_xlabel("round")
+    ax.set_ylabel(f"test {metric}")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _plot_final(path: Path, results: Mapping[str, SimulationResult], metric: str) -> None:
+    silos = [p.name for p in next(iter(results.values())).silos]
+    width = 0.8 / len(results)
+    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(silos)), 4))
+    for i, (name, result) in enumerate(results.items()):
+        values = [
+            (result.history.final.evaluation or {}).get(s, {}).get(metric, math.nan) for s in silos
+        ]
+        ax.bar([j + i * width for j in range(len(silos))], values, width, label=name)
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(silos))], silos, rotation=30, ha="right")
+    ax.set_ylabel(f"final test {metric}")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _fmt(value: float | None) -> str:
+    return (
+        "-" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.3f}"
+    )
+
+
+def _finite(value: Any) -> Any:
+    """JSON has no NaN: undefined metrics (e.g. AUROC on one class) are written as null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, Mapping):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value

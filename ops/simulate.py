@@ -1,0 +1,91 @@
+"""A whole consortium in one process: the policy's data split into silos, one agent per silo,
+the in-process transport, and the round engine running the policy's strategy."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from fedsilo.coordinator.engine import EngineObserver, RoundEngine, RunHistory
+from fedsilo.coordinator.strategies import make_strategy
+from fedsilo.coordinator.strategies.references import POOLED_SILO, Central
+from fedsilo.coordinator.transport import InProcessTransport
+from fedsilo.policies.schema import Policy
+from fedsilo.silo.agent import SiloAgent
+from fedsilo.silo.data import DataError, SiloDataset, load_consortium, pool
+from fedsilo.silo.device import resolve_device
+
+
+@dataclass(frozen=True)
+class SiloProfile:
+    """What the report says about a silo's data (sizes, and the label rate for binary tasks)."""
+
+    name: str
+    train: int
+    val: int
+    test: int
+    positive_rate: float | None
+
+    @classmethod
+    def of(cls, data: SiloDataset) -> SiloProfile:
+        rate = (
+            float(data.y_train.float().mean())
+            if data.num_classes == 2 and len(data.y_train)
+            else None
+        )
+        return cls(data.name, len(data.y_train), len(data.y_val), len(data.y_test), rate)
+
+
+@dataclass(frozen=True)
+class SimulationResult:
+    policy: Policy
+    history: RunHistory
+    silos: tuple[SiloProfile, ...]
+    task: str
+    device: str
+    seconds: float
+
+    @property
+    def headline_metric(self) -> str:
+        return "accuracy" if self.task == "classification" else "rmse"
+
+
+def load_silos(policy: Policy, base_dir: Path | None) -> list[SiloDataset]:
+    datasets = load_consortium(policy.data, policy.seed, base_dir=base_dir)
+    if any(d.name == POOLED_SILO for d in datasets):
+        raise DataError(
+            f"a silo may not be named {POOLED_SILO!r}: the central reference uses that name"
+        )
+    return datasets
+
+
+def simulate(
+    policy: Policy,
+    datasets: Sequence[SiloDataset],
+    observers: Sequence[EngineObserver] = (),
+) -> SimulationResult:
+    started = time.perf_counter()
+    device, device_note = resolve_device(policy.compute.device)
+    endpoints = {d.name: SiloAgent(d.name, d, policy.model, device).handle_bytes for d in datasets}
+    strategy = make_strategy(policy)
+    if isinstance(strategy, Central):
+        endpoints[POOLED_SILO] = SiloAgent(
+            POOLED_SILO, pool(datasets), policy.model, device
+        ).handle_bytes
+    transport = InProcessTransport(endpoints, max_parallel=min(4, os.cpu_count() or 1))
+    engine = RoundEngine(strategy, transport, policy, [d.name for d in datasets], observers)
+    try:
+        history = engine.run()
+    finally:
+        transport.close()
+    return SimulationResult(
+        policy=policy,
+        history=history,
+        silos=tuple(SiloProfile.of(d) for d in datasets),
+        task=datasets[0].task,
+        device=device_note,
+        seconds=time.perf_counter() - started,
+    )

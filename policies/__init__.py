@@ -1,0 +1,1 @@
+"""Deployment policies: the pydantic schema, YAML loading with clear errors, examples."""

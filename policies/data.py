@@ -1,0 +1,208 @@
+"""The policy's `data:` section: where the rows come from, how they become silos, how each silo
+splits them, and which silos get noisy labels.
+
+Sources:
+  heart                  the bundled UCI heart-disease table, four hospitals (natural silos)
+  sklearn:breast_cancer, sklearn:diabetes, sklearn:digits, sklearn:wine
+                         scikit-learn's bundled datasets (no download)
+  csv                    a CSV file at `path`, with the label in column `target`
+  npz                    a NumPy .npz file at `path` holding arrays named "x" (features, 2-D or
+                         image-shaped) and "y" (labels)
+
+Everything here is a fact agreed by the consortium before any row is read (the data dictionary:
+category lists, missing-value markers); no statistic of the data appears in a policy.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from fedsilo.policies.base import PolicyModel, closest
+
+SKLEARN_SOURCES = (
+    "sklearn:breast_cancer",
+    "sklearn:diabetes",
+    "sklearn:digits",
+    "sklearn:wine",
+)
+FILE_SOURCES = ("csv", "npz")
+SOURCES = ("heart", *SKLEARN_SOURCES, *FILE_SOURCES)
+
+# The task each built-in source is; csv and npz infer theirs from the target unless told.
+KNOWN_TASKS: dict[str, str] = {
+    "heart": "classification",
+    "sklearn:breast_cancer": "classification",
+    "sklearn:diabetes": "regression",
+    "sklearn:digits": "classification",
+    "sklearn:wine": "classification",
+}
+DEFAULT_SILOS = 4
+HEART_SILO_COLUMN = "dataset"
+
+
+class NaturalPartition(PolicyModel):
+    """One silo per distinct value of `column` (e.g. the hospital a record comes from)."""
+
+    kind: Literal["natural"]
+    column: str
+
+
+class IidPartition(PolicyModel):
+    """Rows shuffled and dealt into `silos` near-equal silos."""
+
+    kind: Literal["iid"]
+    silos: int = Field(ge=1)
+
+
+class DirichletPartition(PolicyModel):
+    """Label skew: each class's rows shared across silos by Dir(alpha); small alpha, more skew.
+
+    A draw leaving some silo with fewer than `min_size` rows is redrawn (a bounded number of
+    times, then an error).
+    """
+
+    kind: Literal["dirichlet"]
+    silos: int = Field(ge=1)
+    alpha: float = Field(gt=0)
+    min_size: int = Field(default=2, ge=1)
+
+
+class QuantitySkewPartition(PolicyModel):
+    """FedDC "realistic sizes": a `small_fraction` of the silos get `n_min` rows, the rest
+    linearly increasing sizes. `total`: use only that many rows of the source, drawn at random
+    (default: all)."""
+
+    kind: Literal["quantity_skew"]
+    silos: int = Field(ge=2)
+    small_fraction: float = Field(ge=0, lt=1)
+    n_min: int = Field(ge=1)
+    total: int | None = Field(default=None, ge=1)
+
+
+Partition = Annotated[
+    NaturalPartition | IidPartition | DirichletPartition | QuantitySkewPartition,
+    Field(discriminator="kind"),
+]
+
+
+class SplitConfig(PolicyModel):
+    """The fractions of each silo's rows used for training, validation and test."""
+
+    train: float = Field(default=0.8, gt=0, le=1)
+    val: float = Field(default=0.1, ge=0, le=1)
+    test: float = Field(default=0.1, gt=0, le=1)
+
+    @model_validator(mode="after")
+    def _fractions_sum_to_one(self) -> SplitConfig:
+        total = self.train + self.val + self.test
+        if not math.isclose(total, 1.0, rel_tol=0, abs_tol=1e-9):
+            raise ValueError(
+                f"train + val + test must sum to 1, got {self.train} + {self.val} + "
+                f"{self.test} = {total:g}"
+            )
+        return self
+
+
+class LabelNoiseConfig(PolicyModel):
+    """Noisy labels at a `silo_fraction` of the silos (training rows only): each label flipped
+    to another class with `probability` (classification), or given N(0, std^2) noise with
+    `probability` (regression; `std` in target units)."""
+
+    silo_fraction: float = Field(gt=0, le=1)
+    probability: float = Field(ge=0, le=1)
+    std: float = Field(default=1.0, gt=0)
+
+
+class DataConfig(PolicyModel):
+    """The `data:` section of a policy."""
+
+    source: str = "heart"
+    path: str | None = None
+    target: str | None = None
+    task: Literal["classification", "regression"] | None = None
+    categorical: dict[str, list[str]] = Field(default_factory=dict)
+    missing: Literal["error", "impute"] = "error"
+    missing_values: dict[str, list[float]] = Field(default_factory=dict)
+    drop_columns: list[str] = Field(default_factory=list)
+    partition: Partition | None = None
+    split: SplitConfig = Field(default_factory=SplitConfig)
+    label_noise: LabelNoiseConfig | None = None
+    # local: each silo standardises with its own training statistics (nothing crosses silos).
+    # federated: each silo imputes locally; the features are then standardised with the
+    # consortium's mean and variance, aggregated from per-silo moments before training. Under
+    # label skew, local statistics erase the class signal (a mostly-positive silo centres on
+    # the positive class); federated scaling keeps one feature space for every silo.
+    scaling: Literal["local", "federated"] = "local"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _heart_imputes_by_default(cls, data: Any) -> Any:
+        """The bundled heart table is known to have gaps at every hospital: impute unless told."""
+        if isinstance(data, dict) and data.get("source", "heart") == "heart":
+            return {"missing": "impute", **data}
+        return data
+
+    @field_validator("source")
+    @classmethod
+    def _known_source(cls, source: str) -> str:
+        if source not in SOURCES:
+            hint = closest(source, list(SOURCES))
+            suggestion = f" (did you mean '{hint}'?)" if hint else ""
+            raise ValueError(
+                f"unknown source '{source}'{suggestion}; allowed: {', '.join(SOURCES)}"
+            )
+        return source
+
+    @field_validator("categorical")
+    @classmethod
+    def _category_lists_are_sets(cls, categorical: dict[str, list[str]]) -> dict[str, list[str]]:
+        for column, categories in categorical.items():
+            if not categories:
+                raise ValueError(f"column '{column}' declares no categories")
+            if len(set(categories)) != len(categories):
+                raise ValueError(f"column '{column}' lists a category twice: {categories}")
+        return categorical
+
+    @model_validator(mode="after")
+    def _fields_fit_the_source(self) -> DataConfig:
+        source = self.source
+        if source in FILE_SOURCES and self.path is None:
+            raise ValueError(f"source '{source}' needs a path to the file")
+        if source not in FILE_SOURCES and self.path is not None:
+            raise ValueError(f"path applies to csv and npz sources only, not '{source}'")
+        if source == "csv" and self.target is None:
+            raise ValueError("source 'csv' needs target: the name of the label column")
+        if source != "csv" and self.target is not None:
+            raise ValueError(
+                f"target applies to csv sources only, not '{source}' "
+                "(npz files hold arrays named 'x' and 'y')"
+            )
+        if source != "csv" and self.categorical:
+            raise ValueError(f"categorical applies to csv sources only, not '{source}'")
+        known = KNOWN_TASKS.get(source)
+        if known is not None and self.task not in (None, known):
+            raise ValueError(f"source '{source}' is a {known} task, not {self.task}")
+        return self
+
+    def resolved_partition(self) -> Partition:
+        """The partition in force: the one given, else the source's natural default (heart: one
+        silo per hospital; any other source: iid into DEFAULT_SILOS silos)."""
+        if self.partition is not None:
+            return self.partition
+        if self.source == "heart":
+            return NaturalPartition(kind="natural", column=HEART_SILO_COLUMN)
+        return IidPartition(kind="iid", silos=DEFAULT_SILOS)
+
+    def with_silos(self, n: int) -> DataConfig:
+        """A copy whose partition (the default one resolved first) has `n` silos."""
+        partition = self.resolved_partition()
+        if isinstance(partition, NaturalPartition):
+            raise ValueError(
+                "--silos does not apply to a natural partition "
+                f"(one silo per value of column '{partition.column}')"
+            )
+        resized = type(partition).model_validate({**partition.model_dump(), "silos": n})
+        return self.model_copy(update={"partition": resized})

@@ -1,0 +1,68 @@
+"""The deployment policy: one versioned document that selects algorithm, model, training,
+participation rules, compute placement and (for simulations) the data."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field, model_validator
+
+from fedsilo.policies.algorithms import AlgorithmConfig, FedAvgConfig
+from fedsilo.policies.base import PolicyModel
+from fedsilo.policies.compute import ComputeConfig
+from fedsilo.policies.data import DataConfig
+from fedsilo.policies.model import LinearModel, ModelConfig
+from fedsilo.policies.training import TrainingConfig
+
+SUPPORTED_VERSIONS = (1,)
+
+
+class ParticipantsConfig(PolicyModel):
+    """Quorum and deadlines: a phase needs `min_silos` answers within `phase_timeout_s`."""
+
+    min_silos: int = Field(default=1, ge=1)
+    phase_timeout_s: float = Field(default=600.0, gt=0)
+    max_consecutive_failed_rounds: int = Field(default=3, ge=1)
+
+
+class Policy(PolicyModel):
+    version: int
+    name: str = Field(default="fedsilo-run", min_length=1)
+    seed: int = Field(default=0, ge=0)
+    rounds: int = Field(default=20, ge=1)
+    eval_every: int = Field(default=1, ge=1)
+    algorithm: AlgorithmConfig = FedAvgConfig(name="fedavg")
+    model: ModelConfig = LinearModel(name="linear")
+    training: TrainingConfig = TrainingConfig()
+    participants: ParticipantsConfig = ParticipantsConfig()
+    compute: ComputeConfig = ComputeConfig()
+    data: DataConfig = DataConfig()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_version(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            version = data.get("version")
+            if version is None:
+                raise ValueError(
+                    "'version' is required; this fedsilo reads policy version(s) "
+                    f"{SUPPORTED_VERSIONS}"
+                )
+            if version not in SUPPORTED_VERSIONS:
+                raise ValueError(
+                    f"unsupported policy version {version!r}; "
+                    f"this fedsilo reads {SUPPORTED_VERSIONS}"
+                )
+        return data
+
+    def with_algorithm(self, name: str) -> Policy:
+        """This policy with another algorithm (its defaults), for side-by-side comparisons."""
+        return Policy.model_validate({**self.model_dump(), "algorithm": {"name": name}})
+
+    def with_overrides(self, *, seed: int | None = None, silos: int | None = None) -> Policy:
+        update: dict[str, Any] = {}
+        if seed is not None:
+            update["seed"] = seed
+        if silos is not None:
+            update["data"] = self.data.with_silos(silos)
+        return self.model_copy(update=update)

@@ -1,0 +1,79 @@
+"""The `training:` section: how each silo trains locally, and the learning-rate schedule."""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Literal
+
+from pydantic import Field, model_validator
+
+from fedsilo.policies.base import PolicyModel
+
+
+class ConstantLr(PolicyModel):
+    kind: Literal["constant"] = "constant"
+
+
+class ExponentialLr(PolicyModel):
+    """lr * gamma^round, as the seeds' "lr 0.01, gamma = .995" settings."""
+
+    kind: Literal["exponential"]
+    gamma: float = Field(gt=0, le=1)
+
+
+class StepLr(PolicyModel):
+    """lr * gamma^(round // every)."""
+
+    kind: Literal["step"]
+    every: int = Field(ge=1)
+    gamma: float = Field(gt=0, le=1)
+
+
+class CosineLr(PolicyModel):
+    """Cosine decay from lr to min_lr over the run's rounds."""
+
+    kind: Literal["cosine"]
+    min_lr: float = Field(default=0.0, ge=0)
+
+
+LrSchedule = Annotated[ConstantLr | ExponentialLr | StepLr | CosineLr, Field(discriminator="kind")]
+
+
+class TrainingConfig(PolicyModel):
+    """Local training at each silo; exactly one of `epochs` and `steps` per round."""
+
+    epochs: int | None = Field(default=1, ge=1)
+    steps: int | None = Field(default=None, ge=1)
+    batch_size: int = Field(default=32, ge=1)
+    optimizer: Literal["sgd", "adam"] = "sgd"
+    lr: float = Field(default=0.05, gt=0)
+    momentum: float = Field(default=0.0, ge=0, lt=1)
+    weight_decay: float = Field(default=0.0, ge=0)
+    lr_schedule: LrSchedule = ConstantLr()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _steps_replace_epochs(cls, data: object) -> object:
+        if isinstance(data, dict) and data.get("steps") is not None and "epochs" not in data:
+            return {**data, "epochs": None}
+        return data
+
+    @model_validator(mode="after")
+    def _one_budget(self) -> TrainingConfig:
+        if (self.epochs is None) == (self.steps is None):
+            raise ValueError("set exactly one of 'epochs' and 'steps' (local work per round)")
+        return self
+
+    def lr_at(self, round_index: int, total_rounds: int) -> float:
+        """The local learning rate of round `round_index` (0-based)."""
+        schedule = self.lr_schedule
+        if isinstance(schedule, ExponentialLr):
+            return self.lr * schedule.gamma**round_index
+        if isinstance(schedule, StepLr):
+            return self.lr * schedule.gamma ** (round_index // schedule.every)
+        if isinstance(schedule, CosineLr):
+            progress = round_index / max(1, total_rounds - 1)
+            return schedule.min_lr + 0.5 * (self.lr - schedule.min_lr) * (
+                1 + math.cos(math.pi * progress)
+            )
+        return self.lr

@@ -1,0 +1,111 @@
+"""The model zoo: builds the network a policy's `model:` section names, for one silo's data.
+
+Initialisation is deterministic in `seed` and never draws from the global torch RNG: the
+layers are laid out on the meta device and then filled from a private `torch.Generator`,
+with PyTorch's default scheme (weights and biases uniform in +-1/sqrt(fan_in)). Concurrent
+silos in one process therefore neither disturb nor depend on each other's random state.
+No BatchNorm or Dropout is used anywhere (DP-SGD compatibility, determinism).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from fedsilo.policies.model import CnnModel, LinearModel, MlpModel, ModelConfig
+
+ACTIVATIONS: dict[str, type[nn.Module]] = {"relu": nn.ReLU, "tanh": nn.Tanh}
+MIN_IMAGE_SIDE = 4
+
+
+def build_model(
+    config: ModelConfig, input_shape: tuple[int, ...], output_dim: int, seed: int
+) -> nn.Module:
+    """The network for `config`, mapping inputs of shape (n, *input_shape) to (n, output_dim).
+
+    The output is logits for classification; for regression `output_dim` is 1 and the caller
+    squeezes. Same seed, bit-identical parameters; the global RNG state is left untouched.
+    """
+    _check_dimensions(input_shape, output_dim)
+    with torch.device("meta"):
+        model = _layers(config, tuple(input_shape), output_dim)
+    model.to_empty(device="cpu")
+    _initialise(model, seed)
+    return model
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Total number of scalar parameters in `model`."""
+    return sum(parameter.numel() for parameter in model.parameters())
+
+
+def _check_dimensions(input_shape: tuple[int, ...], output_dim: int) -> None:
+    if not input_shape or any(side < 1 for side in input_shape):
+        raise ValueError(f"input shape {tuple(input_shape)} must be non-empty and all sides >= 1")
+    if output_dim < 1:
+        raise ValueError(f"output_dim must be >= 1, got {output_dim}")
+
+
+def _layers(config: ModelConfig, input_shape: tuple[int, ...], output_dim: int) -> nn.Sequential:
+    if isinstance(config, LinearModel):
+        return _linear(input_shape, output_dim)
+    if isinstance(config, MlpModel):
+        return _mlp(config, input_shape, output_dim)
+    if isinstance(config, CnnModel):
+        return _cnn(config, input_shape, output_dim)
+    raise TypeError(f"unknown model config {type(config).__name__}")
+
+
+def _linear(input_shape: tuple[int, ...], output_dim: int) -> nn.Sequential:
+    return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), output_dim))
+
+
+def _mlp(config: MlpModel, input_shape: tuple[int, ...], output_dim: int) -> nn.Sequential:
+    layers: list[nn.Module] = [nn.Flatten()]
+    width = math.prod(input_shape)
+    for hidden in config.hidden:
+        layers += [nn.Linear(width, hidden), ACTIVATIONS[config.activation]()]
+        width = hidden
+    layers.append(nn.Linear(width, output_dim))
+    return nn.Sequential(*layers)
+
+
+def _cnn(config: CnnModel, input_shape: tuple[int, ...], output_dim: int) -> nn.Sequential:
+    channels, height, width = _image_shape(input_shape)
+    layers: list[nn.Module] = []
+    for out_channels in config.channels:
+        layers += [nn.Conv2d(channels, out_channels, kernel_size=3, padding=1), nn.ReLU()]
+        if height // 2 >= 2 and width // 2 >= 2:
+            layers.append(nn.MaxPool2d(2))
+            height, width = height // 2, width // 2
+        channels = out_channels
+    layers += [
+        nn.Flatten(),
+        nn.Linear(channels * height * width, config.hidden),
+        nn.ReLU(),
+        nn.Linear(config.hidden, output_dim),
+    ]
+    return nn.Sequential(*layers)
+
+
+def _image_shape(input_shape: tuple[int, ...]) -> tuple[int, int, int]:
+    if len(input_shape) != 3 or min(input_shape[1:]) < MIN_IMAGE_SIDE:
+        raise ValueError(
+            f"model 'cnn' needs image inputs (channels, height, width) with height and width"
+            f" >= {MIN_IMAGE_SIDE}, but the data has shape {tuple(input_shape)};"
+            " use model name 'mlp' or 'linear' for tabular data"
+        )
+    channels, height, width = input_shape
+    return channels, height, width
+
+
+def _initialise(model: nn.Module, seed: int) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, (nn.Linear, nn.Conv2d)):
+                bound = 1.0 / math.sqrt(module.weight[0].numel())
+                module.weight.uniform_(-bound, bound, generator=generator)
+                module.bias.uniform_(-bound, bound, generator=generator)

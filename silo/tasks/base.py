@@ -1,0 +1,74 @@
+"""What every task handler gets: the silo's own data, how to build its model, where to run it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from fedsilo.policies.model import ModelConfig
+from fedsilo.silo.data import SiloDataset
+from fedsilo.silo.models import build_model
+from fedsilo.wire.messages import TaskMessage, TaskResult
+from fedsilo.wire.tensors import ParameterSpec, WireError
+
+MODEL = "model"
+
+
+@dataclass(frozen=True)
+class SiloContext:
+    name: str
+    data: SiloDataset
+    model_config: ModelConfig
+    device: torch.device
+    store: dict[str, Any] = field(default_factory=dict)  # what the silo keeps between tasks
+
+    def new_model(self, seed: int) -> nn.Module:
+        return build_model(self.model_config, self.data.input_shape, self.data.output_dim, seed).to(
+            self.device
+        )
+
+    def load_model(self, message: TaskMessage) -> tuple[nn.Module, ParameterSpec]:
+        """The model the task carries, on this silo's device; refuses a model of another shape."""
+        if MODEL not in message.tensors or message.spec is None:
+            raise WireError(f"{message.kind} task carries no model")
+        model = self.new_model(seed=0)
+        spec = parameter_spec(model)
+        if spec != message.spec:
+            raise WireError(
+                "the model sent does not fit this silo's model (policy or data schema differ)"
+            )
+        with torch.no_grad():
+            received = spec.unflatten(message.tensors[MODEL]).values()
+            for param, value in zip(model.parameters(), received, strict=True):
+                param.copy_(value)
+        return model, spec
+
+    def split(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """Features (standardised with the consortium's scaler once received) and labels."""
+        x = self.store["features"][name] if "features" in self.store else self.raw_split(name)
+        if bool(torch.isnan(x).any()):
+            raise ValueError(
+                "features still hold missing values: with data.scaling 'federated' the "
+                "consortium's scaler must arrive before training"
+            )
+        return x.to(self.device), getattr(self.data, f"y_{name}").to(self.device)
+
+    def raw_split(self, name: str) -> torch.Tensor:
+        if name not in ("train", "val", "test"):
+            raise ValueError(f"unknown split {name!r}; use train, val or test")
+        return getattr(self.data, f"x_{name}")
+
+
+def parameter_spec(model: nn.Module) -> ParameterSpec:
+    return ParameterSpec.of(dict(model.named_parameters()))
+
+
+def flat_parameters(model: nn.Module, spec: ParameterSpec) -> torch.Tensor:
+    return spec.flatten(dict(model.named_parameters()))
+
+
+TaskHandler = Callable[[TaskMessage, SiloContext], TaskResult]

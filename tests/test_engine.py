@@ -1,0 +1,197 @@
+"""The round engine: exact aggregation, quorum and deadlines, and refusing bad replies."""
+
+import threading
+
+import pytest
+import torch
+
+from fedsilo.coordinator.engine import RoundEngine, RunAborted
+from fedsilo.coordinator.phases import Phase, Task, WeightedMean
+from fedsilo.coordinator.strategies import make_strategy
+from fedsilo.coordinator.transport import InProcessTransport
+from fedsilo.policies.loading import parse_policy
+from fedsilo.wire.messages import TaskMessage, TaskResult
+from tests.fakes import SPEC, constant_silo, scripted_silo, silent_silo
+
+
+def make_policy(**overrides: object):
+    document = {
+        "version": 1,
+        "rounds": 1,
+        "algorithm": {"name": "fedavg"},
+        "participants": {"min_silos": 1, "phase_timeout_s": 5.0},
+    }
+    for key, value in overrides.items():
+        document[key] = {**document.get(key, {}), **value} if isinstance(value, dict) else value
+    return parse_policy(document)
+
+
+def engine_for(endpoints: dict, **overrides: object) -> RoundEngine:
+    policy = make_policy(**overrides)
+    return RoundEngine(
+        make_strategy(policy), InProcessTransport(endpoints), policy, sorted(endpoints)
+    )
+
+
+def test_fedavg_is_the_exact_sample_weighted_average() -> None:
+    engine = engine_for(
+        {
+            "a": constant_silo("a", [1.0, 2.0, 3.0], num_samples=1),
+            "b": constant_silo("b", [4.0, 5.0, 6.0], num_samples=2),
+            "c": constant_silo("c", [0.5, -1.0, 0.0], num_samples=5),
+        }
+    )
+    history = engine.run()
+    expected = (
+        1 * torch.tensor([1.0, 2, 3])
+        + 2 * torch.tensor([4.0, 5, 6])
+        + 5 * torch.tensor([0.5, -1, 0])
+    ) / 8
+    assert torch.allclose(history.state.model, expected, atol=0, rtol=1e-7)
+
+
+def test_explicit_weights_replace_sample_counts_and_absent_silos_weigh_nothing() -> None:
+    engine = engine_for(
+        {
+            "a": constant_silo("a", [2.0, 2, 2]),
+            "b": constant_silo("b", [8.0, 8, 8]),
+            "c": constant_silo("c", [100.0, 100, 100]),
+        }
+    )
+    phase = Phase(
+        "train",
+        tuple(Task(s, "train", spec=SPEC) for s in "abc"),
+        aggregate=WeightedMean(("model",), weights={"a": 0.75, "b": 0.25}),
+    )
+    outcome = engine.execute(phase, round_no=1)
+    assert outcome.mean["model"].tolist() == [3.5, 3.5, 3.5]
+    assert outcome.tensors == {}  # the strategy sees the aggregate, never one silo's model
+
+
+def test_a_silo_that_never_answers_is_dropped_at_the_deadline_and_the_round_goes_on() -> None:
+    release = threading.Event()
+    try:
+        engine = engine_for(
+            {
+                "a": constant_silo("a", [1.0, 1, 1]),
+                "b": constant_silo("b", [3.0, 3, 3]),
+                "silent": silent_silo(release),
+            },
+            participants={"min_silos": 2, "phase_timeout_s": 0.5},
+        )
+        history = engine.run()
+    finally:
+        release.set()
+    record = history.records[0]
+    assert record.status == "completed"
+    assert record.phases["train"]["dropped"] == {"silent": "no reply before the deadline"}
+    assert history.state.model.tolist() == [2.0, 2.0, 2.0]
+
+
+def test_a_round_below_quorum_fails_and_keeps_the_previous_state() -> None:
+    release = threading.Event()
+    try:
+        engine = engine_for(
+            {"a": constant_silo("a", [1.0, 1, 1]), "silent": silent_silo(release)},
+            rounds=2,
+            participants={
+                "min_silos": 2,
+                "phase_timeout_s": 0.3,
+                "max_consecutive_failed_rounds": 5,
+            },
+        )
+        history = engine.run()
+    finally:
+        release.set()
+    assert [r.status for r in history.records] == ["failed", "failed"]
+    assert "quorum is 2" in history.records[0].error
+    assert history.state.model.tolist() == [0.0, 0.0, 0.0]  # still the initial model
+
+
+def test_the_run_stops_after_too_many_failed_rounds_in_a_row() -> None:
+    release = threading.Event()
+    try:
+        engine = engine_for(
+            {"a": constant_silo("a", [1.0, 1, 1]), "silent": silent_silo(release)},
+            rounds=10,
+            participants={
+                "min_silos": 2,
+                "phase_timeout_s": 0.2,
+                "max_consecutive_failed_rounds": 2,
+            },
+        )
+        with pytest.raises(RunAborted, match="2 rounds in a row missed their quorum"):
+            engine.run()
+    finally:
+        release.set()
+
+
+def crashing(payload: bytes) -> bytes:
+    if TaskMessage.decode(payload).kind == "train":
+        raise RuntimeError("disk full")
+    return constant_silo("crash", [0.0, 0, 0])(payload)
+
+
+def non_finite(payload: bytes) -> bytes:
+    return constant_silo("nan", [float("nan"), 0, 0])(payload)
+
+
+def garbage(payload: bytes) -> bytes:
+    return (
+        b"garbage"
+        if TaskMessage.decode(payload).kind == "train"
+        else constant_silo("junk", [0.0] * 3)(payload)
+    )
+
+
+def impostor(payload: bytes) -> bytes:
+    task = TaskMessage.decode(payload)
+    if task.kind == "train":
+        return TaskResult(
+            "someone-else", "impostor", "train", tensors={"model": torch.ones(3)}, spec=SPEC
+        ).encode()
+    return constant_silo("impostor", [0.0] * 3)(payload)
+
+
+def wrong_shape(payload: bytes) -> bytes:
+    return scripted_silo("shape", lambda t: torch.zeros(3) if t.kind == "init" else torch.zeros(4))(
+        payload
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "endpoint", "reason"),
+    [
+        ("crash", crashing, "silo crashed: RuntimeError('disk full')"),
+        ("nan", non_finite, "non-finite values in 'model'"),
+        ("junk", garbage, "malformed reply"),
+        ("impostor", impostor, "reply is for task 'someone-else'"),
+        ("shape", wrong_shape, "do not match the model's shape"),
+    ],
+)
+def test_bad_replies_count_as_that_silos_dropout_with_the_reason(name, endpoint, reason) -> None:
+    engine = engine_for({"good": constant_silo("good", [2.0, 4.0, 6.0]), name: endpoint})
+    history = engine.run()
+    assert reason in history.records[0].phases["train"]["dropped"][name]
+    assert history.state.model.tolist() == [2.0, 4.0, 6.0]
+
+
+def test_client_fraction_samples_the_same_silos_for_the_same_seed() -> None:
+    endpoints = {f"s{i}": constant_silo(f"s{i}", [float(i)] * 3) for i in range(10)}
+
+    def chosen(seed: int) -> list[list[str]]:
+        engine = engine_for(
+            endpoints, rounds=3, seed=seed, algorithm={"name": "fedavg", "client_fraction": 0.3}
+        )
+        return [sorted(r.phases["train"]["answered"]) for r in engine.run().records]
+
+    first = chosen(0)
+    assert all(len(silos) == 3 for silos in first)
+    assert first == chosen(0) and first != chosen(1)
+
+
+def test_evaluation_reports_per_silo_metrics_and_cross_silo_summaries() -> None:
+    engine = engine_for({"a": constant_silo("a", [1.0] * 3), "b": constant_silo("b", [1.0] * 3)})
+    final = engine.run().final
+    assert set(final.evaluation) == {"a", "b"}
+    assert final.summary["accuracy"]["mean"] == 0.5 and final.summary["accuracy"]["gini"] == 0.0

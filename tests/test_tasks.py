@@ -1,0 +1,137 @@
+"""Silo task handlers: training, FedProx, evaluation, loss reports, and the agent's refusals."""
+
+import pytest
+import torch
+
+from fedsilo.policies.model import LinearModel
+from fedsilo.silo.agent import SiloAgent
+from fedsilo.silo.data import SiloDataset
+from fedsilo.wire.messages import TaskMessage, TaskResult
+
+
+def separable(n: int = 200, seed: int = 0) -> SiloDataset:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 4, generator=g)
+    y = (x[:, 0] + 0.5 * x[:, 1] > 0).long()
+    return SiloDataset(
+        "a",
+        x,
+        y,
+        x[:20],
+        y[:20],
+        x[:50],
+        y[:50],
+        "classification",
+        2,
+        ("f0", "f1", "f2", "f3"),
+        (4,),
+    )
+
+
+@pytest.fixture
+def agent() -> SiloAgent:
+    return SiloAgent("a", separable(), LinearModel(name="linear"))
+
+
+def run(agent: SiloAgent, kind: str, config: dict, model: TaskResult | None = None) -> TaskResult:
+    tensors = dict(model.tensors) if model else {}
+    message = TaskMessage(
+        f"t-{kind}", 1, kind, kind, agent.name, config, tensors, model.spec if model else None
+    )
+    return TaskResult.decode(agent.handle_bytes(message.encode()))
+
+
+def train_config(**overrides) -> dict:
+    return {
+        "epochs": 5,
+        "steps": None,
+        "batch_size": 16,
+        "optimizer": "sgd",
+        "lr": 0.5,
+        "momentum": 0.0,
+        "weight_decay": 0.0,
+        "prox_mu": 0.0,
+        "seed": 3,
+        **overrides,
+    }
+
+
+def test_init_is_determined_by_the_seed(agent: SiloAgent) -> None:
+    a, b, c = (run(agent, "init", {"seed": s}) for s in (1, 1, 2))
+    assert a.tensors["model"].equal(b.tensors["model"]) and not a.tensors["model"].equal(
+        c.tensors["model"]
+    )
+    assert a.spec.numel == 4 * 2 + 2
+
+
+def test_training_learns_and_reports_samples_and_loss(agent: SiloAgent) -> None:
+    initial = run(agent, "init", {"seed": 0})
+    before = run(agent, "evaluate", {"split": "test"}, initial)
+    trained = run(agent, "train", train_config(), initial)
+    after = run(agent, "evaluate", {"split": "test"}, trained)
+    assert trained.ok and trained.num_samples == 200 and trained.metrics["steps"] == 5 * 13
+    assert after.metrics["accuracy"] > 0.9 and after.metrics["loss"] < before.metrics["loss"]
+    assert after.num_samples == 50
+
+
+def test_training_is_reproducible_for_a_seed(agent: SiloAgent) -> None:
+    initial = run(agent, "init", {"seed": 0})
+    first, second = (
+        run(agent, "train", train_config(optimizer="adam", lr=0.01), initial) for _ in range(2)
+    )
+    assert first.tensors["model"].equal(second.tensors["model"])
+
+
+def test_steps_mode_runs_exactly_that_many_steps(agent: SiloAgent) -> None:
+    trained = run(
+        agent, "train", train_config(epochs=None, steps=7), run(agent, "init", {"seed": 0})
+    )
+    assert trained.metrics["steps"] == 7
+
+
+def test_a_strong_proximal_term_keeps_the_model_near_the_one_received(agent: SiloAgent) -> None:
+    initial = run(agent, "init", {"seed": 0})
+    free = run(agent, "train", train_config(lr=0.05), initial)
+    held = run(agent, "train", train_config(lr=0.05, prox_mu=10.0), initial)
+    drift = {
+        name: (r.tensors["model"] - initial.tensors["model"]).norm()
+        for name, r in (("free", free), ("held", held))
+    }
+    assert drift["held"] < 0.5 * drift["free"]
+
+
+def test_loss_report_is_the_mean_training_loss(agent: SiloAgent) -> None:
+    report = run(agent, "loss", {}, run(agent, "init", {"seed": 0}))
+    assert set(report.metrics) == {"loss"} and report.num_samples == 200
+
+
+def test_agent_refuses_tasks_for_another_silo_or_of_unknown_kind(agent: SiloAgent) -> None:
+    stranger = TaskMessage("t", 1, "x", "train", "b")
+    assert "addressed to 'b'" in agent.handle(stranger).error
+    unknown = run(agent, "transmogrify", {})
+    assert unknown.status == "error" and "unknown task kind" in unknown.error
+
+
+def test_a_model_of_another_shape_is_refused_not_half_applied(agent: SiloAgent) -> None:
+    other = SiloAgent(
+        "a",
+        SiloDataset(
+            "a",
+            *([torch.zeros(4, 3), torch.zeros(4).long()] * 3),
+            "classification",
+            2,
+            ("x", "y", "z"),
+            (3,),
+        ),
+        LinearModel(name="linear"),
+    )
+    foreign = run(other, "init", {"seed": 0})
+    result = run(agent, "train", train_config(), foreign)
+    assert result.status == "error" and "does not fit" in result.error
+
+
+def test_a_malformed_payload_gets_an_error_result() -> None:
+    reply = TaskResult.decode(
+        SiloAgent("a", separable(), LinearModel(name="linear")).handle_bytes(b"junk")
+    )
+    assert reply.status == "error"

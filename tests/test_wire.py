@@ -1,0 +1,96 @@
+"""Tensors and messages on the wire: safetensors, bit-exact, and refusing anything malformed."""
+
+import pytest
+import torch
+
+from fedsilo.wire.messages import PROTOCOL_VERSION, TaskMessage, TaskResult
+from fedsilo.wire.tensors import ParameterSpec, WireError, decode_tensors, encode_tensors
+
+
+def awkward_floats() -> torch.Tensor:
+    specials = torch.tensor([0.0, -0.0, 1e-45, -3.4e38, 3.4e38, float("nan"), float("inf")])
+    return torch.cat([specials, torch.randn(1000, generator=torch.Generator().manual_seed(1))])
+
+
+def test_tensor_round_trip_is_bit_exact() -> None:
+    original = {"model": awkward_floats(), "counts": torch.arange(5, dtype=torch.int64)}
+    decoded, header = decode_tensors(encode_tensors(original, {"k": [1, "a"]}))
+    assert header == {"k": [1, "a"]}
+    for name, tensor in original.items():
+        assert decoded[name].dtype == tensor.dtype
+        assert (
+            decoded[name]
+            .view(torch.uint8 if tensor.dtype != torch.int64 else torch.int64)
+            .equal(tensor.view(torch.uint8 if tensor.dtype != torch.int64 else torch.int64))
+        )
+
+
+def test_parameter_spec_flattens_and_unflattens_in_order() -> None:
+    named = {"w": torch.arange(6.0).reshape(2, 3), "b": torch.tensor([7.0, 8.0])}
+    spec = ParameterSpec.of(named)
+    flat = spec.flatten(named)
+    assert flat.tolist() == [0, 1, 2, 3, 4, 5, 7, 8]
+    back = spec.unflatten(flat)
+    assert list(back) == ["w", "b"] and back["w"].equal(named["w"]) and back["b"].equal(named["b"])
+    assert ParameterSpec.from_json(spec.to_json()) == spec
+
+
+def test_parameter_spec_refuses_a_vector_of_another_size() -> None:
+    spec = ParameterSpec.of({"w": torch.zeros(3)})
+    with pytest.raises(WireError, match="does not match"):
+        spec.unflatten(torch.zeros(4))
+
+
+def test_parameter_spec_refuses_mixed_dtypes() -> None:
+    with pytest.raises(WireError, match="mix dtypes"):
+        ParameterSpec.of({"a": torch.zeros(2), "b": torch.zeros(2, dtype=torch.float64)})
+
+
+def test_task_message_round_trip() -> None:
+    spec = ParameterSpec.of({"w": torch.zeros(3)})
+    message = TaskMessage(
+        "t1",
+        3,
+        "train",
+        "train",
+        "a",
+        {"lr": 0.1, "epochs": 1},
+        {"model": torch.tensor([1.0, 2.0, 3.0])},
+        spec,
+    )
+    decoded = TaskMessage.decode(message.encode())
+    assert (decoded.task_id, decoded.round, decoded.kind, decoded.silo) == ("t1", 3, "train", "a")
+    assert decoded.config == {"lr": 0.1, "epochs": 1}
+    assert decoded.spec == spec and decoded.tensors["model"].equal(message.tensors["model"])
+
+
+def test_task_result_round_trip_keeps_scalar_reports() -> None:
+    result = TaskResult(
+        "t1",
+        "a",
+        "evaluate",
+        num_samples=12,
+        metrics={"accuracy": 0.5, "auroc": float("nan")},
+        compute_seconds=0.25,
+    )
+    decoded = TaskResult.decode(result.encode())
+    assert decoded.num_samples == 12 and decoded.metrics["accuracy"] == 0.5
+    assert decoded.metrics["auroc"] != decoded.metrics["auroc"]  # NaN survives
+    assert decoded.ok and decoded.compute_seconds == 0.25
+
+
+@pytest.mark.parametrize("payload", [b"", b"not safetensors", b"\x08" + b"\x00" * 7 + b"{}garbage"])
+def test_malformed_payloads_are_refused(payload: bytes) -> None:
+    with pytest.raises(WireError):
+        TaskMessage.decode(payload)
+
+
+def test_a_result_is_not_accepted_as_a_task() -> None:
+    with pytest.raises(WireError, match="expected a task"):
+        TaskMessage.decode(TaskResult("t", "a", "train").encode())
+
+
+def test_another_protocol_version_is_refused() -> None:
+    payload = encode_tensors({}, {"type": "task", "protocol": PROTOCOL_VERSION + 1})
+    with pytest.raises(WireError, match="protocol version"):
+        TaskMessage.decode(payload)

@@ -1,0 +1,1 @@
+"""The protocol between coordinator and silos: tensor codec and task/result messages."""

@@ -1,0 +1,135 @@
+"""The contract between coordinator and silos: a task message and its result.
+
+Each message is one safetensors blob: its tensors, and a JSON header with everything else
+(ids, round, task kind, configuration, scalar reports). `SiloEndpoint` is what every
+transport delivers bytes to: a function from an encoded task to an encoded result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from fedsilo.wire.tensors import ParameterSpec, WireError, decode_tensors, encode_tensors
+
+PROTOCOL_VERSION = 1
+
+SiloEndpoint = Callable[[bytes], bytes]
+
+STATUS_OK = "ok"
+STATUS_ERROR = "error"
+
+
+@dataclass(frozen=True)
+class TaskMessage:
+    """Work the coordinator asks of one silo."""
+
+    task_id: str
+    round: int
+    phase: str
+    kind: str
+    silo: str
+    config: Mapping[str, Any] = field(default_factory=dict)
+    tensors: Mapping[str, torch.Tensor] = field(default_factory=dict)
+    spec: ParameterSpec | None = None
+
+    def encode(self) -> bytes:
+        header = {
+            "type": "task",
+            "protocol": PROTOCOL_VERSION,
+            "task_id": self.task_id,
+            "round": self.round,
+            "phase": self.phase,
+            "kind": self.kind,
+            "silo": self.silo,
+            "config": dict(self.config),
+            "spec": self.spec.to_json() if self.spec else None,
+        }
+        return encode_tensors(self.tensors, header)
+
+    @classmethod
+    def decode(cls, data: bytes) -> TaskMessage:
+        tensors, h = _decode_checked(data, "task")
+        try:
+            return cls(
+                task_id=str(h["task_id"]),
+                round=int(h["round"]),
+                phase=str(h["phase"]),
+                kind=str(h["kind"]),
+                silo=str(h["silo"]),
+                config=dict(h["config"]),
+                tensors=tensors,
+                spec=ParameterSpec.from_json(h["spec"]) if h["spec"] else None,
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise WireError(f"malformed task header: {exc}") from exc
+
+
+@dataclass(frozen=True)
+class TaskResult:
+    """What a silo returns: tensors, and scalar reports (sample count, metrics, timing)."""
+
+    task_id: str
+    silo: str
+    kind: str
+    status: str = STATUS_OK
+    num_samples: int = 0
+    metrics: Mapping[str, float] = field(default_factory=dict)
+    tensors: Mapping[str, torch.Tensor] = field(default_factory=dict)
+    spec: ParameterSpec | None = None
+    error: str | None = None
+    compute_seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.status == STATUS_OK
+
+    def encode(self) -> bytes:
+        header = {
+            "type": "result",
+            "protocol": PROTOCOL_VERSION,
+            "task_id": self.task_id,
+            "silo": self.silo,
+            "kind": self.kind,
+            "status": self.status,
+            "num_samples": self.num_samples,
+            "metrics": {k: float(v) for k, v in self.metrics.items()},
+            "spec": self.spec.to_json() if self.spec else None,
+            "error": self.error,
+            "compute_seconds": self.compute_seconds,
+        }
+        return encode_tensors(self.tensors, header)
+
+    @classmethod
+    def decode(cls, data: bytes) -> TaskResult:
+        tensors, h = _decode_checked(data, "result")
+        try:
+            return cls(
+                task_id=str(h["task_id"]),
+                silo=str(h["silo"]),
+                kind=str(h["kind"]),
+                status=str(h["status"]),
+                num_samples=int(h["num_samples"]),
+                metrics={str(k): float(v) for k, v in h["metrics"].items()},
+                tensors=tensors,
+                spec=ParameterSpec.from_json(h["spec"]) if h["spec"] else None,
+                error=h["error"],
+                compute_seconds=float(h["compute_seconds"]),
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise WireError(f"malformed result header: {exc}") from exc
+
+
+def _decode_checked(data: bytes, expected_type: str) -> tuple[dict[str, torch.Tensor], dict]:
+    tensors, header = decode_tensors(data)
+    if header.get("type") != expected_type:
+        raise WireError(f"expected a {expected_type} message, got {header.get('type')!r}")
+    if header.get("protocol") != PROTOCOL_VERSION:
+        raise WireError(
+            f"protocol version {header.get('protocol')!r} is not {PROTOCOL_VERSION} "
+            "(upgrade one side)"
+        )
+    return tensors, header
