@@ -42,6 +42,7 @@ class RoundRecord:
     status: str  # "completed" | "failed"
     seconds: float
     phases: dict[str, dict[str, Any]] = field(default_factory=dict)
+    compute_seconds: dict[str, dict[str, float]] = field(default_factory=dict)  # phase -> silo
     evaluation: dict[str, dict[str, float]] | None = None
     test_sizes: dict[str, int] | None = None
     summary: dict[str, dict[str, float]] | None = None
@@ -165,6 +166,9 @@ class RoundEngine:
                     },
                     "dropped": dict(outcome.dropped),
                 }
+                record.compute_seconds[phase.name] = {
+                    s: r.compute_seconds for s, r in outcome.reports.items()
+                }
                 phase = script.send(outcome)
         except StopIteration as done:
             return done.value
@@ -247,7 +251,7 @@ def _accept(
     if not result.ok:
         return None, f"task failed at the silo ({result.status}): {result.error}"
     for name, tensor in result.tensors.items():
-        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+        if tensor.is_floating_point() and not _all_finite(tensor):
             return None, f"non-finite values in {name!r}"
     if aggregate is not None:
         missing = [t for t in aggregate.tensors if t not in result.tensors]
@@ -260,6 +264,14 @@ def _accept(
         if aggregate.weights is None and result.num_samples <= 0:
             return None, "reply reports no samples"
     return result, ""
+
+
+def _all_finite(tensor: torch.Tensor) -> bool:
+    """One pass: min and max propagate NaN, and an infinity is the min or the max."""
+    if tensor.numel() == 0:
+        return True
+    low, high = torch.aminmax(tensor)
+    return math.isfinite(float(low)) and math.isfinite(float(high))
 
 
 def _weighted_mean(
@@ -281,6 +293,6 @@ def _weighted_mean(
         acc = torch.zeros(first.shape, dtype=torch.float64)
         for silo in sorted(results):
             if weights[silo] != 0.0:
-                acc += weights[silo] * results[silo].tensors[name].to(torch.float64)
+                acc.add_(results[silo].tensors[name], alpha=weights[silo])
         means[name] = (acc / total).to(first.dtype)
     return means, total

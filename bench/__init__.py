@@ -1,0 +1,1 @@
+"""Reproducible benchmarks; each writes JSON and a PNG under bench/results/."""
