@@ -7,7 +7,9 @@
 Only facts of the schema cross silos: the columns, the fixed category lists of the data
 dictionary, the missing-value markers and the label set. Every statistic (medians, means,
 standard deviations) is fitted on a silo's own training rows and applied to its own
-validation and test rows, as it would be at a real, separate site.
+validation and test rows, as it would be at a real, separate site. With `data.scaling:
+federated` the silo imputes here but leaves standardisation to the consortium's scaler
+(silo/tasks/scaling.py), which is built from summed moments only.
 
 All randomness comes from `np.random.SeedSequence([seed, purpose, ...])`, one purpose per use,
 so a seed reproduces a consortium exactly and the uses do not disturb one another.

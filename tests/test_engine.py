@@ -195,3 +195,24 @@ def test_evaluation_reports_per_silo_metrics_and_cross_silo_summaries() -> None:
     final = engine.run().final
     assert set(final.evaluation) == {"a", "b"}
     assert final.summary["accuracy"]["mean"] == 0.5 and final.summary["accuracy"]["gini"] == 0.0
+
+
+def test_a_late_reply_is_discarded_and_never_applied_to_a_later_round() -> None:
+    slow_rounds = {1}
+
+    def slow_in_round_one(payload: bytes) -> bytes:
+        task = TaskMessage.decode(payload)
+        if task.kind == "train" and task.round in slow_rounds:
+            threading.Event().wait(0.6)  # answers after the 0.3 s deadline
+        return constant_silo("slow", [float(100 * task.round)] * 3)(payload)
+
+    engine = engine_for(
+        {"fast": constant_silo("fast", [1.0] * 3), "slow": slow_in_round_one},
+        rounds=2,
+        participants={"min_silos": 1, "phase_timeout_s": 0.3},
+    )
+    history = engine.run()
+    first, second = history.records
+    assert first.phases["train"]["dropped"] == {"slow": "no reply before the deadline"}
+    assert set(second.phases["train"]["answered"]) == {"fast", "slow"}
+    assert history.state.model.tolist() == [100.5, 100.5, 100.5]  # round 2's answers only

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import torch
+
 from fedsilo.coordinator.phases import Phase, WeightedMean
 from fedsilo.coordinator.strategies.base import (
     MODEL,
@@ -34,7 +36,11 @@ class FedAvg(Strategy):
             for s in chosen
         )
         out = yield Phase("train", tasks, aggregate=WeightedMean((MODEL,)))
-        return replace(state, tensors={**state.tensors, MODEL: out.mean[MODEL]})
+        return replace(state, tensors=self.server_update(state, out.mean[MODEL]))
+
+    def server_update(self, state: ServerState, mean: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The server optimiser: for FedAvg, SGD with step 1 on mean - x, i.e. x = mean."""
+        return {**state.tensors, MODEL: mean}
 
 
 class FedProx(FedAvg):

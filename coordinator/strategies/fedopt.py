@@ -1,7 +1,8 @@
 """Adaptive federated optimisation (Reddi et al. 2021): FedAdagrad, FedAdam, FedYogi.
 
-The silos run the FedAvg round; the server treats Delta = mean(models) - x as a
-pseudo-gradient and takes a per-coordinate adaptive step (spec robust-and-daisy-chain.md §2.3):
+The silos run the FedAvg round (FedOpt extends FedAvg); the server treats
+Delta = mean(models) - x as a pseudo-gradient and takes a per-coordinate adaptive step
+(spec robust-and-daisy-chain.md §2.3):
 
     m  = beta1 m + (1 - beta1) Delta
     v  = v + Delta^2                                   (Adagrad)
@@ -16,18 +17,12 @@ from dataclasses import replace
 
 import torch
 
-from fedsilo.coordinator.phases import Phase, WeightedMean
-from fedsilo.coordinator.strategies.base import (
-    MODEL,
-    RoundContext,
-    RoundScript,
-    ServerState,
-    Strategy,
-)
+from fedsilo.coordinator.strategies.base import MODEL, RoundContext, RoundScript, ServerState
+from fedsilo.coordinator.strategies.fedavg import FedAvg
 from fedsilo.policies.algorithms import FedOptConfig
 
 
-class FedOpt(Strategy):
+class FedOpt(FedAvg):
     @property
     def config(self) -> FedOptConfig:
         return self.policy.algorithm  # type: ignore[return-value]
@@ -44,18 +39,9 @@ class FedOpt(Strategy):
             },
         )
 
-    def round(self, state: ServerState, ctx: RoundContext) -> RoundScript:
-        chosen = self.sample_silos(ctx, self.config.client_fraction)
-        tasks = tuple(
-            self.train_task(s, state.model, state.spec, ctx, prox_mu=self.config.prox_mu)
-            for s in chosen
-        )
-        out = yield Phase("train", tasks, aggregate=WeightedMean((MODEL,)))
-        return replace(state, tensors=self.server_step(state.tensors, out.mean[MODEL]))
-
-    def server_step(self, tensors: dict, mean: torch.Tensor) -> dict[str, torch.Tensor]:
+    def server_update(self, state: ServerState, mean: torch.Tensor) -> dict[str, torch.Tensor]:
         c = self.config
-        x, m, v = tensors[MODEL], tensors["m"], tensors["v"]
+        x, m, v = state.model, state.tensors["m"], state.tensors["v"]
         delta = mean - x
         m = c.beta1 * m + (1 - c.beta1) * delta
         v = self.second_moment(v, delta * delta)
