@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint bench clean
+.PHONY: setup demo test lint bench proto clean
 
 setup: $(STAMP)
 
@@ -26,6 +26,10 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.engine_overhead
+
+# Regenerate the gRPC stubs after editing wire/fedsilo.proto (tests check they are current).
+proto: $(STAMP)
+	$(BIN)/python -m fedsilo.wire.stubs
 
 clean:
 	rm -rf $(VENV) runs build *.egg-info

@@ -5,6 +5,11 @@ the phase asks for it, and records what happened in every round.
 A round whose phase misses its quorum is abandoned: the strategy's state stays as it was
 before the round, the round is recorded as failed, and the run stops after
 `max_consecutive_failed_rounds` such rounds in a row.
+
+With a `StateStore` the engine saves the setup and every finished round (its state and
+record); a run started again on the same store goes on after the last saved round. Every
+random choice derives from (seed, round, phase), so a resumed run ends exactly where an
+uninterrupted one would have.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import math
 import time
 from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import takewhile
 from typing import Any, Protocol
 
 import torch
@@ -24,6 +30,7 @@ from fedsilo.coordinator.phases import (
     SiloReport,
     WeightedMean,
 )
+from fedsilo.coordinator.state import StateStore, digest_policy
 from fedsilo.coordinator.strategies.base import RoundContext, ServerState, Strategy
 from fedsilo.coordinator.summary import summarize_metrics
 from fedsilo.coordinator.transport import Delivery, Transport
@@ -51,6 +58,11 @@ class RoundRecord:
     def to_json(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if v is not None}
 
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> RoundRecord:
+        """The inverse of `to_json` (absent fields take their defaults)."""
+        return cls(**data)
+
 
 @dataclass
 class RunHistory:
@@ -75,7 +87,11 @@ class RoundEngine:
         silos: Sequence[str],
         observers: Sequence[EngineObserver] = (),
         deployment: str = "simulation",
+        store: StateStore | None = None,
+        policy_digest: str = "",
     ) -> None:
+        """`store`: where to save rounds and resume from (None: nothing is saved);
+        `policy_digest`: what binds the store to this policy (default: `digest_policy`)."""
         if not silos:
             raise ValueError("a consortium needs at least one silo")
         self.strategy = strategy
@@ -84,27 +100,24 @@ class RoundEngine:
         self.silos = tuple(silos)
         self.observers = tuple(observers)
         self.deployment = deployment
+        self.store = store
+        self.policy_digest = policy_digest or digest_policy(policy)
 
     # -- the run ----------------------------------------------------------------------------
 
     def run(self) -> RunHistory:
         total = self.policy.rounds
-        try:
-            state = self._drive(
-                self.strategy.setup(self._context(0)), 0, RoundRecord(0, "setup", 0.0)
-            )
-        except QuorumNotMet as exc:
-            raise RunAborted(f"setup failed: {exc}") from exc
-        records: list[RoundRecord] = []
-        failures_in_a_row = 0
-        for round_no in range(1, total + 1):
+        state, records = self._start()
+        failures_in_a_row = sum(1 for _ in takewhile(_failed, reversed(records)))
+        for round_no in range(records[-1].round + 1 if records else 1, total + 1):
             record, state = self._run_round(state, round_no)
-            failures_in_a_row = failures_in_a_row + 1 if record.status == "failed" else 0
+            failures_in_a_row = failures_in_a_row + 1 if _failed(record) else 0
             if record.status == "completed" and (
                 round_no % self.policy.eval_every == 0 or round_no == total
             ):
                 self._evaluate(state, round_no, record)
             records.append(record)
+            self._save(record, state)
             for observer in self.observers:
                 observer.on_round(record, total)
             if failures_in_a_row >= self.policy.participants.max_consecutive_failed_rounds:
@@ -116,6 +129,30 @@ class RoundEngine:
             final = RoundRecord(records[-1].round, "final", 0.0)
             self._evaluate(state, final.round, final)
         return RunHistory(records, state, final)
+
+    def _start(self) -> tuple[ServerState, list[RoundRecord]]:
+        """The state and records to go on from: the store's last saved round, or a new setup."""
+        if self.store is not None:
+            self.store.open_deployment(
+                self.deployment, self.policy_digest, self.policy.model_dump_json()
+            )
+            saved = self.store.last_round(self.deployment)
+            if saved is not None:
+                return saved.state, [RoundRecord.from_json(r) for r in saved.records]
+        record = RoundRecord(0, "setup", 0.0)
+        try:
+            state = self._drive(self.strategy.setup(self._context(0)), 0, record)
+        except QuorumNotMet as exc:
+            raise RunAborted(f"setup failed: {exc}") from exc
+        self._save(record, state)
+        return state, []
+
+    def _save(self, record: RoundRecord, state: ServerState) -> None:
+        """Save a finished round (a failed one with the unchanged state) when there is a store."""
+        if self.store is not None:
+            self.store.save_round(
+                self.deployment, record.round, record.status, state, record.to_json()
+            )
 
     def _run_round(self, state: ServerState, round_no: int) -> tuple[RoundRecord, ServerState]:
         started = time.perf_counter()
@@ -236,6 +273,10 @@ class RoundEngine:
         if total <= 0:
             raise QuorumNotMet(f"phase {phase.name!r}: the answering silos carry zero total weight")
         return PhaseOutcome(phase.name, reports, dropped, mean=mean, total_weight=total, spec=spec)
+
+
+def _failed(record: RoundRecord) -> bool:
+    return record.status == "failed"
 
 
 def _accept(

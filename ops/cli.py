@@ -6,6 +6,9 @@ message and exits non-zero before anything is written.
 
 from __future__ import annotations
 
+import logging
+import signal
+import threading
 from importlib.resources import as_file, files
 from pathlib import Path
 
@@ -17,15 +20,38 @@ from fedsilo import __version__
 from fedsilo.coordinator.engine import RoundRecord, RunAborted
 from fedsilo.coordinator.strategies import STRATEGIES
 from fedsilo.coordinator.strategies.base import SetupError
+from fedsilo.ops.coordinator_process import (
+    CoordinatorOptions,
+    DeploymentError,
+    revoke,
+    run_coordinator,
+)
+from fedsilo.ops.logs import configure_logging
+from fedsilo.ops.provision import KitError, load_coordinator_kit
+from fedsilo.ops.provision_cli import policy_sign as sign_command
+from fedsilo.ops.provision_cli import provision_command
 from fedsilo.ops.report import comparison_table, write_results
+from fedsilo.ops.silo_process import run_silo
+from fedsilo.ops.silo_setup import write_silo_config
 from fedsilo.ops.simulate import SimulationResult, load_silos, simulate
 from fedsilo.policies.loading import PolicyError, load_policy
 from fedsilo.policies.schema import Policy
+from fedsilo.privacy.identity import IdentityError
+from fedsilo.privacy.policy_signing import PolicySignatureError
+from fedsilo.silo.client import PolicyRefused
 from fedsilo.silo.data import DataError
 from fedsilo.silo.device import DeviceError
 
 DEFAULT_POLICY = "examples/heart-fedavg.yaml"
 USER_ERRORS = (PolicyError, DataError, DeviceError, RunAborted, SetupError)
+DEPLOYMENT_ERRORS = (
+    *USER_ERRORS,
+    DeploymentError,
+    KitError,
+    IdentityError,
+    PolicySignatureError,
+    PolicyRefused,
+)
 
 console = Console()
 
@@ -160,3 +186,201 @@ def _load(file: Path) -> Policy:
 def _default_policy() -> Policy:
     with as_file(files("fedsilo.policies") / DEFAULT_POLICY) as path:
         return _load(path)
+
+
+main.add_command(provision_command)
+policy.add_command(sign_command)
+
+
+@main.group()
+def silo() -> None:
+    """Run a silo agent next to a hospital's data."""
+
+
+@silo.command("init")
+@click.option(
+    "--kit",
+    "kit_dir",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="This silo's kit folder.",
+)
+@click.option(
+    "--out", required=True, type=click.Path(path_type=Path), help="Where to write silo.yaml."
+)
+@click.option(
+    "--source",
+    default="heart",
+    show_default=True,
+    help="Data source: heart, sklearn:NAME, csv or npz (see README, Data).",
+)
+@click.option(
+    "--data",
+    "data_path",
+    type=click.Path(path_type=Path),
+    help="CSV or NPZ file (csv/npz sources).",
+)
+@click.option("--target", help="Target column of a CSV file.")
+@click.option("--select", help="Which silo of a multi-silo data section this is (e.g. Cleveland).")
+@click.option(
+    "--device", help="Override the policy's compute device at this site (cpu, cuda:0, ...)."
+)
+@click.option("--metrics-port", type=int, help="Serve Prometheus metrics on 127.0.0.1:PORT.")
+@click.option(
+    "--allow-algorithm",
+    "allowed",
+    multiple=True,
+    help="Local rule: only these algorithms (repeatable).",
+)
+def silo_init(
+    kit_dir: Path,
+    out: Path,
+    source: str,
+    data_path: Path | None,
+    target: str | None,
+    select: str | None,
+    device: str | None,
+    metrics_port: int | None,
+    allowed: tuple[str, ...],
+) -> None:
+    """Write this site's silo.yaml and a systemd unit to run the agent."""
+    try:
+        written = write_silo_config(
+            kit_dir, out, source, data_path, target, select, device, metrics_port, allowed
+        )
+    except (PolicyError, DataError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from None
+    for path in written:
+        console.print(f"wrote {path}")
+
+
+@silo.command("start")
+@click.option(
+    "--config", "config_file", required=True, type=click.Path(path_type=Path), help="silo.yaml"
+)
+@click.option("--poll-seconds", default=5.0, show_default=True, help="Long-poll window for tasks.")
+@click.option("--log-json", is_flag=True, help="Log JSON lines instead of key=value lines.")
+def silo_start(config_file: Path, poll_seconds: float, log_json: bool) -> None:
+    """Connect to the coordinator and take part until the deployment is complete."""
+    configure_logging(log_json)
+    stop = _stop_on_signals()
+    try:
+        run_silo(config_file, stop, poll_seconds)
+    except DEPLOYMENT_ERRORS as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+@main.group()
+def coordinator() -> None:
+    """Run and administer the coordinator of a consortium."""
+
+
+@coordinator.command("start")
+@click.option(
+    "--kit", "kit_dir", required=True, type=click.Path(path_type=Path), help="The coordinator kit."
+)
+@click.option(
+    "--policy",
+    "policy_file",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="The signed deployment policy (POLICY.sig beside it).",
+)
+@click.option(
+    "--state",
+    "state_file",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="SQLite state file; an interrupted deployment resumes from it.",
+)
+@click.option("--metrics-port", type=int, help="Serve Prometheus metrics on 127.0.0.1:PORT.")
+@click.option(
+    "--join-timeout", default=600.0, show_default=True, help="Seconds to wait for silos to join."
+)
+@click.option("--poll-seconds", default=5.0, show_default=True, help="Long-poll window for silos.")
+@click.option("--max-payload-mb", default=1024, show_default=True, help="Largest message accepted.")
+@click.option(
+    "--out", type=click.Path(path_type=Path), help="Write the final model and history here."
+)
+@click.option(
+    "--linger-seconds",
+    default=0.0,
+    show_default=True,
+    help="Keep serving metrics this long after the last round.",
+)
+@click.option("--log-json", is_flag=True, help="Log JSON lines instead of key=value lines.")
+def coordinator_start(
+    kit_dir: Path,
+    policy_file: Path,
+    state_file: Path,
+    metrics_port: int | None,
+    join_timeout: float,
+    poll_seconds: float,
+    max_payload_mb: int,
+    out: Path | None,
+    linger_seconds: float,
+    log_json: bool,
+) -> None:
+    """Serve the consortium and run the policy's rounds to completion."""
+    configure_logging(log_json)
+    options = CoordinatorOptions(
+        kit_dir,
+        policy_file,
+        state_file,
+        metrics_port,
+        join_timeout,
+        poll_seconds,
+        max_payload_mb << 20,
+        linger_seconds,
+        out,
+    )
+    try:
+        history = run_coordinator(options, _stop_on_signals())
+    except DEPLOYMENT_ERRORS as exc:
+        raise click.ClickException(str(exc)) from None
+    final = history.final
+    console.print(f"deployment complete at round {final.round}")
+    if final.evaluation:
+        for name, metrics in sorted(final.evaluation.items()):
+            console.print(
+                f"  {name:16s} " + "  ".join(f"{k} {v:.4f}" for k, v in sorted(metrics.items()))
+            )
+    if out is not None:
+        console.print(f"final model and history in {out}/")
+
+
+@coordinator.command("revoke")
+@click.argument("silo_name", metavar="SILO")
+@click.option(
+    "--kit", "kit_dir", required=True, type=click.Path(path_type=Path), help="The coordinator kit."
+)
+@click.option(
+    "--state", "state_file", required=True, type=click.Path(path_type=Path), help="The state file."
+)
+@click.option("--reason", default="revoked by the operator", show_default=True)
+def coordinator_revoke(silo_name: str, kit_dir: Path, state_file: Path, reason: str) -> None:
+    """Remove SILO from the consortium: its messages are refused from now on."""
+    try:
+        kit = load_coordinator_kit(kit_dir)
+        if silo_name not in kit.silos:
+            raise click.ClickException(
+                f"no silo {silo_name!r} in this consortium; silos: {sorted(kit.silos)}"
+            )
+        revoke(state_file, kit.consortium, silo_name, reason)
+    except DEPLOYMENT_ERRORS as exc:
+        raise click.ClickException(str(exc)) from None
+    console.print(f"revoked {silo_name}: a running coordinator refuses it within a second")
+
+
+def _stop_on_signals() -> threading.Event:
+    """SIGTERM and SIGINT stop a service cleanly: servers closed, state kept at its last round."""
+    stop = threading.Event()
+
+    def handler(signum: int, frame: object) -> None:
+        stop.set()
+        logging.getLogger("fedsilo").info("stopping on %s", signal.Signals(signum).name)
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+    return stop

@@ -25,7 +25,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from fedsilo import __version__  # noqa: E402
+from fedsilo.coordinator.engine import RunHistory  # noqa: E402
 from fedsilo.ops.simulate import SimulationResult  # noqa: E402
+from fedsilo.wire.tensors import encode_tensors  # noqa: E402
 
 
 @contextlib.contextmanager
@@ -55,6 +57,16 @@ def write_results(out: Path, results: Mapping[str, SimulationResult]) -> None:
             write_run(folder, result)
         if len(results) > 1:
             write_comparison(staging, results)
+
+
+def write_deployment_results(out: Path, history: RunHistory) -> None:
+    """A deployment's final state (`final_model.safetensors`, with its parameter spec) and
+    per-round history (`history.json`)."""
+    with atomic_directory(out) as staging:
+        state = history.state
+        header = {"spec": state.spec.to_json(), "extra": dict(state.extra)}
+        (staging / "final_model.safetensors").write_bytes(encode_tensors(state.tensors, header))
+        (staging / "history.json").write_text(json.dumps(_finite(history.to_json()), indent=2))
 
 
 def write_run(folder: Path, result: SimulationResult) -> None:

@@ -22,11 +22,15 @@ def load_policy(path: str | Path) -> Policy:
     path = Path(path)
     if not path.is_file():
         raise PolicyError(f"{path}: policy file not found")
+    return parse_policy_text(path.read_text(), source=str(path))
+
+
+def parse_policy_text(text: str, source: str = "<policy>") -> Policy:
     try:
-        document = yaml.safe_load(path.read_text())
+        document = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise PolicyError(f"{path}: not valid YAML: {exc}") from exc
-    return parse_policy(document, source=str(path))
+        raise PolicyError(f"{source}: not valid YAML: {exc}") from exc
+    return parse_policy(document, source=source)
 
 
 def parse_policy(document: Any, source: str = "<policy>") -> Policy:
@@ -37,10 +41,15 @@ def parse_policy(document: Any, source: str = "<policy>") -> Policy:
     try:
         return Policy.model_validate(dict(document))
     except ValidationError as exc:
-        problems = [_describe(error, document) for error in exc.errors()]
+        raise PolicyError(describe_errors(exc, document, source)) from None
+
+
+def describe_errors(exc: ValidationError, document: Any, source: str) -> str:
+    """One line per problem, each naming the field path as the user wrote it."""
+    problems = [_describe(error, document) for error in exc.errors()]
     if len(problems) == 1:
-        raise PolicyError(f"{source}: {problems[0]}")
-    raise PolicyError(f"{source}: {len(problems)} problems\n  " + "\n  ".join(problems))
+        return f"{source}: {problems[0]}"
+    return f"{source}: {len(problems)} problems\n  " + "\n  ".join(problems)
 
 
 def _describe(error: Mapping[str, Any], document: Mapping) -> str:

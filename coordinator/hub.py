@@ -1,0 +1,122 @@
+"""The coordinator's meeting point with its silos: per-silo outboxes of encoded tasks, the results
+they return, who has joined and accepted the policy, and when each silo was last heard from.
+
+The gRPC servicer (coordinator/service.py) fills it from the network; the transport the engine
+uses (coordinator/grpc_transport.py) posts tasks and collects results through it. A task not
+picked up before its deadline is withdrawn, and a result for a withdrawn or unknown task is
+refused as late: it can never be applied to a later round.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+
+from fedsilo.coordinator.transport import Reply
+
+
+@dataclass(frozen=True)
+class PostedTask:
+    silo: str
+    task_id: str
+    round: int
+    payload: bytes
+
+
+class SiloHub:
+    def __init__(self, roster: list[str]) -> None:
+        self.roster = tuple(roster)
+        self._lock = threading.Condition()
+        self._outboxes: dict[str, deque[PostedTask]] = {s: deque() for s in roster}
+        self._pending: dict[str, queue.Queue[Reply]] = {}
+        self._last_seen: dict[str, float] = {}
+        self.accepted: set[str] = set()
+        self.refused: dict[str, str] = {}
+        self.revoked: set[str] = set()
+        self.finished = threading.Event()
+
+    # -- membership -------------------------------------------------------------------------
+
+    def seen(self, silo: str) -> None:
+        with self._lock:
+            self._last_seen[silo] = time.monotonic()
+
+    def connected(self, within_s: float) -> list[str]:
+        now = time.monotonic()
+        with self._lock:
+            return sorted(s for s, t in self._last_seen.items() if now - t <= within_s)
+
+    def accept(self, silo: str) -> None:
+        with self._lock:
+            self.accepted.add(silo)
+            self.refused.pop(silo, None)
+            self._lock.notify_all()
+
+    def refuse(self, silo: str, reason: str) -> None:
+        with self._lock:
+            self.accepted.discard(silo)
+            self.refused[silo] = reason
+            self._lock.notify_all()
+
+    def revoke(self, silo: str) -> None:
+        with self._lock:
+            self.revoked.add(silo)
+            self.accepted.discard(silo)
+            self._outboxes.get(silo, deque()).clear()
+            self._lock.notify_all()
+
+    def wait_for_members(self, wanted: int, timeout_s: float) -> list[str]:
+        """The silos that accepted the policy once `wanted` did, or when `timeout_s` passed."""
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            while len(self.accepted) < wanted:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._lock.wait(timeout=min(remaining, 1.0))
+            return sorted(self.accepted)
+
+    # -- tasks and results ------------------------------------------------------------------
+
+    def post(self, task: PostedTask, replies: queue.Queue[Reply]) -> None:
+        with self._lock:
+            self._pending[task.task_id] = replies
+            self._outboxes[task.silo].append(task)
+            self._lock.notify_all()
+
+    def next_task(self, silo: str, timeout_s: float) -> PostedTask | None:
+        """The silo's next task, waiting up to `timeout_s` (the long poll)."""
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            while not self._outboxes[silo] and not self.finished.is_set():
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return None
+                self._lock.wait(timeout=remaining)
+            return self._outboxes[silo].popleft() if self._outboxes[silo] else None
+
+    def deliver(self, silo: str, task_id: str, payload: bytes) -> bool:
+        """Hand a result to whoever waits for it; False when the task is unknown or withdrawn."""
+        with self._lock:
+            replies = self._pending.pop(task_id, None)
+        if replies is None:
+            return False
+        replies.put(Reply(silo, task_id, payload))
+        return True
+
+    def withdraw(self, task_ids: set[str]) -> None:
+        with self._lock:
+            for task_id in task_ids:
+                self._pending.pop(task_id, None)
+            for outbox in self._outboxes.values():
+                kept = [t for t in outbox if t.task_id not in task_ids]
+                outbox.clear()
+                outbox.extend(kept)
+
+    def finish(self) -> None:
+        with self._lock:
+            self.finished.set()
+            self._lock.notify_all()

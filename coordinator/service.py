@@ -1,0 +1,183 @@
+"""The coordinator's gRPC service: one `Exchange` per silo request over mutual TLS.
+
+Each request is checked before it is used: the TLS client certificate's common name must be
+the envelope's sender, the sender must be in the roster and not revoked, and the envelope must
+verify (signature, deployment, freshness, replay, digest; wire/framing.py). A rejected request
+is refused with a gRPC status naming the reason, logged, and counted in
+`fedsilo_rejected_messages_total{reason}`; nothing of it reaches the engine.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import grpc
+from nacl.signing import SigningKey
+
+from fedsilo.coordinator.hub import SiloHub
+from fedsilo.ops.metrics import CoordinatorMetrics
+from fedsilo.wire import fedsilo_pb2 as pb
+from fedsilo.wire import fedsilo_pb2_grpc as pb_grpc
+from fedsilo.wire.control import (
+    ACCEPT,
+    ACK,
+    FINISHED,
+    IDLE,
+    JOIN,
+    POLICY,
+    PULL,
+    REFUSE,
+    Control,
+    decode_control,
+    payload_type,
+)
+from fedsilo.wire.envelope import EnvelopeVerifier, seal
+from fedsilo.wire.framing import MessageRejected, read_message, to_frames
+from fedsilo.wire.messages import TaskResult
+from fedsilo.wire.tensors import WireError
+
+log = logging.getLogger("fedsilo.coordinator")
+
+COORDINATOR = "coordinator"
+IDENTITY_MISMATCH, REVOKED, NOT_A_MEMBER, LATE = (
+    "identity_mismatch",
+    "revoked",
+    "not_a_member",
+    "late",
+)
+
+
+@dataclass(frozen=True)
+class SignedPolicy:
+    text: str
+    signature: str
+    digest: str
+
+
+class CoordinatorService(pb_grpc.CoordinatorServicer):
+    def __init__(
+        self,
+        deployment: str,
+        hub: SiloHub,
+        verifier: EnvelopeVerifier,
+        signing_key: SigningKey,
+        policy: SignedPolicy,
+        metrics: CoordinatorMetrics,
+        max_payload_bytes: int,
+        poll_seconds: float = 5.0,
+    ) -> None:
+        self.deployment = deployment
+        self.hub = hub
+        self.verifier = verifier
+        self.signing_key = signing_key
+        self.policy = policy
+        self.metrics = metrics
+        self.max_payload_bytes = max_payload_bytes
+        self.poll_seconds = poll_seconds
+
+    def Exchange(
+        self, request_iterator: Iterator[pb.Frame], context: grpc.ServicerContext
+    ) -> Iterator[pb.Frame]:  # noqa: N802 (gRPC's name)
+        peer = _common_name(context)
+        try:
+            envelope, payload = read_message(
+                request_iterator, self.verifier, self.max_payload_bytes
+            )
+            if envelope.sender != peer:
+                raise MessageRejected(
+                    IDENTITY_MISMATCH, f"certificate of {peer!r} signed as {envelope.sender!r}"
+                )
+            if envelope.sender in self.hub.revoked:
+                raise MessageRejected(REVOKED, f"silo {envelope.sender!r} is revoked")
+            self.metrics.count_bytes("from_silo", envelope.sender, len(payload))
+            self.hub.seen(envelope.sender)
+            reply = self._answer(envelope.sender, envelope.task_id, payload)
+        except MessageRejected as rejected:
+            self._refuse(context, peer, rejected)
+        except WireError as exc:
+            self._refuse(context, peer, MessageRejected("malformed", str(exc)))
+        reply_envelope = seal(
+            reply,
+            signing_key=self.signing_key,
+            sender=COORDINATOR,
+            deployment=self.deployment,
+            round=envelope.round,
+            task_id=f"{envelope.sender}/{envelope.task_id}",
+        )
+        self.metrics.count_bytes("to_silo", envelope.sender, len(reply))
+        yield from to_frames(reply_envelope, reply)
+
+    def _answer(self, silo: str, request_id: str, payload: bytes) -> bytes:
+        kind = payload_type(payload)
+        if kind == "result":
+            return self._result(silo, request_id, payload)
+        message = decode_control(payload)
+        if message.type == JOIN:
+            log.info("silo %s joined; sending the signed policy", silo)
+            return Control(
+                POLICY,
+                {
+                    "deployment": self.deployment,
+                    "policy": self.policy.text,
+                    "signature": self.policy.signature,
+                },
+            ).encode()
+        if message.type == ACCEPT:
+            if message.get("policy_digest") != self.policy.digest:
+                return _ack(False, "the accepted policy digest is not this deployment's policy")
+            self.hub.accept(silo)
+            log.info("silo %s accepted policy %s", silo, self.policy.digest[:12])
+            return _ack(True)
+        if message.type == REFUSE:
+            reason = str(message.get("reason", "no reason given"))
+            self.hub.refuse(silo, reason)
+            log.warning("silo %s refused the policy: %s", silo, reason)
+            return _ack(True)
+        if message.type == PULL:
+            return self._pull(silo)
+        raise MessageRejected("malformed", f"a silo may not send {message.type!r}")
+
+    def _pull(self, silo: str) -> bytes:
+        if silo not in self.hub.accepted:
+            return _ack(False, NOT_A_MEMBER)
+        if self.hub.finished.is_set():
+            return Control(FINISHED, {"reason": "the deployment is complete"}).encode()
+        task = self.hub.next_task(silo, self.poll_seconds)
+        if task is not None:
+            return task.payload
+        if self.hub.finished.is_set():
+            return Control(FINISHED, {"reason": "the deployment is complete"}).encode()
+        return Control(IDLE).encode()
+
+    def _result(self, silo: str, request_id: str, payload: bytes) -> bytes:
+        result = TaskResult.decode(payload)
+        if result.silo != silo or result.task_id != request_id:
+            raise MessageRejected(
+                IDENTITY_MISMATCH, f"{silo!r} sent a result for {result.task_id!r}"
+            )
+        if not self.hub.deliver(silo, result.task_id, payload):
+            self.metrics.count_rejected(LATE)
+            log.warning("late result from %s for %s: discarded", silo, result.task_id)
+            return _ack(False, LATE)
+        return _ack(True)
+
+    def _refuse(self, context: grpc.ServicerContext, peer: str, rejected: MessageRejected) -> None:
+        self.metrics.count_rejected(rejected.reason)
+        log.warning("rejected a message from %s: %s", peer, rejected)
+        code = (
+            grpc.StatusCode.PERMISSION_DENIED
+            if rejected.reason in {IDENTITY_MISMATCH, REVOKED, "unknown_sender", "bad_signature"}
+            else grpc.StatusCode.INVALID_ARGUMENT
+        )
+        context.abort(code, f"{rejected.reason}: {rejected.detail}")
+
+
+def _ack(accepted: bool, reason: str = "") -> bytes:
+    return Control(ACK, {"accepted": accepted, "reason": reason}).encode()
+
+
+def _common_name(context: grpc.ServicerContext) -> str:
+    names = context.auth_context().get("x509_common_name", [])
+    return names[0].decode() if names else ""

@@ -1,0 +1,422 @@
+"""The coordinator's durable state: deployments, finished rounds, participants and the message
+audit in one SQLite file, and the server states' tensors as content-addressed checkpoints.
+
+Layout: `<name>.db` (WAL journal, `synchronous=FULL`, foreign keys on) and beside it the folder
+`<name>.checkpoints/`, one safetensors file per distinct state, named by the BLAKE2b-256 of its
+bytes, so identical states (a failed round keeps the previous one) are stored once and a file
+that changed on disk is caught when it is loaded. A round is saved checkpoint first (written
+to a temporary file, fsynced, renamed), then its row in one transaction: a crash in between
+leaves at worst an orphan checkpoint, never a row naming a missing file.
+
+Thread safety: one connection shared by every thread (`check_same_thread=False`) behind a
+lock. SQLite runs one writer at a time anyway, so per-thread connections would only add
+lock contention inside SQLite and connections that outlive their threads; with one connection
+`close()` closes everything and each method's transaction is atomic with respect to the
+others. Files are created readable by their owner only: they hold the consortium's models.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sqlite3
+import tempfile
+import threading
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import torch
+
+from fedsilo.coordinator.strategies.base import ServerState
+from fedsilo.policies.schema import Policy
+from fedsilo.wire.tensors import ParameterSpec, decode_tensors, encode_tensors
+
+SCHEMA_VERSION = 1
+SETUP_ROUND = 0
+ROUND_STATUSES = ("setup", "completed", "failed")
+PARTICIPANT_STATUSES = ("active", "retired", "revoked", "refused")
+DIRECTIONS = ("to_silo", "from_silo")
+
+_SCHEMA = (
+    "CREATE TABLE schema_version (version INTEGER NOT NULL)",
+    """CREATE TABLE deployments (
+        deployment_id TEXT PRIMARY KEY,
+        policy_digest TEXT NOT NULL,
+        policy_json TEXT NOT NULL,
+        created_at TEXT NOT NULL
+    )""",
+    """CREATE TABLE rounds (
+        deployment_id TEXT NOT NULL REFERENCES deployments(deployment_id),
+        round INTEGER NOT NULL CHECK (round >= 0),
+        status TEXT NOT NULL CHECK (status IN ('setup', 'completed', 'failed')),
+        record_json TEXT NOT NULL,
+        checkpoint_hash TEXT NOT NULL,
+        spec_json TEXT NOT NULL,
+        extra_json TEXT NOT NULL,
+        finished_at TEXT NOT NULL,
+        PRIMARY KEY (deployment_id, round),
+        CHECK ((round = 0) = (status = 'setup'))
+    )""",
+    """CREATE TABLE participants (
+        deployment_id TEXT NOT NULL REFERENCES deployments(deployment_id),
+        silo TEXT NOT NULL,
+        status TEXT NOT NULL CHECK (status IN ('active', 'retired', 'revoked', 'refused')),
+        reason TEXT NOT NULL,
+        updated_at TEXT NOT NULL,
+        PRIMARY KEY (deployment_id, silo)
+    )""",
+    """CREATE TABLE message_audit (
+        id INTEGER PRIMARY KEY,
+        deployment_id TEXT NOT NULL REFERENCES deployments(deployment_id),
+        round INTEGER NOT NULL,
+        direction TEXT NOT NULL CHECK (direction IN ('to_silo', 'from_silo')),
+        silo TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        bytes INTEGER NOT NULL CHECK (bytes >= 0),
+        digest TEXT NOT NULL,
+        at TEXT NOT NULL
+    )""",
+    "CREATE INDEX message_audit_by_round ON message_audit (deployment_id, round)",
+)
+
+
+class StateError(RuntimeError):
+    """The state file cannot be used as asked; the message names the file and what is wrong."""
+
+
+@dataclass(frozen=True)
+class SavedRound:
+    """The last round saved for a deployment, with what a restarted coordinator resumes from.
+
+    `state` is the state after `round` (the unchanged previous state for a failed round);
+    `records` are the saved round records of rounds 1..round, in order.
+    """
+
+    round: int
+    status: str
+    state: ServerState
+    records: list[dict[str, Any]]
+
+
+def content_hash(data: bytes) -> str:
+    """BLAKE2b-256 of `data`, hex: the name a checkpoint is stored under."""
+    return hashlib.blake2b(data, digest_size=32).hexdigest()
+
+
+def digest_policy(policy: Policy) -> str:
+    """The digest a deployment's state is bound to: BLAKE2b-256 of the policy's JSON."""
+    return content_hash(policy.model_dump_json().encode())
+
+
+class Checkpoints:
+    """Server-state tensors as safetensors files named by the hash of their bytes."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    def path_of(self, digest: str) -> Path:
+        return self.folder / f"{digest}.safetensors"
+
+    def save(self, tensors: Mapping[str, torch.Tensor]) -> str:
+        """Store `tensors` durably (unless an intact identical file exists); their hash."""
+        owned = {  # own copies: safetensors refuses tensors that share memory
+            name: t.detach().to("cpu").clone(memory_format=torch.contiguous_format)
+            for name, t in tensors.items()
+        }
+        data = encode_tensors(owned, {"names": list(owned)})
+        digest = content_hash(data)
+        path = self.path_of(digest)
+        if not (path.exists() and content_hash(path.read_bytes()) == digest):
+            self._write_durably(path, data)
+        return digest
+
+    def load(self, digest: str) -> dict[str, torch.Tensor]:
+        """The tensors stored under `digest`, in their saved order, after checking the hash."""
+        path = self.path_of(digest)
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError as exc:
+            raise StateError(f"checkpoint {path} is missing") from exc
+        actual = content_hash(data)
+        if actual != digest:
+            raise StateError(
+                f"checkpoint {path} is corrupted: its content hashes to {actual}, not {digest}"
+            )
+        tensors, header = decode_tensors(data)
+        return {name: tensors[name] for name in header["names"]}
+
+    def _write_durably(self, path: Path, data: bytes) -> None:
+        if not self.folder.exists():
+            self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+            _fsync_directory(self.folder.parent)
+        descriptor, temporary = tempfile.mkstemp(dir=self.folder, prefix=".", suffix=".partial")
+        try:
+            with os.fdopen(descriptor, "wb") as file:
+                file.write(data)
+                file.flush()
+                os.fsync(file.fileno())
+            os.replace(temporary, path)
+        except BaseException:
+            Path(temporary).unlink(missing_ok=True)
+            raise
+        _fsync_directory(self.folder)
+
+
+class StateStore:
+    """One coordinator's SQLite state file and its checkpoint folder."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.checkpoints = Checkpoints(self.path.with_name(f"{self.path.stem}.checkpoints"))
+        self._lock = threading.Lock()
+        self._db = _open_database(self.path)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def __enter__(self) -> StateStore:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # -- deployments and rounds -------------------------------------------------------------
+
+    def open_deployment(self, deployment_id: str, policy_digest: str, policy_json: str) -> None:
+        """Create the deployment, or check that it was created under the same policy."""
+        with self._transaction() as db:
+            row = db.execute(
+                "SELECT policy_digest FROM deployments WHERE deployment_id = ?", (deployment_id,)
+            ).fetchone()
+            if row is None:
+                db.execute(
+                    "INSERT INTO deployments VALUES (?, ?, ?, ?)",
+                    (deployment_id, policy_digest, policy_json, _now()),
+                )
+            elif row["policy_digest"] != policy_digest:
+                raise StateError(
+                    f"{self.path}: deployment {deployment_id!r} was started with policy digest "
+                    f"{row['policy_digest']}, not {policy_digest}: this state belongs to another "
+                    "policy; use a new --state file or the original policy"
+                )
+
+    def save_round(
+        self,
+        deployment_id: str,
+        round: int,
+        status: str,
+        state: ServerState,
+        record_json: dict[str, Any],
+    ) -> None:
+        """Save a finished round (round 0 is the setup): checkpoint, then the row.
+
+        Rounds are saved in order, each once; anything else means two coordinators share
+        this file, and is refused. `record_json` and `state.extra` are stored as JSON (so a
+        tuple comes back as a list).
+        """
+        _require_choice(status, ROUND_STATUSES, "round status")
+        if (round == SETUP_ROUND) != (status == "setup"):
+            raise ValueError(f"round {round} has status {status!r}; only round 0 is the setup")
+        record_text = json.dumps(record_json)  # refuses what is not JSON before any file is written
+        spec_text, extra_text = json.dumps(state.spec.to_json()), json.dumps(dict(state.extra))
+        digest = self.checkpoints.save(state.tensors)
+        with self._transaction() as db:
+            self._require_deployment(db, deployment_id)
+            expected = _next_round(db, deployment_id)
+            if round != expected:
+                raise StateError(
+                    f"{self.path}: deployment {deployment_id!r} saves round {expected} next, "
+                    f"not {round}; is another coordinator using this state file?"
+                )
+            db.execute(
+                "INSERT INTO rounds VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (deployment_id, round, status, record_text, digest, spec_text, extra_text, _now()),
+            )
+
+    def last_round(self, deployment_id: str) -> SavedRound | None:
+        """The last saved round and everything needed to go on after it; None before setup."""
+        with self._transaction("DEFERRED") as db:
+            last = db.execute(
+                "SELECT * FROM rounds WHERE deployment_id = ? ORDER BY round DESC LIMIT 1",
+                (deployment_id,),
+            ).fetchone()
+            records = db.execute(
+                "SELECT record_json FROM rounds WHERE deployment_id = ? AND round > ? "
+                "ORDER BY round",
+                (deployment_id, SETUP_ROUND),
+            ).fetchall()
+        if last is None:
+            return None
+        state = ServerState(
+            self.checkpoints.load(last["checkpoint_hash"]),
+            ParameterSpec.from_json(json.loads(last["spec_json"])),
+            json.loads(last["extra_json"]),
+        )
+        return SavedRound(
+            last["round"], last["status"], state, [json.loads(r["record_json"]) for r in records]
+        )
+
+    # -- participants -----------------------------------------------------------------------
+
+    def set_participant(self, deployment_id: str, silo: str, status: str, reason: str = "") -> None:
+        _require_choice(status, PARTICIPANT_STATUSES, "participant status")
+        with self._transaction() as db:
+            self._require_deployment(db, deployment_id)
+            db.execute(
+                "INSERT INTO participants VALUES (?, ?, ?, ?, ?) "
+                "ON CONFLICT (deployment_id, silo) DO UPDATE SET "
+                "status = excluded.status, reason = excluded.reason, "
+                "updated_at = excluded.updated_at",
+                (deployment_id, silo, status, reason, _now()),
+            )
+
+    def participants(self, deployment_id: str) -> dict[str, tuple[str, str]]:
+        """silo -> (status, reason), in silo order."""
+        with self._transaction("DEFERRED") as db:
+            rows = db.execute(
+                "SELECT silo, status, reason FROM participants WHERE deployment_id = ? "
+                "ORDER BY silo",
+                (deployment_id,),
+            ).fetchall()
+        return {row["silo"]: (row["status"], row["reason"]) for row in rows}
+
+    # -- message audit ----------------------------------------------------------------------
+
+    def audit(
+        self,
+        deployment_id: str,
+        round: int,
+        direction: str,
+        silo: str,
+        kind: str,
+        nbytes: int,
+        digest: str,
+    ) -> None:
+        """Record that a message of `nbytes` with `digest` went to or came from `silo`."""
+        _require_choice(direction, DIRECTIONS, "message direction")
+        with self._transaction() as db:
+            self._require_deployment(db, deployment_id)
+            db.execute(
+                "INSERT INTO message_audit "
+                "(deployment_id, round, direction, silo, kind, bytes, digest, at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (deployment_id, round, direction, silo, kind, nbytes, digest, _now()),
+            )
+
+    def audit_rows(self, deployment_id: str) -> list[dict[str, Any]]:
+        """Every audited message of the deployment, oldest first, as column -> value."""
+        with self._transaction("DEFERRED") as db:
+            rows = db.execute(
+                "SELECT * FROM message_audit WHERE deployment_id = ? ORDER BY id",
+                (deployment_id,),
+            ).fetchall()
+        return [dict(row) for row in rows]
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    @contextmanager
+    def _transaction(self, mode: str = "IMMEDIATE") -> Iterator[sqlite3.Connection]:
+        """One transaction of this store's connection, under its lock."""
+        with self._lock, _transaction(self._db, mode):
+            yield self._db
+
+    def _require_deployment(self, db: sqlite3.Connection, deployment_id: str) -> None:
+        known = db.execute(
+            "SELECT 1 FROM deployments WHERE deployment_id = ?", (deployment_id,)
+        ).fetchone()
+        if known is None:
+            raise StateError(f"{self.path}: unknown deployment {deployment_id!r}; open it first")
+
+
+def _open_database(path: Path) -> sqlite3.Connection:
+    """Connect, configure for durability, and create or check the schema."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.exists():
+        os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
+    db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    db.row_factory = sqlite3.Row
+    try:
+        db.execute("PRAGMA journal_mode = WAL")
+        db.execute("PRAGMA synchronous = FULL")
+        db.execute("PRAGMA foreign_keys = ON")
+        _create_or_check_schema(db, path)
+    except sqlite3.DatabaseError as exc:
+        db.close()
+        raise StateError(f"{path} is not a readable SQLite state file: {exc}") from exc
+    except StateError:
+        db.close()
+        raise
+    return db
+
+
+def _create_or_check_schema(db: sqlite3.Connection, path: Path) -> None:
+    with _transaction(db, "IMMEDIATE"):
+        tables = {
+            row["name"] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+        }
+        if not tables:
+            for statement in _SCHEMA:
+                db.execute(statement)
+            db.execute("INSERT INTO schema_version VALUES (?)", (SCHEMA_VERSION,))
+        elif "schema_version" not in tables:
+            raise StateError(
+                f"{path} is an SQLite database but not a fedsilo state file "
+                "(it has no schema_version table)"
+            )
+        else:
+            versions = [row["version"] for row in db.execute("SELECT version FROM schema_version")]
+            if versions != [SCHEMA_VERSION]:
+                raise StateError(
+                    f"{path} holds state schema version {versions}; this fedsilo reads version "
+                    f"{SCHEMA_VERSION} only"
+                )
+
+
+@contextmanager
+def _transaction(db: sqlite3.Connection, mode: str) -> Iterator[None]:
+    """BEGIN (IMMEDIATE takes the write lock at once, DEFERRED at the first write), then
+    COMMIT, or ROLLBACK when anything fails, the COMMIT included."""
+    db.execute(f"BEGIN {mode}")
+    try:
+        yield
+        db.execute("COMMIT")
+    finally:
+        if db.in_transaction:
+            db.execute("ROLLBACK")
+
+
+def _next_round(db: sqlite3.Connection, deployment_id: str) -> int:
+    (last,) = db.execute(
+        "SELECT MAX(round) FROM rounds WHERE deployment_id = ?", (deployment_id,)
+    ).fetchone()
+    return SETUP_ROUND if last is None else last + 1
+
+
+def _require_choice(value: str, allowed: tuple[str, ...], what: str) -> None:
+    if value not in allowed:
+        raise ValueError(f"unknown {what} {value!r}; use one of {', '.join(allowed)}")
+
+
+def _fsync_directory(folder: Path) -> None:
+    """Make a rename or a new entry in `folder` survive a power loss."""
+    descriptor = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")

@@ -1,0 +1,238 @@
+"""`fedsilo coordinator start`: the coordinator of a provisioned consortium as a service.
+
+It verifies the operator's signature on the policy, opens the state store (resuming a
+deployment that was interrupted), serves mTLS gRPC on the kit's address (no insecure port),
+waits for the silos to join and accept the policy, runs the rounds, and tells the silos when
+the deployment is complete. Revocations written to the state store by `fedsilo coordinator
+revoke` take effect within a second, also in a running coordinator.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from concurrent import futures
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from fedsilo.coordinator.engine import RoundEngine, RoundRecord, RunHistory
+from fedsilo.coordinator.grpc_transport import GrpcTransport
+from fedsilo.coordinator.hub import SiloHub
+from fedsilo.coordinator.service import CoordinatorService, SignedPolicy
+from fedsilo.coordinator.state import StateStore
+from fedsilo.coordinator.strategies import make_strategy
+from fedsilo.coordinator.strategies.references import Central
+from fedsilo.ops.metrics import CoordinatorMetrics, serve_metrics
+from fedsilo.ops.provision import CoordinatorKit, load_coordinator_kit
+from fedsilo.ops.report import write_deployment_results
+from fedsilo.policies.loading import parse_policy_text
+from fedsilo.privacy.policy_signing import signature_path, verify_policy
+from fedsilo.wire import fedsilo_pb2_grpc as pb_grpc
+from fedsilo.wire.envelope import EnvelopeVerifier
+
+log = logging.getLogger("fedsilo.coordinator")
+
+REVOKED = "revoked"
+
+
+class DeploymentError(RuntimeError):
+    """The deployment cannot start or go on (unsigned policy, too few silos, ...)."""
+
+
+@dataclass(frozen=True)
+class CoordinatorOptions:
+    kit: Path
+    policy: Path
+    state: Path
+    metrics_port: int | None = None
+    join_timeout_s: float = 600.0
+    poll_seconds: float = 5.0
+    max_payload_bytes: int = 1 << 30
+    linger_s: float = 0.0  # keep serving (metrics, "finished" to silos) after the last round
+    out: Path | None = None  # where the final model and history are written
+
+
+def run_coordinator(options: CoordinatorOptions, stop: threading.Event | None = None) -> RunHistory:
+    stop = stop or threading.Event()
+    kit = load_coordinator_kit(options.kit)
+    policy_text, digest = _signed_policy(options.policy, kit)
+    policy = parse_policy_text(policy_text, source=str(options.policy))
+    strategy = make_strategy(policy)
+    if isinstance(strategy, Central):
+        raise DeploymentError(
+            "algorithm 'central' pools every silo's data: a simulation reference only"
+        )
+    metrics = CoordinatorMetrics()
+    metrics_server = (
+        serve_metrics(metrics.registry, options.metrics_port)
+        if options.metrics_port is not None
+        else None
+    )
+    store = StateStore(options.state)
+    deployment = kit.consortium
+    hub = SiloHub(sorted(kit.silos))
+    verifier = EnvelopeVerifier(
+        deployment,
+        {name: silo.verify_key for name, silo in kit.silos.items()},
+        max_payload_bytes=options.max_payload_bytes,
+    )
+    service = CoordinatorService(
+        deployment,
+        hub,
+        verifier,
+        kit.signing_key,
+        SignedPolicy(policy_text, _signature(options.policy), digest),
+        metrics,
+        options.max_payload_bytes,
+        options.poll_seconds,
+    )
+    server = _grpc_server(kit, service, workers=2 * len(kit.silos) + 8)
+    watcher = threading.Thread(
+        target=_watch_revocations,
+        args=(store, deployment, hub, verifier, kit, metrics, stop),
+        daemon=True,
+        name="revocations",
+    )
+    try:
+        store.open_deployment(deployment, digest, policy.model_dump_json())
+        _sync_revocations(store, deployment, hub, verifier, kit, metrics)
+        watcher.start()
+        server.start()
+        log.info(
+            "coordinator of %s serving mTLS gRPC on %s (policy %s)",
+            deployment,
+            kit.address,
+            digest[:12],
+        )
+        wanted = len(kit.silos) - len(hub.revoked)
+        members = hub.wait_for_members(wanted, options.join_timeout_s)
+        if len(members) < policy.participants.min_silos:
+            raise DeploymentError(
+                f"{len(members)} of {wanted} silos accepted the policy within "
+                f"{options.join_timeout_s:.0f}s, min_silos is {policy.participants.min_silos}; "
+                f"refused: {hub.refused or 'none'}"
+            )
+        for silo in members:
+            metrics.set_silo_status(silo, "active")
+        for silo, reason in hub.refused.items():
+            metrics.set_silo_status(silo, "refused")
+            log.warning("silo %s is not participating: %s", silo, reason)
+        engine = RoundEngine(
+            strategy,
+            GrpcTransport(hub),
+            policy,
+            members,
+            observers=[metrics, _RoundLog(hub, metrics)],
+            deployment=deployment,
+            store=store,
+            policy_digest=digest,
+        )
+        history = engine.run()
+        hub.finish()
+        if options.out is not None:
+            write_deployment_results(options.out, history)
+        log.info("deployment %s complete at round %d", deployment, history.final.round)
+        stop.wait(max(options.poll_seconds + 1.0, options.linger_s))  # silos hear "finished"
+        return history
+    finally:
+        stop.set()
+        hub.finish()
+        server.stop(grace=1.0).wait()
+        store.close()
+        if metrics_server is not None:
+            metrics_server.close()
+
+
+class _RoundLog:
+    def __init__(self, hub: SiloHub, metrics: CoordinatorMetrics) -> None:
+        self.hub, self.metrics = hub, metrics
+
+    def on_round(self, record: RoundRecord, total_rounds: int) -> None:
+        self.metrics.set_connected(len(self.hub.connected(within_s=60.0)))
+        dropped = {s: why for p in record.phases.values() for s, why in p["dropped"].items()}
+        summary = ""
+        if record.summary:
+            metric = next(iter(record.summary))
+            summary = f" mean {metric} {record.summary[metric]['mean']:.4f}"
+        log.info(
+            "round %d/%d %s in %.2fs%s%s",
+            record.round,
+            total_rounds,
+            record.status,
+            record.seconds,
+            summary,
+            f" dropped {dropped}" if dropped else "",
+        )
+
+
+def _signed_policy(path: Path, kit: CoordinatorKit) -> tuple[str, str]:
+    if not path.is_file():
+        raise DeploymentError(f"{path}: policy file not found")
+    data = path.read_bytes()
+    return data.decode(), verify_policy(data, _signature(path), kit.operator_verify_key)
+
+
+def _signature(policy: Path) -> str:
+    sig = signature_path(policy)
+    if not sig.is_file():
+        raise DeploymentError(
+            f"{policy} is not signed: run `fedsilo policy sign {policy} --key operator.key`"
+        )
+    return sig.read_text().strip()
+
+
+def _grpc_server(kit: CoordinatorKit, service: CoordinatorService, workers: int) -> grpc.Server:
+    credentials = grpc.ssl_server_credentials(
+        [(kit.tls.private_key.read_bytes(), kit.tls.certificate.read_bytes())],
+        root_certificates=kit.tls.ca_certificate.read_bytes(),
+        require_client_auth=True,
+    )
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="grpc"),
+        options=[
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+        ],
+    )
+    pb_grpc.add_CoordinatorServicer_to_server(service, server)
+    if server.add_secure_port(kit.address, credentials) == 0:
+        raise DeploymentError(
+            f"cannot listen on {kit.address} (in use, or not an address of this host)"
+        )
+    return server
+
+
+def _sync_revocations(
+    store: StateStore,
+    deployment: str,
+    hub: SiloHub,
+    verifier: EnvelopeVerifier,
+    kit: CoordinatorKit,
+    metrics: CoordinatorMetrics,
+) -> None:
+    revoked = {s for s, (status, _) in store.participants(deployment).items() if status == REVOKED}
+    for silo in revoked - hub.revoked:
+        hub.revoke(silo)
+        metrics.set_silo_status(silo, REVOKED)
+        log.warning("silo %s is revoked: its messages are refused from now on", silo)
+    verifier.set_roster({n: s.verify_key for n, s in kit.silos.items() if n not in hub.revoked})
+
+
+def _watch_revocations(
+    store: StateStore,
+    deployment: str,
+    hub: SiloHub,
+    verifier: EnvelopeVerifier,
+    kit: CoordinatorKit,
+    metrics: CoordinatorMetrics,
+    stop: threading.Event,
+) -> None:
+    while not stop.wait(1.0):
+        _sync_revocations(store, deployment, hub, verifier, kit, metrics)
+
+
+def revoke(state: Path, deployment: str, silo: str, reason: str) -> None:
+    with StateStore(state) as store:
+        store.set_participant(deployment, silo, REVOKED, reason)

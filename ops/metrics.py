@@ -1,0 +1,323 @@
+"""Prometheus metrics of the coordinator and of the silo agents, and the HTTP endpoint that serves
+them.
+
+Each service owns its own `CollectorRegistry` (never prometheus_client's global one), so a
+coordinator and several silo agents can live in one process without sharing a sample.
+The coordinator's metrics follow the round engine as an observer (`CoordinatorMetrics.on_round`)
+and are fed by the transport for bytes, rejections, connections and silo status; a silo agent
+records its own tasks, bytes and rejections (`SiloMetrics`).
+
+This module is imported by coordinator and silo code, so it imports nothing of ours but
+`fedsilo.wire`: it reads round records through the `RecordedRound` protocol.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Mapping
+from typing import Any, Protocol
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+# 0.01 s .. 1 h: a loopback phase on a toy model up to a long local epoch on a large one.
+DURATION_BUCKETS = (
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+    600.0,
+    1800.0,
+    3600.0,
+)
+ROUND_STATUSES = ("completed", "failed")
+DIRECTIONS = ("to_silo", "from_silo")
+SILO_STATUSES = ("active", "retired", "revoked", "refused")
+TRAIN_PHASE_MARKER = "train"  # a phase whose name contains this is a training phase
+
+
+class RecordedRound(Protocol):
+    """What the metrics read of one round record (`fedsilo.coordinator.engine.RoundRecord`)."""
+
+    @property
+    def round(self) -> int: ...
+
+    @property
+    def status(self) -> str: ...
+
+    @property
+    def seconds(self) -> float: ...
+
+    @property
+    def phases(self) -> Mapping[str, Mapping[str, Any]]: ...
+
+    @property
+    def compute_seconds(self) -> Mapping[str, Mapping[str, float]]: ...
+
+    @property
+    def evaluation(self) -> Mapping[str, Mapping[str, float]] | None: ...
+
+    @property
+    def summary(self) -> Mapping[str, Mapping[str, float]] | None: ...
+
+
+class CoordinatorMetrics:
+    """The coordinator's view of a deployment: rounds, silos, traffic, rejections and results.
+
+    Usable directly as a round-engine observer (`on_round`).
+    """
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.round = Gauge("fedsilo_round", "Last completed round.", registry=r)
+        self.rounds_planned = Gauge(
+            "fedsilo_rounds_planned", "Rounds the policy plans for this run.", registry=r
+        )
+        self.round_duration = Histogram(
+            "fedsilo_round_duration_seconds",
+            "Wall time of one round, evaluation included.",
+            buckets=DURATION_BUCKETS,
+            registry=r,
+        )
+        self.rounds = Counter("fedsilo_rounds", "Rounds ended, by status.", ["status"], registry=r)
+        self.silos_connected = Gauge(
+            "fedsilo_silos_connected", "Silo agents connected now.", registry=r
+        )
+        self.bytes = Counter(
+            "fedsilo_bytes",
+            "Payload bytes exchanged with each silo, by direction.",
+            ["direction", "silo"],
+            registry=r,
+        )
+        self.dropouts = Counter(
+            "fedsilo_dropouts",
+            "Rounds in which the silo dropped out of at least one phase.",
+            ["silo"],
+            registry=r,
+        )
+        self.rejected = Counter(
+            "fedsilo_rejected_messages",
+            "Messages refused (unknown or revoked silo, replay, tampering, size, format).",
+            ["reason"],
+            registry=r,
+        )
+        self.silo_metric = Gauge(
+            "fedsilo_silo_metric",
+            "Last evaluation metric of each silo's test split.",
+            ["silo", "name"],
+            registry=r,
+        )
+        self.summary_metric = Gauge(
+            "fedsilo_summary_metric",
+            "Last cross-silo summary of an evaluation metric (mean, worst, gini, ...).",
+            ["name", "statistic"],
+            registry=r,
+        )
+        self.mixing_weight = Gauge(
+            "fedsilo_mixing_weight", "Current mixing weight of each silo.", ["silo"], registry=r
+        )
+        self.local_train_seconds = Histogram(
+            "fedsilo_local_train_seconds",
+            "Compute time silos report for their training tasks.",
+            ["silo"],
+            buckets=DURATION_BUCKETS,
+            registry=r,
+        )
+        self.silo_status = Gauge(
+            "fedsilo_silo_status",
+            "1 for each silo's current status (active, retired, revoked, refused), else 0.",
+            ["silo", "status"],
+            registry=r,
+        )
+        for status in ROUND_STATUSES:
+            self.rounds.labels(status)
+
+    # -- from the round engine ----------------------------------------------------------------
+
+    def observe_round(self, record: RecordedRound, total_rounds: int) -> None:
+        """Book one ended round: its status and duration, dropouts, compute times, results."""
+        self.rounds_planned.set(total_rounds)
+        self.rounds.labels(record.status).inc()
+        self.round_duration.observe(record.seconds)
+        if record.status == "completed":
+            self.round.set(record.round)
+        for silo in _dropped_silos(record.phases):
+            self.dropouts.labels(silo).inc()
+        self._observe_train_seconds(record.compute_seconds)
+        if record.evaluation is not None:
+            _set_nested(self.silo_metric, record.evaluation)
+        if record.summary is not None:
+            _set_nested(self.summary_metric, record.summary)
+
+    on_round = observe_round  # the `EngineObserver` signature
+
+    def _observe_train_seconds(self, compute_seconds: Mapping[str, Mapping[str, float]]) -> None:
+        for phase, per_silo in compute_seconds.items():
+            if TRAIN_PHASE_MARKER not in phase:
+                continue
+            for silo, seconds in per_silo.items():
+                if _is_number(seconds):
+                    self.local_train_seconds.labels(silo).observe(seconds)
+
+    # -- from the transport -------------------------------------------------------------------
+
+    def count_bytes(self, direction: str, silo: str, n: int) -> None:
+        """Count `n` payload bytes sent to ("to_silo") or received from ("from_silo") `silo`."""
+        _check_choice("direction", direction, DIRECTIONS)
+        self.bytes.labels(direction, silo).inc(n)
+
+    def count_rejected(self, reason: str) -> None:
+        """Count one refused message; `reason` is a short fixed code (e.g. "replay")."""
+        self.rejected.labels(reason).inc()
+
+    def set_connected(self, n: int) -> None:
+        self.silos_connected.set(n)
+
+    def set_silo_status(self, silo: str, status: str) -> None:
+        """Mark `silo` as being in `status` (and in no other)."""
+        _check_choice("silo status", status, SILO_STATUSES)
+        for known in SILO_STATUSES:
+            self.silo_status.labels(silo, known).set(1 if known == status else 0)
+
+    def set_mixing_weights(self, weights: Mapping[str, float]) -> None:
+        """Replace the mixing weights; silos absent from `weights` disappear from the metric."""
+        self.mixing_weight.clear()
+        for silo, weight in weights.items():
+            self.mixing_weight.labels(silo).set(weight)
+
+
+class SiloMetrics:
+    """One silo agent's view: the tasks it ran, its traffic, its refusals and its connection."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.tasks = Counter(
+            "fedsilo_silo_tasks",
+            "Tasks handled, by kind and status.",
+            ["kind", "status"],
+            registry=r,
+        )
+        self.task_seconds = Histogram(
+            "fedsilo_silo_task_seconds",
+            "Wall time to handle one task, by kind.",
+            ["kind"],
+            buckets=DURATION_BUCKETS,
+            registry=r,
+        )
+        self.bytes = Counter(
+            "fedsilo_silo_bytes",
+            "Payload bytes exchanged with the coordinator, by direction.",
+            ["direction"],
+            registry=r,
+        )
+        self.rejected = Counter(
+            "fedsilo_silo_rejected_messages",
+            "Messages this silo refused (bad signature, replay, size, format, budget).",
+            ["reason"],
+            registry=r,
+        )
+        self.connected = Gauge(
+            "fedsilo_silo_connected", "1 while connected to the coordinator, else 0.", registry=r
+        )
+        self.local_train_seconds = Histogram(
+            "fedsilo_local_train_seconds",
+            "Compute time of this silo's training tasks.",
+            buckets=DURATION_BUCKETS,
+            registry=r,
+        )
+
+    def observe_task(self, kind: str, status: str, seconds: float) -> None:
+        """Book one handled task of `kind` that ended with `status` after `seconds`."""
+        self.tasks.labels(kind, status).inc()
+        self.task_seconds.labels(kind).observe(seconds)
+
+    def observe_local_train(self, seconds: float) -> None:
+        self.local_train_seconds.observe(seconds)
+
+    def count_bytes(self, direction: str, n: int) -> None:
+        """Count `n` payload bytes sent ("from_silo") or received ("to_silo")."""
+        _check_choice("direction", direction, DIRECTIONS)
+        self.bytes.labels(direction).inc(n)
+
+    def count_rejected(self, reason: str) -> None:
+        """Count one refused message; `reason` is a short fixed code (e.g. "replay")."""
+        self.rejected.labels(reason).inc()
+
+    def set_connected(self, connected: bool) -> None:
+        self.connected.set(1 if connected else 0)
+
+
+class MetricsServer:
+    """A running `/metrics` HTTP endpoint for one registry; `close()` frees its port."""
+
+    def __init__(self, server: WSGIServer, thread: threading.Thread) -> None:
+        self._server = server
+        self._thread = thread
+        self._closed = False
+        self.host: str = server.server_address[0]
+        self.port: int = server.server_address[1]
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/metrics"
+
+    def close(self) -> None:
+        """Stop serving and release the socket; closing twice is harmless."""
+        if self._closed:
+            return
+        self._closed = True
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join()
+
+    def __enter__(self) -> MetricsServer:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def serve_metrics(registry: CollectorRegistry, port: int, host: str = "127.0.0.1") -> MetricsServer:
+    """Serve `registry` at http://host:port/metrics from a daemon thread; port 0 picks a free one.
+
+    The default host is loopback: the samples name silos and show their results and timing, so
+    expose them beyond this machine only on purpose.
+    """
+    server, thread = start_http_server(port, addr=host, registry=registry)
+    return MetricsServer(server, thread)
+
+
+def _dropped_silos(phases: Mapping[str, Mapping[str, Any]]) -> set[str]:
+    """Every silo that dropped out of some phase of the round (once per round)."""
+    return {silo for phase in phases.values() for silo in phase.get("dropped", {})}
+
+
+def _set_nested(gauge: Gauge, values: Mapping[str, Mapping[str, float]]) -> None:
+    """Set gauge{outer, inner} for every number in `values`, skipping NaN and non-numbers."""
+    for outer, inner_values in values.items():
+        for inner, value in inner_values.items():
+            if _is_number(value):
+                gauge.labels(outer, inner).set(value)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not math.isnan(value)
+
+
+def _check_choice(what: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"unknown {what} {value!r}; expected one of {list(choices)}")

@@ -1,0 +1,458 @@
+"""Provisioning a consortium: from consortium.yaml to one startup kit per party, and reading a
+kit back as typed keys and file paths.
+
+```
+out/operator/     operator.key, ca.crt, ca.key              stays with the operator, offline
+out/coordinator/  kit.yaml, ca.crt, server.crt, server.key, signing.key
+out/silos/<name>/ kit.yaml, ca.crt, client.crt, client.key, signing.key, sealing.key
+```
+
+Every private key exists in exactly one kit, in a 0600 file. All kits are written into a
+temporary sibling of `out` (mode 0700) and renamed into place at the end, so a failure leaves
+nothing half-written, and an existing non-empty `out` is refused so keys are never replaced.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import Literal, TypeVar
+
+import yaml
+from nacl.public import PrivateKey, PublicKey
+from nacl.signing import SigningKey, VerifyKey
+from pydantic import ValidationError
+
+from fedsilo.policies.base import PolicyModel
+from fedsilo.policies.consortium import ConsortiumConfig
+from fedsilo.policies.loading import describe_errors
+from fedsilo.privacy.certificates import (
+    CertifiedKey,
+    certificate_common_name,
+    certificate_fingerprint,
+    certifies_private_key,
+    create_certificate_authority,
+    issue_client_certificate,
+    issue_server_certificate,
+    verify_issued_by,
+)
+from fedsilo.privacy.identity import (
+    IdentityError,
+    parse_sealing_public_key,
+    parse_verify_key,
+    public_key_hex,
+    read_sealing_key,
+    read_secret_file,
+    read_signing_key,
+    write_private_key,
+    write_secret_file,
+)
+
+KIT_FILE = "kit.yaml"
+CA_CERTIFICATE = "ca.crt"
+SIGNING_KEY = "signing.key"
+SEALING_KEY = "sealing.key"
+KIT_FOLDER_MODE = 0o700
+
+Document = TypeVar("Document", bound=PolicyModel)
+Key = TypeVar("Key")
+Kit = TypeVar("Kit", bound="CoordinatorKit | SiloKit")
+
+
+class ProvisionError(ValueError):
+    """Provisioning cannot go ahead; nothing was written."""
+
+
+class KitError(ValueError):
+    """A startup kit that cannot be used; the message names the kit's folder or file."""
+
+
+# The kit.yaml documents: what provisioning writes and `load_kit` reads back.
+
+
+class PeerEntry(PolicyModel):
+    verify_key: str
+    sealing_public_key: str
+
+
+class EnrolledSiloEntry(PeerEntry):
+    certificate_fingerprint: str
+
+
+class CoordinatorKitDocument(PolicyModel):
+    role: Literal["coordinator"]
+    consortium: str
+    address: str
+    operator_verify_key: str
+    coordinator_verify_key: str
+    silos: dict[str, EnrolledSiloEntry]
+
+
+class SiloKitDocument(PolicyModel):
+    role: Literal["silo"]
+    consortium: str
+    name: str
+    coordinator_address: str
+    operator_verify_key: str
+    coordinator_verify_key: str
+    peers: dict[str, PeerEntry]
+
+
+# Loaded kits: typed keys, and the paths of the TLS files gRPC reads.
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """PEM files for mTLS: the consortium CA, this party's certificate and its private key."""
+
+    ca_certificate: Path
+    certificate: Path
+    private_key: Path
+
+
+@dataclass(frozen=True)
+class Peer:
+    """Another silo as a silo knows it: how to check its signatures and seal models to it."""
+
+    verify_key: VerifyKey
+    sealing_public_key: PublicKey
+
+
+@dataclass(frozen=True)
+class EnrolledSilo(Peer):
+    """A silo as the coordinator knows it; its TLS client certificate has this fingerprint."""
+
+    certificate_fingerprint: str
+
+
+@dataclass(frozen=True)
+class CoordinatorKit:
+    folder: Path
+    consortium: str
+    address: str
+    tls: TlsFiles
+    signing_key: SigningKey
+    operator_verify_key: VerifyKey
+    coordinator_verify_key: VerifyKey
+    silos: Mapping[str, EnrolledSilo]
+
+
+@dataclass(frozen=True)
+class SiloKit:
+    folder: Path
+    consortium: str
+    name: str
+    coordinator_address: str
+    tls: TlsFiles
+    signing_key: SigningKey
+    sealing_key: PrivateKey
+    operator_verify_key: VerifyKey
+    coordinator_verify_key: VerifyKey
+    peers: Mapping[str, Peer]
+
+
+@dataclass(frozen=True)
+class ProvisionedConsortium:
+    """Where each kit was written, and what parties compare out of band (CA, operator key)."""
+
+    operator: Path
+    coordinator: Path
+    silos: Mapping[str, Path]
+    ca_fingerprint: str
+    operator_verify_key: str
+
+
+@dataclass(frozen=True)
+class _SiloIdentity:
+    name: str
+    signing_key: SigningKey
+    sealing_key: PrivateKey
+    tls: CertifiedKey
+
+
+@dataclass(frozen=True)
+class _Identities:
+    """Every key and certificate of one consortium, generated before anything is written."""
+
+    authority: CertifiedKey
+    operator_key: SigningKey
+    coordinator_key: SigningKey
+    server: CertifiedKey
+    silos: tuple[_SiloIdentity, ...]
+
+
+def provision(config: ConsortiumConfig, out: Path) -> ProvisionedConsortium:
+    """Generate every identity of the consortium and write one kit per party under `out`."""
+    _refuse_existing(out)
+    identities = _generate(config)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
+    try:
+        _write_operator_kit(staging / "operator", identities)
+        _write_coordinator_kit(staging / "coordinator", config, identities)
+        for silo in identities.silos:
+            _write_silo_kit(staging / "silos" / silo.name, config, identities, silo)
+        _move_into_place(staging, out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return ProvisionedConsortium(
+        operator=out / "operator",
+        coordinator=out / "coordinator",
+        silos=MappingProxyType({name: out / "silos" / name for name in config.silo_names}),
+        ca_fingerprint=certificate_fingerprint(identities.authority.certificate_pem()),
+        operator_verify_key=public_key_hex(identities.operator_key.verify_key),
+    )
+
+
+def load_kit(folder: Path) -> CoordinatorKit | SiloKit:
+    """The kit in `folder`, with its keys loaded and its files checked against each other."""
+    document = _read_kit_document(folder)
+    role = document.get("role")
+    if role == "coordinator":
+        return _load_coordinator_kit(folder, _validate(CoordinatorKitDocument, document, folder))
+    if role == "silo":
+        return _load_silo_kit(folder, _validate(SiloKitDocument, document, folder))
+    raise KitError(f"{folder / KIT_FILE}: role must be 'coordinator' or 'silo', got {role!r}")
+
+
+def load_coordinator_kit(folder: Path) -> CoordinatorKit:
+    return _expect(load_kit(folder), CoordinatorKit, folder)
+
+
+def load_silo_kit(folder: Path) -> SiloKit:
+    return _expect(load_kit(folder), SiloKit, folder)
+
+
+def _refuse_existing(out: Path) -> None:
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ProvisionError(
+            f"{out}: already exists and is not an empty folder; provisioning never replaces "
+            "keys. Choose another --out, or move the old kits away first."
+        )
+
+
+def _move_into_place(staging: Path, out: Path) -> None:
+    try:
+        os.replace(staging, out)  # POSIX rename: atomic, and refuses a non-empty `out`
+    except OSError as exc:
+        raise ProvisionError(f"{out}: cannot move the kits into place: {exc.strerror}") from exc
+
+
+def _generate(config: ConsortiumConfig) -> _Identities:
+    lifetimes = config.certificates
+    authority = create_certificate_authority(config.consortium, lifetimes.ca_days)
+    silos = tuple(
+        _SiloIdentity(
+            name=name,
+            signing_key=SigningKey.generate(),
+            sealing_key=PrivateKey.generate(),
+            tls=issue_client_certificate(authority, name, lifetimes.client_days),
+        )
+        for name in config.silo_names
+    )
+    return _Identities(
+        authority=authority,
+        operator_key=SigningKey.generate(),
+        coordinator_key=SigningKey.generate(),
+        server=issue_server_certificate(authority, config.coordinator.host, lifetimes.server_days),
+        silos=silos,
+    )
+
+
+def _write_operator_kit(folder: Path, identities: _Identities) -> None:
+    _new_folder(folder)
+    write_private_key(folder / "operator.key", identities.operator_key)
+    (folder / CA_CERTIFICATE).write_bytes(identities.authority.certificate_pem())
+    write_secret_file(folder / "ca.key", identities.authority.private_key_pem())
+
+
+def _write_coordinator_kit(folder: Path, config: ConsortiumConfig, ids: _Identities) -> None:
+    document = CoordinatorKitDocument(
+        role="coordinator",
+        consortium=config.consortium,
+        address=config.coordinator.address,
+        operator_verify_key=public_key_hex(ids.operator_key.verify_key),
+        coordinator_verify_key=public_key_hex(ids.coordinator_key.verify_key),
+        silos={
+            silo.name: EnrolledSiloEntry(
+                **_peer_entry(silo).model_dump(),
+                certificate_fingerprint=certificate_fingerprint(silo.tls.certificate_pem()),
+            )
+            for silo in ids.silos
+        },
+    )
+    _new_folder(folder)
+    _write_kit_document(folder, document)
+    _write_tls(folder, ids.authority, ids.server, "server")
+    write_private_key(folder / SIGNING_KEY, ids.coordinator_key)
+
+
+def _write_silo_kit(
+    folder: Path, config: ConsortiumConfig, ids: _Identities, silo: _SiloIdentity
+) -> None:
+    document = SiloKitDocument(
+        role="silo",
+        consortium=config.consortium,
+        name=silo.name,
+        coordinator_address=config.coordinator.address,
+        operator_verify_key=public_key_hex(ids.operator_key.verify_key),
+        coordinator_verify_key=public_key_hex(ids.coordinator_key.verify_key),
+        peers={peer.name: _peer_entry(peer) for peer in ids.silos if peer.name != silo.name},
+    )
+    _new_folder(folder)
+    _write_kit_document(folder, document)
+    _write_tls(folder, ids.authority, silo.tls, "client")
+    write_private_key(folder / SIGNING_KEY, silo.signing_key)
+    write_private_key(folder / SEALING_KEY, silo.sealing_key)
+
+
+def _peer_entry(silo: _SiloIdentity) -> PeerEntry:
+    return PeerEntry(
+        verify_key=public_key_hex(silo.signing_key.verify_key),
+        sealing_public_key=public_key_hex(silo.sealing_key.public_key),
+    )
+
+
+def _new_folder(folder: Path) -> None:
+    folder.mkdir(mode=KIT_FOLDER_MODE, parents=True)
+
+
+def _write_kit_document(folder: Path, document: PolicyModel) -> None:
+    (folder / KIT_FILE).write_text(yaml.safe_dump(document.model_dump(), sort_keys=False))
+
+
+def _write_tls(folder: Path, authority: CertifiedKey, own: CertifiedKey, stem: str) -> None:
+    (folder / CA_CERTIFICATE).write_bytes(authority.certificate_pem())
+    (folder / f"{stem}.crt").write_bytes(own.certificate_pem())
+    write_secret_file(folder / f"{stem}.key", own.private_key_pem())
+
+
+def _read_kit_document(folder: Path) -> dict:
+    path = folder / KIT_FILE
+    if not folder.is_dir():
+        raise KitError(f"{folder}: kit folder not found")
+    if not path.is_file():
+        raise KitError(
+            f"{folder}: no {KIT_FILE}, so not a coordinator or silo kit "
+            "(the operator's folder has none and is never deployed)"
+        )
+    try:
+        document = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise KitError(f"{path}: not valid YAML: {exc}") from exc
+    if not isinstance(document, dict):
+        raise KitError(f"{path}: a kit file is a mapping, got {type(document).__name__}")
+    return document
+
+
+def _validate(kind: type[Document], document: dict, folder: Path) -> Document:
+    try:
+        return kind.model_validate(document)
+    except ValidationError as exc:
+        raise KitError(describe_errors(exc, document, str(folder / KIT_FILE))) from None
+
+
+def _load_coordinator_kit(folder: Path, document: CoordinatorKitDocument) -> CoordinatorKit:
+    tls = _load_tls(folder, "server")
+    signing_key = _load_key(read_signing_key, folder / SIGNING_KEY)
+    coordinator_verify_key = _verify_key(document.coordinator_verify_key, folder, "coordinator")
+    if signing_key.verify_key != coordinator_verify_key:
+        raise KitError(f"{folder / SIGNING_KEY}: not the key of this kit's coordinator_verify_key")
+    silos = {
+        name: EnrolledSilo(
+            verify_key=_verify_key(entry.verify_key, folder, f"silos.{name}"),
+            sealing_public_key=_sealing_key(entry.sealing_public_key, folder, f"silos.{name}"),
+            certificate_fingerprint=entry.certificate_fingerprint,
+        )
+        for name, entry in document.silos.items()
+    }
+    return CoordinatorKit(
+        folder=folder,
+        consortium=document.consortium,
+        address=document.address,
+        tls=tls,
+        signing_key=signing_key,
+        operator_verify_key=_verify_key(document.operator_verify_key, folder, "operator"),
+        coordinator_verify_key=coordinator_verify_key,
+        silos=MappingProxyType(silos),
+    )
+
+
+def _load_silo_kit(folder: Path, document: SiloKitDocument) -> SiloKit:
+    tls = _load_tls(folder, "client")
+    common_name = certificate_common_name(tls.certificate.read_bytes())
+    if common_name != document.name:
+        raise KitError(
+            f"{tls.certificate}: issued to {common_name!r}, but this kit is silo {document.name!r}"
+        )
+    peers = {
+        name: Peer(
+            verify_key=_verify_key(entry.verify_key, folder, f"peers.{name}"),
+            sealing_public_key=_sealing_key(entry.sealing_public_key, folder, f"peers.{name}"),
+        )
+        for name, entry in document.peers.items()
+    }
+    return SiloKit(
+        folder=folder,
+        consortium=document.consortium,
+        name=document.name,
+        coordinator_address=document.coordinator_address,
+        tls=tls,
+        signing_key=_load_key(read_signing_key, folder / SIGNING_KEY),
+        sealing_key=_load_key(read_sealing_key, folder / SEALING_KEY),
+        operator_verify_key=_verify_key(document.operator_verify_key, folder, "operator"),
+        coordinator_verify_key=_verify_key(document.coordinator_verify_key, folder, "coordinator"),
+        peers=MappingProxyType(peers),
+    )
+
+
+def _load_tls(folder: Path, stem: str) -> TlsFiles:
+    """The kit's TLS files, after checking the key is private, certified, and CA-issued."""
+    tls = TlsFiles(folder / CA_CERTIFICATE, folder / f"{stem}.crt", folder / f"{stem}.key")
+    for path in (tls.ca_certificate, tls.certificate):
+        if not path.is_file():
+            raise KitError(f"{path}: missing from the kit")
+    key_pem = _load_key(read_secret_file, tls.private_key)
+    certificate_pem = tls.certificate.read_bytes()
+    if not certifies_private_key(certificate_pem, key_pem):
+        raise KitError(
+            f"{tls.certificate} does not certify {tls.private_key}: files from two kits?"
+        )
+    if not verify_issued_by(certificate_pem, tls.ca_certificate.read_bytes()):
+        raise KitError(f"{tls.certificate} was not issued by {tls.ca_certificate}")
+    return tls
+
+
+def _load_key(read: Callable[[Path], Key], path: Path) -> Key:
+    try:
+        return read(path)
+    except IdentityError as exc:
+        raise KitError(str(exc)) from None
+
+
+def _verify_key(text: str, folder: Path, owner: str) -> VerifyKey:
+    try:
+        return parse_verify_key(text, f"{folder / KIT_FILE}: {owner} verify key")
+    except IdentityError as exc:
+        raise KitError(str(exc)) from None
+
+
+def _sealing_key(text: str, folder: Path, owner: str) -> PublicKey:
+    try:
+        return parse_sealing_public_key(text, f"{folder / KIT_FILE}: {owner} sealing public key")
+    except IdentityError as exc:
+        raise KitError(str(exc)) from None
+
+
+def _expect(kit: CoordinatorKit | SiloKit, kind: type[Kit], folder: Path) -> Kit:
+    if not isinstance(kit, kind):
+        role = "coordinator" if isinstance(kit, CoordinatorKit) else f"silo '{kit.name}'"
+        wanted = "the coordinator" if kind is CoordinatorKit else "a silo"
+        raise KitError(f"{folder}: this is the kit of {role}; {wanted} needs its own kit")
+    return kit

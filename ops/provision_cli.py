@@ -1,0 +1,91 @@
+"""The consortium operator's commands: `fedsilo provision` writes the startup kits, and
+`fedsilo policy sign` signs a deployment policy with the operator key.
+
+Both are plain click commands; `ops/cli.py` registers `provision` on the main group and `sign`
+on the `policy` group.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from fedsilo.ops.provision import ProvisionedConsortium, ProvisionError, provision
+from fedsilo.policies.consortium import load_consortium_file
+from fedsilo.policies.loading import PolicyError, load_policy
+from fedsilo.privacy.identity import IdentityError, read_signing_key
+from fedsilo.privacy.policy_signing import policy_digest, sign_policy
+
+console = Console()
+
+
+@click.command("provision")
+@click.option(
+    "--consortium",
+    "consortium_file",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="consortium.yaml: the consortium's name, coordinator address, silos, lifetimes.",
+)
+@click.option(
+    "--out",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="New (or empty) folder for the kits; an existing kit is never replaced.",
+)
+def provision_command(consortium_file: Path, out: Path) -> None:
+    """Create the CA, every key and one startup kit per party of a consortium."""
+    try:
+        config = load_consortium_file(consortium_file)
+        provisioned = provision(config, out)
+    except (PolicyError, ProvisionError, OSError) as exc:
+        raise click.ClickException(str(exc)) from None
+    console.print(f"Provisioned consortium '{config.consortium}' in {out}/")
+    console.print(_kit_table(provisioned))
+    console.print(
+        "Each kit holds its own private keys (mode 0600); copy it only over a channel you trust.\n"
+        "Let every party compare these out of band (for example by phone):\n"
+        f"  CA certificate SHA-256  {provisioned.ca_fingerprint}\n"
+        f"  operator verify key     {provisioned.operator_verify_key}",
+        soft_wrap=True,
+    )
+
+
+@click.command("sign")
+@click.argument("policy_file", metavar="POLICY", type=click.Path(path_type=Path))
+@click.option(
+    "--key",
+    "key_file",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="The operator's signing key (operator/operator.key in the provisioned kits).",
+)
+def policy_sign(policy_file: Path, key_file: Path) -> None:
+    """Validate POLICY and sign its exact bytes with the operator key, into POLICY.sig."""
+    try:
+        load_policy(policy_file)
+        operator_key = read_signing_key(key_file)
+    except (PolicyError, IdentityError) as exc:
+        raise click.ClickException(str(exc)) from None
+    try:
+        signature = sign_policy(policy_file, operator_key)
+    except OSError as exc:
+        raise click.ClickException(f"{policy_file}: cannot write its signature: {exc}") from None
+    console.print(f"Signed {policy_file}: signature in {signature}")
+    digest = policy_digest(policy_file.read_bytes())
+    console.print(f"policy digest (BLAKE2b-256)  {digest}", soft_wrap=True)
+
+
+def _kit_table(provisioned: ProvisionedConsortium) -> Table:
+    table = Table("kit", "goes to", box=None)
+    table.add_row(
+        f"{provisioned.operator}/",
+        "stays with the operator, offline (CA key, policy-signing key)",
+    )
+    table.add_row(f"{provisioned.coordinator}/", "the coordinator host")
+    for name, folder in provisioned.silos.items():
+        table.add_row(f"{folder}/", f"silo '{name}': that institution's IT team")
+    return table

@@ -1,0 +1,111 @@
+"""`fedsilo silo start`: a hospital's silo agent as a service.
+
+It reads the site's own configuration (silo/config.py) and kit, connects out to the
+coordinator over mTLS, joins, checks the operator's signature on the policy and the site's
+local rules, records the digest of every policy it accepted, loads its own data, and runs
+tasks until the deployment is complete.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from fedsilo.ops.metrics import SiloMetrics, serve_metrics
+from fedsilo.ops.provision import SiloKit, load_silo_kit
+from fedsilo.policies.schema import Policy
+from fedsilo.silo.agent import SiloAgent
+from fedsilo.silo.client import ChannelSettings, CoordinatorConnection, SiloClient, SiloIdentity
+from fedsilo.silo.config import SiloConfig, load_silo_config
+from fedsilo.silo.device import resolve_device
+from fedsilo.wire.messages import TaskMessage
+
+log = logging.getLogger("fedsilo.silo")
+
+ACCEPTED_POLICIES = "accepted_policies.jsonl"
+
+
+def run_silo(
+    config_path: Path, stop: threading.Event | None = None, poll_seconds: float = 5.0
+) -> str:
+    """Take part in the deployment; returns why the agent stopped."""
+    stop = stop or threading.Event()
+    config = load_silo_config(config_path)
+    kit = load_silo_kit(config.kit_path(config_path))
+    metrics = SiloMetrics()
+    server = (
+        serve_metrics(metrics.registry, config.metrics_port)
+        if config.metrics_port is not None
+        else None
+    )
+    connection = CoordinatorConnection(_settings(kit, poll_seconds), _identity(kit), stop)
+    client = SiloClient(
+        connection,
+        kit.operator_verify_key,
+        check_policy=lambda policy, digest: _check_policy(config, config_path, policy, digest),
+        start_agent=lambda policy: _start_agent(config, config_path, kit, policy, metrics),
+    )
+    try:
+        metrics.set_connected(True)
+        reason = client.run()
+        log.info("silo %s stops: %s", kit.name, reason)
+        return reason
+    finally:
+        metrics.set_connected(False)
+        connection.close()
+        if server is not None:
+            server.close()
+
+
+def _check_policy(config: SiloConfig, config_path: Path, policy: Policy, digest: str) -> list[str]:
+    broken = config.rules.violations(policy)
+    record = {
+        "at": time.time(),
+        "policy": policy.name,
+        "digest": digest,
+        "accepted": not broken,
+        "broken_rules": broken,
+    }
+    with (config_path.parent / ACCEPTED_POLICIES).open("a") as log_file:
+        log_file.write(json.dumps(record) + "\n")
+    return broken
+
+
+def _start_agent(
+    config: SiloConfig, config_path: Path, kit: SiloKit, policy: Policy, metrics: SiloMetrics
+) -> Callable[[bytes], bytes]:
+    device, why = resolve_device((config.compute or policy.compute).device)
+    data = config.data.load(policy.seed, base_dir=config_path.parent)
+    log.info("silo %s: %d training rows, device %s", kit.name, len(data.y_train), why)
+    agent = SiloAgent(kit.name, data, policy.model, device)
+
+    def endpoint(payload: bytes) -> bytes:
+        metrics.count_bytes("to_silo", len(payload))
+        task = TaskMessage.decode(payload)
+        result = agent.handle(task)
+        metrics.observe_task(task.kind, result.status, result.compute_seconds)
+        if task.kind == "train" and result.ok:
+            metrics.observe_local_train(result.compute_seconds)
+        encoded = result.encode()
+        metrics.count_bytes("from_silo", len(encoded))
+        return encoded
+
+    return endpoint
+
+
+def _settings(kit: SiloKit, poll_seconds: float) -> ChannelSettings:
+    return ChannelSettings(
+        address=kit.coordinator_address,
+        ca_pem=kit.tls.ca_certificate.read_bytes(),
+        key_pem=kit.tls.private_key.read_bytes(),
+        cert_pem=kit.tls.certificate.read_bytes(),
+        poll_seconds=poll_seconds,
+    )
+
+
+def _identity(kit: SiloKit) -> SiloIdentity:
+    return SiloIdentity(kit.name, kit.consortium, kit.signing_key, kit.coordinator_verify_key)

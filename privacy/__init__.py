@@ -1,0 +1,1 @@
+"""Identities, certificates and sealing; later differential privacy and secure aggregation."""

@@ -1,0 +1,211 @@
+"""The silo agent's connection to its coordinator: outbound mTLS gRPC only.
+
+It joins, receives the deployment policy and checks the operator's signature on it, checks
+the site's local rules, and accepts (pinning the policy digest) or refuses naming the rule.
+Then it long-polls for tasks, runs each with the agent, and pushes the result. A lost
+connection is retried with exponential backoff and jitter; a task it has already answered
+(the coordinator restarted, or an acknowledgement was lost) is answered again from a cache, so
+result delivery is idempotent.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import grpc
+from nacl.signing import SigningKey, VerifyKey
+
+from fedsilo.policies.loading import parse_policy_text
+from fedsilo.policies.schema import Policy
+from fedsilo.privacy.policy_signing import PolicySignatureError, verify_policy
+from fedsilo.wire import fedsilo_pb2_grpc as pb_grpc
+from fedsilo.wire.control import (
+    ACCEPT,
+    ACK,
+    FINISHED,
+    IDLE,
+    JOIN,
+    POLICY,
+    PULL,
+    REFUSE,
+    Control,
+    decode_control,
+    payload_type,
+)
+from fedsilo.wire.envelope import REPLAY, EnvelopeVerifier, seal
+from fedsilo.wire.framing import read_message, to_frames
+from fedsilo.wire.messages import TaskMessage
+
+log = logging.getLogger("fedsilo.silo")
+
+RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
+ANSWERED_CACHE = 64
+
+
+class PolicyRefused(RuntimeError):
+    """This silo will not take part: the policy is unsigned, tampered, or breaks a local rule."""
+
+
+@dataclass(frozen=True)
+class ChannelSettings:
+    address: str
+    ca_pem: bytes
+    key_pem: bytes
+    cert_pem: bytes
+    poll_seconds: float = 5.0
+    max_payload_bytes: int = 2**31
+    backoff_initial_s: float = 0.2
+    backoff_max_s: float = 10.0
+
+
+@dataclass(frozen=True)
+class SiloIdentity:
+    name: str
+    deployment: str
+    signing_key: SigningKey
+    coordinator_key: VerifyKey
+
+
+class CoordinatorConnection:
+    """Signed request/reply exchanges with the coordinator, retried while it is unreachable."""
+
+    def __init__(
+        self, settings: ChannelSettings, identity: SiloIdentity, stop: threading.Event
+    ) -> None:
+        self.settings = settings
+        self.identity = identity
+        self.stop = stop
+        credentials = grpc.ssl_channel_credentials(
+            settings.ca_pem, settings.key_pem, settings.cert_pem
+        )
+        self.channel = grpc.secure_channel(
+            settings.address,
+            credentials,
+            options=[("grpc.keepalive_time_ms", 30_000), ("grpc.keepalive_timeout_ms", 10_000)],
+        )
+        self.stub = pb_grpc.CoordinatorStub(self.channel)
+        self.verifier = EnvelopeVerifier(
+            identity.deployment, {"coordinator": identity.coordinator_key}
+        )
+
+    def exchange(self, payload: bytes, request_id: str, round_no: int = 0) -> bytes:
+        delay = self.settings.backoff_initial_s
+        while not self.stop.is_set():
+            envelope = seal(
+                payload,
+                signing_key=self.identity.signing_key,
+                sender=self.identity.name,
+                deployment=self.identity.deployment,
+                round=round_no,
+                task_id=request_id,
+            )
+            try:
+                replies = self.stub.Exchange(
+                    to_frames(envelope, payload), timeout=self.settings.poll_seconds + 60
+                )
+                return read_message(replies, self.verifier, self.settings.max_payload_bytes)[1]
+            except grpc.RpcError as exc:
+                if exc.code() not in RETRYABLE:
+                    raise
+                log.info("coordinator unreachable (%s); retrying in %.1fs", exc.code().name, delay)
+            self.stop.wait(delay * random.uniform(0.5, 1.0))
+            delay = min(delay * 2, self.settings.backoff_max_s)
+        raise InterruptedError("stopped")
+
+    def close(self) -> None:
+        self.channel.close()
+
+
+class SiloClient:
+    def __init__(
+        self,
+        connection: CoordinatorConnection,
+        operator_key: VerifyKey,
+        check_policy: Callable[[Policy, str], list[str]],
+        start_agent: Callable[[Policy], Callable[[bytes], bytes]],
+    ) -> None:
+        """`check_policy(policy, digest)` lists broken local rules; `start_agent(policy)` returns
+        the agent's endpoint (encoded task in, encoded result out)."""
+        self.connection = connection
+        self.operator_key = operator_key
+        self.check_policy = check_policy
+        self.start_agent = start_agent
+        self._answered: OrderedDict[str, bytes] = OrderedDict()
+
+    def run(self) -> str:
+        """Take part until the deployment finishes; returns why it ended."""
+        endpoint = self.start_agent(self.join())
+        while not self.connection.stop.is_set():
+            reply = self.connection.exchange(Control(PULL).encode(), f"pull/{uuid.uuid4().hex}")
+            kind = payload_type(reply)
+            if kind == "task":
+                self._answer(reply, endpoint)
+                continue
+            control = decode_control(reply)
+            if control.type == FINISHED:
+                return str(control.get("reason", "finished"))
+            if control.type == ACK and not control.get("accepted"):
+                log.info(
+                    "coordinator does not know this silo (%s); joining again", control.get("reason")
+                )
+                self.join()
+            elif control.type != IDLE:
+                log.warning("unexpected %s from the coordinator; ignored", control.type)
+        return "stopped"
+
+    def join(self) -> Policy:
+        reply = decode_control(
+            self.connection.exchange(Control(JOIN).encode(), f"join/{uuid.uuid4().hex}")
+        )
+        if reply.type != POLICY:
+            raise PolicyRefused(f"the coordinator answered a join with {reply.type!r}")
+        policy, digest = self._verified_policy(reply)
+        broken = self.check_policy(policy, digest)
+        if broken:
+            self.connection.exchange(
+                Control(REFUSE, {"reason": "; ".join(broken)}).encode(),
+                f"refuse/{uuid.uuid4().hex}",
+            )
+            raise PolicyRefused("the policy breaks local rules: " + "; ".join(broken))
+        ack = decode_control(
+            self.connection.exchange(
+                Control(ACCEPT, {"policy_digest": digest}).encode(), f"accept/{uuid.uuid4().hex}"
+            )
+        )
+        if not ack.get("accepted"):
+            raise PolicyRefused(f"the coordinator did not take our acceptance: {ack.get('reason')}")
+        log.info("accepted policy %s (%s)", policy.name, digest[:12])
+        return policy
+
+    def _verified_policy(self, reply: Control) -> tuple[Policy, str]:
+        text = str(reply.get("policy", ""))
+        try:
+            digest = verify_policy(
+                text.encode(), str(reply.get("signature", "")), self.operator_key
+            )
+        except PolicySignatureError as exc:
+            raise PolicyRefused(f"policy signature check failed: {exc}") from None
+        return parse_policy_text(text, source="the deployment policy"), digest
+
+    def _answer(self, payload: bytes, endpoint: Callable[[bytes], bytes]) -> None:
+        task = TaskMessage.decode(payload)
+        result = self._answered.get(task.task_id)
+        if result is None:
+            result = endpoint(payload)
+            self._answered[task.task_id] = result
+            if len(self._answered) > ANSWERED_CACHE:
+                self._answered.popitem(last=False)
+        try:
+            ack = decode_control(self.connection.exchange(result, task.task_id, task.round))
+        except grpc.RpcError as exc:
+            if REPLAY not in (exc.details() or ""):
+                raise
+            return  # the coordinator already has this result
+        if ack.type == ACK and not ack.get("accepted"):
+            log.warning("result for %s not taken: %s", task.task_id, ack.get("reason"))

@@ -1,0 +1,90 @@
+"""A silo's own configuration (written by `fedsilo silo init`, owned by the hospital's IT team):
+where its kit and data are, which device it trains on, where it serves metrics, and the local
+rules a deployment policy must satisfy before this silo takes part.
+
+The rules are checked when the silo joins: a policy that breaks one is refused with a message
+naming the rule, and the coordinator shows that reason for this silo.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+from pydantic import Field, ValidationError
+
+from fedsilo.policies.base import PolicyModel
+from fedsilo.policies.compute import ComputeConfig
+from fedsilo.policies.data import DataConfig
+from fedsilo.policies.loading import PolicyError, describe_errors
+from fedsilo.policies.schema import Policy
+from fedsilo.silo.data import DataError, SiloDataset, load_consortium
+
+
+class LocalRules(PolicyModel):
+    """What this site allows, in the spirit of NVFLARE's site privacy scopes."""
+
+    allowed_algorithms: list[str] | None = None  # None: any algorithm
+    max_rounds: int | None = Field(default=None, ge=1)
+
+    def violations(self, policy: Policy) -> list[str]:
+        """Each rule the policy breaks, as `rule: why`."""
+        problems = []
+        if (
+            self.allowed_algorithms is not None
+            and policy.algorithm.name not in self.allowed_algorithms
+        ):
+            problems.append(
+                f"allowed_algorithms: {policy.algorithm.name!r} is not in {self.allowed_algorithms}"
+            )
+        if self.max_rounds is not None and policy.rounds > self.max_rounds:
+            problems.append(f"max_rounds: the policy asks for {policy.rounds} > {self.max_rounds}")
+        return problems
+
+
+class SiloData(PolicyModel):
+    """This silo's data: a data section, and which of its silos is this one.
+
+    For a real site the section points at the site's own file and yields one silo; `select`
+    names the silo when the section describes several (the bundled demo data, simulations).
+    """
+
+    source: DataConfig
+    select: str | None = None
+
+    def load(self, seed: int, base_dir: Path | None) -> SiloDataset:
+        datasets = load_consortium(self.source, seed, base_dir=base_dir)
+        names = [d.name for d in datasets]
+        if self.select is None:
+            if len(datasets) != 1:
+                raise DataError(f"the data section yields silos {names}; set data.select to one")
+            return datasets[0]
+        if self.select not in names:
+            raise DataError(
+                f"data.select: no silo {self.select!r}; the data section yields {names}"
+            )
+        return datasets[names.index(self.select)]
+
+
+class SiloConfig(PolicyModel):
+    version: int = Field(default=1, ge=1, le=1)
+    kit: str
+    data: SiloData
+    compute: ComputeConfig | None = None  # overrides the policy's placement at this site
+    metrics_port: int | None = Field(default=None, ge=0, le=65535)
+    rules: LocalRules = LocalRules()
+
+    def kit_path(self, config_file: Path) -> Path:
+        return (config_file.parent / self.kit).resolve()
+
+
+def load_silo_config(path: Path) -> SiloConfig:
+    if not path.is_file():
+        raise PolicyError(f"{path}: silo configuration not found")
+    try:
+        document = yaml.safe_load(path.read_text())
+        return SiloConfig.model_validate(document)
+    except yaml.YAMLError as exc:
+        raise PolicyError(f"{path}: not valid YAML: {exc}") from exc
+    except ValidationError as exc:
+        raise PolicyError(describe_errors(exc, document, str(path))) from None

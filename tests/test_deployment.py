@@ -1,0 +1,65 @@
+"""The deployment as users run it: a provisioned consortium, a coordinator and three silo agents
+as real processes on 127.0.0.1 over mutual TLS, the same answer as the in-process simulation."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from fedsilo.ops.simulate import load_silos, simulate
+from fedsilo.policies.loading import parse_policy
+from fedsilo.wire.tensors import decode_tensors
+from tests.deployment import (
+    SILOS,
+    Consortium,
+    free_port,
+    policy_document,
+    provision,
+    sample,
+    scrape,
+    wait_for,
+)
+
+
+def scrape_at_round(port: int, round_no: int) -> str | None:
+    text = scrape(port)
+    return text if sample(text, "fedsilo_round") == round_no else None
+
+
+@pytest.fixture
+def consortium(tmp_path: Path):
+    consortium = provision(tmp_path)
+    yield consortium
+    consortium.stop_all()
+
+
+def test_fedavg_over_mtls_processes_equals_the_in_process_simulation(
+    consortium: Consortium,
+) -> None:
+    policy = consortium.write_policy(policy_document())
+    metrics_port = free_port()
+    consortium.start_coordinator(
+        policy, "--metrics-port", str(metrics_port), "--out", "results", "--linger-seconds", "30"
+    )
+    for silo in SILOS:
+        consortium.start_silo(silo)
+
+    text = wait_for(
+        lambda: scrape_at_round(metrics_port, 3), 120, "round 3 in /metrics", consortium
+    )
+    assert sample(text, "fedsilo_rounds_total", status="completed") == 3
+    assert sample(text, "fedsilo_rejected_messages_total", reason="bad_signature") in (None, 0)
+    for silo in SILOS:
+        assert sample(text, "fedsilo_bytes_total", direction="from_silo", silo=silo) > 0
+        assert 0.5 < sample(text, "fedsilo_silo_metric", silo=silo, name="accuracy") <= 1.0
+    for silo in SILOS:
+        assert consortium.wait(silo, timeout=30) == 0, consortium.log(silo)
+    consortium.processes["coordinator"].terminate()  # SIGTERM ends the lingering cleanly
+    assert consortium.wait("coordinator", timeout=30) == 0, consortium.log("coordinator")
+
+    tensors, _ = decode_tensors(
+        (consortium.root / "results" / "final_model.safetensors").read_bytes()
+    )
+    expected_policy = parse_policy(policy_document())
+    expected = simulate(expected_policy, load_silos(expected_policy, None)).history.state.model
+    assert torch.equal(tensors["model"], expected)

@@ -1,0 +1,105 @@
+"""Chunked payloads: cutting a payload into frames, and reassembling it within bounded memory.
+
+A payload of any size travels as a stream of chunks of at most `DEFAULT_CHUNK_BYTES`, below
+gRPC's 4 MiB default message limit. The receiver learns the payload's size and BLAKE2b-256
+digest from its signed envelope; `ChunkAssembler` writes the chunks into a buffer of exactly
+that size, hashes them as they arrive, and refuses the stream the moment it runs past the
+announced size, so a sender cannot make the receiver hold more than it announced.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Iterator
+
+DEFAULT_CHUNK_BYTES = 1 << 20
+DIGEST_BYTES = 32
+
+OVERSIZED = "oversized"
+TRUNCATED = "truncated"
+CORRUPTED = "corrupted"
+
+
+class ChunkError(Exception):
+    """A chunk stream that does not reassemble; `reason` is OVERSIZED, TRUNCATED or CORRUPTED."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+
+
+def iter_chunks(
+    payload: bytes | memoryview, chunk_bytes: int = DEFAULT_CHUNK_BYTES
+) -> Iterator[memoryview]:
+    """Views of consecutive `chunk_bytes` slices of `payload`, without copying.
+
+    An empty payload yields one empty chunk, so the receiver always sees a frame.
+    """
+    if chunk_bytes < 1:
+        raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
+    view = memoryview(payload).cast("B")
+    return (view[start : start + chunk_bytes] for start in range(0, max(len(view), 1), chunk_bytes))
+
+
+class ChunkAssembler:
+    """Reassembles one payload of announced size and digest from its chunks.
+
+    Memory is one buffer of `expected_size` bytes, allocated up front, and an announced size
+    above `max_bytes` is refused before anything is allocated. Create one per incoming stream,
+    after the envelope that announces the size has been verified; it is not thread-safe.
+    """
+
+    def __init__(self, expected_size: int, expected_digest: bytes, max_bytes: int) -> None:
+        if expected_size < 0:
+            raise ValueError(f"expected_size must be non-negative, got {expected_size}")
+        if len(expected_digest) != DIGEST_BYTES:
+            raise ValueError(f"expected_digest must be {DIGEST_BYTES} bytes (BLAKE2b-256)")
+        if expected_size > max_bytes:
+            raise ChunkError(
+                OVERSIZED, f"announced {expected_size} bytes, the limit is {max_bytes}"
+            )
+        self._expected_size = expected_size
+        self._expected_digest = expected_digest
+        self._buffer = bytearray(expected_size)
+        self._received = 0
+        self._hash = hashlib.blake2b(digest_size=DIGEST_BYTES)
+
+    def add(self, chunk: bytes | memoryview) -> None:
+        """Append one chunk; raise OVERSIZED, without buffering it, if it runs past the size."""
+        view = memoryview(chunk).cast("B")
+        end = self._received + len(view)
+        if end > self._expected_size:
+            self._received = end
+            raise self._overrun()
+        self._buffer[self._received : end] = view
+        self._hash.update(view)
+        self._received = end
+
+    def finish(self) -> bytes:
+        """The payload, once every announced byte arrived and the digest matches."""
+        if self._received > self._expected_size:
+            raise self._overrun()
+        if self._received < self._expected_size:
+            raise ChunkError(
+                TRUNCATED,
+                f"stream ended after {self._received} of {self._expected_size} bytes",
+            )
+        if self._hash.digest() != self._expected_digest:
+            raise ChunkError(CORRUPTED, "payload digest differs from the announced one")
+        return bytes(self._buffer)
+
+    def _overrun(self) -> ChunkError:
+        return ChunkError(
+            OVERSIZED,
+            f"stream reached {self._received} bytes, {self._expected_size} were announced",
+        )
+
+
+def assemble(
+    chunks: Iterable[bytes | memoryview], expected_size: int, expected_digest: bytes, max_bytes: int
+) -> bytes:
+    """Reassemble a whole chunk stream; raise `ChunkError` at the first chunk past the size."""
+    assembler = ChunkAssembler(expected_size, expected_digest, max_bytes)
+    for chunk in chunks:
+        assembler.add(chunk)
+    return assembler.finish()

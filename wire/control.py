@@ -1,0 +1,55 @@
+"""Control messages of the channel: joining, policy pinning, polling and acknowledgements.
+
+Like tasks and results they are fedsilo safetensors messages (no tensors, a JSON header), so
+every payload on the channel has one format and one type field:
+
+  silo -> coordinator: join, accept, refuse, pull, and results (wire/messages.py)
+  coordinator -> silo: policy, ack, idle, finished, and tasks (wire/messages.py)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from fedsilo.wire.messages import PROTOCOL_VERSION
+from fedsilo.wire.tensors import WireError, decode_tensors, encode_tensors
+
+JOIN, ACCEPT, REFUSE, PULL = "join", "accept", "refuse", "pull"
+POLICY, ACK, IDLE, FINISHED = "policy", "ack", "idle", "finished"
+CONTROL_TYPES = {JOIN, ACCEPT, REFUSE, PULL, POLICY, ACK, IDLE, FINISHED}
+
+
+@dataclass(frozen=True)
+class Control:
+    type: str
+    fields: Mapping[str, Any] = field(default_factory=dict)
+
+    def encode(self) -> bytes:
+        if self.type not in CONTROL_TYPES:
+            raise WireError(f"unknown control message {self.type!r}")
+        return encode_tensors({}, {"type": self.type, "protocol": PROTOCOL_VERSION, **self.fields})
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.fields.get(key, default)
+
+
+def payload_type(payload: bytes) -> str:
+    """The `type` of any channel payload: a control type, "task" or "result"."""
+    _, header = decode_tensors(payload)
+    if header.get("protocol") != PROTOCOL_VERSION:
+        raise WireError(f"protocol version {header.get('protocol')!r} is not {PROTOCOL_VERSION}")
+    kind = header.get("type")
+    if kind not in CONTROL_TYPES | {"task", "result"}:
+        raise WireError(f"unknown payload type {kind!r}")
+    return str(kind)
+
+
+def decode_control(payload: bytes) -> Control:
+    tensors, header = decode_tensors(payload)
+    kind = header.pop("type", None)
+    header.pop("protocol", None)
+    if tensors or kind not in CONTROL_TYPES:
+        raise WireError(f"not a control message: {kind!r}")
+    return Control(str(kind), header)

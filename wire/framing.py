@@ -1,0 +1,87 @@
+"""One channel message as gRPC frames: the signed envelope first, then the payload in chunks;
+and the way back, which checks the envelope before buffering anything and the digest after the
+last chunk, so an unknown sender never gets memory and a corrupted payload is never returned."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+from fedsilo.wire import fedsilo_pb2 as pb
+from fedsilo.wire.chunks import DEFAULT_CHUNK_BYTES, ChunkAssembler, ChunkError, iter_chunks
+from fedsilo.wire.envelope import Envelope, EnvelopeRejected, EnvelopeVerifier
+from fedsilo.wire.tensors import WireError
+
+MALFORMED = "malformed"
+
+
+class MessageRejected(Exception):
+    """A message that must not be used; `reason` is a short label (also a metric label)."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+def to_frames(
+    envelope: Envelope, payload: bytes, chunk_bytes: int = DEFAULT_CHUNK_BYTES
+) -> Iterator[pb.Frame]:
+    yield pb.Frame(envelope=envelope_to_proto(envelope))
+    for chunk in iter_chunks(payload, chunk_bytes):
+        yield pb.Frame(chunk=bytes(chunk))
+
+
+def read_message(
+    frames: Iterable[pb.Frame], verifier: EnvelopeVerifier, max_bytes: int
+) -> tuple[Envelope, bytes]:
+    """The verified (envelope, payload) of a frame stream, or MessageRejected with the reason."""
+    stream = iter(frames)
+    first = next(stream, None)
+    if first is None or first.WhichOneof("body") != "envelope":
+        raise MessageRejected(MALFORMED, "a message must start with its envelope")
+    try:
+        envelope = envelope_from_proto(first.envelope)
+    except WireError as exc:
+        raise MessageRejected(MALFORMED, f"malformed envelope: {exc}") from None
+    try:
+        verifier.check_header(envelope)
+        assembler = ChunkAssembler(envelope.payload_size, envelope.payload_digest, max_bytes)
+        for frame in stream:
+            if frame.WhichOneof("body") != "chunk":
+                raise MessageRejected(MALFORMED, "a second envelope inside one message")
+            assembler.add(frame.chunk)
+        payload = assembler.finish()
+        verifier.verify(envelope, payload)
+    except EnvelopeRejected as exc:
+        raise MessageRejected(exc.reason, str(exc)) from None
+    except ChunkError as exc:
+        raise MessageRejected(exc.reason, f"{exc} (from {envelope.sender!r})") from None
+    return envelope, payload
+
+
+def envelope_to_proto(envelope: Envelope) -> pb.Envelope:
+    return pb.Envelope(
+        deployment=envelope.deployment,
+        round=envelope.round,
+        task_id=envelope.task_id,
+        sender=envelope.sender,
+        nonce=envelope.nonce,
+        payload_digest=envelope.payload_digest,
+        payload_size=envelope.payload_size,
+        sent_at=envelope.sent_at,
+        signature=envelope.signature,
+    )
+
+
+def envelope_from_proto(message: pb.Envelope) -> Envelope:
+    return Envelope(
+        deployment=message.deployment,
+        round=message.round,
+        task_id=message.task_id,
+        sender=message.sender,
+        nonce=message.nonce,
+        payload_digest=message.payload_digest,
+        payload_size=message.payload_size,
+        sent_at=message.sent_at,
+        signature=message.signature,
+    )
