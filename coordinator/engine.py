@@ -14,6 +14,7 @@ uninterrupted one would have.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Generator, Mapping, Sequence
@@ -38,6 +39,8 @@ from fedsilo.policies.schema import Policy
 from fedsilo.wire.messages import TaskMessage, TaskResult
 from fedsilo.wire.tensors import WireError
 
+log = logging.getLogger("fedsilo.coordinator")
+
 
 class RunAborted(RuntimeError):
     """The run cannot go on (setup failed, or too many rounds in a row missed their quorum)."""
@@ -54,6 +57,7 @@ class RoundRecord:
     test_sizes: dict[str, int] | None = None
     summary: dict[str, dict[str, float]] | None = None
     error: str | None = None
+    silos: list[str] | None = None  # setup only: the consortium the deployment started with
 
     def to_json(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if v is not None}
@@ -138,14 +142,27 @@ class RoundEngine:
             )
             saved = self.store.last_round(self.deployment)
             if saved is not None:
+                self._keep_membership(saved.setup.get("silos") or list(self.silos))
                 return saved.state, [RoundRecord.from_json(r) for r in saved.records]
-        record = RoundRecord(0, "setup", 0.0)
+        record = RoundRecord(0, "setup", 0.0, silos=list(self.silos))
         try:
             state = self._drive(self.strategy.setup(self._context(0)), 0, record)
         except QuorumNotMet as exc:
             raise RunAborted(f"setup failed: {exc}") from exc
         self._save(record, state)
         return state, []
+
+    def _keep_membership(self, started_with: list[str]) -> None:
+        """A resumed deployment keeps the consortium it started with, so every round's random
+        draws are those of an uninterrupted run; a member absent now is a dropout, not a
+        different consortium."""
+        if set(started_with) != set(self.silos):
+            log.warning(
+                "resuming with the consortium the deployment started with %s (now connected: %s)",
+                sorted(started_with),
+                sorted(self.silos),
+            )
+        self.silos = tuple(started_with)
 
     def _save(self, record: RoundRecord, state: ServerState) -> None:
         """Save a finished round (a failed one with the unchanged state) when there is a store."""
@@ -195,17 +212,12 @@ class RoundEngine:
         try:
             phase = next(script)
             while True:
-                outcome = self.execute(phase, round_no)
-                record.phases[phase.name] = {
-                    "answered": {
-                        s: {"num_samples": r.num_samples, **r.metrics}
-                        for s, r in outcome.reports.items()
-                    },
-                    "dropped": dict(outcome.dropped),
-                }
-                record.compute_seconds[phase.name] = {
-                    s: r.compute_seconds for s, r in outcome.reports.items()
-                }
+                try:
+                    outcome = self.execute(phase, round_no)
+                except QuorumNotMet as missed:
+                    _record_phase(record, phase.name, missed.answered, missed.dropped)
+                    raise
+                _record_phase(record, phase.name, outcome.reports, outcome.dropped)
                 phase = script.send(outcome)
         except StopIteration as done:
             return done.value
@@ -228,10 +240,11 @@ class RoundEngine:
                 config=task.config,
                 tensors=task.tensors,
                 spec=task.spec,
+                policy_digest=self.policy_digest,
             )
             for task in phase.tasks
         }
-        deliveries = [Delivery(s, m.task_id, m.encode()) for s, m in messages.items()]
+        deliveries = [Delivery(s, m.task_id, m.encode(), round_no) for s, m in messages.items()]
         deadline = time.monotonic() + self.policy.participants.phase_timeout_s
         replies = self.transport.dispatch(deliveries, deadline)
 
@@ -259,24 +272,46 @@ class RoundEngine:
             reasons = "; ".join(f"{s}: {why}" for s, why in sorted(dropped.items()))
             raise QuorumNotMet(
                 f"phase {phase.name!r}: {len(results)} of {len(phase.tasks)} silos answered, "
-                f"quorum is {quorum} ({reasons})"
+                f"quorum is {quorum} ({reasons})",
+                phase.name,
+                _reports(results),
+                dropped,
             )
-        reports = {
-            s: SiloReport(r.num_samples, dict(r.metrics), r.compute_seconds)
-            for s, r in sorted(results.items())
-        }
+        reports = _reports(results)
         spec = next((r.spec for _, r in sorted(results.items()) if r.spec is not None), None)
         if phase.aggregate is None:
             tensors = {s: dict(r.tensors) for s, r in sorted(results.items())}
             return PhaseOutcome(phase.name, reports, dropped, tensors=tensors, spec=spec)
         mean, total = _weighted_mean(results, phase.aggregate)
         if total <= 0:
-            raise QuorumNotMet(f"phase {phase.name!r}: the answering silos carry zero total weight")
+            raise QuorumNotMet(
+                f"phase {phase.name!r}: the answering silos carry zero total weight",
+                phase.name,
+                reports,
+                dropped,
+            )
         return PhaseOutcome(phase.name, reports, dropped, mean=mean, total_weight=total, spec=spec)
+
+
+def _record_phase(
+    record: RoundRecord, phase: str, answered: Mapping[str, SiloReport], dropped: Mapping[str, str]
+) -> None:
+    record.phases[phase] = {
+        "answered": {s: {"num_samples": r.num_samples, **r.metrics} for s, r in answered.items()},
+        "dropped": dict(dropped),
+    }
+    record.compute_seconds[phase] = {s: r.compute_seconds for s, r in answered.items()}
 
 
 def _failed(record: RoundRecord) -> bool:
     return record.status == "failed"
+
+
+def _reports(results: Mapping[str, TaskResult]) -> dict[str, SiloReport]:
+    return {
+        s: SiloReport(r.num_samples, dict(r.metrics), r.compute_seconds)
+        for s, r in sorted(results.items())
+    }
 
 
 def _accept(

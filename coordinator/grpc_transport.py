@@ -31,14 +31,8 @@ class GrpcTransport:
                     delivery.silo, delivery.task_id, None, "not connected"
                 )
                 continue
-            round_no = (
-                int(delivery.task_id.rsplit("/r", 1)[-1].split("/")[0])
-                if "/r" in delivery.task_id
-                else 0
-            )
-            self.hub.post(
-                PostedTask(delivery.silo, delivery.task_id, round_no, delivery.payload), replies
-            )
+            posted = PostedTask(delivery.silo, delivery.task_id, delivery.round, delivery.payload)
+            self.hub.post(posted, replies)
         try:
             while len(received) < len(deliveries):
                 remaining = deadline - time.monotonic()

@@ -73,4 +73,19 @@ class PhaseOutcome:
 
 
 class QuorumNotMet(RuntimeError):
-    """Fewer silos answered a phase than its quorum; the round is abandoned."""
+    """Fewer silos answered a phase than its quorum; the round is abandoned.
+
+    Carries who answered and who dropped (and why), so the round's record still shows them.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        phase: str = "",
+        answered: Mapping[str, SiloReport] | None = None,
+        dropped: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.phase = phase
+        self.answered = dict(answered or {})
+        self.dropped = dict(dropped or {})

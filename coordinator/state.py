@@ -95,13 +95,15 @@ class SavedRound:
     """The last round saved for a deployment, with what a restarted coordinator resumes from.
 
     `state` is the state after `round` (the unchanged previous state for a failed round);
-    `records` are the saved round records of rounds 1..round, in order.
+    `records` are the saved round records of rounds 1..round, in order; `setup` is the record
+    of round 0 (it names the consortium the deployment started with).
     """
 
     round: int
     status: str
     state: ServerState
     records: list[dict[str, Any]]
+    setup: dict[str, Any]
 
 
 def content_hash(data: bytes) -> str:
@@ -253,9 +255,8 @@ class StateStore:
                 (deployment_id,),
             ).fetchone()
             records = db.execute(
-                "SELECT record_json FROM rounds WHERE deployment_id = ? AND round > ? "
-                "ORDER BY round",
-                (deployment_id, SETUP_ROUND),
+                "SELECT record_json FROM rounds WHERE deployment_id = ? ORDER BY round",
+                (deployment_id,),
             ).fetchall()
         if last is None:
             return None
@@ -264,9 +265,8 @@ class StateStore:
             ParameterSpec.from_json(json.loads(last["spec_json"])),
             json.loads(last["extra_json"]),
         )
-        return SavedRound(
-            last["round"], last["status"], state, [json.loads(r["record_json"]) for r in records]
-        )
+        setup, *rounds = (json.loads(r["record_json"]) for r in records)
+        return SavedRound(last["round"], last["status"], state, rounds, setup)
 
     # -- participants -----------------------------------------------------------------------
 

@@ -26,6 +26,7 @@ class Delivery:
     silo: str
     task_id: str
     payload: bytes
+    round: int
 
 
 @dataclass(frozen=True)

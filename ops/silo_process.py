@@ -47,7 +47,9 @@ def run_silo(
         connection,
         kit.operator_verify_key,
         check_policy=lambda policy, digest: _check_policy(config, config_path, policy, digest),
-        start_agent=lambda policy: _start_agent(config, config_path, kit, policy, metrics),
+        start_agent=lambda policy, digest: _start_agent(
+            config, config_path, kit, policy, digest, metrics
+        ),
     )
     try:
         metrics.set_connected(True)
@@ -76,12 +78,17 @@ def _check_policy(config: SiloConfig, config_path: Path, policy: Policy, digest:
 
 
 def _start_agent(
-    config: SiloConfig, config_path: Path, kit: SiloKit, policy: Policy, metrics: SiloMetrics
+    config: SiloConfig,
+    config_path: Path,
+    kit: SiloKit,
+    policy: Policy,
+    digest: str,
+    metrics: SiloMetrics,
 ) -> Callable[[bytes], bytes]:
     device, why = resolve_device((config.compute or policy.compute).device)
     data = config.data.load(policy.seed, base_dir=config_path.parent)
     log.info("silo %s: %d training rows, device %s", kit.name, len(data.y_train), why)
-    agent = SiloAgent(kit.name, data, policy.model, device)
+    agent = SiloAgent(kit.name, data, policy.model, device, policy_digest=digest)
 
     def endpoint(payload: bytes) -> bytes:
         metrics.count_bytes("to_silo", len(payload))

@@ -24,8 +24,12 @@ class SiloAgent:
         data: SiloDataset,
         model_config: ModelConfig,
         device: torch.device | str = "cpu",
+        policy_digest: str | None = None,
     ) -> None:
+        """`policy_digest`: the policy this silo accepted; tasks under another are refused
+        (None in simulations, where there is no signed policy)."""
         self.context = SiloContext(name, data, model_config, torch.device(device))
+        self.policy_digest = policy_digest
 
     @property
     def name(self) -> str:
@@ -36,6 +40,12 @@ class SiloAgent:
         if message.silo != self.name:
             return self._refuse(
                 message, f"task is addressed to {message.silo!r}, this is {self.name!r}"
+            )
+        if self.policy_digest is not None and message.policy_digest != self.policy_digest:
+            return self._refuse(
+                message,
+                f"task runs under policy {message.policy_digest[:12] or 'none'!r}; "
+                f"this silo accepted {self.policy_digest[:12]!r} only",
             )
         handler = TASK_HANDLERS.get(message.kind)
         if handler is None:

@@ -128,10 +128,10 @@ class SiloClient:
         connection: CoordinatorConnection,
         operator_key: VerifyKey,
         check_policy: Callable[[Policy, str], list[str]],
-        start_agent: Callable[[Policy], Callable[[bytes], bytes]],
+        start_agent: Callable[[Policy, str], Callable[[bytes], bytes]],
     ) -> None:
-        """`check_policy(policy, digest)` lists broken local rules; `start_agent(policy)` returns
-        the agent's endpoint (encoded task in, encoded result out)."""
+        """`check_policy(policy, digest)` lists broken local rules; `start_agent(policy, digest)`
+        returns the agent's endpoint (encoded task in, encoded result out)."""
         self.connection = connection
         self.operator_key = operator_key
         self.check_policy = check_policy
@@ -140,7 +140,7 @@ class SiloClient:
 
     def run(self) -> str:
         """Take part until the deployment finishes; returns why it ended."""
-        endpoint = self.start_agent(self.join())
+        digest, endpoint = self._start(self.join())
         while not self.connection.stop.is_set():
             reply = self.connection.exchange(Control(PULL).encode(), f"pull/{uuid.uuid4().hex}")
             kind = payload_type(reply)
@@ -154,12 +154,19 @@ class SiloClient:
                 log.info(
                     "coordinator does not know this silo (%s); joining again", control.get("reason")
                 )
-                self.join()
+                joined = self.join()
+                if joined[1] != digest:
+                    digest, endpoint = self._start(joined)
             elif control.type != IDLE:
                 log.warning("unexpected %s from the coordinator; ignored", control.type)
         return "stopped"
 
-    def join(self) -> Policy:
+    def _start(self, joined: tuple[Policy, str]) -> tuple[str, Callable[[bytes], bytes]]:
+        policy, digest = joined
+        return digest, self.start_agent(policy, digest)
+
+    def join(self) -> tuple[Policy, str]:
+        """Join, verify and check the policy, accept it; the policy and its digest."""
         reply = decode_control(
             self.connection.exchange(Control(JOIN).encode(), f"join/{uuid.uuid4().hex}")
         )
@@ -181,7 +188,7 @@ class SiloClient:
         if not ack.get("accepted"):
             raise PolicyRefused(f"the coordinator did not take our acceptance: {ack.get('reason')}")
         log.info("accepted policy %s (%s)", policy.name, digest[:12])
-        return policy
+        return policy, digest
 
     def _verified_policy(self, reply: Control) -> tuple[Policy, str]:
         text = str(reply.get("policy", ""))

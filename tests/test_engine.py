@@ -105,6 +105,9 @@ def test_a_round_below_quorum_fails_and_keeps_the_previous_state() -> None:
         release.set()
     assert [r.status for r in history.records] == ["failed", "failed"]
     assert "quorum is 2" in history.records[0].error
+    train = history.records[0].phases["train"]  # the failed phase is still on record
+    assert train["dropped"] == {"silent": "no reply before the deadline"}
+    assert set(train["answered"]) == {"a"}
     assert history.state.model.tolist() == [0.0, 0.0, 0.0]  # still the initial model
 
 
@@ -216,3 +219,32 @@ def test_a_late_reply_is_discarded_and_never_applied_to_a_later_round() -> None:
     assert first.phases["train"]["dropped"] == {"slow": "no reply before the deadline"}
     assert set(second.phases["train"]["answered"]) == {"fast", "slow"}
     assert history.state.model.tolist() == [100.5, 100.5, 100.5]  # round 2's answers only
+
+
+def test_a_resumed_deployment_keeps_the_consortium_it_started_with(tmp_path) -> None:
+    from fedsilo.coordinator.state import StateStore
+
+    endpoints = {f"s{i}": constant_silo(f"s{i}", [float(i)] * 3) for i in range(4)}
+    policy = make_policy(rounds=2, algorithm={"name": "fedavg", "client_fraction": 0.5})
+    with StateStore(tmp_path / "state.db") as store:
+        first = RoundEngine(
+            make_strategy(policy),
+            InProcessTransport(endpoints),
+            policy,
+            sorted(endpoints),
+            store=store,
+        )
+        first.run()
+    longer = make_policy(rounds=3, algorithm={"name": "fedavg", "client_fraction": 0.5})
+    with StateStore(tmp_path / "state.db") as store:
+        resumed = RoundEngine(
+            make_strategy(longer),
+            InProcessTransport(endpoints),
+            longer,
+            ["s0", "s1"],
+            store=store,
+            policy_digest=first.policy_digest,
+        )
+        history = resumed.run()
+    assert resumed.silos == ("s0", "s1", "s2", "s3")
+    assert len(history.records) == 3

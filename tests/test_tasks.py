@@ -135,3 +135,12 @@ def test_a_malformed_payload_gets_an_error_result() -> None:
         SiloAgent("a", separable(), LinearModel(name="linear")).handle_bytes(b"junk")
     )
     assert reply.status == "error"
+
+
+def test_a_pinned_silo_refuses_tasks_under_another_policy() -> None:
+    pinned = SiloAgent("a", separable(), LinearModel(name="linear"), policy_digest="ab" * 32)
+    foreign = TaskMessage("t", 1, "init", "init", "a", {"seed": 0}, policy_digest="cd" * 32)
+    refused = pinned.handle(foreign)
+    assert refused.status == "error" and "this silo accepted 'abababababab' only" in refused.error
+    same = TaskMessage("t", 1, "init", "init", "a", {"seed": 0}, policy_digest="ab" * 32)
+    assert pinned.handle(same).ok

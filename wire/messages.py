@@ -35,10 +35,12 @@ class TaskMessage:
     config: Mapping[str, Any] = field(default_factory=dict)
     tensors: Mapping[str, torch.Tensor] = field(default_factory=dict)
     spec: ParameterSpec | None = None
+    policy_digest: str = ""  # the deployment policy this task runs under (policy pinning)
 
     def encode(self) -> bytes:
         header = {
             "type": "task",
+            "policy_digest": self.policy_digest,
             "protocol": PROTOCOL_VERSION,
             "task_id": self.task_id,
             "round": self.round,
@@ -63,6 +65,7 @@ class TaskMessage:
                 config=dict(h["config"]),
                 tensors=tensors,
                 spec=ParameterSpec.from_json(h["spec"]) if h["spec"] else None,
+                policy_digest=str(h["policy_digest"]),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise WireError(f"malformed task header: {exc}") from exc
