@@ -214,6 +214,14 @@ class StateStore:
                     "policy; use a new --state file or the original policy"
                 )
 
+    def deployment_policy(self, deployment_id: str) -> dict[str, Any] | None:
+        """The policy (as JSON) the deployment was opened with; None for an unknown one."""
+        with self._transaction("DEFERRED") as db:
+            row = db.execute(
+                "SELECT policy_json FROM deployments WHERE deployment_id = ?", (deployment_id,)
+            ).fetchone()
+        return None if row is None else json.loads(row["policy_json"])
+
     def save_round(
         self,
         deployment_id: str,

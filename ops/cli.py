@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import tempfile
 import threading
 from importlib.resources import as_file, files
 from pathlib import Path
@@ -15,9 +16,11 @@ from pathlib import Path
 import click
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
 
 from fedsilo import __version__
 from fedsilo.coordinator.engine import RoundRecord, RunAborted
+from fedsilo.coordinator.state import StateError
 from fedsilo.coordinator.strategies import STRATEGIES
 from fedsilo.coordinator.strategies.base import SetupError
 from fedsilo.ops.coordinator_process import (
@@ -26,6 +29,7 @@ from fedsilo.ops.coordinator_process import (
     revoke,
     run_coordinator,
 )
+from fedsilo.ops.demo import DemoFailed, run_demo
 from fedsilo.ops.logs import configure_logging
 from fedsilo.ops.provision import KitError, load_coordinator_kit
 from fedsilo.ops.provision_cli import policy_sign as sign_command
@@ -34,6 +38,7 @@ from fedsilo.ops.report import comparison_table, write_results
 from fedsilo.ops.silo_process import run_silo
 from fedsilo.ops.silo_setup import write_silo_config
 from fedsilo.ops.simulate import SimulationResult, load_silos, simulate
+from fedsilo.ops.status import deployment_status
 from fedsilo.policies.loading import PolicyError, load_policy
 from fedsilo.policies.schema import Policy
 from fedsilo.privacy.identity import IdentityError
@@ -137,20 +142,23 @@ def simulate_command(
 
 def _run_all(variants: dict[str, Policy], datasets: list) -> dict[str, SimulationResult]:
     results: dict[str, SimulationResult] = {}
-    columns = (
-        TextColumn("{task.description:>10}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[status]}"),
-        TimeElapsedColumn(),
-    )
-    with Progress(*columns, console=console, transient=False) as progress:
+    with Progress(*_progress_columns(), console=console) as progress:
         for name, variant in variants.items():
             bar = progress.add_task(name, total=variant.rounds, status="")
             results[name] = simulate(
                 variant, datasets, observers=[_ProgressObserver(progress, bar)]
             )
     return results
+
+
+def _progress_columns() -> tuple:
+    return (
+        TextColumn("{task.description:>10}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[status]}"),
+        TimeElapsedColumn(),
+    )
 
 
 class _ProgressObserver:
@@ -384,3 +392,84 @@ def _stop_on_signals() -> threading.Event:
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)
     return stop
+
+
+@main.command("demo")
+@click.option(
+    "--folder",
+    type=click.Path(path_type=Path),
+    help="A fresh folder for kits, logs and results (default: a new temporary folder).",
+)
+@click.option(
+    "--rounds", type=click.IntRange(min=1), help="Fewer rounds than the policy's, for a quick look."
+)
+def demo(folder: Path | None, rounds: int | None) -> None:
+    """Run a real consortium on this machine: coordinator and four hospitals over mTLS."""
+    folder = folder or Path(tempfile.mkdtemp(prefix="fedsilo-demo-"))
+    _stop_on_signals()
+    console.print(f"provisioning a throw-away consortium of four hospitals in {folder}/")
+    with Progress(*_progress_columns(), console=console) as progress:
+        bar = progress.add_task("rounds", total=None, status="starting processes")
+
+        def on_round(done: int, total: int) -> None:
+            progress.update(bar, completed=done, total=total, status=f"round {done}")
+
+        try:
+            history = run_demo(folder, on_round, rounds)
+        except (DemoFailed, *DEPLOYMENT_ERRORS) as exc:
+            raise click.ClickException(str(exc)) from None
+    final = history["final"]
+    table = Table(
+        title=f"test metrics per hospital after round {final['round']} (FedAvg over mTLS)"
+    )
+    names = sorted({m for values in final["evaluation"].values() for m in values})
+    table.add_column("silo")
+    for name in names:
+        table.add_column(name, justify="right")
+    for silo, values in sorted(final["evaluation"].items()):
+        table.add_row(silo, *(_fmt_metric(values.get(m)) for m in names))
+    console.print(table)
+    console.print(
+        f"results (final model, history.json, plots): {folder}/results/\n"
+        f"logs of the coordinator and each hospital:  {folder}/logs/\n"
+        f"startup kits and the signed policy:         {folder}/kits/, {folder}/policy.yaml"
+    )
+
+
+def _fmt_metric(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+@main.command("status")
+@click.option(
+    "--kit", "kit_dir", required=True, type=click.Path(path_type=Path), help="The coordinator kit."
+)
+@click.option(
+    "--state", "state_file", required=True, type=click.Path(path_type=Path), help="The state file."
+)
+def status(kit_dir: Path, state_file: Path) -> None:
+    """Show a deployment's round, participants, last metrics and dropouts."""
+    try:
+        kit = load_coordinator_kit(kit_dir)
+        report = deployment_status(state_file, kit.consortium)
+    except (*DEPLOYMENT_ERRORS, StateError) as exc:
+        raise click.ClickException(str(exc)) from None
+    planned = f" of {report.rounds_planned}" if report.rounds_planned else ""
+    console.print(
+        f"deployment {report.deployment}: round {report.last_round}{planned} "
+        f"({report.last_status}), {report.failed_rounds} failed round(s)"
+    )
+    table = Table(title=f"silos (metrics of round {report.evaluated_round})")
+    metric_names = sorted({m for values in report.last_evaluation.values() for m in values})
+    for column in ("silo", "status", "rounds with a dropout", *metric_names):
+        table.add_column(column)
+    for silo in sorted(kit.silos):
+        state, reason = report.participants.get(silo, ("never joined", ""))
+        values = report.last_evaluation.get(silo, {})
+        table.add_row(
+            silo,
+            f"{state} {reason}".strip(),
+            str(report.dropouts.get(silo, 0)),
+            *(_fmt_metric(values.get(m)) for m in metric_names),
+        )
+    console.print(table)

@@ -116,8 +116,10 @@ def run_coordinator(options: CoordinatorOptions, stop: threading.Event | None = 
             )
         for silo in members:
             metrics.set_silo_status(silo, "active")
+            store.set_participant(deployment, silo, "active")
         for silo, reason in hub.refused.items():
             metrics.set_silo_status(silo, "refused")
+            store.set_participant(deployment, silo, "refused", reason)
             log.warning("silo %s is not participating: %s", silo, reason)
         engine = RoundEngine(
             strategy,
@@ -132,7 +134,7 @@ def run_coordinator(options: CoordinatorOptions, stop: threading.Event | None = 
         history = engine.run()
         hub.finish()
         if options.out is not None:
-            write_deployment_results(options.out, history)
+            write_deployment_results(options.out, policy.algorithm.name, history)
         log.info("deployment %s complete at round %d", deployment, history.final.round)
         stop.wait(max(options.poll_seconds + 1.0, options.linger_s))  # silos hear "finished"
         return history

@@ -59,14 +59,23 @@ def write_results(out: Path, results: Mapping[str, SimulationResult]) -> None:
             write_comparison(staging, results)
 
 
-def write_deployment_results(out: Path, history: RunHistory) -> None:
-    """A deployment's final state (`final_model.safetensors`, with its parameter spec) and
-    per-round history (`history.json`)."""
+def write_deployment_results(out: Path, name: str, history: RunHistory) -> None:
+    """A deployment's final state (`final_model.safetensors`, with its parameter spec), its
+    per-round history (`history.json`) and the same two plots as a simulation's."""
     with atomic_directory(out) as staging:
         state = history.state
         header = {"spec": state.spec.to_json(), "extra": dict(state.extra)}
         (staging / "final_model.safetensors").write_bytes(encode_tensors(state.tensors, header))
         (staging / "history.json").write_text(json.dumps(_finite(history.to_json()), indent=2))
+        metric = _headline_metric(history.final.summary or {})
+        if metric is not None:
+            silos = sorted(history.final.evaluation or {})
+            _plot_rounds(staging / "metric_per_round.png", {name: history}, metric)
+            _plot_final(staging / "final_per_silo.png", {name: history}, silos, metric)
+
+
+def _headline_metric(summary: Mapping[str, Any]) -> str | None:
+    return next((m for m in ("accuracy", "rmse") if m in summary), next(iter(summary), None))
 
 
 def write_run(folder: Path, result: SimulationResult) -> None:
@@ -97,8 +106,10 @@ def write_run(folder: Path, result: SimulationResult) -> None:
                     *(values.get(m, "") for m in metrics),
                 ]
             )
-    _plot_rounds(folder / "metric_per_round.png", {result.policy.algorithm.name: result}, metric)
-    _plot_final(folder / "final_per_silo.png", {result.policy.algorithm.name: result}, metric)
+    histories = {result.policy.algorithm.name: result.history}
+    silos = [p.name for p in result.silos]
+    _plot_rounds(folder / "metric_per_round.png", histories, metric)
+    _plot_final(folder / "final_per_silo.png", histories, silos, metric)
 
 
 def write_comparison(folder: Path, results: Mapping[str, SimulationResult]) -> None:
@@ -113,8 +124,10 @@ def write_comparison(folder: Path, results: Mapping[str, SimulationResult]) -> N
         for name, r in results.items()
     }
     (folder / "comparison.json").write_text(json.dumps(_finite(document), indent=2))
-    _plot_rounds(folder / "comparison_per_round.png", results, metric)
-    _plot_final(folder / "comparison_per_silo.png", results, metric)
+    histories = {name: r.history for name, r in results.items()}
+    silos = [p.name for p in first.silos]
+    _plot_rounds(folder / "comparison_per_round.png", histories, metric)
+    _plot_final(folder / "comparison_per_silo.png", histories, silos, metric)
 
 
 def comparison_table(results: Mapping[str, SimulationResult]) -> Table:
@@ -148,10 +161,10 @@ def comparison_table(results: Mapping[str, SimulationResult]) -> Table:
     return table
 
 
-def _plot_rounds(path: Path, results: Mapping[str, SimulationResult], metric: str) -> None:
+def _plot_rounds(path: Path, histories: Mapping[str, RunHistory], metric: str) -> None:
     fig, ax = plt.subplots(figsize=(7, 4))
-    for name, result in results.items():
-        rounds = [r for r in result.history.records if r.summary and metric in r.summary]
+    for name, history in histories.items():
+        rounds = [r for r in history.records if r.summary and metric in r.summary]
         xs = [r.round for r in rounds]
         line = ax.plot(xs, [r.summary[metric]["mean"] for r in rounds], label=f"{name} mean")[0]
         ax.plot(
@@ -170,14 +183,13 @@ def _plot_rounds(path: Path, results: Mapping[str, SimulationResult], metric: st
     plt.close(fig)
 
 
-def _plot_final(path: Path, results: Mapping[str, SimulationResult], metric: str) -> None:
-    silos = [p.name for p in next(iter(results.values())).silos]
-    width = 0.8 / len(results)
+def _plot_final(
+    path: Path, histories: Mapping[str, RunHistory], silos: list[str], metric: str
+) -> None:
+    width = 0.8 / len(histories)
     fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(silos)), 4))
-    for i, (name, result) in enumerate(results.items()):
-        values = [
-            (result.history.final.evaluation or {}).get(s, {}).get(metric, math.nan) for s in silos
-        ]
+    for i, (name, history) in enumerate(histories.items()):
+        values = [(history.final.evaluation or {}).get(s, {}).get(metric, math.nan) for s in silos]
         ax.bar([j + i * width for j in range(len(silos))], values, width, label=name)
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(silos))], silos, rotation=30, ha="right")
     ax.set_ylabel(f"final test {metric}")

@@ -1,0 +1,58 @@
+"""`fedsilo status`: where a deployment stands, read from the coordinator's state file (safe
+to run beside a live coordinator: SQLite readers do not block it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fedsilo.coordinator.state import StateError, StateStore
+
+
+@dataclass(frozen=True)
+class DeploymentStatus:
+    deployment: str
+    rounds_planned: int | None
+    last_round: int
+    last_status: str
+    participants: dict[str, tuple[str, str]]
+    last_evaluation: dict[str, dict[str, float]]
+    evaluated_round: int | None
+    dropouts: dict[str, int]  # silo -> rounds in which it dropped at least once
+    failed_rounds: int
+
+
+def deployment_status(state: Path, deployment: str) -> DeploymentStatus:
+    if not state.is_file():
+        raise StateError(f"{state}: no state file (has the coordinator started?)")
+    with StateStore(state) as store:
+        saved = store.last_round(deployment)
+        participants = store.participants(deployment) if saved is not None else {}
+        policy = store.deployment_policy(deployment) or {}
+    if saved is None:
+        raise StateError(f"{state}: deployment {deployment!r} has not started")
+    records = saved.records
+    evaluated = next((r for r in reversed(records) if r.get("evaluation")), None)
+    return DeploymentStatus(
+        deployment=deployment,
+        rounds_planned=policy.get("rounds"),
+        last_round=saved.round,
+        last_status=saved.status,
+        participants=participants,
+        last_evaluation=evaluated["evaluation"] if evaluated else {},
+        evaluated_round=evaluated["round"] if evaluated else None,
+        dropouts=_dropouts(records),
+        failed_rounds=sum(1 for r in records if r.get("status") == "failed"),
+    )
+
+
+def _dropouts(records: list[dict[str, Any]]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for record in records:
+        dropped = {
+            s for phase in record.get("phases", {}).values() for s in phase.get("dropped", {})
+        }
+        for silo in dropped:
+            counts[silo] = counts.get(silo, 0) + 1
+    return counts
