@@ -25,12 +25,7 @@ class GrpcTransport:
     def dispatch(self, deliveries: Sequence[Delivery], deadline: float) -> dict[str, Reply]:
         replies: queue.Queue[Reply] = queue.Queue()
         received: dict[str, Reply] = {}
-        for delivery in deliveries:
-            if delivery.silo not in self.hub.accepted:
-                received[delivery.silo] = Reply(
-                    delivery.silo, delivery.task_id, None, "not connected"
-                )
-                continue
+        for delivery in deliveries:  # a revoked or absent silo's task fails at once
             posted = PostedTask(delivery.silo, delivery.task_id, delivery.round, delivery.payload)
             self.hub.post(posted, replies)
         try:

@@ -4,7 +4,8 @@ they return, who has joined and accepted the policy, and when each silo was last
 The gRPC servicer (coordinator/service.py) fills it from the network; the transport the engine
 uses (coordinator/grpc_transport.py) posts tasks and collects results through it. A task not
 picked up before its deadline is withdrawn, and a result for a withdrawn or unknown task is
-refused as late: it can never be applied to a later round.
+refused as late: it can never be applied to a later round. Only the silo a task was posted to
+can answer it, and a revoked silo's tasks fail at once instead of waiting for their deadline.
 """
 
 from __future__ import annotations
@@ -16,6 +17,9 @@ from collections import deque
 from dataclasses import dataclass
 
 from fedsilo.coordinator.transport import Reply
+
+REVOKED = "revoked"
+NOT_CONNECTED = "not connected"
 
 
 @dataclass(frozen=True)
@@ -31,7 +35,7 @@ class SiloHub:
         self.roster = tuple(roster)
         self._lock = threading.Condition()
         self._outboxes: dict[str, deque[PostedTask]] = {s: deque() for s in roster}
-        self._pending: dict[str, queue.Queue[Reply]] = {}
+        self._pending: dict[str, tuple[str, queue.Queue[Reply]]] = {}  # task id -> (silo, replies)
         self._last_seen: dict[str, float] = {}
         self.accepted: set[str] = set()
         self.refused: dict[str, str] = {}
@@ -62,17 +66,23 @@ class SiloHub:
             self._lock.notify_all()
 
     def revoke(self, silo: str) -> None:
+        """Refuse `silo` from now on: its queued tasks are dropped and every task waiting for its
+        result fails at once as revoked."""
         with self._lock:
             self.revoked.add(silo)
             self.accepted.discard(silo)
             self._outboxes.get(silo, deque()).clear()
+            for task_id in [t for t, (owner, _) in self._pending.items() if owner == silo]:
+                _, replies = self._pending.pop(task_id)
+                replies.put(Reply(silo, task_id, None, REVOKED))
             self._lock.notify_all()
 
     def wait_for_members(self, wanted: int, timeout_s: float) -> list[str]:
-        """The silos that accepted the policy once `wanted` did, or when `timeout_s` passed."""
+        """The silos that accepted the policy once `wanted` did (or every silo not revoked, when
+        revocations leave fewer than `wanted`), or when `timeout_s` passed."""
         deadline = time.monotonic() + timeout_s
         with self._lock:
-            while len(self.accepted) < wanted:
+            while len(self.accepted) < min(wanted, len(set(self.roster) - self.revoked)):
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break
@@ -82,8 +92,14 @@ class SiloHub:
     # -- tasks and results ------------------------------------------------------------------
 
     def post(self, task: PostedTask, replies: queue.Queue[Reply]) -> None:
+        """Queue `task` for its silo's next poll; a silo that is revoked or has not accepted the
+        policy gets a failed reply at once instead."""
         with self._lock:
-            self._pending[task.task_id] = replies
+            if task.silo in self.revoked or task.silo not in self.accepted:
+                failure = REVOKED if task.silo in self.revoked else NOT_CONNECTED
+                replies.put(Reply(task.silo, task.task_id, None, failure))
+                return
+            self._pending[task.task_id] = (task.silo, replies)
             self._outboxes[task.silo].append(task)
             self._lock.notify_all()
 
@@ -99,12 +115,14 @@ class SiloHub:
             return self._outboxes[silo].popleft() if self._outboxes[silo] else None
 
     def deliver(self, silo: str, task_id: str, payload: bytes) -> bool:
-        """Hand a result to whoever waits for it; False when the task is unknown or withdrawn."""
+        """Hand `silo`'s result to whoever waits for it; False when no task `task_id` waits for
+        `silo` (unknown, withdrawn, or posted to another silo)."""
         with self._lock:
-            replies = self._pending.pop(task_id, None)
-        if replies is None:
-            return False
-        replies.put(Reply(silo, task_id, payload))
+            waiting = self._pending.get(task_id)
+            if waiting is None or waiting[0] != silo:
+                return False
+            del self._pending[task_id]
+        waiting[1].put(Reply(silo, task_id, payload))
         return True
 
     def withdraw(self, task_ids: set[str]) -> None:

@@ -1,10 +1,12 @@
 """The coordinator's gRPC service: one `Exchange` per silo request over mutual TLS.
 
-Each request is checked before it is used: the TLS client certificate's common name must be
-the envelope's sender, the sender must be in the roster and not revoked, and the envelope must
-verify (signature, deployment, freshness, replay, digest; wire/framing.py). A rejected request
-is refused with a gRPC status naming the reason, logged, and counted in
-`fedsilo_rejected_messages_total{reason}`; nothing of it reaches the engine.
+Each request is checked before it is used: a revoked silo (by its TLS client certificate's
+common name) is refused before anything of its request is read, the certificate's common name
+must be the envelope's sender, the sender must be in the roster, and the envelope must verify
+(signature, deployment, freshness, replay, digest; wire/framing.py); a result is taken only
+for a task waiting for that very silo (coordinator/hub.py). A rejected request is refused with
+a gRPC status naming the reason, logged, and counted in `fedsilo_rejected_messages_total{reason}`;
+nothing of it reaches the engine.
 """
 
 from __future__ import annotations
@@ -82,6 +84,8 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
     ) -> Iterator[pb.Frame]:  # noqa: N802 (gRPC's name)
         peer = _common_name(context)
         try:
+            if peer in self.hub.revoked:
+                raise MessageRejected(REVOKED, f"silo {peer!r} is revoked")
             envelope, payload = read_message(
                 request_iterator, self.verifier, self.max_payload_bytes
             )
@@ -89,11 +93,9 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
                 raise MessageRejected(
                     IDENTITY_MISMATCH, f"certificate of {peer!r} signed as {envelope.sender!r}"
                 )
-            if envelope.sender in self.hub.revoked:
-                raise MessageRejected(REVOKED, f"silo {envelope.sender!r} is revoked")
             self.metrics.count_bytes("from_silo", envelope.sender, len(payload))
             self.hub.seen(envelope.sender)
-            reply = self._answer(envelope.sender, envelope.task_id, payload)
+            reply = self._answer(envelope.sender, payload)
         except MessageRejected as rejected:
             self._refuse(context, peer, rejected)
         except WireError as exc:
@@ -109,10 +111,10 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         self.metrics.count_bytes("to_silo", envelope.sender, len(reply))
         yield from to_frames(reply_envelope, reply)
 
-    def _answer(self, silo: str, request_id: str, payload: bytes) -> bytes:
+    def _answer(self, silo: str, payload: bytes) -> bytes:
         kind = payload_type(payload)
         if kind == "result":
-            return self._result(silo, request_id, payload)
+            return self._result(silo, payload)
         message = decode_control(payload)
         if message.type == JOIN:
             log.info("silo %s joined; sending the signed policy", silo)
@@ -151,15 +153,17 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             return Control(FINISHED, {"reason": "the deployment is complete"}).encode()
         return Control(IDLE).encode()
 
-    def _result(self, silo: str, request_id: str, payload: bytes) -> bytes:
+    def _result(self, silo: str, payload: bytes) -> bytes:
         result = TaskResult.decode(payload)
-        if result.silo != silo or result.task_id != request_id:
-            raise MessageRejected(
-                IDENTITY_MISMATCH, f"{silo!r} sent a result for {result.task_id!r}"
-            )
+        if result.silo != silo:
+            raise MessageRejected(IDENTITY_MISMATCH, f"{silo!r} sent a result as {result.silo!r}")
         if not self.hub.deliver(silo, result.task_id, payload):
             self.metrics.count_rejected(LATE)
-            log.warning("late result from %s for %s: discarded", silo, result.task_id)
+            log.warning(
+                "late result from %s for %s (no such task waits for it): discarded",
+                silo,
+                result.task_id,
+            )
             return _ack(False, LATE)
         return _ack(True)
 

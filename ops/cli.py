@@ -43,7 +43,7 @@ from fedsilo.policies.loading import PolicyError, load_policy
 from fedsilo.policies.schema import Policy
 from fedsilo.privacy.identity import IdentityError
 from fedsilo.privacy.policy_signing import PolicySignatureError
-from fedsilo.silo.client import PolicyRefused
+from fedsilo.silo.client import PolicyRefused, SiloRefused
 from fedsilo.silo.data import DataError
 from fedsilo.silo.device import DeviceError
 
@@ -56,6 +56,7 @@ DEPLOYMENT_ERRORS = (
     IdentityError,
     PolicySignatureError,
     PolicyRefused,
+    SiloRefused,
 )
 
 console = Console()

@@ -5,7 +5,8 @@ the site's local rules, and accepts (pinning the policy digest) or refuses namin
 Then it long-polls for tasks, runs each with the agent, and pushes the result. A lost
 connection is retried with exponential backoff and jitter; a task it has already answered
 (the coordinator restarted, or an acknowledgement was lost) is answered again from a cache, so
-result delivery is idempotent.
+result delivery is idempotent. A coordinator that refuses this silo (revoked, or not on its
+roster) ends the agent with `SiloRefused`: retrying cannot help.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from fedsilo.wire.control import (
     decode_control,
     payload_type,
 )
-from fedsilo.wire.envelope import REPLAY, EnvelopeVerifier, seal
+from fedsilo.wire.envelope import EnvelopeVerifier, seal
 from fedsilo.wire.framing import read_message, to_frames
 from fedsilo.wire.messages import TaskMessage
 
@@ -50,6 +51,11 @@ ANSWERED_CACHE = 64
 
 class PolicyRefused(RuntimeError):
     """This silo will not take part: the policy is unsigned, tampered, or breaks a local rule."""
+
+
+class SiloRefused(PolicyRefused):
+    """The coordinator refuses this silo (PERMISSION_DENIED): it is revoked, or its identity is
+    not on the roster; it cannot take part."""
 
 
 @dataclass(frozen=True)
@@ -94,7 +100,14 @@ class CoordinatorConnection:
             identity.deployment, {"coordinator": identity.coordinator_key}
         )
 
-    def exchange(self, payload: bytes, request_id: str, round_no: int = 0) -> bytes:
+    def exchange(self, payload: bytes, label: str, round_no: int = 0) -> bytes:
+        """Send one request (a control message, or the result of the task `label`) and return the
+        verified reply, retrying with backoff while the coordinator is unreachable.
+
+        Every attempt is a new message with its own envelope id (`label/<random>`), so replay
+        protection never refuses a retry or a re-sent result; a result counts once because the
+        coordinator takes only one answer per task id inside the payload.
+        """
         delay = self.settings.backoff_initial_s
         while not self.stop.is_set():
             envelope = seal(
@@ -103,7 +116,7 @@ class CoordinatorConnection:
                 sender=self.identity.name,
                 deployment=self.identity.deployment,
                 round=round_no,
-                task_id=request_id,
+                task_id=f"{label}/{uuid.uuid4().hex}",
             )
             try:
                 replies = self.stub.Exchange(
@@ -111,6 +124,10 @@ class CoordinatorConnection:
                 )
                 return read_message(replies, self.verifier, self.settings.max_payload_bytes)[1]
             except grpc.RpcError as exc:
+                if exc.code() == grpc.StatusCode.PERMISSION_DENIED:
+                    raise SiloRefused(
+                        f"the coordinator refuses this silo: {exc.details()}"
+                    ) from None
                 if exc.code() not in RETRYABLE:
                     raise
                 log.info("coordinator unreachable (%s); retrying in %.1fs", exc.code().name, delay)
@@ -142,7 +159,7 @@ class SiloClient:
         """Take part until the deployment finishes; returns why it ended."""
         digest, endpoint = self._start(self.join())
         while not self.connection.stop.is_set():
-            reply = self.connection.exchange(Control(PULL).encode(), f"pull/{uuid.uuid4().hex}")
+            reply = self.connection.exchange(Control(PULL).encode(), PULL)
             kind = payload_type(reply)
             if kind == "task":
                 self._answer(reply, endpoint)
@@ -167,9 +184,7 @@ class SiloClient:
 
     def join(self) -> tuple[Policy, str]:
         """Join, verify and check the policy, accept it; the policy and its digest."""
-        reply = decode_control(
-            self.connection.exchange(Control(JOIN).encode(), f"join/{uuid.uuid4().hex}")
-        )
+        reply = decode_control(self.connection.exchange(Control(JOIN).encode(), JOIN))
         if reply.type != POLICY:
             raise PolicyRefused(f"the coordinator answered a join with {reply.type!r}")
         policy, digest = self._verified_policy(reply)
@@ -177,13 +192,11 @@ class SiloClient:
         if broken:
             self.connection.exchange(
                 Control(REFUSE, {"reason": "; ".join(broken)}).encode(),
-                f"refuse/{uuid.uuid4().hex}",
+                REFUSE,
             )
             raise PolicyRefused("the policy breaks local rules: " + "; ".join(broken))
         ack = decode_control(
-            self.connection.exchange(
-                Control(ACCEPT, {"policy_digest": digest}).encode(), f"accept/{uuid.uuid4().hex}"
-            )
+            self.connection.exchange(Control(ACCEPT, {"policy_digest": digest}).encode(), ACCEPT)
         )
         if not ack.get("accepted"):
             raise PolicyRefused(f"the coordinator did not take our acceptance: {ack.get('reason')}")
@@ -208,11 +221,6 @@ class SiloClient:
             self._answered[task.task_id] = result
             if len(self._answered) > ANSWERED_CACHE:
                 self._answered.popitem(last=False)
-        try:
-            ack = decode_control(self.connection.exchange(result, task.task_id, task.round))
-        except grpc.RpcError as exc:
-            if REPLAY not in (exc.details() or ""):
-                raise
-            return  # the coordinator already has this result
+        ack = decode_control(self.connection.exchange(result, task.task_id, task.round))
         if ack.type == ACK and not ack.get("accepted"):
             log.warning("result for %s not taken: %s", task.task_id, ack.get("reason"))

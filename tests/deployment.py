@@ -1,6 +1,7 @@
 """A real consortium for tests: provisioned with the CLI in a temporary folder, each party a
 separate OS process on 127.0.0.1 speaking mTLS gRPC, everything bounded in time and killed at
-the end."""
+the end. Short operator commands (provision, policy sign, coordinator revoke) run the same CLI
+in this process, which saves a Python start-up per command."""
 
 from __future__ import annotations
 
@@ -15,6 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
+from click.testing import CliRunner
+
+from fedsilo.ops.cli import main
 
 SILOS = ("silo-0", "silo-1", "silo-2")
 
@@ -25,15 +29,10 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def fedsilo(*args: str, cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "fedsilo", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+def fedsilo(*args: str) -> None:
+    """Run a short `fedsilo` command in this process and require it to succeed."""
+    result = CliRunner().invoke(main, list(args), catch_exceptions=False)
+    assert result.exit_code == 0, result.output
 
 
 def policy_document(rounds: int = 3, **overrides: object) -> dict:
@@ -61,19 +60,28 @@ class Consortium:
     def kits(self) -> Path:
         return self.root / "kits"
 
+    def sharing_kits(self, root: Path) -> Consortium:
+        """The same consortium (kits, address) with its own folder for policies, state and logs."""
+        (root / "kits").symlink_to(self.kits)
+        return Consortium(root, self.port)
+
     def write_policy(self, document: dict, name: str = "policy.yaml") -> Path:
         path = self.root / name
         path.write_text(yaml.safe_dump(document, sort_keys=False))
-        signed = fedsilo(
-            "policy",
-            "sign",
-            str(path),
-            "--key",
-            str(self.kits / "operator" / "operator.key"),
-            cwd=self.root,
-        )
-        assert signed.returncode == 0, signed.stdout + signed.stderr
+        fedsilo("policy", "sign", str(path), "--key", str(self.kits / "operator" / "operator.key"))
         return path
+
+    def revoke(self, silo: str, state: str = "state.db") -> None:
+        """`fedsilo coordinator revoke SILO`: a running coordinator refuses it within a second."""
+        fedsilo(
+            "coordinator",
+            "revoke",
+            silo,
+            "--kit",
+            str(self.kits / "coordinator"),
+            "--state",
+            str(self.root / state),
+        )
 
     def write_silo_config(
         self, silo: str, metrics_port: int | None = None, **rules: object
@@ -94,22 +102,27 @@ class Consortium:
         return path
 
     def start(self, name: str, *args: str) -> subprocess.Popen:
-        log = (self.root / f"{name}.log").open("w")
-        process = subprocess.Popen(
-            [sys.executable, "-m", "fedsilo", *args],
-            cwd=self.root,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        with (self.root / f"{name}.log").open("w") as log:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "fedsilo", *args],
+                cwd=self.root,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         self.processes[name] = process
         return process
 
     def start_coordinator(
-        self, policy: Path, *extra: str, state: str = "state.db"
+        self,
+        policy: Path,
+        *extra: str,
+        state: str = "state.db",
+        name: str = "coordinator",
+        join_timeout_s: float = 60,
     ) -> subprocess.Popen:
         return self.start(
-            "coordinator",
+            name,
             "coordinator",
             "start",
             "--kit",
@@ -121,7 +134,7 @@ class Consortium:
             "--poll-seconds",
             "0.5",
             "--join-timeout",
-            "60",
+            str(join_timeout_s),
             *extra,
         )
 
@@ -138,13 +151,29 @@ class Consortium:
             ) from None
 
     def check_running(self) -> None:
+        """Fail if a process failed; one that finished its work (exit 0) is fine."""
         for name, process in self.processes.items():
-            if process.poll() is not None:
+            if process.poll() not in (None, 0):
                 raise AssertionError(f"{name} exited with {process.returncode}:\n{self.log(name)}")
 
     def log(self, name: str) -> str:
         path = self.root / f"{name}.log"
         return path.read_text() if path.exists() else ""
+
+    def wait_for_log(
+        self, name: str, text: str, timeout: float = 60, interval: float = 0.2
+    ) -> None:
+        """Wait until `name`'s log contains `text`, failing at once if a process failed."""
+        wait_for(lambda: text in self.log(name), timeout, f"{text!r} in {name}.log", self, interval)
+
+    def send_signal(self, name: str, signum: signal.Signals) -> None:
+        """Send `signum` to `name`'s process group (SIGSTOP freezes it, SIGCONT resumes it)."""
+        os.killpg(self.processes[name].pid, signum)
+
+    def kill(self, name: str) -> None:
+        """SIGKILL `name` and forget it: the processes left are the ones expected to run."""
+        self.send_signal(name, signal.SIGKILL)
+        self.processes.pop(name).wait(timeout=10)
 
     def stop_all(self) -> None:
         for process in self.processes.values():
@@ -154,6 +183,7 @@ class Consortium:
 
 
 def provision(root: Path, silos: tuple[str, ...] = SILOS) -> Consortium:
+    """A new consortium (its own CA and keys) in `root`, its coordinator on a free port."""
     port = free_port()
     (root / "consortium.yaml").write_text(
         yaml.safe_dump(
@@ -164,14 +194,18 @@ def provision(root: Path, silos: tuple[str, ...] = SILOS) -> Consortium:
             }
         )
     )
-    result = fedsilo("provision", "--consortium", "consortium.yaml", "--out", "kits", cwd=root)
-    assert result.returncode == 0, result.stdout + result.stderr
+    fedsilo("provision", "--consortium", str(root / "consortium.yaml"), "--out", str(root / "kits"))
     return Consortium(root, port)
 
 
 def scrape(port: int) -> str:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
         return response.read().decode()
+
+
+def metric(port: int, name: str, **labels: str) -> float:
+    """One sample of the /metrics at `port`; 0 for a sample not (yet) exported."""
+    return sample(scrape(port), name, **labels) or 0.0
 
 
 def sample(text: str, metric: str, **labels: str) -> float | None:
@@ -188,7 +222,7 @@ def sample(text: str, metric: str, **labels: str) -> float | None:
 def wait_for(
     predicate, timeout: float, what: str, alive: Consortium | None = None, interval: float = 0.2
 ):
-    """Poll `predicate` until it is truthy; fail at once if a process of `alive` has died."""
+    """Poll `predicate` until it is truthy; fail at once if a process of `alive` has failed."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if alive is not None:

@@ -37,7 +37,9 @@ def read_message(
     """The verified (envelope, payload) of a frame stream, or MessageRejected with the reason."""
     stream = iter(frames)
     first = next(stream, None)
-    if first is None or first.WhichOneof("body") != "envelope":
+    if first is None:
+        raise MessageRejected(MALFORMED, "no frame arrived (an empty stream, or bytes not a Frame)")
+    if first.WhichOneof("body") != "envelope":
         raise MessageRejected(MALFORMED, "a message must start with its envelope")
     try:
         envelope = envelope_from_proto(first.envelope)
