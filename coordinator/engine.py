@@ -244,14 +244,17 @@ class RoundEngine:
             )
             for task in phase.tasks
         }
-        deliveries = [Delivery(s, m.task_id, m.encode(), round_no) for s, m in messages.items()]
         deadline = time.monotonic() + self.policy.participants.phase_timeout_s
-        replies = self.transport.dispatch(deliveries, deadline)
+        # Encoded one by one as the transport takes them, and not kept here: an encoded model
+        # lives only until its silo has it.
+        replies = self.transport.dispatch(
+            (Delivery(s, m.task_id, m.encode(), round_no) for s, m in messages.items()), deadline
+        )
 
         results: dict[str, TaskResult] = {}
         dropped: dict[str, str] = {}
         for silo, message in messages.items():
-            reply = replies.get(silo)
+            reply = replies.pop(silo, None)  # its payload is freed once decoded
             if reply is None:
                 dropped[silo] = "no reply before the deadline"
             elif reply.failure is not None or reply.payload is None:

@@ -8,11 +8,10 @@ the network sit in between.
 from __future__ import annotations
 
 import queue
-import time
-from collections.abc import Sequence
+from collections.abc import Iterable
 
 from fedsilo.coordinator.hub import PostedTask, SiloHub
-from fedsilo.coordinator.transport import Delivery, Reply
+from fedsilo.coordinator.transport import Delivery, Reply, collect_replies
 
 
 class GrpcTransport:
@@ -22,25 +21,19 @@ class GrpcTransport:
     def silos(self) -> list[str]:
         return sorted(self.hub.accepted)
 
-    def dispatch(self, deliveries: Sequence[Delivery], deadline: float) -> dict[str, Reply]:
+    def dispatch(self, deliveries: Iterable[Delivery], deadline: float) -> dict[str, Reply]:
         replies: queue.Queue[Reply] = queue.Queue()
-        received: dict[str, Reply] = {}
+        task_ids: set[str] = set()
         for delivery in deliveries:  # a revoked or absent silo's task fails at once
-            posted = PostedTask(delivery.silo, delivery.task_id, delivery.round, delivery.payload)
-            self.hub.post(posted, replies)
+            task_ids.add(delivery.task_id)
+            self.hub.post(
+                PostedTask(delivery.silo, delivery.task_id, delivery.round, delivery.payload),
+                replies,
+            )
         try:
-            while len(received) < len(deliveries):
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    break
-                try:
-                    reply = replies.get(timeout=remaining)
-                except queue.Empty:
-                    break
-                received[reply.silo] = reply
+            return collect_replies(replies, len(task_ids), deadline)
         finally:
-            self.hub.withdraw({d.task_id for d in deliveries})
-        return received
+            self.hub.withdraw(task_ids)
 
     def close(self) -> None:
         self.hub.finish()

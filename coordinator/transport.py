@@ -12,7 +12,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -42,12 +42,32 @@ class Reply:
 class Transport(Protocol):
     def silos(self) -> list[str]: ...
 
-    def dispatch(self, deliveries: Sequence[Delivery], deadline: float) -> dict[str, Reply]:
+    def dispatch(self, deliveries: Iterable[Delivery], deadline: float) -> dict[str, Reply]:
         """Deliver every task; return the replies received before `deadline` (time.monotonic),
-        keyed by silo. A silo absent from the answer did not reply in time."""
+        keyed by silo. A silo absent from the answer did not reply in time.
+
+        `deliveries` is consumed once and not kept: the engine encodes each task as it is
+        handed over, so no transport holds a phase's encoded tasks longer than it must."""
         ...
 
     def close(self) -> None: ...
+
+
+def collect_replies(
+    replies: queue.Queue[Reply], expected: int, deadline: float
+) -> dict[str, Reply]:
+    """The replies that arrive on `replies` before `deadline`, keyed by silo."""
+    received: dict[str, Reply] = {}
+    while len(received) < expected:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            break
+        try:
+            reply = replies.get(timeout=remaining)
+        except queue.Empty:
+            break
+        received[reply.silo] = reply
+    return received
 
 
 class InProcessTransport:
@@ -60,9 +80,11 @@ class InProcessTransport:
     def silos(self) -> list[str]:
         return list(self._endpoints)
 
-    def dispatch(self, deliveries: Sequence[Delivery], deadline: float) -> dict[str, Reply]:
+    def dispatch(self, deliveries: Iterable[Delivery], deadline: float) -> dict[str, Reply]:
         replies: queue.Queue[Reply] = queue.Queue()
+        expected = 0
         for delivery in deliveries:
+            expected += 1
             if delivery.silo not in self._endpoints:
                 replies.put(Reply(delivery.silo, delivery.task_id, None, "unknown silo"))
                 continue
@@ -73,17 +95,7 @@ class InProcessTransport:
                 daemon=True,
             )
             worker.start()
-        received: dict[str, Reply] = {}
-        while len(received) < len(deliveries):
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                break
-            try:
-                reply = replies.get(timeout=remaining)
-            except queue.Empty:
-                break
-            received[reply.silo] = reply
-        return received
+        return collect_replies(replies, expected, deadline)
 
     def _call(self, endpoint: SiloEndpoint, delivery: Delivery, replies: queue.Queue) -> None:
         with self._slots:

@@ -89,7 +89,7 @@ def run_demo(
     if folder.exists() and any(folder.iterdir()):
         raise DemoFailed(f"{folder} is not empty; the demo needs a fresh folder")
     (folder / "logs").mkdir(parents=True)
-    grpc_port, metrics_port = _free_port(), _free_port()
+    grpc_port, metrics_port = free_port(), free_port()
     provision(
         parse_consortium(
             {
@@ -176,14 +176,14 @@ def _follow(
         if consortium.processes["coordinator"].poll() is not None:
             return  # finished (or failed: the caller reads its exit code)
         consortium.check()
-        current = _current_round(port)
+        current = current_round(port)
         if current > seen:
             seen = current
             on_round(seen, rounds)
         time.sleep(0.3)
 
 
-def _current_round(port: int) -> int:
+def current_round(port: int) -> int:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as response:
             text = response.read().decode()
@@ -196,7 +196,7 @@ def _current_round(port: int) -> int:
     return 0
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]

@@ -18,16 +18,12 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-import matplotlib
+from rich.table import Table
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from rich.table import Table  # noqa: E402
-
-from fedsilo import __version__  # noqa: E402
-from fedsilo.coordinator.engine import RunHistory  # noqa: E402
-from fedsilo.ops.simulate import SimulationResult  # noqa: E402
-from fedsilo.wire.tensors import encode_tensors  # noqa: E402
+from fedsilo import __version__
+from fedsilo.coordinator.engine import RunHistory
+from fedsilo.ops.simulate import SimulationResult
+from fedsilo.wire.tensors import encode_tensors
 
 
 @contextlib.contextmanager
@@ -162,6 +158,7 @@ def comparison_table(results: Mapping[str, SimulationResult]) -> Table:
 
 
 def _plot_rounds(path: Path, histories: Mapping[str, RunHistory], metric: str) -> None:
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
     for name, history in histories.items():
         rounds = [r for r in history.records if r.summary and metric in r.summary]
@@ -186,6 +183,7 @@ def _plot_rounds(path: Path, histories: Mapping[str, RunHistory], metric: str) -
 def _plot_final(
     path: Path, histories: Mapping[str, RunHistory], silos: list[str], metric: str
 ) -> None:
+    plt = _pyplot()
     width = 0.8 / len(histories)
     fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(silos)), 4))
     for i, (name, history) in enumerate(histories.items()):
@@ -197,6 +195,16 @@ def _plot_final(
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def _pyplot() -> Any:
+    """matplotlib, headless, imported on first plot (services that never plot start faster)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 def _fmt(value: float | None) -> str:

@@ -11,7 +11,6 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-from sklearn.metrics import roc_auc_score
 from torch import Tensor
 
 TASKS = ("classification", "regression")
@@ -92,6 +91,10 @@ def _auroc(probabilities: Tensor, y: Tensor) -> float:
     present = torch.unique(y).tolist()
     if len(present) < 2:
         return float("nan")
+    from sklearn.metrics import (
+        roc_auc_score,
+    )  # only here: services that never evaluate start faster
+
     labels, scores = y.numpy(), probabilities.numpy()
     if scores.shape[1] == 2:
         return float(roc_auc_score(labels, scores[:, 1]))

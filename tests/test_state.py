@@ -4,7 +4,7 @@ audit, and a coordinator that restarts after a crash ending exactly where it wou
 import hashlib
 import sqlite3
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import pytest
@@ -379,7 +379,8 @@ class PowerLoss(Exception):
 
 
 class DiesAtFirstTraining(InProcessTransport):
-    def dispatch(self, deliveries: Sequence[Delivery], deadline: float) -> dict[str, Reply]:
+    def dispatch(self, deliveries: Iterable[Delivery], deadline: float) -> dict[str, Reply]:
+        deliveries = list(deliveries)
         if any(TaskMessage.decode(d.payload).kind == "train" for d in deliveries):
             raise PowerLoss("the coordinator lost power during round 1")
         return super().dispatch(deliveries, deadline)
