@@ -26,7 +26,7 @@ import psutil
 import yaml
 
 from bench.common import write
-from fedsilo.ops.demo import DemoConsortium, current_round, free_port
+from fedsilo.ops.demo import LocalConsortium, current_round, free_port
 from fedsilo.ops.provision import provision
 from fedsilo.policies.consortium import parse_consortium
 from fedsilo.privacy.identity import read_signing_key
@@ -75,40 +75,14 @@ def run_config(root: Path, parameters: float, silos: int, rounds: int) -> dict:
         _write_site(root, name, np.random.default_rng(i))
 
     (root / "logs").mkdir()
-    consortium = DemoConsortium(root)
+    consortium = LocalConsortium(root)
     net_before = psutil.net_io_counters(pernic=True)["lo"].bytes_recv
     try:
-        consortium.start(
-            "coordinator",
-            "coordinator",
-            "start",
-            "--kit",
-            "kits/coordinator",
-            "--policy",
-            "policy.yaml",
-            "--state",
-            "state.db",
-            "--metrics-port",
-            str(metrics_port),
-            "--out",
-            "results",
-            "--poll-seconds",
-            "0.5",
-            "--linger-seconds",
-            "600",
-            "--max-payload-mb",
-            "4096",
+        consortium.start_coordinator(
+            metrics_port, 0.5, "--linger-seconds", "600", "--max-payload-mb", "4096"
         )
         for name in names:
-            consortium.start(
-                name,
-                "silo",
-                "start",
-                "--config",
-                f"sites/{name}/silo.yaml",
-                "--poll-seconds",
-                "0.5",
-            )
+            consortium.start_silo(name, root / "sites" / name / "silo.yaml", 0.5)
         while current_round(metrics_port) < rounds:
             consortium.check()
             time.sleep(0.5)

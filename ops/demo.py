@@ -44,7 +44,9 @@ class DemoFailed(RuntimeError):
 
 
 @dataclass
-class DemoConsortium:
+class LocalConsortium:
+    """A consortium's processes on this machine, each logging to logs/<name>.log."""
+
     folder: Path
     processes: dict[str, subprocess.Popen] = field(default_factory=dict)
 
@@ -56,6 +58,31 @@ class DemoConsortium:
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+        )
+
+    def start_coordinator(self, metrics_port: int, poll_seconds: float, *extra: str) -> None:
+        self.start(
+            "coordinator",
+            "coordinator",
+            "start",
+            "--kit",
+            "kits/coordinator",
+            "--policy",
+            "policy.yaml",
+            "--state",
+            "state.db",
+            "--metrics-port",
+            str(metrics_port),
+            "--out",
+            "results",
+            "--poll-seconds",
+            str(poll_seconds),
+            *extra,
+        )
+
+    def start_silo(self, name: str, config: Path, poll_seconds: float) -> None:
+        self.start(
+            name, "silo", "start", "--config", str(config), "--poll-seconds", str(poll_seconds)
         )
 
     def check(self) -> None:
@@ -109,30 +136,11 @@ def run_demo(
     sign_policy(policy, read_signing_key(folder / "kits" / "operator" / "operator.key"))
     rounds = int(yaml.safe_load(text)["rounds"])
 
-    consortium = DemoConsortium(folder)
+    consortium = LocalConsortium(folder)
     try:
-        consortium.start(
-            "coordinator",
-            "coordinator",
-            "start",
-            "--kit",
-            "kits/coordinator",
-            "--policy",
-            "policy.yaml",
-            "--state",
-            "state.db",
-            "--metrics-port",
-            str(metrics_port),
-            "--out",
-            "results",
-            "--poll-seconds",
-            "1",
-            "--join-timeout",
-            "120",
-        )
+        consortium.start_coordinator(metrics_port, 1.0, "--join-timeout", "120")
         for name, hospital in HOSPITALS.items():
-            config = _write_silo_config(folder, name, hospital)
-            consortium.start(name, "silo", "start", "--config", str(config), "--poll-seconds", "1")
+            consortium.start_silo(name, _write_silo_config(folder, name, hospital), 1.0)
         _follow(consortium, metrics_port, rounds, on_round, timeout_s)
         code = consortium.processes["coordinator"].wait(timeout=60)
         if code != 0:
@@ -162,7 +170,7 @@ def _write_silo_config(folder: Path, name: str, hospital: str) -> Path:
 
 
 def _follow(
-    consortium: DemoConsortium,
+    consortium: LocalConsortium,
     port: int,
     rounds: int,
     on_round: Callable[[int, int], None],
