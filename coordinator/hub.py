@@ -78,11 +78,13 @@ class SiloHub:
             self._lock.notify_all()
 
     def wait_for_members(self, wanted: int, timeout_s: float) -> list[str]:
-        """The silos that accepted the policy once `wanted` did (or every silo not revoked, when
-        revocations leave fewer than `wanted`), or when `timeout_s` passed."""
+        """The silos that accepted the policy once `wanted` did (or once every silo not revoked
+        has accepted or refused it), or when `timeout_s` passed."""
         deadline = time.monotonic() + timeout_s
         with self._lock:
-            while len(self.accepted) < min(wanted, len(set(self.roster) - self.revoked)):
+            while len(self.accepted) < wanted and self.accepted | set(self.refused) < (
+                set(self.roster) - self.revoked
+            ):
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break

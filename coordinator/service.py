@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import grpc
+from google.protobuf.message import DecodeError
 from nacl.signing import SigningKey
 
 from fedsilo.coordinator.hub import SiloHub
@@ -36,7 +37,7 @@ from fedsilo.wire.control import (
     payload_type,
 )
 from fedsilo.wire.envelope import EnvelopeVerifier, seal
-from fedsilo.wire.framing import MessageRejected, read_message, to_frames
+from fedsilo.wire.framing import MALFORMED, MessageRejected, read_message, to_frames
 from fedsilo.wire.messages import TaskResult
 from fedsilo.wire.tensors import WireError
 
@@ -80,14 +81,16 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         self.poll_seconds = poll_seconds
 
     def Exchange(
-        self, request_iterator: Iterator[pb.Frame], context: grpc.ServicerContext
+        self, request_iterator: Iterator[bytes], context: grpc.ServicerContext
     ) -> Iterator[pb.Frame]:  # noqa: N802 (gRPC's name)
+        """Requests arrive as raw bytes (see `handler`), so that a frame that does not parse is
+        told apart from a silo that went away mid-message."""
         peer = _common_name(context)
         try:
             if peer in self.hub.revoked:
                 raise MessageRejected(REVOKED, f"silo {peer!r} is revoked")
             envelope, payload = read_message(
-                request_iterator, self.verifier, self.max_payload_bytes
+                _parsed(request_iterator), self.verifier, self.max_payload_bytes
             )
             if envelope.sender != peer:
                 raise MessageRejected(
@@ -97,6 +100,9 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             self.hub.seen(envelope.sender)
             reply = self._answer(envelope.sender, payload)
         except MessageRejected as rejected:
+            if not context.is_active():  # the silo hung up: not an attack, nothing to refuse
+                log.info("silo %s went away mid-message (%s)", peer, rejected.reason)
+                return
             self._refuse(context, peer, rejected)
         except WireError as exc:
             self._refuse(context, peer, MessageRejected("malformed", str(exc)))
@@ -176,6 +182,24 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             else grpc.StatusCode.INVALID_ARGUMENT
         )
         context.abort(code, f"{rejected.reason}: {rejected.detail}")
+
+
+def handler(service: CoordinatorService) -> grpc.GenericRpcHandler:
+    """The service's gRPC handler, taking request frames as raw bytes (parsed by `_parsed`)."""
+    exchange = grpc.stream_stream_rpc_method_handler(
+        service.Exchange, response_serializer=pb.Frame.SerializeToString
+    )
+    return grpc.method_handlers_generic_handler("fedsilo.v1.Coordinator", {"Exchange": exchange})
+
+
+def _parsed(requests: Iterator[bytes]) -> Iterator[pb.Frame]:
+    for raw in requests:
+        try:
+            yield pb.Frame.FromString(raw)
+        except DecodeError as exc:
+            raise MessageRejected(
+                MALFORMED, f"a frame that is not a fedsilo.v1.Frame: {exc}"
+            ) from None
 
 
 def _ack(accepted: bool, reason: str = "") -> bytes:

@@ -20,7 +20,7 @@ import grpc
 from fedsilo.coordinator.engine import RoundEngine, RoundRecord, RunHistory
 from fedsilo.coordinator.grpc_transport import GrpcTransport
 from fedsilo.coordinator.hub import SiloHub
-from fedsilo.coordinator.service import CoordinatorService, SignedPolicy
+from fedsilo.coordinator.service import CoordinatorService, SignedPolicy, handler
 from fedsilo.coordinator.state import StateStore
 from fedsilo.coordinator.strategies import make_strategy
 from fedsilo.coordinator.strategies.references import Central
@@ -29,7 +29,6 @@ from fedsilo.ops.provision import CoordinatorKit, load_coordinator_kit
 from fedsilo.ops.report import write_deployment_results
 from fedsilo.policies.loading import parse_policy_text
 from fedsilo.privacy.policy_signing import signature_path, verify_policy
-from fedsilo.wire import fedsilo_pb2_grpc as pb_grpc
 from fedsilo.wire.envelope import EnvelopeVerifier
 
 log = logging.getLogger("fedsilo.coordinator")
@@ -198,7 +197,7 @@ def _grpc_server(kit: CoordinatorKit, service: CoordinatorService, workers: int)
             ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
         ],
     )
-    pb_grpc.add_CoordinatorServicer_to_server(service, server)
+    server.add_generic_rpc_handlers((handler(service),))
     if server.add_secure_port(kit.address, credentials) == 0:
         raise DeploymentError(
             f"cannot listen on {kit.address} (in use, or not an address of this host)"

@@ -157,7 +157,7 @@ class SiloClient:
 
     def run(self) -> str:
         """Take part until the deployment finishes; returns why it ended."""
-        digest, endpoint = self._start(self.join())
+        digest, endpoint = self.join()
         while not self.connection.stop.is_set():
             reply = self.connection.exchange(Control(PULL).encode(), PULL)
             kind = payload_type(reply)
@@ -171,37 +171,41 @@ class SiloClient:
                 log.info(
                     "coordinator does not know this silo (%s); joining again", control.get("reason")
                 )
-                joined = self.join()
-                if joined[1] != digest:
-                    digest, endpoint = self._start(joined)
+                digest, endpoint = self.join(running=(digest, endpoint))
             elif control.type != IDLE:
                 log.warning("unexpected %s from the coordinator; ignored", control.type)
         return "stopped"
 
-    def _start(self, joined: tuple[Policy, str]) -> tuple[str, Callable[[bytes], bytes]]:
-        policy, digest = joined
-        return digest, self.start_agent(policy, digest)
-
-    def join(self) -> tuple[Policy, str]:
-        """Join, verify and check the policy, accept it; the policy and its digest."""
+    def join(
+        self, running: tuple[str, Callable[[bytes], bytes]] | None = None
+    ) -> tuple[str, Callable[[bytes], bytes]]:
+        """Join, verify the policy, check the local rules and get ready to work under it (load
+        the data, build the agent; `running` is reused when its digest is the policy's), and
+        only then accept: acceptance means ready. A policy this silo cannot work under is
+        refused with the reason. Returns the accepted digest and the agent's endpoint."""
         reply = decode_control(self.connection.exchange(Control(JOIN).encode(), JOIN))
         if reply.type != POLICY:
             raise PolicyRefused(f"the coordinator answered a join with {reply.type!r}")
         policy, digest = self._verified_policy(reply)
-        broken = self.check_policy(policy, digest)
-        if broken:
+        problems = self.check_policy(policy, digest)
+        endpoint = running[1] if running is not None and running[0] == digest else None
+        if not problems and endpoint is None:
+            try:
+                endpoint = self.start_agent(policy, digest)
+            except (ValueError, OSError) as exc:  # data, device or model that do not fit
+                problems = [f"cannot work under this policy: {exc}"]
+        if problems:
             self.connection.exchange(
-                Control(REFUSE, {"reason": "; ".join(broken)}).encode(),
-                REFUSE,
+                Control(REFUSE, {"reason": "; ".join(problems)}).encode(), REFUSE
             )
-            raise PolicyRefused("the policy breaks local rules: " + "; ".join(broken))
+            raise PolicyRefused("refused the policy: " + "; ".join(problems))
         ack = decode_control(
             self.connection.exchange(Control(ACCEPT, {"policy_digest": digest}).encode(), ACCEPT)
         )
         if not ack.get("accepted"):
             raise PolicyRefused(f"the coordinator did not take our acceptance: {ack.get('reason')}")
         log.info("accepted policy %s (%s)", policy.name, digest[:12])
-        return policy, digest
+        return digest, endpoint
 
     def _verified_policy(self, reply: Control) -> tuple[Policy, str]:
         text = str(reply.get("policy", ""))

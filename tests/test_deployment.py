@@ -1,6 +1,9 @@
 """The deployment as users run it: a provisioned consortium, a coordinator and three silo agents
 as real processes on 127.0.0.1 over mutual TLS, the same answer as the in-process simulation."""
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -63,3 +66,39 @@ def test_fedavg_over_mtls_processes_equals_the_in_process_simulation(
     expected_policy = parse_policy(policy_document())
     expected = simulate(expected_policy, load_silos(expected_policy, None)).history.state.model
     assert torch.equal(tensors["model"], expected)
+
+
+def test_a_silo_refuses_a_policy_that_breaks_its_local_rules_and_the_others_go_on(
+    consortium: Consortium,
+) -> None:
+    policy = consortium.write_policy(policy_document(rounds=2))
+    consortium.start_coordinator(policy, "--out", "results")
+    strict = consortium.write_silo_config("silo-2", allowed_algorithms=["fedprox"])
+    for silo in SILOS:
+        consortium.start_silo(silo, strict if silo == "silo-2" else None)
+
+    assert consortium.wait("silo-2", timeout=60) != 0
+    assert "allowed_algorithms: 'fedavg' is not in ['fedprox']" in consortium.log("silo-2")
+    assert consortium.wait("coordinator", timeout=120) == 0, consortium.log("coordinator")
+    assert "silo silo-2 refused the policy: allowed_algorithms" in consortium.log("coordinator")
+    history = (consortium.root / "results" / "history.json").read_text()
+    assert '"silo-2"' not in history  # never took part
+
+    status = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fedsilo",
+            "status",
+            "--kit",
+            str(consortium.kits / "coordinator"),
+            "--state",
+            str(consortium.root / "state.db"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        env={**os.environ, "COLUMNS": "250"},
+    ).stdout
+    assert "refused allowed_algorithms" in status

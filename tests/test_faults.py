@@ -398,7 +398,8 @@ def test_bytes_that_are_not_a_frame_are_refused_and_the_coordinator_keeps_servin
 ) -> None:
     refused = refusal(coordinator, "malformed", lambda: silo.send_raw([b"\xff\xfenot a Frame"]))
 
-    assert refused.code() == grpc.StatusCode.INTERNAL  # gRPC's own: the request did not parse
+    assert refused.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert refused.details().startswith("malformed: a frame that is not a fedsilo.v1.Frame")
     assert silo.send(silo.frames(Control(JOIN).encode(), JOIN)).type == POLICY
 
 
