@@ -27,10 +27,6 @@ import yaml
 
 from bench.common import write
 from fedsilo.ops.demo import LocalConsortium, current_round, free_port
-from fedsilo.ops.provision import provision
-from fedsilo.policies.consortium import parse_consortium
-from fedsilo.privacy.identity import read_signing_key
-from fedsilo.privacy.policy_signing import sign_policy
 
 FEATURES, SAMPLES = 32, 64
 
@@ -42,17 +38,8 @@ def hidden_width(parameters: float) -> int:
 
 def run_config(root: Path, parameters: float, silos: int, rounds: int) -> dict:
     names = [f"s{i}" for i in range(silos)]
-    grpc_port, metrics_port = free_port(), free_port()
-    provision(
-        parse_consortium(
-            {
-                "consortium": "bench",
-                "coordinator": {"address": f"127.0.0.1:{grpc_port}"},
-                "silos": [{"name": n} for n in names],
-            }
-        ),
-        root / "kits",
-    )
+    consortium, _ = LocalConsortium.provision(root, "bench", names)
+    metrics_port = free_port()
     width = hidden_width(parameters)
     policy = root / "policy.yaml"
     policy.write_text(
@@ -70,12 +57,10 @@ def run_config(root: Path, parameters: float, silos: int, rounds: int) -> dict:
             }
         )
     )
-    sign_policy(policy, read_signing_key(root / "kits" / "operator" / "operator.key"))
+    consortium.sign_policy(policy)
     for i, name in enumerate(names):
         _write_site(root, name, np.random.default_rng(i))
 
-    (root / "logs").mkdir()
-    consortium = LocalConsortium(root)
     net_before = psutil.net_io_counters(pernic=True)["lo"].bytes_recv
     try:
         consortium.start_coordinator(

@@ -34,7 +34,7 @@ from fedsilo.ops.logs import configure_logging
 from fedsilo.ops.provision import KitError, load_coordinator_kit
 from fedsilo.ops.provision_cli import policy_sign as sign_command
 from fedsilo.ops.provision_cli import provision_command
-from fedsilo.ops.report import comparison_table, write_results
+from fedsilo.ops.report import comparison_table, fmt_metric, write_results
 from fedsilo.ops.silo_process import run_silo
 from fedsilo.ops.silo_setup import write_silo_config
 from fedsilo.ops.simulate import SimulationResult, load_silos, simulate
@@ -428,17 +428,13 @@ def demo(folder: Path | None, rounds: int | None) -> None:
     for name in names:
         table.add_column(name, justify="right")
     for silo, values in sorted(final["evaluation"].items()):
-        table.add_row(silo, *(_fmt_metric(values.get(m)) for m in names))
+        table.add_row(silo, *(fmt_metric(values.get(m)) for m in names))
     console.print(table)
     console.print(
         f"results (final model, history.json, plots): {folder}/results/\n"
         f"logs of the coordinator and each hospital:  {folder}/logs/\n"
         f"startup kits and the signed policy:         {folder}/kits/, {folder}/policy.yaml"
     )
-
-
-def _fmt_metric(value: float | None) -> str:
-    return "-" if value is None else f"{value:.3f}"
 
 
 @main.command("status")
@@ -471,6 +467,6 @@ def status(kit_dir: Path, state_file: Path) -> None:
             silo,
             f"{state} {reason}".strip(),
             str(report.dropouts.get(silo, 0)),
-            *(_fmt_metric(values.get(m)) for m in metric_names),
+            *(fmt_metric(values.get(m)) for m in metric_names),
         )
     console.print(table)

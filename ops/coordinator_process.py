@@ -88,16 +88,13 @@ def run_coordinator(options: CoordinatorOptions, stop: threading.Event | None = 
         options.poll_seconds,
     )
     server = _grpc_server(kit, service, workers=2 * len(kit.silos) + 8)
-    watcher = threading.Thread(
-        target=_watch_revocations,
-        args=(store, deployment, hub, verifier, kit, metrics, stop),
-        daemon=True,
-        name="revocations",
-    )
+    revocations = RevocationWatcher(store, deployment, hub, verifier, kit, metrics)
     try:
         store.open_deployment(deployment, digest, policy.model_dump_json())
-        _sync_revocations(store, deployment, hub, verifier, kit, metrics)
-        watcher.start()
+        revocations.sync()
+        threading.Thread(
+            target=revocations.run, args=(stop,), daemon=True, name="revocations"
+        ).start()
         server.start()
         log.info(
             "coordinator of %s serving mTLS gRPC on %s (policy %s)",
@@ -205,33 +202,31 @@ def _grpc_server(kit: CoordinatorKit, service: CoordinatorService, workers: int)
     return server
 
 
-def _sync_revocations(
-    store: StateStore,
-    deployment: str,
-    hub: SiloHub,
-    verifier: EnvelopeVerifier,
-    kit: CoordinatorKit,
-    metrics: CoordinatorMetrics,
-) -> None:
-    revoked = {s for s, (status, _) in store.participants(deployment).items() if status == REVOKED}
-    for silo in revoked - hub.revoked:
-        hub.revoke(silo)
-        metrics.set_silo_status(silo, REVOKED)
-        log.warning("silo %s is revoked: its messages are refused from now on", silo)
-    verifier.set_roster({n: s.verify_key for n, s in kit.silos.items() if n not in hub.revoked})
+@dataclass(frozen=True)
+class RevocationWatcher:
+    """Applies revocations written to the state store to the running coordinator."""
 
+    store: StateStore
+    deployment: str
+    hub: SiloHub
+    verifier: EnvelopeVerifier
+    kit: CoordinatorKit
+    metrics: CoordinatorMetrics
 
-def _watch_revocations(
-    store: StateStore,
-    deployment: str,
-    hub: SiloHub,
-    verifier: EnvelopeVerifier,
-    kit: CoordinatorKit,
-    metrics: CoordinatorMetrics,
-    stop: threading.Event,
-) -> None:
-    while not stop.wait(1.0):
-        _sync_revocations(store, deployment, hub, verifier, kit, metrics)
+    def sync(self) -> None:
+        participants = self.store.participants(self.deployment)
+        revoked = {s for s, (status, _) in participants.items() if status == REVOKED}
+        for silo in revoked - self.hub.revoked:
+            self.hub.revoke(silo)
+            self.metrics.set_silo_status(silo, REVOKED)
+            log.warning("silo %s is revoked: its messages are refused from now on", silo)
+        self.verifier.set_roster(
+            {n: s.verify_key for n, s in self.kit.silos.items() if n not in self.hub.revoked}
+        )
+
+    def run(self, stop: threading.Event) -> None:
+        while not stop.wait(1.0):
+            self.sync()
 
 
 def revoke(state: Path, deployment: str, silo: str, reason: str) -> None:

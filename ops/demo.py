@@ -60,6 +60,22 @@ class LocalConsortium:
             start_new_session=True,
         )
 
+    @classmethod
+    def provision(cls, folder: Path, name: str, silos: list[str]) -> tuple[LocalConsortium, int]:
+        """Kits for a consortium whose coordinator listens on a free loopback port (returned)."""
+        grpc_port = free_port()
+        config = {
+            "consortium": name,
+            "coordinator": {"address": f"127.0.0.1:{grpc_port}"},
+            "silos": [{"name": silo} for silo in silos],
+        }
+        provision(parse_consortium(config), folder / "kits")
+        (folder / "logs").mkdir(parents=True, exist_ok=True)
+        return cls(folder), grpc_port
+
+    def sign_policy(self, policy: Path) -> None:
+        sign_policy(policy, read_signing_key(self.folder / "kits" / "operator" / "operator.key"))
+
     def start_coordinator(self, metrics_port: int, poll_seconds: float, *extra: str) -> None:
         self.start(
             "coordinator",
@@ -115,28 +131,16 @@ def run_demo(
     `rounds` overrides the default policy's number of rounds (for a quick look)."""
     if folder.exists() and any(folder.iterdir()):
         raise DemoFailed(f"{folder} is not empty; the demo needs a fresh folder")
-    (folder / "logs").mkdir(parents=True)
-    grpc_port, metrics_port = free_port(), free_port()
-    provision(
-        parse_consortium(
-            {
-                "consortium": "heart-demo",
-                "coordinator": {"address": f"127.0.0.1:{grpc_port}"},
-                "silos": [{"name": name} for name in HOSPITALS],
-            }
-        ),
-        folder / "kits",
-    )
+    consortium, _ = LocalConsortium.provision(folder, "heart-demo", list(HOSPITALS))
+    metrics_port = free_port()
     policy = folder / "policy.yaml"
     with as_file(files("fedsilo.policies") / DEMO_POLICY) as source:
         text = source.read_text()
     if rounds is not None:
         text = re.sub(r"^rounds: \d+", f"rounds: {rounds}", text, count=1, flags=re.MULTILINE)
     policy.write_text(text)
-    sign_policy(policy, read_signing_key(folder / "kits" / "operator" / "operator.key"))
+    consortium.sign_policy(policy)
     rounds = int(yaml.safe_load(text)["rounds"])
-
-    consortium = LocalConsortium(folder)
     try:
         consortium.start_coordinator(metrics_port, 1.0, "--join-timeout", "120")
         for name, hospital in HOSPITALS.items():

@@ -143,14 +143,16 @@ def comparison_table(results: Mapping[str, SimulationResult]) -> Table:
             row.append(f"{profile.positive_rate:.0%}")
         for result in results.values():
             row.append(
-                _fmt((result.history.final.evaluation or {}).get(profile.name, {}).get(metric))
+                fmt_metric(
+                    (result.history.final.evaluation or {}).get(profile.name, {}).get(metric)
+                )
             )
         table.add_row(*row)
     table.add_section()
     pad = [""] * (len(table.columns) - 1 - len(results))
     for label, key in (("mean", "mean"), ("worst silo", "worst"), ("Gini", "gini")):
         values = [
-            _fmt(((r.history.final.summary or {}).get(metric) or {}).get(key))
+            fmt_metric(((r.history.final.summary or {}).get(metric) or {}).get(key))
             for r in results.values()
         ]
         table.add_row(label, *pad, *values)
@@ -207,7 +209,8 @@ def _pyplot() -> Any:
     return plt
 
 
-def _fmt(value: float | None) -> str:
+def fmt_metric(value: float | None) -> str:
+    """Three decimals; "-" for a metric that is absent or undefined (NaN)."""
     return (
         "-" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.3f}"
     )

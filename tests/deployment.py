@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,14 +18,9 @@ import yaml
 from click.testing import CliRunner
 
 from fedsilo.ops.cli import main
+from fedsilo.ops.demo import free_port
 
 SILOS = ("silo-0", "silo-1", "silo-2")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def fedsilo(*args: str) -> None:
