@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint bench proto clean
+.PHONY: setup demo test lint bench proto clean flower-env
 
 setup: $(STAMP)
 
@@ -31,5 +31,9 @@ bench: $(STAMP)
 proto: $(STAMP)
 	$(BIN)/python -m fedsilo.wire.stubs
 
+# Flower (flwr) for bench/transport.py: its own venv, as every flwr>=1.20 pins protobuf<7.
+flower-env:
+	python3 -m venv .venv-flwr && .venv-flwr/bin/pip install -c constraints.txt "flwr==1.41.0" numpy psutil torch==2.13.0
+
 clean:
-	rm -rf $(VENV) runs build *.egg-info
+	rm -rf $(VENV) .venv-flwr runs build *.egg-info

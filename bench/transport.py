@@ -8,6 +8,21 @@ Per configuration it reports:
 - coordinator peak RSS (VmHWM) over the model's size in bytes, and the same after subtracting
   the coordinator's resident size with a tiny model (the interpreter, torch, gRPC).
 
+Every configuration also runs under Flower (flwr 1.41, legacy `start_server`/`start_client`
+over its gRPC transport) when Flower's interpreter exists: bench/flower_peer.py is the same
+workload (model, data, FedAvg, one SGD step), run by bench/flower_runner.py and measured the
+same way (loopback bytes, the server's own VmHWM, median round seconds, overhead beyond the
+slowest client's fit). Flower lives in its own venv, .venv-flwr (`make flower-env`, or point
+FEDSILO_FLOWER_PYTHON at another interpreter), because every flwr>=1.20 pins protobuf<7 while
+fedsilo's stubs need protobuf 7. Flower's link is server-authenticated TLS with a throw-away
+CA (its legacy API takes no client certificates, so not mutual TLS: `flower_tls` says which);
+its payload is computed (2 * silos * rounds * model bytes), Flower counting none. Rows then
+gain `flower_round_seconds`, `flower_round_overhead_seconds`, `flower_wire_over_payload`,
+`flower_server_peak_rss_bytes`, `flower_tls` and the ratios `round_seconds_over_flower` and
+`peak_rss_over_flower` (fedsilo over Flower; below 1 is fedsilo ahead), and the fourth plot
+sets the round seconds of both side by side. Without the interpreter, the results say so
+under "not_measured".
+
 Run: `python -m bench.transport [--sizes 1e5,1e6,1e7] [--silos 3,10] [--rounds 3]`.
 """
 
@@ -26,14 +41,9 @@ import psutil
 import yaml
 
 from bench.common import write
+from bench.flower_peer import SAMPLES, hidden_width, parameter_count, site_data
+from bench.flower_runner import flower_python, run_flower
 from fedsilo.ops.demo import LocalConsortium, current_round, free_port
-
-FEATURES, SAMPLES = 32, 64
-
-
-def hidden_width(parameters: float) -> int:
-    """MLP FEATURES -> h -> 2 has 35h + 2 parameters."""
-    return max(1, round((parameters - 2) / (FEATURES + 3)))
 
 
 def run_config(root: Path, parameters: float, silos: int, rounds: int) -> dict:
@@ -59,7 +69,7 @@ def run_config(root: Path, parameters: float, silos: int, rounds: int) -> dict:
     )
     consortium.sign_policy(policy)
     for i, name in enumerate(names):
-        _write_site(root, name, np.random.default_rng(i))
+        _write_site(root, name, i)
 
     net_before = psutil.net_io_counters(pernic=True)["lo"].bytes_recv
     try:
@@ -83,9 +93,9 @@ def run_config(root: Path, parameters: float, silos: int, rounds: int) -> dict:
     overheads = [
         r["seconds"] - max(r["compute_seconds"]["train"].values()) for r in history["rounds"]
     ]
-    model_bytes = 4 * (FEATURES * width + width + 2 * width + 2)
+    model_bytes = 4 * parameter_count(width)
     return {
-        "parameters": FEATURES * width + width + 2 * width + 2,
+        "parameters": parameter_count(width),
         "silos": silos,
         "model_bytes": model_bytes,
         "round_seconds": statistics.median(r["seconds"] for r in history["rounds"]),
@@ -97,11 +107,11 @@ def run_config(root: Path, parameters: float, silos: int, rounds: int) -> dict:
     }
 
 
-def _write_site(root: Path, name: str, rng: np.random.Generator) -> None:
+def _write_site(root: Path, name: str, index: int) -> None:
     site = root / "sites" / name
     site.mkdir(parents=True)
-    x = rng.normal(size=(SAMPLES, FEATURES))
-    np.savez(site / "data.npz", x=x, y=(x[:, 0] > 0).astype(np.int64))
+    x, y = site_data(index)  # the rows Flower's client `index` trains on too
+    np.savez(site / "data.npz", x=x, y=y)
     (site / "silo.yaml").write_text(
         yaml.safe_dump(
             {
@@ -149,6 +159,7 @@ def main() -> None:
     args = parser.parse_args()
     sizes = [float(s) for s in args.sizes.split(",")]
     silo_counts = [int(k) for k in args.silos.split(",")]
+    flower, flwr_version = flower_python(), None
     rows = []
     with tempfile.TemporaryDirectory(prefix="fedsilo-bench-") as tmp:
         baseline = run_config(Path(tmp) / "baseline", 1e3, 3, 2)["coordinator_peak_rss_bytes"]
@@ -159,13 +170,53 @@ def main() -> None:
                 row["peak_rss_beyond_baseline_over_model"] = (
                     row["coordinator_peak_rss_bytes"] - baseline
                 ) / row["model_bytes"]
+                peer = run_flower(Path(tmp) / f"flower-p{size:.0e}-k{k}", size, k, args.rounds)
+                if peer is not None:
+                    row |= _versus_flower(row, peer)
+                    flwr_version = peer["flwr"]
                 rows.append(row)
                 print(
                     {k2: round(v, 3) if isinstance(v, float) else v for k2, v in row.items()},
                     flush=True,
                 )
 
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    document = {
+        "baseline_coordinator_peak_rss_bytes": baseline,
+        "rows": rows,
+        "goals": {"wire_over_payload": 1.05, "peak_rss_over_model_at_1e8": 3.0},
+    }
+    if flower is None:
+        document["not_measured"] = (
+            "the same workload under Flower (flwr): run `make flower-env` (or set"
+            " FEDSILO_FLOWER_PYTHON to an interpreter with flwr 1.41 and torch)"
+        )
+    else:
+        document["flower"] = {
+            "python": str(flower),
+            "flwr": flwr_version,
+            "transport": "legacy start_server/start_client gRPC; TLS authenticates the server"
+            " only (no client certificates in Flower's legacy API)",
+            "payload_bytes": "computed: 2 * silos * rounds * model_bytes",
+        }
+    path = write("transport", document, _figure(rows, silo_counts))
+    print(f"wrote {path} and {path.with_suffix('.png')}")
+
+
+def _versus_flower(row: dict, peer: dict) -> dict:
+    """Flower's numbers for `row`'s configuration, and fedsilo's over Flower's."""
+    return {
+        "flower_round_seconds": peer["round_seconds"],
+        "flower_round_overhead_seconds": peer["round_overhead_seconds"],
+        "flower_wire_over_payload": peer["wire_over_payload"],
+        "flower_server_peak_rss_bytes": peer["server_peak_rss_bytes"],
+        "flower_tls": peer["tls"],
+        "round_seconds_over_flower": row["round_seconds"] / peer["round_seconds"],
+        "peak_rss_over_flower": row["coordinator_peak_rss_bytes"] / peer["server_peak_rss_bytes"],
+    }
+
+
+def _figure(rows: list[dict], silo_counts: list[int]) -> plt.Figure:
+    fig, axes = plt.subplots(1, 4, figsize=(20, 4))
     for k in silo_counts:
         mine = [r for r in rows if r["silos"] == k]
         xs = [r["parameters"] for r in mine]
@@ -174,10 +225,21 @@ def main() -> None:
         axes[2].plot(
             xs, [r["peak_rss_beyond_baseline_over_model"] for r in mine], "o-", label=f"{k} silos"
         )
+        ours = axes[3].plot(
+            xs, [r["round_seconds"] for r in mine], "o-", label=f"fedsilo, {k} silos"
+        )
+        if all("flower_round_seconds" in r for r in mine):
+            theirs = [r["flower_round_seconds"] for r in mine]
+            color = ours[0].get_color()
+            axes[3].plot(xs, theirs, "s--", color=color, label=f"Flower, {k} silos")
+    flower_measured = any("flower_round_seconds" in r for r in rows)
     titles = (
         "round overhead beyond training (s)",
         "loopback bytes / payload bytes",
         "coordinator peak RSS beyond baseline / model bytes",
+        "round seconds, fedsilo vs Flower"
+        if flower_measured
+        else "round seconds (Flower not measured: make flower-env)",
     )
     for ax, title in zip(axes, titles, strict=True):
         ax.set_xscale("log")
@@ -187,17 +249,8 @@ def main() -> None:
         ax.legend(fontsize=8)
     axes[1].axhline(1.05, color="grey", ls="--")
     axes[2].axhline(3.0, color="grey", ls="--")
-    path = write(
-        "transport",
-        {
-            "baseline_coordinator_peak_rss_bytes": baseline,
-            "rows": rows,
-            "goals": {"wire_over_payload": 1.05, "peak_rss_over_model_at_1e8": 3.0},
-            "not_measured": "the same workload under Flower (flwr), for a ratio against the peer",
-        },
-        fig,
-    )
-    print(f"wrote {path} and {path.with_suffix('.png')}")
+    axes[3].set_yscale("log")
+    return fig
 
 
 if __name__ == "__main__":

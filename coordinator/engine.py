@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Generator, Mapping, Sequence
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import takewhile
 from typing import Any, Protocol
@@ -37,9 +37,12 @@ from fedsilo.coordinator.summary import summarize_metrics
 from fedsilo.coordinator.transport import Delivery, Transport
 from fedsilo.policies.schema import Policy
 from fedsilo.wire.messages import TaskMessage, TaskResult
-from fedsilo.wire.tensors import WireError
+from fedsilo.wire.payload import AnyPayload
+from fedsilo.wire.tensors import LazyTensor, TensorBlocks, WireError
 
 log = logging.getLogger("fedsilo.coordinator")
+
+SLICE_ELEMENTS = 1 << 20  # elements aggregated at once (a multiple of every SIMD width)
 
 
 class RunAborted(RuntimeError):
@@ -245,26 +248,22 @@ class RoundEngine:
             for task in phase.tasks
         }
         deadline = time.monotonic() + self.policy.participants.phase_timeout_s
-        # Encoded one by one as the transport takes them, and not kept here: an encoded model
-        # lives only until its silo has it.
-        replies = self.transport.dispatch(
-            (Delivery(s, m.task_id, m.encode(), round_no) for s, m in messages.items()), deadline
-        )
+        replies = self.transport.dispatch(_deliveries(messages, round_no), deadline)
 
-        results: dict[str, TaskResult] = {}
+        results: dict[str, Accepted] = {}
         dropped: dict[str, str] = {}
         for silo, message in messages.items():
-            reply = replies.pop(silo, None)  # its payload is freed once decoded
+            reply = replies.pop(silo, None)
             if reply is None:
                 dropped[silo] = "no reply before the deadline"
             elif reply.failure is not None or reply.payload is None:
                 dropped[silo] = reply.failure or "empty reply"
             else:
-                result, problem = _accept(reply.payload, message, phase.aggregate)
-                if result is None:
+                accepted, problem = _accept(reply.payload, message, phase.aggregate)
+                if accepted is None:
                     dropped[silo] = problem
                 else:
-                    results[silo] = result
+                    results[silo] = accepted
 
         quorum = (
             phase.quorum
@@ -281,9 +280,11 @@ class RoundEngine:
                 dropped,
             )
         reports = _reports(results)
-        spec = next((r.spec for _, r in sorted(results.items()) if r.spec is not None), None)
+        spec = next(
+            (a.result.spec for _, a in sorted(results.items()) if a.result.spec is not None), None
+        )
         if phase.aggregate is None:
-            tensors = {s: dict(r.tensors) for s, r in sorted(results.items())}
+            tensors = {s: dict(a.result.tensors) for s, a in sorted(results.items())}
             return PhaseOutcome(phase.name, reports, dropped, tensors=tensors, spec=spec)
         mean, total = _weighted_mean(results, phase.aggregate)
         if total <= 0:
@@ -310,68 +311,112 @@ def _failed(record: RoundRecord) -> bool:
     return record.status == "failed"
 
 
-def _reports(results: Mapping[str, TaskResult]) -> dict[str, SiloReport]:
+def _reports(results: Mapping[str, Accepted]) -> dict[str, SiloReport]:
     return {
-        s: SiloReport(r.num_samples, dict(r.metrics), r.compute_seconds)
-        for s, r in sorted(results.items())
+        s: SiloReport(a.result.num_samples, dict(a.result.metrics), a.result.compute_seconds)
+        for s, a in sorted(results.items())
     }
 
 
+@dataclass(frozen=True)
+class Accepted:
+    """A checked reply: the result, and (for an aggregated phase) its tensors still unread."""
+
+    result: TaskResult
+    lazy: Mapping[str, LazyTensor] = field(default_factory=dict)
+
+
+def _deliveries(messages: Mapping[str, TaskMessage], round_no: int) -> Iterator[Delivery]:
+    """Each task encoded as the transport takes it; silos given the same tensors share one
+    encoding of them, which lives only until the last of those silos has it."""
+    blocks = TensorBlocks()
+    for silo, message in messages.items():
+        yield Delivery(silo, message.task_id, message.encode_payload(blocks), round_no)
+
+
 def _accept(
-    payload: bytes, sent: TaskMessage, aggregate: WeightedMean | None
-) -> tuple[TaskResult | None, str]:
-    """Decode and check one reply; a bad reply is that silo's dropout, with the reason."""
+    payload: AnyPayload, sent: TaskMessage, aggregate: WeightedMean | None
+) -> tuple[Accepted | None, str]:
+    """Decode and check one reply; a bad reply is that silo's dropout, with the reason.
+
+    For a phase that aggregates, tensors stay in the payload (possibly a spool file) and are
+    checked slice by slice; `_weighted_mean` reads them the same way."""
     try:
-        result = TaskResult.decode(payload)
+        if aggregate is None:
+            accepted = Accepted(TaskResult.decode(payload))
+            tensors: Mapping[str, torch.Tensor | LazyTensor] = accepted.result.tensors
+        else:
+            result, lazy = TaskResult.decode_lazily(payload)
+            accepted, tensors = Accepted(result, lazy), lazy
     except WireError as exc:
         return None, f"malformed reply: {exc}"
+    result = accepted.result
     if result.task_id != sent.task_id or result.silo != sent.silo:
         return None, f"reply is for task {result.task_id!r} of silo {result.silo!r}, not this task"
     if not result.ok:
         return None, f"task failed at the silo ({result.status}): {result.error}"
-    for name, tensor in result.tensors.items():
-        if tensor.is_floating_point() and not _all_finite(tensor):
+    for name, tensor in tensors.items():
+        if tensor.dtype.is_floating_point and not _all_finite(tensor):
             return None, f"non-finite values in {name!r}"
     if aggregate is not None:
-        missing = [t for t in aggregate.tensors if t not in result.tensors]
+        missing = [t for t in aggregate.tensors if t not in tensors]
         if missing:
             return None, f"reply lacks {missing}"
         if sent.spec is not None and any(
-            result.tensors[t].shape != (sent.spec.numel,) for t in aggregate.tensors
+            tuple(tensors[t].shape) != (sent.spec.numel,) for t in aggregate.tensors
         ):
             return None, "reply's tensors do not match the model's shape"
         if aggregate.weights is None and result.num_samples <= 0:
             return None, "reply reports no samples"
-    return result, ""
+    return accepted, ""
 
 
-def _all_finite(tensor: torch.Tensor) -> bool:
-    """One pass: min and max propagate NaN, and an infinity is the min or the max."""
-    if tensor.numel() == 0:
-        return True
-    low, high = torch.aminmax(tensor)
-    return math.isfinite(float(low)) and math.isfinite(float(high))
+def _all_finite(tensor: torch.Tensor | LazyTensor) -> bool:
+    """min and max propagate NaN, and an infinity is the min or the max."""
+    for part in _slices(tensor):
+        if part.numel():
+            low, high = torch.aminmax(part)
+            if not (math.isfinite(float(low)) and math.isfinite(float(high))):
+                return False
+    return True
+
+
+def _slices(tensor: torch.Tensor | LazyTensor) -> Iterator[torch.Tensor]:
+    if isinstance(tensor, torch.Tensor):
+        yield tensor
+        return
+    for start in range(0, tensor.numel, SLICE_ELEMENTS):
+        yield tensor.read(start, min(start + SLICE_ELEMENTS, tensor.numel))
 
 
 def _weighted_mean(
-    results: Mapping[str, TaskResult], aggregate: WeightedMean
+    results: Mapping[str, Accepted], aggregate: WeightedMean
 ) -> tuple[dict[str, torch.Tensor], float]:
-    """sum_k a_k x_k / sum_k a_k in float64, summed in sorted silo order (deterministic)."""
+    """sum_k a_k x_k / sum_k a_k in float64, summed in sorted silo order (deterministic).
+
+    Computed slice by slice over the results' unread tensors, so memory is the output plus one
+    float64 slice whatever the number of silos; every element goes through the same operations
+    in the same order as a whole-tensor sum would, so the mean is bit-identical to one."""
     weights = {
         s: float(aggregate.weights.get(s, 0.0))
         if aggregate.weights is not None
-        else float(r.num_samples)
-        for s, r in results.items()
+        else float(a.result.num_samples)
+        for s, a in results.items()
     }
     total = math.fsum(weights.values())
     means: dict[str, torch.Tensor] = {}
     if total <= 0:
         return means, total
+    contributing = [s for s in sorted(results) if weights[s] != 0.0]
     for name in aggregate.tensors:
-        first = results[min(results)].tensors[name]
-        acc = torch.zeros(first.shape, dtype=torch.float64)
-        for silo in sorted(results):
-            if weights[silo] != 0.0:
-                acc.add_(results[silo].tensors[name], alpha=weights[silo])
-        means[name] = (acc / total).to(first.dtype)
+        first = results[min(results)].lazy[name]
+        mean = torch.empty(first.shape, dtype=first.dtype)
+        flat = mean.view(-1)
+        for start in range(0, first.numel, SLICE_ELEMENTS):
+            stop = min(start + SLICE_ELEMENTS, first.numel)
+            acc = torch.zeros(stop - start, dtype=torch.float64)
+            for silo in contributing:
+                acc.add_(results[silo].lazy[name].read(start, stop), alpha=weights[silo])
+            flat[start:stop] = acc / total
+        means[name] = mean
     return means, total

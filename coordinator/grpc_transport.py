@@ -23,17 +23,23 @@ class GrpcTransport:
 
     def dispatch(self, deliveries: Iterable[Delivery], deadline: float) -> dict[str, Reply]:
         replies: queue.Queue[Reply] = queue.Queue()
+        task_ids = self._post(deliveries, replies)
+        try:
+            return collect_replies(replies, len(task_ids), deadline)
+        finally:
+            self.hub.withdraw(task_ids)
+
+    def _post(self, deliveries: Iterable[Delivery], replies: queue.Queue[Reply]) -> set[str]:
+        """Queue every task in the hub (a revoked or absent silo's task fails at once). Apart so
+        that no local variable keeps a posted payload alive once its silo has taken it."""
         task_ids: set[str] = set()
-        for delivery in deliveries:  # a revoked or absent silo's task fails at once
+        for delivery in deliveries:
             task_ids.add(delivery.task_id)
             self.hub.post(
                 PostedTask(delivery.silo, delivery.task_id, delivery.round, delivery.payload),
                 replies,
             )
-        try:
-            return collect_replies(replies, len(task_ids), deadline)
-        finally:
-            self.hub.withdraw(task_ids)
+        return task_ids
 
     def close(self) -> None:
         self.hub.finish()

@@ -17,6 +17,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from fedsilo.coordinator.transport import Reply
+from fedsilo.wire.payload import AnyPayload
 
 REVOKED = "revoked"
 NOT_CONNECTED = "not connected"
@@ -27,7 +28,7 @@ class PostedTask:
     silo: str
     task_id: str
     round: int
-    payload: bytes
+    payload: AnyPayload
 
 
 class SiloHub:
@@ -116,7 +117,7 @@ class SiloHub:
                 self._lock.wait(timeout=remaining)
             return self._outboxes[silo].popleft() if self._outboxes[silo] else None
 
-    def deliver(self, silo: str, task_id: str, payload: bytes) -> bool:
+    def deliver(self, silo: str, task_id: str, payload: AnyPayload) -> bool:
         """Hand `silo`'s result to whoever waits for it; False when no task `task_id` waits for
         `silo` (unknown, withdrawn, or posted to another silo)."""
         with self._lock:

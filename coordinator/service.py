@@ -39,6 +39,7 @@ from fedsilo.wire.control import (
 from fedsilo.wire.envelope import EnvelopeVerifier, seal
 from fedsilo.wire.framing import MALFORMED, MessageRejected, read_message, to_frames
 from fedsilo.wire.messages import TaskResult
+from fedsilo.wire.payload import AnyPayload
 from fedsilo.wire.tensors import WireError
 
 log = logging.getLogger("fedsilo.coordinator")
@@ -117,7 +118,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         self.metrics.count_bytes("to_silo", envelope.sender, len(reply))
         yield from to_frames(reply_envelope, reply)
 
-    def _answer(self, silo: str, payload: bytes) -> bytes:
+    def _answer(self, silo: str, payload: AnyPayload) -> bytes | AnyPayload:
         kind = payload_type(payload)
         if kind == "result":
             return self._result(silo, payload)
@@ -147,7 +148,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             return self._pull(silo)
         raise MessageRejected("malformed", f"a silo may not send {message.type!r}")
 
-    def _pull(self, silo: str) -> bytes:
+    def _pull(self, silo: str) -> bytes | AnyPayload:
         if silo not in self.hub.accepted:
             return _ack(False, NOT_A_MEMBER)
         if self.hub.finished.is_set():
@@ -159,8 +160,8 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             return Control(FINISHED, {"reason": "the deployment is complete"}).encode()
         return Control(IDLE).encode()
 
-    def _result(self, silo: str, payload: bytes) -> bytes:
-        result = TaskResult.decode(payload)
+    def _result(self, silo: str, payload: AnyPayload) -> bytes:
+        result, _ = TaskResult.decode_lazily(payload)  # the tensors are the engine's to read
         if result.silo != silo:
             raise MessageRejected(IDENTITY_MISMATCH, f"{silo!r} sent a result as {result.silo!r}")
         if not self.hub.deliver(silo, result.task_id, payload):

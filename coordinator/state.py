@@ -35,7 +35,8 @@ import torch
 
 from fedsilo.coordinator.strategies.base import ServerState
 from fedsilo.policies.schema import Policy
-from fedsilo.wire.tensors import ParameterSpec, decode_tensors, encode_tensors
+from fedsilo.wire.payload import Payload
+from fedsilo.wire.tensors import ParameterSpec, decode_tensors, encode_payload, tensor_block
 
 SCHEMA_VERSION = 1
 SETUP_ROUND = 0
@@ -111,6 +112,15 @@ def content_hash(data: bytes) -> str:
     return hashlib.blake2b(data, digest_size=32).hexdigest()
 
 
+def _file_hash(path: Path) -> str:
+    """`content_hash` of a file's bytes, read a few MiB at a time."""
+    digest = hashlib.blake2b(digest_size=32)
+    with path.open("rb") as file:
+        while block := file.read(1 << 22):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def digest_policy(policy: Policy) -> str:
     """The digest a deployment's state is bound to: BLAKE2b-256 of the policy's JSON."""
     return content_hash(policy.model_dump_json().encode())
@@ -126,15 +136,14 @@ class Checkpoints:
         return self.folder / f"{digest}.safetensors"
 
     def save(self, tensors: Mapping[str, torch.Tensor]) -> str:
-        """Store `tensors` durably (unless an intact identical file exists); their hash."""
-        owned = {  # own copies: safetensors refuses tensors that share memory
-            name: t.detach().to("cpu").clone(memory_format=torch.contiguous_format)
-            for name, t in tensors.items()
-        }
-        data = encode_tensors(owned, {"names": list(owned)})
-        digest = content_hash(data)
+        """Store `tensors` durably (unless an intact identical file exists); their hash.
+
+        Written from the encoded parts, without joining them, so saving a model costs one
+        encoded copy of it."""
+        data = encode_payload(tensor_block(_unshared(tensors)), {"names": list(tensors)})
+        digest = data.digest().hex()
         path = self.path_of(digest)
-        if not (path.exists() and content_hash(path.read_bytes()) == digest):
+        if not (path.exists() and _file_hash(path) == digest):
             self._write_durably(path, data)
         return digest
 
@@ -153,14 +162,15 @@ class Checkpoints:
         tensors, header = decode_tensors(data)
         return {name: tensors[name] for name in header["names"]}
 
-    def _write_durably(self, path: Path, data: bytes) -> None:
+    def _write_durably(self, path: Path, data: Payload) -> None:
         if not self.folder.exists():
             self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
             _fsync_directory(self.folder.parent)
         descriptor, temporary = tempfile.mkstemp(dir=self.folder, prefix=".", suffix=".partial")
         try:
             with os.fdopen(descriptor, "wb") as file:
-                file.write(data)
+                for part in data.parts:
+                    file.write(part)
                 file.flush()
                 os.fsync(file.fileno())
             os.replace(temporary, path)
@@ -168,6 +178,21 @@ class Checkpoints:
             Path(temporary).unlink(missing_ok=True)
             raise
         _fsync_directory(self.folder)
+
+
+def _unshared(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`tensors` on the CPU, copying only those whose memory another one shares (safetensors
+    refuses shared memory)."""
+    seen: set[int] = set()
+    out = {}
+    for name, tensor in tensors.items():
+        tensor = tensor.detach().to("cpu")
+        storage = tensor.untyped_storage().data_ptr()
+        if storage in seen:
+            tensor = tensor.clone(memory_format=torch.contiguous_format)
+        seen.add(tensor.untyped_storage().data_ptr())
+        out[name] = tensor
+    return out
 
 
 class StateStore:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from fedsilo.wire.messages import SiloEndpoint
+from fedsilo.wire.payload import AnyPayload, as_payload
 
 
 @dataclass(frozen=True)
@@ -25,7 +26,7 @@ class Delivery:
 
     silo: str
     task_id: str
-    payload: bytes
+    payload: AnyPayload
     round: int
 
 
@@ -35,7 +36,7 @@ class Reply:
 
     silo: str
     task_id: str
-    payload: bytes | None
+    payload: AnyPayload | None
     failure: str | None = None
 
 
@@ -100,11 +101,11 @@ class InProcessTransport:
     def _call(self, endpoint: SiloEndpoint, delivery: Delivery, replies: queue.Queue) -> None:
         with self._slots:
             try:
-                payload = endpoint(delivery.payload)
+                payload = endpoint(delivery.payload.to_bytes())
             except Exception as exc:  # a silo's crash is that silo's dropout, not ours
                 replies.put(Reply(delivery.silo, delivery.task_id, None, f"silo crashed: {exc!r}"))
                 return
-        replies.put(Reply(delivery.silo, delivery.task_id, payload))
+        replies.put(Reply(delivery.silo, delivery.task_id, as_payload(payload)))
 
     def close(self) -> None:
         self._endpoints.clear()

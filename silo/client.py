@@ -122,7 +122,8 @@ class CoordinatorConnection:
                 replies = self.stub.Exchange(
                     to_frames(envelope, payload), timeout=self.settings.poll_seconds + 60
                 )
-                return read_message(replies, self.verifier, self.settings.max_payload_bytes)[1]
+                _, reply = read_message(replies, self.verifier, self.settings.max_payload_bytes)
+                return reply.to_bytes()
             except grpc.RpcError as exc:
                 if exc.code() == grpc.StatusCode.PERMISSION_DENIED:
                     raise SiloRefused(

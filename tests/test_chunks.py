@@ -16,9 +16,9 @@ from fedsilo.wire.chunks import (
     ChunkAssembler,
     ChunkError,
     assemble,
-    iter_chunks,
 )
 from fedsilo.wire.envelope import EnvelopeVerifier, seal
+from fedsilo.wire.payload import Payload, SpooledPayload
 
 MIB = 1 << 20
 SMALL_CHUNK = 1024
@@ -33,6 +33,10 @@ def digest(payload: bytes) -> bytes:
     return hashlib.blake2b(payload, digest_size=32).digest()
 
 
+def iter_chunks(payload: bytes | bytearray, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> list:
+    return list(Payload([payload]).chunks(chunk_bytes))
+
+
 def test_default_chunks_fit_under_grpcs_4_mib_message_limit() -> None:
     assert DEFAULT_CHUNK_BYTES == MIB < 4 * MIB
 
@@ -43,7 +47,7 @@ def test_payloads_round_trip_through_default_chunks(size: int) -> None:
     chunks = list(iter_chunks(payload))
     assert len(chunks) == max(1, -(-size // MIB))
     assert all(len(chunk) <= MIB for chunk in chunks)
-    assert assemble(chunks, size, digest(payload), LIMIT) == payload
+    assert assemble(chunks, size, digest(payload), LIMIT).to_bytes() == payload
 
 
 @pytest.mark.parametrize(
@@ -53,7 +57,7 @@ def test_payloads_round_trip_through_small_chunks(size: int) -> None:
     payload = payload_of(size)
     chunks = list(iter_chunks(payload, SMALL_CHUNK))
     assert [len(chunk) for chunk in chunks[:-1]] == [SMALL_CHUNK] * (len(chunks) - 1)
-    assert assemble(chunks, size, digest(payload), LIMIT) == payload
+    assert assemble(chunks, size, digest(payload), LIMIT).to_bytes() == payload
 
 
 def test_an_empty_payload_is_sent_as_one_empty_chunk() -> None:
@@ -69,7 +73,7 @@ def test_chunks_are_views_of_the_payload_not_copies() -> None:
 
 def test_chunk_size_must_be_positive() -> None:
     with pytest.raises(ValueError, match="positive"):
-        iter_chunks(b"abc", 0)
+        next(Payload([b"abc"]).chunks(0))
 
 
 def test_a_flipped_byte_in_a_chunk_is_corrupted() -> None:
@@ -131,3 +135,38 @@ def test_a_sealed_payload_streams_in_chunks_and_verifies() -> None:
         iter_chunks(payload, SMALL_CHUNK), envelope.payload_size, envelope.payload_digest, LIMIT
     )
     EnvelopeVerifier("d", {"silo-a": key.verify_key}).verify(envelope, received)
+
+
+def test_a_large_payload_is_reassembled_in_a_spool_file_not_in_memory() -> None:
+    payload = payload_of(5 * SMALL_CHUNK + 3)
+    assembler = ChunkAssembler(len(payload), digest(payload), LIMIT, spool_above=SMALL_CHUNK)
+    for chunk in iter_chunks(payload, SMALL_CHUNK):
+        assembler.add(chunk)
+    received = assembler.finish()
+    assert isinstance(received, SpooledPayload)
+    assert len(received) == len(payload)
+    assert received.to_bytes() == payload
+    assert received.read(SMALL_CHUNK - 2, 7) == payload[SMALL_CHUNK - 2 : SMALL_CHUNK + 5]
+    assert b"".join(received.chunks(SMALL_CHUNK)) == payload
+    assert received.digest() == digest(payload)
+
+
+def test_a_spooled_payload_that_is_corrupted_is_refused_like_one_in_memory() -> None:
+    payload = payload_of(4 * SMALL_CHUNK)
+    chunks = [bytearray(chunk) for chunk in iter_chunks(payload, SMALL_CHUNK)]
+    chunks[3][0] ^= 0x80
+    assembler = ChunkAssembler(len(payload), digest(payload), LIMIT, spool_above=SMALL_CHUNK)
+    for chunk in chunks:
+        assembler.add(chunk)
+    with pytest.raises(ChunkError, match=CORRUPTED):
+        assembler.finish()
+
+
+@pytest.mark.parametrize("sizes", [(0,), (3, 0, 5), (SMALL_CHUNK, 1), (7, SMALL_CHUNK * 2 + 1, 9)])
+def test_chunks_of_a_payload_in_parts_are_those_of_its_concatenation(sizes: tuple) -> None:
+    parts = [payload_of(n + i) for i, n in enumerate(sizes)]
+    whole = b"".join(parts)
+    chunks = [bytes(c) for c in Payload(parts).chunks(SMALL_CHUNK)]
+    assert chunks == [bytes(c) for c in Payload([whole]).chunks(SMALL_CHUNK)]
+    assert Payload(parts).digest() == digest(whole)
+    assert Payload(parts).read(2, SMALL_CHUNK + 5) == whole[2 : SMALL_CHUNK + 7]

@@ -5,6 +5,7 @@ import threading
 import pytest
 import torch
 
+from fedsilo.coordinator import engine as engine_module
 from fedsilo.coordinator.engine import RoundEngine, RunAborted
 from fedsilo.coordinator.phases import Phase, Task, WeightedMean
 from fedsilo.coordinator.strategies import make_strategy
@@ -248,3 +249,18 @@ def test_a_resumed_deployment_keeps_the_consortium_it_started_with(tmp_path) -> 
         history = resumed.run()
     assert resumed.silos == ("s0", "s1", "s2", "s3")
     assert len(history.records) == 3
+
+
+def test_slice_by_slice_aggregation_is_bit_identical_to_a_whole_tensor_sum(monkeypatch) -> None:
+    generator = torch.Generator().manual_seed(3)
+    models = {s: torch.randn(SPEC.numel, generator=generator) for s in "abc"}
+    counts = {"a": 3, "b": 7, "c": 11}
+    endpoints = {s: constant_silo(s, models[s].tolist(), num_samples=counts[s]) for s in "abc"}
+    phase = Phase("train", tuple(Task(s, "train", spec=SPEC) for s in "abc"), WeightedMean())
+    whole = torch.zeros(SPEC.numel, dtype=torch.float64)
+    for s in "abc":
+        whole.add_(models[s], alpha=float(counts[s]))
+    expected = (whole / 21).to(torch.float32)
+    monkeypatch.setattr(engine_module, "SLICE_ELEMENTS", 2)  # slices end mid-tensor
+    mean = engine_for(endpoints).execute(phase, round_no=1).mean["model"]
+    assert torch.equal(mean, expected)

@@ -1,15 +1,29 @@
 """Tensors and messages on the wire: safetensors, bit-exact, and refusing anything malformed."""
 
+import json
+
 import pytest
 import torch
 
 from fedsilo.wire.messages import PROTOCOL_VERSION, TaskMessage, TaskResult
-from fedsilo.wire.tensors import ParameterSpec, WireError, decode_tensors, encode_tensors
+from fedsilo.wire.payload import Payload
+from fedsilo.wire.tensors import (
+    ParameterSpec,
+    TensorBlocks,
+    WireError,
+    decode_tensors,
+    encode_tensors,
+    index_tensors,
+)
 
 
 def awkward_floats() -> torch.Tensor:
     specials = torch.tensor([0.0, -0.0, 1e-45, -3.4e38, 3.4e38, float("nan"), float("inf")])
     return torch.cat([specials, torch.randn(1000, generator=torch.Generator().manual_seed(1))])
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.dtype == b.dtype and torch.equal(a.view(torch.int32), b.view(torch.int32))
 
 
 def test_tensor_round_trip_is_bit_exact() -> None:
@@ -94,3 +108,50 @@ def test_another_protocol_version_is_refused() -> None:
     payload = encode_tensors({}, {"type": "task", "protocol": PROTOCOL_VERSION + 1})
     with pytest.raises(WireError, match="protocol version"):
         TaskMessage.decode(payload)
+
+
+def test_tasks_carrying_the_same_tensors_share_one_encoding_of_them() -> None:
+    model = awkward_floats()
+    blocks = TensorBlocks()
+    payloads = {
+        silo: TaskMessage(
+            f"t-{silo}", 1, "train", "train", silo, tensors={"model": model}
+        ).encode_payload(blocks)
+        for silo in ("a", "b", "c")
+    }
+    shared = {id(p.parts[-1].obj) for p in payloads.values()}
+    assert len(shared) == 1  # one tensor block, three small headers
+    for silo, payload in payloads.items():
+        decoded = TaskMessage.decode(payload.to_bytes())
+        assert decoded.silo == silo and same_bits(decoded.tensors["model"], model)
+
+
+def test_tensors_can_be_read_slice_by_slice_without_decoding_the_payload() -> None:
+    tensors = {"model": awkward_floats(), "counts": torch.arange(7, dtype=torch.int64)}
+    payload = Payload([encode_tensors(tensors, {"type": "x"})])
+    lazy, header = index_tensors(payload)
+    assert header == {"type": "x"}
+    assert same_bits(lazy["model"].read(2, 9), tensors["model"][2:9])
+    assert torch.equal(lazy["counts"].load(), tensors["counts"])
+    assert lazy["model"].shape == tuple(tensors["model"].shape)
+
+
+def lying_offsets(data: bytes) -> bytes:
+    header_len = int.from_bytes(data[:8], "little")
+    document = json.loads(data[8 : 8 + header_len])
+    document["model"]["data_offsets"][1] += 4
+    text = json.dumps(document).encode()
+    text += b" " * (-len(text) % 8)
+    return len(text).to_bytes(8, "little") + text + data[8 + header_len :]
+
+
+def test_an_index_whose_offsets_disagree_with_the_shape_is_refused() -> None:
+    data = encode_tensors({"model": torch.zeros(4)}, {"type": "x"})
+    with pytest.raises(WireError, match="offsets"):
+        index_tensors(Payload([lying_offsets(data)]))
+
+
+@pytest.mark.parametrize("payload", [b"", b"\xff" * 8 + b"{}", b"\x02" + b"\x00" * 7 + b"[]"])
+def test_a_malformed_index_is_refused(payload: bytes) -> None:
+    with pytest.raises(WireError):
+        index_tensors(Payload([payload]))

@@ -1,19 +1,23 @@
 """Chunked payloads: cutting a payload into frames, and reassembling it within bounded memory.
 
 A payload of any size travels as a stream of chunks of at most `DEFAULT_CHUNK_BYTES`, below
-gRPC's 4 MiB default message limit. The receiver learns the payload's size and BLAKE2b-256
-digest from its signed envelope; `ChunkAssembler` writes the chunks into a buffer of exactly
-that size, hashes them as they arrive, and refuses the stream the moment it runs past the
-announced size, so a sender cannot make the receiver hold more than it announced.
+gRPC's 4 MiB default message limit (`Payload.chunks` cuts them). The receiver learns the
+payload's size and BLAKE2b-256 digest from its signed envelope; `ChunkAssembler` writes the
+chunks into a buffer of exactly that size (a temporary file above `SPOOL_ABOVE_BYTES`, so a
+round's results never have to fit in memory at once), hashes them as they arrive, and refuses
+the stream the moment it runs past the announced size, so a sender cannot make the receiver
+hold more than it announced.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
+
+from fedsilo.wire.payload import DIGEST_BYTES, AnyPayload, Payload, SpooledPayload
 
 DEFAULT_CHUNK_BYTES = 1 << 20
-DIGEST_BYTES = 32
+SPOOL_ABOVE_BYTES = 1 << 23  # larger payloads are reassembled in a temporary file
 
 OVERSIZED = "oversized"
 TRUNCATED = "truncated"
@@ -28,28 +32,22 @@ class ChunkError(Exception):
         self.reason = reason
 
 
-def iter_chunks(
-    payload: bytes | memoryview, chunk_bytes: int = DEFAULT_CHUNK_BYTES
-) -> Iterator[memoryview]:
-    """Views of consecutive `chunk_bytes` slices of `payload`, without copying.
-
-    An empty payload yields one empty chunk, so the receiver always sees a frame.
-    """
-    if chunk_bytes < 1:
-        raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
-    view = memoryview(payload).cast("B")
-    return (view[start : start + chunk_bytes] for start in range(0, max(len(view), 1), chunk_bytes))
-
-
 class ChunkAssembler:
     """Reassembles one payload of announced size and digest from its chunks.
 
-    Memory is one buffer of `expected_size` bytes, allocated up front, and an announced size
-    above `max_bytes` is refused before anything is allocated. Create one per incoming stream,
-    after the envelope that announces the size has been verified; it is not thread-safe.
+    Memory is one buffer of `expected_size` bytes, allocated up front, or a spool file when the
+    size is above `spool_above`; an announced size above `max_bytes` is refused before anything
+    is allocated. Create one per incoming stream, after the envelope that announces the size has
+    been verified; it is not thread-safe.
     """
 
-    def __init__(self, expected_size: int, expected_digest: bytes, max_bytes: int) -> None:
+    def __init__(
+        self,
+        expected_size: int,
+        expected_digest: bytes,
+        max_bytes: int,
+        spool_above: int = SPOOL_ABOVE_BYTES,
+    ) -> None:
         if expected_size < 0:
             raise ValueError(f"expected_size must be non-negative, got {expected_size}")
         if len(expected_digest) != DIGEST_BYTES:
@@ -60,7 +58,8 @@ class ChunkAssembler:
             )
         self._expected_size = expected_size
         self._expected_digest = expected_digest
-        self._buffer = bytearray(expected_size)
+        self._spool = SpooledPayload() if expected_size > spool_above else None
+        self._buffer = bytearray(0 if self._spool else expected_size)
         self._received = 0
         self._hash = hashlib.blake2b(digest_size=DIGEST_BYTES)
 
@@ -71,11 +70,14 @@ class ChunkAssembler:
         if end > self._expected_size:
             self._received = end
             raise self._overrun()
-        self._buffer[self._received : end] = view
+        if self._spool is not None:
+            self._spool.append(view)
+        else:
+            self._buffer[self._received : end] = view
         self._hash.update(view)
         self._received = end
 
-    def finish(self) -> bytes:
+    def finish(self) -> AnyPayload:
         """The payload, once every announced byte arrived and the digest matches."""
         if self._received > self._expected_size:
             raise self._overrun()
@@ -86,7 +88,9 @@ class ChunkAssembler:
             )
         if self._hash.digest() != self._expected_digest:
             raise ChunkError(CORRUPTED, "payload digest differs from the announced one")
-        return bytes(self._buffer)
+        if self._spool is not None:
+            return self._spool.seal(self._expected_digest)
+        return Payload([self._buffer], self._expected_digest)
 
     def _overrun(self) -> ChunkError:
         return ChunkError(
@@ -97,7 +101,7 @@ class ChunkAssembler:
 
 def assemble(
     chunks: Iterable[bytes | memoryview], expected_size: int, expected_digest: bytes, max_bytes: int
-) -> bytes:
+) -> AnyPayload:
     """Reassemble a whole chunk stream; raise `ChunkError` at the first chunk past the size."""
     assembler = ChunkAssembler(expected_size, expected_digest, max_bytes)
     for chunk in chunks:

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fedsilo.wire.messages import PROTOCOL_VERSION
-from fedsilo.wire.tensors import WireError, decode_tensors, encode_tensors
+from fedsilo.wire.payload import AnyPayload, as_payload
+from fedsilo.wire.tensors import WireError, decode_tensors, encode_tensors, index_tensors
 
 JOIN, ACCEPT, REFUSE, PULL = "join", "accept", "refuse", "pull"
 POLICY, ACK, IDLE, FINISHED = "policy", "ack", "idle", "finished"
@@ -35,9 +36,10 @@ class Control:
         return self.fields.get(key, default)
 
 
-def payload_type(payload: bytes) -> str:
-    """The `type` of any channel payload: a control type, "task" or "result"."""
-    _, header = decode_tensors(payload)
+def payload_type(payload: bytes | AnyPayload) -> str:
+    """The `type` of any channel payload: a control type, "task" or "result" (its tensors are
+    not read)."""
+    _, header = index_tensors(as_payload(payload))
     if header.get("protocol") != PROTOCOL_VERSION:
         raise WireError(f"protocol version {header.get('protocol')!r} is not {PROTOCOL_VERSION}")
     kind = header.get("type")
@@ -46,7 +48,7 @@ def payload_type(payload: bytes) -> str:
     return str(kind)
 
 
-def decode_control(payload: bytes) -> Control:
+def decode_control(payload: bytes | AnyPayload) -> Control:
     tensors, header = decode_tensors(payload)
     kind = header.pop("type", None)
     header.pop("protocol", None)

@@ -10,7 +10,6 @@ of the stable label values in `REJECTION_REASONS` (for metrics).
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import heapq
 import json
 import math
@@ -24,11 +23,11 @@ from dataclasses import dataclass
 from nacl.exceptions import BadSignatureError
 from nacl.signing import SigningKey, VerifyKey
 
+from fedsilo.wire.payload import DIGEST_BYTES, AnyPayload, as_payload
 from fedsilo.wire.tensors import WireError
 
 SIGNATURE_DOMAIN = b"fedsilo-envelope-v1"
 NONCE_BYTES = 16
-DIGEST_BYTES = 32
 SIGNATURE_BYTES = 64
 
 UNKNOWN_SENDER = "unknown_sender"
@@ -138,7 +137,7 @@ class Envelope:
 
 
 def seal(
-    payload: bytes,
+    payload: bytes | AnyPayload,
     *,
     signing_key: SigningKey,
     sender: str,
@@ -256,7 +255,7 @@ class EnvelopeVerifier:
         with self._lock:
             self._check_not_replayed(envelope)
 
-    def check_payload(self, envelope: Envelope, payload: bytes) -> None:
+    def check_payload(self, envelope: Envelope, payload: bytes | AnyPayload) -> None:
         """Refuse a payload whose size or BLAKE2b-256 digest differs from the envelope's."""
         if len(payload) != envelope.payload_size:
             raise EnvelopeRejected(
@@ -269,7 +268,7 @@ class EnvelopeVerifier:
                 DIGEST_MISMATCH, envelope, "payload digest differs from the signed one"
             )
 
-    def verify(self, envelope: Envelope, payload: bytes) -> None:
+    def verify(self, envelope: Envelope, payload: bytes | AnyPayload) -> None:
         """Check header and payload, then record (sender, task_id) as accepted, atomically."""
         self.check_header(envelope)
         self.check_payload(envelope, payload)
@@ -320,8 +319,8 @@ class EnvelopeVerifier:
             self._replay_horizon = max(self._replay_horizon, sent_at)
 
 
-def _digest(payload: bytes) -> bytes:
-    return hashlib.blake2b(payload, digest_size=DIGEST_BYTES).digest()
+def _digest(payload: bytes | AnyPayload) -> bytes:
+    return as_payload(payload).digest()
 
 
 def _length_prefixed(data: bytes) -> bytes:

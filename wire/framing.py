@@ -7,8 +7,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 
 from fedsilo.wire import fedsilo_pb2 as pb
-from fedsilo.wire.chunks import DEFAULT_CHUNK_BYTES, ChunkAssembler, ChunkError, iter_chunks
+from fedsilo.wire.chunks import DEFAULT_CHUNK_BYTES, ChunkAssembler, ChunkError
 from fedsilo.wire.envelope import Envelope, EnvelopeRejected, EnvelopeVerifier
+from fedsilo.wire.payload import AnyPayload, as_payload
 from fedsilo.wire.tensors import WireError
 
 MALFORMED = "malformed"
@@ -24,17 +25,18 @@ class MessageRejected(Exception):
 
 
 def to_frames(
-    envelope: Envelope, payload: bytes, chunk_bytes: int = DEFAULT_CHUNK_BYTES
+    envelope: Envelope, payload: bytes | AnyPayload, chunk_bytes: int = DEFAULT_CHUNK_BYTES
 ) -> Iterator[pb.Frame]:
     yield pb.Frame(envelope=envelope_to_proto(envelope))
-    for chunk in iter_chunks(payload, chunk_bytes):
+    for chunk in as_payload(payload).chunks(chunk_bytes):
         yield pb.Frame(chunk=bytes(chunk))
 
 
 def read_message(
     frames: Iterable[pb.Frame], verifier: EnvelopeVerifier, max_bytes: int
-) -> tuple[Envelope, bytes]:
-    """The verified (envelope, payload) of a frame stream, or MessageRejected with the reason."""
+) -> tuple[Envelope, AnyPayload]:
+    """The verified (envelope, payload) of a frame stream, or MessageRejected with the reason.
+    A large payload comes back spooled to a temporary file (wire/chunks.py)."""
     stream = iter(frames)
     first = next(stream, None)
     if first is None:

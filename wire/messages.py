@@ -13,7 +13,17 @@ from typing import Any
 
 import torch
 
-from fedsilo.wire.tensors import ParameterSpec, WireError, decode_tensors, encode_tensors
+from fedsilo.wire.payload import AnyPayload, Payload
+from fedsilo.wire.tensors import (
+    LazyTensor,
+    ParameterSpec,
+    TensorBlocks,
+    WireError,
+    decode_tensors,
+    encode_payload,
+    encode_tensors,
+    index_tensors,
+)
 
 PROTOCOL_VERSION = 1
 
@@ -38,6 +48,11 @@ class TaskMessage:
     policy_digest: str = ""  # the deployment policy this task runs under (policy pinning)
 
     def encode(self) -> bytes:
+        return self.encode_payload(TensorBlocks()).to_bytes()
+
+    def encode_payload(self, blocks: TensorBlocks) -> Payload:
+        """The encoded task, sharing its tensor block with every task in `blocks` that carries
+        the same tensors (a broadcast model is held once, whatever the number of silos)."""
         header = {
             "type": "task",
             "policy_digest": self.policy_digest,
@@ -50,11 +65,12 @@ class TaskMessage:
             "config": dict(self.config),
             "spec": self.spec.to_json() if self.spec else None,
         }
-        return encode_tensors(self.tensors, header)
+        return encode_payload(blocks.of(self.tensors), header)
 
     @classmethod
-    def decode(cls, data: bytes) -> TaskMessage:
-        tensors, h = _decode_checked(data, "task")
+    def decode(cls, data: bytes | AnyPayload) -> TaskMessage:
+        tensors, header = decode_tensors(data)
+        h = _checked(header, "task")
         try:
             return cls(
                 task_id=str(h["task_id"]),
@@ -107,8 +123,19 @@ class TaskResult:
         return encode_tensors(self.tensors, header)
 
     @classmethod
-    def decode(cls, data: bytes) -> TaskResult:
-        tensors, h = _decode_checked(data, "result")
+    def decode(cls, data: bytes | AnyPayload) -> TaskResult:
+        tensors, header = decode_tensors(data)
+        return cls._from(_checked(header, "result"), tensors)
+
+    @classmethod
+    def decode_lazily(cls, payload: AnyPayload) -> tuple[TaskResult, dict[str, LazyTensor]]:
+        """The result without its tensors, and the tensors still in `payload`, to be read
+        slice by slice (how the coordinator aggregates results too large to hold at once)."""
+        lazy, header = index_tensors(payload)
+        return cls._from(_checked(header, "result"), {}), lazy
+
+    @classmethod
+    def _from(cls, h: Mapping[str, Any], tensors: Mapping[str, torch.Tensor]) -> TaskResult:
         try:
             return cls(
                 task_id=str(h["task_id"]),
@@ -126,8 +153,7 @@ class TaskResult:
             raise WireError(f"malformed result header: {exc}") from exc
 
 
-def _decode_checked(data: bytes, expected_type: str) -> tuple[dict[str, torch.Tensor], dict]:
-    tensors, header = decode_tensors(data)
+def _checked(header: Mapping[str, Any], expected_type: str) -> Mapping[str, Any]:
     if header.get("type") != expected_type:
         raise WireError(f"expected a {expected_type} message, got {header.get('type')!r}")
     if header.get("protocol") != PROTOCOL_VERSION:
@@ -135,4 +161,4 @@ def _decode_checked(data: bytes, expected_type: str) -> tuple[dict[str, torch.Te
             f"protocol version {header.get('protocol')!r} is not {PROTOCOL_VERSION} "
             "(upgrade one side)"
         )
-    return tensors, header
+    return header

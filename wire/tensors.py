@@ -11,10 +11,13 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
+
+from fedsilo.wire.payload import AnyPayload, Payload, as_payload
 
 
 class WireError(ValueError):
@@ -96,21 +99,148 @@ class ParameterSpec:
             raise WireError(f"malformed parameter spec: {exc}") from exc
 
 
+@dataclass(frozen=True)
+class TensorBlock:
+    """Tensors encoded once as a safetensors data section, with their header entries (dtype,
+    shape, offsets into the section); every message carrying these tensors shares the block."""
+
+    entries: Mapping[str, Any]
+    data: memoryview
+
+
+class TensorBlocks:
+    """Encodes each distinct mapping of tensors once (tensors are told apart by identity, so
+    keep them alive while the cache is in use)."""
+
+    def __init__(self) -> None:
+        self._blocks: dict[tuple[tuple[str, int], ...], TensorBlock] = {}
+
+    def of(self, tensors: Mapping[str, torch.Tensor]) -> TensorBlock:
+        key = tuple((name, id(t)) for name, t in tensors.items())
+        if key not in self._blocks:
+            self._blocks[key] = tensor_block(tensors)
+        return self._blocks[key]
+
+
+def tensor_block(tensors: Mapping[str, torch.Tensor]) -> TensorBlock:
+    contiguous = {name: t.detach().to("cpu").contiguous() for name, t in tensors.items()}
+    blob = st_save(contiguous)
+    header_len = int.from_bytes(blob[:8], "little")
+    entries = json.loads(blob[8 : 8 + header_len])
+    entries.pop("__metadata__", None)
+    return TensorBlock(entries, memoryview(blob)[8 + header_len :])
+
+
+def encode_payload(block: TensorBlock, header: Mapping) -> Payload:
+    """A safetensors message: `header` (JSON, in the metadata block) ahead of the shared `block`.
+
+    The safetensors layout is an 8-byte little-endian header length, the JSON header (padded
+    with spaces to 8 bytes), then the data section, whose offsets are relative to its start;
+    so one data section serves any number of headers."""
+    document = {**block.entries, "__metadata__": {"fedsilo": json.dumps(header, sort_keys=True)}}
+    text = json.dumps(document, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    return Payload([len(text).to_bytes(8, "little") + text, block.data])
+
+
 def encode_tensors(tensors: Mapping[str, torch.Tensor], header: Mapping) -> bytes:
     """safetensors bytes holding `tensors` and a JSON `header` (in the metadata block)."""
-    contiguous = {name: t.detach().to("cpu").contiguous() for name, t in tensors.items()}
-    return st_save(contiguous, metadata={"fedsilo": json.dumps(header, sort_keys=True)})
+    return encode_payload(tensor_block(tensors), header).to_bytes()
 
 
-def decode_tensors(data: bytes) -> tuple[dict[str, torch.Tensor], dict]:
+def decode_tensors(data: bytes | AnyPayload) -> tuple[dict[str, torch.Tensor], dict]:
     """The inverse of `encode_tensors`; raises WireError on anything malformed."""
+    raw = bytes(data) if isinstance(data, bytes | bytearray | memoryview) else data.to_bytes()
     try:
-        tensors = st_load(bytes(data))
-        header_len = int.from_bytes(data[:8], "little")
-        metadata = json.loads(data[8 : 8 + header_len]).get("__metadata__", {})
-        header = json.loads(metadata["fedsilo"])
+        tensors = st_load(raw)
     except Exception as exc:  # safetensors raises several error types for bad input
         raise WireError(f"payload is not a fedsilo safetensors message: {exc}") from exc
+    return tensors, _header_of(_document(as_payload(raw)))
+
+
+@dataclass(frozen=True)
+class LazyTensor:
+    """A tensor still in its payload, read slice by slice (see `index_tensors`)."""
+
+    payload: AnyPayload
+    offset: int  # of its first byte in the payload
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    def read(self, start: int, stop: int) -> torch.Tensor:
+        """Elements [start, stop) of the flattened tensor."""
+        itemsize = self.dtype.itemsize
+        data = self.payload.read(self.offset + start * itemsize, (stop - start) * itemsize)
+        return torch.frombuffer(bytearray(data), dtype=self.dtype)
+
+    def load(self) -> torch.Tensor:
+        return self.read(0, self.numel).view(self.shape)
+
+
+def index_tensors(payload: AnyPayload) -> tuple[dict[str, LazyTensor], dict]:
+    """The tensors of a safetensors message without reading their data, and its header.
+
+    Written by hand because safetensors' own lazy reader memory-maps the file, which would
+    count a spooled result's pages towards the coordinator's resident memory; the layout is
+    the same one `decode_tensors` reads (checked: dtype, shape, offsets inside the payload)."""
+    document = _document(payload)
+    data_start = 8 + int.from_bytes(payload.read(0, 8), "little")
+    tensors = {}
+    for name, entry in document.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype = _DTYPES[entry["dtype"]]
+            shape = tuple(int(s) for s in entry["shape"])
+            begin, end = (int(o) for o in entry["data_offsets"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise WireError(f"tensor {name!r} has a malformed entry: {exc}") from None
+        if min(shape, default=0) < 0 or end - begin != math.prod(shape) * dtype.itemsize:
+            raise WireError(f"tensor {name!r}: offsets do not match its shape and dtype")
+        if begin < 0 or data_start + end > len(payload):
+            raise WireError(f"tensor {name!r} lies outside the payload")
+        tensors[name] = LazyTensor(payload, data_start + begin, dtype, shape)
+    return tensors, _header_of(document)
+
+
+_DTYPES = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
+MAX_HEADER_BYTES = 100 << 20
+
+
+def _document(payload: AnyPayload) -> dict:
+    """The JSON header of a safetensors payload."""
+    header_len = int.from_bytes(payload.read(0, 8), "little")
+    if len(payload) < 8 or header_len > min(MAX_HEADER_BYTES, len(payload) - 8):
+        raise WireError("payload is not a fedsilo safetensors message: bad header length")
+    try:
+        document = json.loads(payload.read(8, header_len))
+    except ValueError as exc:
+        raise WireError(f"payload is not a fedsilo safetensors message: {exc}") from None
+    if not isinstance(document, dict):
+        raise WireError("payload is not a fedsilo safetensors message: header is not an object")
+    return document
+
+
+def _header_of(document: Mapping) -> dict:
+    try:
+        header = json.loads(document["__metadata__"]["fedsilo"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise WireError(f"payload is not a fedsilo safetensors message: {exc!r}") from None
     if not isinstance(header, dict):
         raise WireError("message header is not a JSON object")
-    return tensors, header
+    return header

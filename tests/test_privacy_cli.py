@@ -1,0 +1,158 @@
+"""`fedsilo privacy audit` and `fedsilo privacy report`: the privacy officer's view of the
+silos' ledgers; any finding is one line and a non-zero exit."""
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from fedsilo.ops.cli import main
+from fedsilo.privacy.accounting import Mechanism
+from fedsilo.privacy.ledger import PrivacyLedger, payload_digest
+
+DELTA = 1e-5
+TRAIN = Mechanism.dp_sgd(noise_multiplier=2.0, sample_rate=1.0, steps=5, max_grad_norm=1.0)
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(main, ["privacy", *args], catch_exceptions=False)
+
+
+def write_ledger(path: Path, rounds: int = 3) -> PrivacyLedger:
+    """A silo's ledger: a DP deployment trained for `rounds` rounds, and one deployment
+    without DP."""
+    ledger = PrivacyLedger(path)
+    for round_ in range(rounds):
+        ledger.append(
+            deployment="heart-dp",
+            round=round_,
+            task_id=f"train-{round_}",
+            mechanism=TRAIN,
+            payload_digest=payload_digest(b"model %d" % round_),
+            delta=DELTA,
+        )
+    ledger.append(
+        deployment="heart-open",
+        round=0,
+        task_id="evaluate-0",
+        mechanism=Mechanism.none(),
+        payload_digest=payload_digest(b"metrics"),
+        delta=None,
+    )
+    return ledger
+
+
+@pytest.fixture
+def ledger_file(tmp_path: Path) -> Path:
+    path = tmp_path / "hospital-a.jsonl"
+    write_ledger(path)
+    return path
+
+
+def test_audit_shows_spent_and_remaining_per_deployment(ledger_file: Path) -> None:
+    spent = PrivacyLedger(ledger_file).spent("heart-dp")
+    result = invoke("audit", "--ledger", str(ledger_file), "--cap", "20")
+    assert result.exit_code == 0, result.output
+    assert "heart-dp" in result.output and "heart-open" in result.output
+    assert f"{spent:.6g}" in result.output
+    assert f"{20 - spent:.6g}" in result.output
+    assert "no DP" in result.output
+    assert "OK" in result.output and "chain intact" in result.output
+
+
+def test_audit_json_is_for_machines(ledger_file: Path) -> None:
+    ledger = PrivacyLedger(ledger_file)
+    result = invoke("audit", "--ledger", str(ledger_file), "--cap", "20", "--json")
+    assert result.exit_code == 0
+    document = json.loads(result.stdout)
+    assert document["ok"] is True and document["reason"] is None
+    assert document["records"] == 4 and document["head"] == ledger.head()
+    dp, open_ = document["deployments"]
+    assert dp["booked"] == dp["recomputed"] == ledger.spent("heart-dp")
+    assert dp["remaining"] == pytest.approx(20 - ledger.spent("heart-dp"))
+    assert (dp["delta"], dp["accountant"], dp["cap"]) == (DELTA, "rdp", 20.0)
+    assert (open_["booked"], open_["cap"], open_["remaining"]) == (None, None, None)
+
+
+def test_audit_names_an_edited_record_and_fails(ledger_file: Path) -> None:
+    lines = ledger_file.read_bytes().splitlines(keepends=True)
+    lines[1] = lines[1].replace(b'"steps":5', b'"steps":4')
+    ledger_file.write_bytes(b"".join(lines))
+    for extra in ((), ("--json",)):
+        result = invoke("audit", "--ledger", str(ledger_file), *extra)
+        assert result.exit_code == 1
+        (reason,) = result.stderr.strip().splitlines()
+        assert reason.startswith(f"Error: {ledger_file}: line 2 (seq 2): edited:")
+
+
+def test_audit_with_the_coordinators_anchor_catches_a_deleted_last_record(
+    ledger_file: Path,
+) -> None:
+    anchor = PrivacyLedger(ledger_file).head()
+    ledger_file.write_bytes(b"".join(ledger_file.read_bytes().splitlines(keepends=True)[:-1]))
+    assert invoke("audit", "--ledger", str(ledger_file)).exit_code == 0
+    result = invoke("audit", "--ledger", str(ledger_file), "--anchor", anchor)
+    assert result.exit_code == 1
+    assert "deleted or reordered" in result.stderr and "from seq 4 on" in result.stderr
+
+
+def test_audit_fails_where_a_deployment_went_over_the_cap(ledger_file: Path) -> None:
+    result = invoke("audit", "--ledger", str(ledger_file), "--cap", "0.5")
+    assert result.exit_code == 1
+    assert "deployment heart-dp: seq 1" in result.stderr and "over the cap 0.5" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--ledger", "missing.jsonl"), "cannot read the ledger"),
+        (("--anchor", "abc"), "anchor must be 64 hex digits"),
+    ],
+)
+def test_audit_errors_are_one_clear_line(ledger_file: Path, args, message: str) -> None:
+    result = invoke("audit", "--ledger", str(ledger_file), *args)
+    assert result.exit_code == 1
+    assert message in result.stderr
+
+
+def test_report_plots_epsilon_over_rounds_for_each_silo(tmp_path: Path) -> None:
+    for silo in ("hospital-a", "hospital-b"):
+        write_ledger(tmp_path / f"{silo}.jsonl", rounds=4)
+    out = tmp_path / "epsilon.png"
+    result = invoke(
+        "report",
+        "--ledger",
+        str(tmp_path / "hospital-a.jsonl"),
+        "--ledger",
+        str(tmp_path / "hospital-b.jsonl"),
+        "--out",
+        str(out),
+    )
+    assert result.exit_code == 0, result.output
+    assert out.read_bytes().startswith(b"\x89PNG")
+    assert f"wrote {out}" in result.output
+
+
+def test_report_refuses_a_ledger_that_fails_its_audit(ledger_file: Path, tmp_path: Path) -> None:
+    ledger_file.write_bytes(ledger_file.read_bytes()[:-5])
+    out = tmp_path / "epsilon.png"
+    result = invoke("report", "--ledger", str(ledger_file), "--out", str(out))
+    assert result.exit_code == 1
+    assert "truncated tail" in result.stderr
+    assert not out.exists()
+
+
+def test_report_needs_a_deployment_that_books_epsilon(tmp_path: Path) -> None:
+    path = tmp_path / "open.jsonl"
+    PrivacyLedger(path).append(
+        deployment="open",
+        round=0,
+        task_id="t",
+        mechanism=Mechanism.none(),
+        payload_digest=payload_digest(b""),
+        delta=None,
+    )
+    result = invoke("report", "--ledger", str(path), "--out", str(tmp_path / "e.png"))
+    assert result.exit_code == 1
+    assert "no deployment in these ledgers books epsilon" in result.stderr

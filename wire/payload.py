@@ -1,0 +1,147 @@
+"""A message's bytes without needless copies, so the coordinator's memory stays bounded by what a
+round needs rather than by how many silos take part.
+
+- `Payload` holds consecutive parts in memory: a task is a small per-silo header ahead of a
+  tensor block that every silo of a phase shares, so broadcasting a model to K silos keeps one
+  copy of it, not K.
+- `SpooledPayload` is a large payload received from the network, written to an anonymous
+  temporary file as its chunks arrive (unlinked at once: nothing is left behind, even after a
+  crash). Reading it goes through `os.pread`, not a memory map, so the pages never count
+  towards the process's resident size; the engine reads such results slice by slice.
+
+Both expose the same reading interface (`len`, `read`, `chunks`, `to_bytes`, `digest`);
+`as_payload` lifts plain bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from collections.abc import Iterable, Iterator
+from typing import BinaryIO
+
+DIGEST_BYTES = 32
+READ_BYTES = 1 << 22  # how much `SpooledPayload` reads at once when it walks the whole payload
+
+
+def blake2b(parts: Iterable[bytes | memoryview]) -> bytes:
+    """BLAKE2b-256 over the concatenation of `parts`."""
+    digest = hashlib.blake2b(digest_size=DIGEST_BYTES)
+    for part in parts:
+        digest.update(part)
+    return digest.digest()
+
+
+class Payload:
+    """Bytes held in memory as consecutive parts (not joined unless someone asks for bytes)."""
+
+    def __init__(self, parts: Iterable[bytes | memoryview], digest: bytes | None = None) -> None:
+        self.parts = tuple(memoryview(p).cast("B") for p in parts)
+        self._size = sum(len(p) for p in self.parts)
+        self._digest = digest
+
+    def __len__(self) -> int:
+        return self._size
+
+    def read(self, offset: int, length: int) -> bytes:
+        """`length` bytes from `offset` (fewer at the end of the payload)."""
+        out = bytearray()
+        for part in self.parts:
+            if offset >= len(part):
+                offset -= len(part)
+                continue
+            out += part[offset : offset + length - len(out)]
+            offset = 0
+            if len(out) == length:
+                break
+        return bytes(out)
+
+    def chunks(self, chunk_bytes: int) -> Iterator[bytes | memoryview]:
+        """Consecutive slices of at most `chunk_bytes`; a chunk copies only where it spans two
+        parts. An empty payload yields one empty chunk, so a receiver always sees a frame."""
+        if chunk_bytes < 1:
+            raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
+        if self._size == 0:
+            yield b""
+            return
+        pending = bytearray()
+        for part in self.parts:
+            start = 0
+            if pending:
+                start = chunk_bytes - len(pending)
+                pending += part[:start]
+                if len(pending) < chunk_bytes:
+                    continue
+                yield bytes(pending)
+                pending = bytearray()
+            while len(part) - start >= chunk_bytes:
+                yield part[start : start + chunk_bytes]
+                start += chunk_bytes
+            pending += part[start:]
+        if pending:
+            yield bytes(pending)
+
+    def to_bytes(self) -> bytes:
+        return b"".join(self.parts)
+
+    def digest(self) -> bytes:
+        """BLAKE2b-256 of the payload (computed once)."""
+        if self._digest is None:
+            self._digest = blake2b(self.parts)
+        return self._digest
+
+
+class SpooledPayload:
+    """A payload in an anonymous temporary file; see the module docstring."""
+
+    def __init__(self, directory: str | None = None) -> None:
+        self._file: BinaryIO = tempfile.TemporaryFile(dir=directory)  # noqa: SIM115 (owned)
+        self._size = 0
+        self._digest: bytes | None = None
+
+    def append(self, data: bytes | memoryview) -> None:
+        self._file.write(data)
+        self._size += len(data)
+
+    def seal(self, digest: bytes) -> SpooledPayload:
+        """Finish writing; `digest` is the BLAKE2b-256 the writer computed while appending."""
+        self._file.flush()
+        self._digest = digest
+        return self
+
+    def __len__(self) -> int:
+        return self._size
+
+    def read(self, offset: int, length: int) -> bytes:
+        length = max(0, min(length, self._size - offset))
+        data = os.pread(self._file.fileno(), length, offset)
+        if len(data) != length:
+            raise OSError(f"spool file returned {len(data)} of {length} bytes")
+        return data
+
+    def chunks(self, chunk_bytes: int) -> Iterator[bytes]:
+        if chunk_bytes < 1:
+            raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
+        if self._size == 0:
+            yield b""
+        for start in range(0, self._size, chunk_bytes):
+            yield self.read(start, chunk_bytes)
+
+    def to_bytes(self) -> bytes:
+        return self.read(0, self._size)
+
+    def digest(self) -> bytes:
+        if self._digest is None:
+            self._digest = blake2b(self.chunks(READ_BYTES))
+        return self._digest
+
+    def close(self) -> None:
+        self._file.close()
+
+
+AnyPayload = Payload | SpooledPayload
+
+
+def as_payload(data: bytes | memoryview | AnyPayload) -> AnyPayload:
+    return data if isinstance(data, Payload | SpooledPayload) else Payload([data])
