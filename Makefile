@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint bench proto clean flower-env
+.PHONY: setup demo compare test lint bench proto clean flower-env
 
 setup: $(STAMP)
 
@@ -13,8 +13,13 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/pip install --quiet -c constraints.txt -e ".[dev]"
 	touch $(STAMP)
 
+# The real deployment path: a provisioned consortium of processes over mutual-TLS gRPC.
 demo: $(STAMP)
-	$(BIN)/fedsilo simulate --compare local --compare central --out runs/demo
+	$(BIN)/fedsilo demo --folder runs/demo-$$(date +%Y%m%d-%H%M%S)
+
+# The same hospitals in one process: FedAvg next to local-only and central training.
+compare: $(STAMP)
+	$(BIN)/fedsilo simulate --compare local --compare central --out runs/compare
 
 test: $(STAMP)
 	$(BIN)/ruff check .

@@ -24,6 +24,7 @@ from fedsilo.coordinator.service import CoordinatorService, SignedPolicy, handle
 from fedsilo.coordinator.state import StateStore
 from fedsilo.coordinator.strategies import make_strategy
 from fedsilo.coordinator.strategies.references import Central
+from fedsilo.ops.memory import return_freed_memory
 from fedsilo.ops.metrics import CoordinatorMetrics, serve_metrics
 from fedsilo.ops.provision import CoordinatorKit, load_coordinator_kit
 from fedsilo.ops.report import write_deployment_results
@@ -55,6 +56,7 @@ class CoordinatorOptions:
 
 def run_coordinator(options: CoordinatorOptions, stop: threading.Event | None = None) -> RunHistory:
     stop = stop or threading.Event()
+    return_freed_memory()
     kit = load_coordinator_kit(options.kit)
     policy_text, digest = _signed_policy(options.policy, kit)
     policy = parse_policy_text(policy_text, source=str(options.policy))

@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import safetensors.torch
 import torch
 
 from fedsilo.wire.messages import PROTOCOL_VERSION, TaskMessage, TaskResult
@@ -155,3 +156,28 @@ def test_an_index_whose_offsets_disagree_with_the_shape_is_refused() -> None:
 def test_a_malformed_index_is_refused(payload: bytes) -> None:
     with pytest.raises(WireError):
         index_tensors(Payload([payload]))
+
+
+def test_what_fedsilo_encodes_the_safetensors_package_reads_and_the_reverse() -> None:
+    tensors = {"model": awkward_floats(), "counts": torch.arange(5, dtype=torch.int64)}
+    ours = encode_tensors(tensors, {"k": 1})
+    theirs = safetensors.torch.load(ours)
+    assert same_bits(theirs["model"], tensors["model"])
+    assert torch.equal(theirs["counts"], tensors["counts"])
+    metadata = {"fedsilo": json.dumps({"k": 2})}
+    decoded, header = decode_tensors(safetensors.torch.save(tensors, metadata=metadata))
+    assert header == {"k": 2} and torch.equal(decoded["counts"], tensors["counts"])
+    assert same_bits(decoded["model"], tensors["model"])
+
+
+def test_tensors_that_overlap_or_leave_trailing_bytes_are_refused() -> None:
+    data = encode_tensors({"a": torch.zeros(2), "b": torch.ones(2)}, {"type": "x"})
+    with pytest.raises(WireError, match="after the last tensor"):
+        index_tensors(Payload([data, b"\x00" * 4]))
+    header_len = int.from_bytes(data[:8], "little")
+    document = json.loads(data[8 : 8 + header_len])
+    document["b"]["data_offsets"] = document["a"]["data_offsets"]
+    text = json.dumps(document).encode()
+    text += b" " * (-len(text) % 8)
+    with pytest.raises(WireError, match="overlaps"):
+        index_tensors(Payload([len(text).to_bytes(8, "little") + text + data[8 + header_len :]]))

@@ -9,7 +9,8 @@ round needs rather than by how many silos take part.
   crash). Reading it goes through `os.pread`, not a memory map, so the pages never count
   towards the process's resident size; the engine reads such results slice by slice.
 
-Both expose the same reading interface (`len`, `read`, `chunks`, `to_bytes`, `digest`);
+Both expose the same reading interface (`len`, `read`, `readinto`, `chunks`, `to_bytes`,
+`digest`);
 `as_payload` lifts plain bytes.
 """
 
@@ -56,6 +57,21 @@ class Payload:
             if len(out) == length:
                 break
         return bytes(out)
+
+    def readinto(self, offset: int, buffer: memoryview) -> None:
+        """Fill `buffer` with the payload's bytes from `offset` (copied once, straight in)."""
+        filled = 0
+        for part in self.parts:
+            if offset >= len(part):
+                offset -= len(part)
+                continue
+            piece = part[offset : offset + len(buffer) - filled]
+            buffer[filled : filled + len(piece)] = piece
+            filled += len(piece)
+            offset = 0
+            if filled == len(buffer):
+                return
+        raise ValueError(f"payload ends {len(buffer) - filled} bytes short")
 
     def chunks(self, chunk_bytes: int) -> Iterator[bytes | memoryview]:
         """Consecutive slices of at most `chunk_bytes`; a chunk copies only where it spans two
@@ -119,6 +135,14 @@ class SpooledPayload:
         if len(data) != length:
             raise OSError(f"spool file returned {len(data)} of {length} bytes")
         return data
+
+    def readinto(self, offset: int, buffer: memoryview) -> None:
+        filled = 0
+        while filled < len(buffer):
+            got = os.preadv(self._file.fileno(), [buffer[filled:]], offset + filled)
+            if got <= 0:
+                raise OSError(f"spool file ends {len(buffer) - filled} bytes short")
+            filled += got
 
     def chunks(self, chunk_bytes: int) -> Iterator[bytes]:
         if chunk_bytes < 1:

@@ -3,19 +3,25 @@
 A model travels as one 1-D tensor plus a `ParameterSpec` (names, shapes, dtype of every
 parameter, in order). Encoding is safetensors: raw little-endian bytes and a JSON header,
 never pickle, so a round trip is bit-exact and decoding runs no code.
+
+The format (8-byte header length, JSON header, tensors back to back) is read and written here
+rather than by the safetensors package, whose Python API works on whole byte strings: `save`
+returns a new copy of every tensor and `load` takes one. The coordinator instead sends a
+tensor's own memory (`tensor_block`), and reads results slice by slice from wherever they
+arrived (`index_tensors`), so a round never holds extra copies of a model. tests/test_wire.py
+checks both directions against the safetensors package.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from safetensors.torch import load as st_load
-from safetensors.torch import save as st_save
 
 from fedsilo.wire.payload import AnyPayload, Payload, as_payload
 
@@ -105,7 +111,7 @@ class TensorBlock:
     shape, offsets into the section); every message carrying these tensors shares the block."""
 
     entries: Mapping[str, Any]
-    data: memoryview
+    data: tuple[memoryview, ...]
 
 
 class TensorBlocks:
@@ -123,12 +129,30 @@ class TensorBlocks:
 
 
 def tensor_block(tensors: Mapping[str, torch.Tensor]) -> TensorBlock:
-    contiguous = {name: t.detach().to("cpu").contiguous() for name, t in tensors.items()}
-    blob = st_save(contiguous)
-    header_len = int.from_bytes(blob[:8], "little")
-    entries = json.loads(blob[8 : 8 + header_len])
-    entries.pop("__metadata__", None)
-    return TensorBlock(entries, memoryview(blob)[8 + header_len :])
+    """The safetensors data section of `tensors` as views of their memory, not a copy: a
+    contiguous little-endian CPU tensor's bytes are exactly its safetensors data (the layout
+    safetensors itself writes: tensors back to back, offsets relative to the section).
+
+    The views keep the tensors alive; a tensor changed while its block is being sent no longer
+    matches the digest sealed over it, and the receiver refuses the message."""
+    if sys.byteorder != "little":  # safetensors data is little-endian
+        raise WireError("this host is big-endian; fedsilo's wire format needs little-endian")
+    entries: dict[str, Any] = {}
+    views: list[memoryview] = []
+    offset = 0
+    for name, tensor in tensors.items():
+        data = tensor.detach().to("cpu").contiguous()
+        raw = memoryview(data.reshape(-1).view(torch.uint8).numpy())
+        if data.dtype not in _SAFETENSORS_DTYPES:
+            raise WireError(f"tensor {name!r} has dtype {data.dtype}, which does not travel")
+        entries[name] = {
+            "dtype": _SAFETENSORS_DTYPES[data.dtype],
+            "shape": list(data.shape),
+            "data_offsets": [offset, offset + len(raw)],
+        }
+        views.append(raw)
+        offset += len(raw)
+    return TensorBlock(entries, tuple(views))
 
 
 def encode_payload(block: TensorBlock, header: Mapping) -> Payload:
@@ -140,7 +164,7 @@ def encode_payload(block: TensorBlock, header: Mapping) -> Payload:
     document = {**block.entries, "__metadata__": {"fedsilo": json.dumps(header, sort_keys=True)}}
     text = json.dumps(document, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)
-    return Payload([len(text).to_bytes(8, "little") + text, block.data])
+    return Payload([len(text).to_bytes(8, "little") + text, *block.data])
 
 
 def encode_tensors(tensors: Mapping[str, torch.Tensor], header: Mapping) -> bytes:
@@ -149,13 +173,10 @@ def encode_tensors(tensors: Mapping[str, torch.Tensor], header: Mapping) -> byte
 
 
 def decode_tensors(data: bytes | AnyPayload) -> tuple[dict[str, torch.Tensor], dict]:
-    """The inverse of `encode_tensors`; raises WireError on anything malformed."""
-    raw = bytes(data) if isinstance(data, bytes | bytearray | memoryview) else data.to_bytes()
-    try:
-        tensors = st_load(raw)
-    except Exception as exc:  # safetensors raises several error types for bad input
-        raise WireError(f"payload is not a fedsilo safetensors message: {exc}") from exc
-    return tensors, _header_of(_document(as_payload(raw)))
+    """The inverse of `encode_tensors`; raises WireError on anything malformed. Each tensor is
+    copied once, straight from the payload (memory or spool file) into its own storage."""
+    lazy, header = index_tensors(as_payload(data))
+    return {name: tensor.load() for name, tensor in lazy.items()}, header
 
 
 @dataclass(frozen=True)
@@ -172,10 +193,12 @@ class LazyTensor:
         return math.prod(self.shape)
 
     def read(self, start: int, stop: int) -> torch.Tensor:
-        """Elements [start, stop) of the flattened tensor."""
-        itemsize = self.dtype.itemsize
-        data = self.payload.read(self.offset + start * itemsize, (stop - start) * itemsize)
-        return torch.frombuffer(bytearray(data), dtype=self.dtype)
+        """Elements [start, stop) of the flattened tensor, copied once into a new tensor."""
+        out = torch.empty(stop - start, dtype=self.dtype)
+        if out.numel():
+            view = memoryview(out.view(torch.uint8).numpy())
+            self.payload.readinto(self.offset + start * self.dtype.itemsize, view)
+        return out
 
     def load(self) -> torch.Tensor:
         return self.read(0, self.numel).view(self.shape)
@@ -189,7 +212,7 @@ def index_tensors(payload: AnyPayload) -> tuple[dict[str, LazyTensor], dict]:
     the same one `decode_tensors` reads (checked: dtype, shape, offsets inside the payload)."""
     document = _document(payload)
     data_start = 8 + int.from_bytes(payload.read(0, 8), "little")
-    tensors = {}
+    tensors: dict[str, LazyTensor] = {}
     for name, entry in document.items():
         if name == "__metadata__":
             continue
@@ -204,7 +227,20 @@ def index_tensors(payload: AnyPayload) -> tuple[dict[str, LazyTensor], dict]:
         if begin < 0 or data_start + end > len(payload):
             raise WireError(f"tensor {name!r} lies outside the payload")
         tensors[name] = LazyTensor(payload, data_start + begin, dtype, shape)
+    _check_back_to_back(tensors, data_start, len(payload))
     return tensors, _header_of(document)
+
+
+def _check_back_to_back(tensors: Mapping[str, LazyTensor], start: int, end: int) -> None:
+    """Tensors must tile the data section exactly, as safetensors requires: no overlap, no gap,
+    nothing after the last one."""
+    position = start
+    for name, tensor in sorted(tensors.items(), key=lambda item: item[1].offset):
+        if tensor.offset != position:
+            raise WireError(f"tensor {name!r} overlaps another or leaves a gap before it")
+        position += tensor.numel * tensor.dtype.itemsize
+    if position != end:
+        raise WireError(f"{end - position} bytes after the last tensor")
 
 
 _DTYPES = {
@@ -219,6 +255,7 @@ _DTYPES = {
     "U8": torch.uint8,
     "BOOL": torch.bool,
 }
+_SAFETENSORS_DTYPES = {dtype: name for name, dtype in _DTYPES.items()}
 MAX_HEADER_BYTES = 100 << 20
 
 
