@@ -408,7 +408,7 @@ def _stop_on_signals() -> threading.Event:
 )
 def demo(folder: Path | None, rounds: int | None) -> None:
     """Run a real consortium on this machine: coordinator and four hospitals over mTLS."""
-    folder = folder or Path(tempfile.mkdtemp(prefix="fedsilo-demo-"))
+    folder = (folder or Path(tempfile.mkdtemp(prefix="fedsilo-demo-"))).resolve()
     _stop_on_signals()
     console.print(f"provisioning a throw-away consortium of four hospitals in {folder}/")
     with Progress(*_progress_columns(), console=console) as progress:

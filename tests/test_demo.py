@@ -13,7 +13,9 @@ from fedsilo.silo.config import load_silo_config
 HOSPITALS = ("cleveland", "hungary", "switzerland", "va-long-beach")
 
 
-def fedsilo(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+def fedsilo(
+    *args: str, timeout: float = 180, cwd: Path | None = None
+) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "fedsilo", *args],
         capture_output=True,
@@ -21,13 +23,15 @@ def fedsilo(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
         timeout=timeout,
         check=False,
         env={"COLUMNS": "200", "PATH": ""},
+        cwd=cwd,
     )
 
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    folder = tmp_path_factory.mktemp("demo") / "run"
-    result = fedsilo("demo", "--folder", str(folder), "--rounds", "2")
+    parent = tmp_path_factory.mktemp("demo")
+    result = fedsilo("demo", "--folder", "run", "--rounds", "2", cwd=parent)  # relative, as in make
+    folder = parent / "run"
     assert result.returncode == 0, result.stdout + result.stderr
     return folder, result.stdout
 
