@@ -88,7 +88,15 @@ def _start_agent(
     device, why = resolve_device((config.compute or policy.compute).device)
     data = config.data.load(policy.seed, base_dir=config_path.parent)
     log.info("silo %s: %d training rows, device %s", kit.name, len(data.y_train), why)
-    agent = SiloAgent(kit.name, data, policy.model, device, policy_digest=digest)
+    agent = SiloAgent(
+        kit.name,
+        data,
+        policy.model,
+        device,
+        policy_digest=digest,
+        privacy=policy.privacy,
+        rounds=policy.rounds,
+    )
 
     def endpoint(payload: bytes) -> bytes:
         metrics.count_bytes("to_silo", len(payload))

@@ -69,12 +69,16 @@ def simulate(
 ) -> SimulationResult:
     started = time.perf_counter()
     device, device_note = resolve_device(policy.compute.device)
-    endpoints = {d.name: SiloAgent(d.name, d, policy.model, device).handle_bytes for d in datasets}
+
+    def agent(name: str, data: SiloDataset) -> SiloAgent:
+        return SiloAgent(
+            name, data, policy.model, device, privacy=policy.privacy, rounds=policy.rounds
+        )
+
+    endpoints = {d.name: agent(d.name, d).handle_bytes for d in datasets}
     strategy = make_strategy(policy)
     if isinstance(strategy, Central):
-        endpoints[POOLED_SILO] = SiloAgent(
-            POOLED_SILO, pool(datasets), policy.model, device
-        ).handle_bytes
+        endpoints[POOLED_SILO] = agent(POOLED_SILO, pool(datasets)).handle_bytes
     transport = InProcessTransport(endpoints, max_parallel=min(4, os.cpu_count() or 1))
     engine = RoundEngine(strategy, transport, policy, [d.name for d in datasets], observers)
     try:

@@ -12,6 +12,7 @@ from fedsilo.policies.base import PolicyModel
 from fedsilo.policies.compute import ComputeConfig
 from fedsilo.policies.data import DataConfig
 from fedsilo.policies.model import LinearModel, ModelConfig
+from fedsilo.policies.privacy import PrivacyConfig
 from fedsilo.policies.training import TrainingConfig
 
 SUPPORTED_VERSIONS = (1,)
@@ -37,6 +38,7 @@ class Policy(PolicyModel):
     participants: ParticipantsConfig = ParticipantsConfig()
     compute: ComputeConfig = ComputeConfig()
     data: DataConfig = DataConfig()
+    privacy: PrivacyConfig = PrivacyConfig()
 
     @model_validator(mode="before")
     @classmethod

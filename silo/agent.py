@@ -10,6 +10,7 @@ from dataclasses import replace
 import torch
 
 from fedsilo.policies.model import ModelConfig
+from fedsilo.policies.privacy import PrivacyConfig
 from fedsilo.silo.data import SiloDataset
 from fedsilo.silo.tasks import TASK_HANDLERS
 from fedsilo.silo.tasks.base import SiloContext
@@ -25,10 +26,21 @@ class SiloAgent:
         model_config: ModelConfig,
         device: torch.device | str = "cpu",
         policy_digest: str | None = None,
+        *,
+        privacy: PrivacyConfig | None = None,
+        rounds: int = 1,
     ) -> None:
         """`policy_digest`: the policy this silo accepted; tasks under another are refused
-        (None in simulations, where there is no signed policy)."""
-        self.context = SiloContext(name, data, model_config, torch.device(device))
+        (None in simulations, where there is no signed policy). `privacy` and `rounds`: that
+        policy's privacy section and length, the only source of this silo's DP parameters."""
+        self.context = SiloContext(
+            name,
+            data,
+            model_config,
+            torch.device(device),
+            privacy=privacy or PrivacyConfig(),
+            rounds=rounds,
+        )
         self.policy_digest = policy_digest
 
     @property

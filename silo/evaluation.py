@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -73,9 +74,17 @@ def loss_function(task: str) -> LossFunction:
     return _regression_loss
 
 
-def _regression_loss(output: Tensor, y: Tensor) -> Tensor:
+def per_sample_loss_function(task: str) -> LossFunction:
+    """The training loss of `task` for each row, unreduced (shape (n,)): what DP-SGD clips."""
+    _check_task(task)
+    if task == "classification":
+        return partial(F.cross_entropy, reduction="none")
+    return partial(_regression_loss, reduction="none")
+
+
+def _regression_loss(output: Tensor, y: Tensor, reduction: str = "mean") -> Tensor:
     pred = _squeeze_regression(output)
-    return F.mse_loss(pred, y.to(pred.dtype))
+    return F.mse_loss(pred, y.to(pred.dtype), reduction=reduction)
 
 
 def _squeeze_regression(output: Tensor) -> Tensor:

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from fedsilo.policies.model import ModelConfig
+from fedsilo.policies.privacy import PrivacyConfig
 from fedsilo.silo.data import SiloDataset
 from fedsilo.silo.models import build_model
 from fedsilo.wire.messages import TaskMessage, TaskResult
@@ -25,6 +26,8 @@ class SiloContext:
     model_config: ModelConfig
     device: torch.device
     store: dict[str, Any] = field(default_factory=dict)  # what the silo keeps between tasks
+    privacy: PrivacyConfig = PrivacyConfig()  # from the silo's own copy of the policy
+    rounds: int = 1  # the deployment's rounds: DP-SGD calibrates its noise over all of them
 
     def new_model(self, seed: int) -> nn.Module:
         return build_model(self.model_config, self.data.input_shape, self.data.output_dim, seed).to(

@@ -4,17 +4,22 @@ Epochs or a fixed number of steps, minibatches drawn from a seeded generator, SG
 momentum and weight decay) or Adam, and the optional FedProx proximal term
 (mu/2)||w - w_received||^2. Returns the trained parameters, the sample count, and the mean
 training loss of the round's last epoch (or of all steps when training by steps).
+
+When the silo's own policy asks for DP-SGD (`privacy.dp_sgd`), training runs through
+`silo/dp_training.py` with the DP parameters of that policy, whatever the task says, and
+the result also reports `dp_noise_multiplier`, `dp_sample_rate` and `dp_steps`.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 
-from fedsilo.silo.evaluation import loss_function
+from fedsilo.silo.dp_training import dp_sgd_plan, train_private
+from fedsilo.silo.evaluation import loss_function, per_sample_loss_function
+from fedsilo.silo.schedule import LocalSchedule, shuffled_batches
 from fedsilo.silo.tasks.base import MODEL, SiloContext, flat_parameters
 from fedsilo.wire.messages import TaskMessage, TaskResult
 
@@ -26,34 +31,52 @@ def train(message: TaskMessage, ctx: SiloContext) -> TaskResult:
     n = len(y)
     if n == 0:
         raise ValueError(f"silo {ctx.name!r} has no training samples")
-    batch = min(int(config["batch_size"]), n)
-    steps_per_epoch = math.ceil(n / batch)
-    steps = int(config["steps"]) if config.get("steps") else int(config["epochs"]) * steps_per_epoch
-    window = steps_per_epoch if not config.get("steps") else steps
+    schedule = LocalSchedule.of(config, n)
 
     optimizer = _optimizer(model.parameters(), config)
-    loss_fn = loss_function(ctx.data.task)
+    loss_fn, per_sample_fn = loss_function(ctx.data.task), per_sample_loss_function(ctx.data.task)
     mu = float(config.get("prox_mu", 0.0))
     anchor = [p.detach().clone() for p in model.parameters()] if mu > 0 else []
-    generator = torch.Generator().manual_seed(int(config["seed"]))
+    seed = int(config["seed"])
+
+    def per_sample_loss(index: torch.Tensor) -> torch.Tensor:
+        return per_sample_fn(model(x[index]), y[index])
 
     model.train()
-    recent: list[float] = []
-    for step, index in enumerate(_minibatches(n, batch, steps, generator)):
-        index = index.to(x.device)
-        optimizer.zero_grad(set_to_none=True)
-        loss = loss_fn(model(x[index]), y[index])
-        (loss + _proximal(model, anchor, mu) if mu > 0 else loss).backward()
-        optimizer.step()
-        if step >= steps - window:
-            recent.append(float(loss.detach()))
+    metrics: dict[str, float] = {"steps": float(schedule.steps)}
+    if ctx.privacy.dp_sgd is None:
+        losses: list[float | None] = []
+        for index in shuffled_batches(schedule, torch.Generator().manual_seed(seed)):
+            optimizer.zero_grad(set_to_none=True)
+            index = index.to(x.device)
+            loss = loss_fn(model(x[index]), y[index])
+            (loss + _proximal(model, anchor, mu) if mu > 0 else loss).backward()
+            optimizer.step()
+            losses.append(float(loss.detach()))
+    else:
+        plan = dp_sgd_plan(ctx.privacy, config, n, ctx.rounds)
+        losses = train_private(
+            model,
+            optimizer,
+            plan,
+            seed,
+            per_sample_loss,
+            after_noise=(lambda: _add_proximal_gradient(model, anchor, mu)) if mu > 0 else None,
+        )
+        metrics |= {
+            "dp_noise_multiplier": plan.noise_multiplier,
+            "dp_sample_rate": plan.sample_rate,
+            "dp_steps": float(plan.steps),
+        }
+    recent = [loss for loss in losses[-schedule.window :] if loss is not None]
+    metrics["train_loss"] = sum(recent) / len(recent) if recent else float("nan")
 
     return TaskResult(
         task_id=message.task_id,
         silo=ctx.name,
         kind=message.kind,
         num_samples=n,
-        metrics={"train_loss": sum(recent) / len(recent), "steps": float(steps)},
+        metrics=metrics,
         tensors={MODEL: flat_parameters(model, spec)},
         spec=spec,
     )
@@ -68,18 +91,12 @@ def _proximal(model: torch.nn.Module, anchor: list[torch.Tensor], mu: float) -> 
     )
 
 
-def _minibatches(
-    n: int, batch: int, steps: int, generator: torch.Generator
-) -> Iterator[torch.Tensor]:
-    """`steps` minibatches of indices; a fresh permutation each pass through the data."""
-    produced = 0
-    while produced < steps:
-        order = torch.randperm(n, generator=generator)
-        for start in range(0, n, batch):
-            if produced == steps:
-                return
-            yield order[start : start + batch]
-            produced += 1
+@torch.no_grad()
+def _add_proximal_gradient(model: torch.nn.Module, anchor: list[torch.Tensor], mu: float) -> None:
+    """FedProx under DP-SGD: the proximal term's gradient mu (w - w_received) does not depend
+    on the data, so it joins the gradient after clipping and noise."""
+    for p, a in zip(model.parameters(), anchor, strict=True):
+        p.grad.add_(p - a, alpha=mu)
 
 
 def _optimizer(params: Any, config: Mapping[str, Any]) -> torch.optim.Optimizer:

@@ -1,0 +1,58 @@
+"""The policy's `privacy:` section: how each silo's data is protected, and how it is accounted.
+
+`delta` and `accountant` say how every release of a silo's data is turned into one epsilon
+(Opacus' RDP or PRV accountant); `epsilon_cap` is the deployment's per-silo budget, which a
+silo's ledger enforces. `dp_sgd` turns on sample-level DP-SGD in every training task.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from fedsilo.policies.base import PolicyModel
+
+
+class DpSgdConfig(PolicyModel):
+    """Sample-level DP-SGD (Opacus): per-sample gradients clipped to `max_grad_norm`, plus
+    Gaussian noise of std `noise_multiplier * max_grad_norm` on every step.
+
+    Give exactly one of `noise_multiplier` and `target_epsilon`; with `target_epsilon` each
+    silo calibrates its noise so that all of the deployment's rounds together reach it (at
+    the policy's `delta`). `poisson_sampling`: each sample joins each batch independently
+    (what the accountants assume); false keeps shuffled fixed-size batches.
+    """
+
+    max_grad_norm: float = Field(default=1.0, gt=0)
+    noise_multiplier: float | None = Field(default=None, ge=0)
+    target_epsilon: float | None = Field(default=None, gt=0)
+    poisson_sampling: bool = True
+
+    @model_validator(mode="after")
+    def _one_noise_setting(self) -> DpSgdConfig:
+        if (self.noise_multiplier is None) == (self.target_epsilon is None):
+            given = "both" if self.noise_multiplier is not None else "neither"
+            raise ValueError(
+                f"set exactly one of 'noise_multiplier' and 'target_epsilon' (got {given})"
+            )
+        return self
+
+
+class PrivacyConfig(PolicyModel):
+    """Accounting (delta, accountant), the per-silo budget, and the mechanisms in use."""
+
+    delta: float = Field(default=1e-5, gt=0, lt=1)
+    accountant: Literal["rdp", "prv"] = "rdp"
+    epsilon_cap: float | None = Field(default=None, gt=0)
+    dp_sgd: DpSgdConfig | None = None
+
+    @model_validator(mode="after")
+    def _target_within_cap(self) -> PrivacyConfig:
+        target = self.dp_sgd.target_epsilon if self.dp_sgd is not None else None
+        if target is not None and self.epsilon_cap is not None and target > self.epsilon_cap:
+            raise ValueError(
+                f"dp_sgd.target_epsilon {target:g} exceeds epsilon_cap {self.epsilon_cap:g}: "
+                "the training alone would spend more than a silo's budget"
+            )
+        return self

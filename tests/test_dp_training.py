@@ -1,0 +1,199 @@
+"""Sample-level DP-SGD in silo training: the policy section, the plan a silo books, and the
+private training loop (equivalence without noise, clipping, seeding, calibration, refusals)."""
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from fedsilo.policies.loading import PolicyError, parse_policy
+from fedsilo.policies.model import CnnModel, LinearModel, MlpModel, ModelConfig
+from fedsilo.policies.privacy import PrivacyConfig
+from fedsilo.privacy.accounting import Mechanism, epsilon
+from fedsilo.silo.agent import SiloAgent
+from fedsilo.silo.data import SiloDataset
+from fedsilo.silo.dp_training import DpSgdError, check_model, dp_sgd_plan
+from fedsilo.wire.messages import TaskResult
+from tests.test_tasks import run, separable, train_config
+
+LINEAR = LinearModel(name="linear")
+
+# silo/dp_training.py silences this torch warning at import, which pytest's own warning
+# capture undoes; and Opacus' RDP warns while calibrating through very small epsilons.
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:Full backward hook is firing"),
+    pytest.mark.filterwarnings("ignore:Optimal order is the largest alpha"),
+]
+
+
+def dp(**dp_sgd: object) -> PrivacyConfig:
+    return PrivacyConfig.model_validate({"dp_sgd": {"noise_multiplier": 1.0, **dp_sgd}})
+
+
+def agent(privacy: PrivacyConfig | None = None, model: ModelConfig = LINEAR) -> SiloAgent:
+    return SiloAgent("a", separable(), model, privacy=privacy, rounds=10)
+
+
+def trained(privacy: PrivacyConfig | None, **config: object) -> TaskResult:
+    silo = agent(privacy)
+    result = run(silo, "train", train_config(**config), run(silo, "init", {"seed": 0}))
+    assert result.ok, result.error
+    return result
+
+
+def update(result: TaskResult) -> torch.Tensor:
+    initial = run(agent(), "init", {"seed": 0})
+    return result.tensors["model"] - initial.tensors["model"]
+
+
+# -- equivalence, clipping, seeding ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "config",
+    [{}, {"prox_mu": 0.5}, {"optimizer": "adam", "lr": 0.01}, {"momentum": 0.9, "lr": 0.05}],
+    ids=["sgd", "fedprox", "adam", "momentum"],
+)
+def test_without_noise_or_clipping_dp_sgd_is_plain_training(config: dict) -> None:
+    # Equal to 1e-6, not bit for bit: DP-SGD differentiates the sum of the clip-weighted
+    # per-sample losses (weights 1 here) and divides by the batch size, where plain training
+    # differentiates the mean loss; the float operations differ, so results agree to rounding
+    # (often exactly). Shuffled batches (no Poisson sampling) follow the same seeded order as
+    # plain training, the smaller last batch of each pass included.
+    exact = dp(noise_multiplier=0.0, max_grad_norm=1e9, poisson_sampling=False)
+    plain, private = trained(None, **config), trained(exact, **config)
+    assert plain.metrics["steps"] == private.metrics["dp_steps"] == 5 * 13  # 200 rows, 16 a batch
+    torch.testing.assert_close(private.tensors["model"], plain.tensors["model"], rtol=0, atol=1e-6)
+    assert private.metrics["train_loss"] == pytest.approx(plain.metrics["train_loss"], abs=1e-6)
+
+
+@pytest.mark.parametrize("batch_size", [1, 200])
+def test_each_sample_moves_the_model_by_at_most_the_clip_norm(batch_size: int) -> None:
+    # One step, lr 1, no noise: the update is the mean of the clipped per-sample gradients,
+    # whereas plain training's step is far longer than the clip norm.
+    clip, one_step = 1e-3, {"epochs": None, "steps": 1, "batch_size": batch_size, "lr": 1.0}
+    privacy = dp(noise_multiplier=0.0, max_grad_norm=clip, poisson_sampling=False)
+    step = update(trained(privacy, **one_step)).norm().item()
+    assert update(trained(None, **one_step)).norm().item() > 50 * clip
+    if batch_size == 1:  # a single sample's gradient, clipped to exactly the clip norm
+        assert step == pytest.approx(clip, rel=1e-4)
+    else:
+        assert step <= clip * (1 + 1e-6)
+
+
+def test_the_same_seed_gives_the_same_private_model() -> None:
+    noisy = dp(noise_multiplier=1.0)
+    first, second, other = (trained(noisy, seed=s) for s in (3, 3, 4))
+    assert first.tensors["model"].equal(second.tensors["model"])
+    assert not first.tensors["model"].equal(other.tensors["model"])
+
+
+def test_noise_is_added_even_to_a_step_whose_poisson_batch_is_empty() -> None:
+    # batch 1 of 200 rows: each step's batch is empty with probability (1 - 1/200)^200 ~ 0.37.
+    noisy = dp(noise_multiplier=1.0)
+    result = trained(noisy, epochs=None, steps=30, batch_size=1)
+    assert torch.isfinite(result.tensors["model"]).all() and update(result).norm() > 0
+    assert math.isfinite(result.metrics["train_loss"])
+
+
+@pytest.mark.parametrize(
+    "model", [LINEAR, MlpModel(name="mlp", hidden=[8]), CnnModel(name="cnn", channels=[4])]
+)
+def test_every_model_of_the_zoo_trains_under_dp_sgd(model: ModelConfig) -> None:
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(64, 1, 6, 6, generator=g), torch.randint(0, 3, (64,), generator=g)
+    data = SiloDataset("a", x, y, x[:8], y[:8], x[:8], y[:8], "classification", 3, (), (1, 6, 6))
+    silo = SiloAgent("a", data, model, privacy=dp(noise_multiplier=0.5))
+    result = run(silo, "train", train_config(epochs=1), run(silo, "init", {"seed": 0}))
+    assert result.ok, result.error
+
+
+# -- the plan a silo books, and where its parameters come from ---------------------------------
+
+
+def test_the_result_reports_the_plan_the_silo_computed_before_training() -> None:
+    privacy = PrivacyConfig.model_validate({"dp_sgd": {"target_epsilon": 4.0}})
+    plan = dp_sgd_plan(privacy, train_config(), n_train=200, rounds=10)
+    result = trained(privacy)
+    assert result.metrics["dp_noise_multiplier"] == plan.noise_multiplier
+    assert result.metrics["dp_sample_rate"] == plan.sample_rate == 16 / 200
+    assert result.metrics["dp_steps"] == plan.steps == 5 * 13
+    assert plan.mechanism() == Mechanism.dp_sgd(
+        noise_multiplier=plan.noise_multiplier, sample_rate=0.08, steps=65, max_grad_norm=1.0
+    )
+
+
+def test_a_plan_without_noise_books_a_release_without_dp_guarantee() -> None:
+    plan = dp_sgd_plan(dp(noise_multiplier=0.0), train_config(), n_train=200, rounds=1)
+    assert plan.mechanism() == Mechanism.none()
+
+
+def test_the_task_cannot_change_the_silos_dp_parameters() -> None:
+    # DP parameters come from the silo's own copy of the policy; keys a coordinator slips
+    # into the task are ignored.
+    honest = trained(dp(noise_multiplier=2.0, max_grad_norm=0.5))
+    weakened = trained(
+        dp(noise_multiplier=2.0, max_grad_norm=0.5),
+        dp_sgd=None,
+        noise_multiplier=0.0,
+        max_grad_norm=1e9,
+    )
+    assert weakened.metrics["dp_noise_multiplier"] == 2.0
+    assert weakened.tensors["model"].equal(honest.tensors["model"])
+
+
+@pytest.mark.parametrize("accountant", ["rdp", "prv"])
+def test_a_target_epsilon_is_met_by_the_whole_deployment(accountant: str) -> None:
+    privacy = PrivacyConfig.model_validate(
+        {"accountant": accountant, "dp_sgd": {"target_epsilon": 2.0}}
+    )
+    rounds = 10
+    plan = dp_sgd_plan(privacy, train_config(epochs=1), n_train=200, rounds=rounds)
+    spent = epsilon([plan.mechanism()] * rounds, privacy.delta, accountant)
+    assert 2.0 - 0.05 < spent <= 2.0
+
+
+def test_an_unreachable_target_epsilon_is_a_clear_error() -> None:
+    privacy = PrivacyConfig.model_validate({"dp_sgd": {"target_epsilon": 1e-4}})
+    with pytest.raises(DpSgdError, match="no noise multiplier reaches target_epsilon 0.0001"):
+        dp_sgd_plan(privacy, train_config(batch_size=200), n_train=200, rounds=100)
+
+
+def test_a_model_with_batchnorm_is_refused_with_the_layer_and_the_fix() -> None:
+    model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 2))
+    with pytest.raises(DpSgdError, match=r"BatchNorm1d at '1' .*GroupNorm.*ModuleValidator\.fix"):
+        check_model(model)
+    check_model(nn.Sequential(nn.Linear(4, 8), nn.GroupNorm(2, 8), nn.Linear(8, 2)))
+
+
+# -- the policy section ------------------------------------------------------------------------
+
+
+def privacy_policy(**privacy: object) -> dict:
+    return {"version": 1, "privacy": privacy}
+
+
+@pytest.mark.parametrize(
+    "dp_sgd", [{}, {"noise_multiplier": 1.0, "target_epsilon": 3.0}], ids=["neither", "both"]
+)
+def test_dp_sgd_needs_exactly_one_of_noise_multiplier_and_target_epsilon(dp_sgd: dict) -> None:
+    with pytest.raises(PolicyError, match=r"privacy\.dp_sgd: set exactly one of "):
+        parse_policy(privacy_policy(dp_sgd=dp_sgd))
+
+
+def test_a_target_epsilon_above_the_cap_is_refused() -> None:
+    with pytest.raises(
+        PolicyError, match=r"privacy: dp_sgd\.target_epsilon 10 exceeds epsilon_cap 8"
+    ):
+        parse_policy(privacy_policy(epsilon_cap=8, dp_sgd={"target_epsilon": 10}))
+
+
+def test_privacy_settings_are_range_checked_and_default_to_no_dp() -> None:
+    assert parse_policy({"version": 1}).privacy == PrivacyConfig(dp_sgd=None)
+    with pytest.raises(PolicyError, match=r"privacy\.delta"):
+        parse_policy(privacy_policy(delta=1.5))
+    with pytest.raises(PolicyError, match=r"privacy\.dp_sgd\.max_grad_norm"):
+        parse_policy(privacy_policy(dp_sgd={"noise_multiplier": 1, "max_grad_norm": 0}))
+    with pytest.raises(PolicyError, match=r"did you mean 'noise_multiplier'"):
+        parse_policy(privacy_policy(dp_sgd={"noise_multiplyer": 1}))
