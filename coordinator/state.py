@@ -35,7 +35,7 @@ import torch
 
 from fedsilo.coordinator.strategies.base import ServerState
 from fedsilo.policies.schema import Policy
-from fedsilo.wire.payload import Payload
+from fedsilo.wire.payload import Payload, blake2b
 from fedsilo.wire.tensors import ParameterSpec, decode_tensors, encode_payload, tensor_block
 
 SCHEMA_VERSION = 1
@@ -114,11 +114,8 @@ def content_hash(data: bytes) -> str:
 
 def _file_hash(path: Path) -> str:
     """`content_hash` of a file's bytes, read a few MiB at a time."""
-    digest = hashlib.blake2b(digest_size=32)
     with path.open("rb") as file:
-        while block := file.read(1 << 22):
-            digest.update(block)
-    return digest.hexdigest()
+        return blake2b(iter(lambda: file.read(1 << 22), b"")).hex()
 
 
 def digest_policy(policy: Policy) -> str:

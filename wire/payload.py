@@ -47,21 +47,16 @@ class Payload:
 
     def read(self, offset: int, length: int) -> bytes:
         """`length` bytes from `offset` (fewer at the end of the payload)."""
-        out = bytearray()
-        for part in self.parts:
-            if offset >= len(part):
-                offset -= len(part)
-                continue
-            out += part[offset : offset + length - len(out)]
-            offset = 0
-            if len(out) == length:
-                break
+        out = bytearray(max(0, min(length, self._size - offset)))
+        self.readinto(offset, memoryview(out))
         return bytes(out)
 
     def readinto(self, offset: int, buffer: memoryview) -> None:
         """Fill `buffer` with the payload's bytes from `offset` (copied once, straight in)."""
         filled = 0
         for part in self.parts:
+            if filled == len(buffer):
+                return
             if offset >= len(part):
                 offset -= len(part)
                 continue
@@ -69,8 +64,8 @@ class Payload:
             buffer[filled : filled + len(piece)] = piece
             filled += len(piece)
             offset = 0
-            if filled == len(buffer):
-                return
+        if filled == len(buffer):
+            return
         raise ValueError(f"payload ends {len(buffer) - filled} bytes short")
 
     def chunks(self, chunk_bytes: int) -> Iterator[bytes | memoryview]:
@@ -130,11 +125,9 @@ class SpooledPayload:
         return self._size
 
     def read(self, offset: int, length: int) -> bytes:
-        length = max(0, min(length, self._size - offset))
-        data = os.pread(self._file.fileno(), length, offset)
-        if len(data) != length:
-            raise OSError(f"spool file returned {len(data)} of {length} bytes")
-        return data
+        out = bytearray(max(0, min(length, self._size - offset)))
+        self.readinto(offset, memoryview(out))
+        return bytes(out)
 
     def readinto(self, offset: int, buffer: memoryview) -> None:
         filled = 0

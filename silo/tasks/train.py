@@ -17,7 +17,6 @@ from typing import Any
 
 import torch
 
-from fedsilo.silo.dp_training import dp_sgd_plan, train_private
 from fedsilo.silo.evaluation import loss_function, per_sample_loss_function
 from fedsilo.silo.schedule import LocalSchedule, shuffled_batches
 from fedsilo.silo.tasks.base import MODEL, SiloContext, flat_parameters
@@ -54,6 +53,10 @@ def train(message: TaskMessage, ctx: SiloContext) -> TaskResult:
             optimizer.step()
             losses.append(float(loss.detach()))
     else:
+        # Opacus loads only when a policy asks for DP: a coordinator or a non-private silo never
+        # pays its start-up time and memory.
+        from fedsilo.silo.dp_training import dp_sgd_plan, train_private
+
         plan = dp_sgd_plan(ctx.privacy, config, n, ctx.rounds)
         losses = train_private(
             model,
