@@ -185,9 +185,7 @@ def main() -> None:
                     row["coordinator_peak_rss_bytes"] - baseline
                 ) / row["model_bytes"]
                 try:
-                    peer = run_flower(
-                        Path(tmp) / f"flower-p{size:.0e}-k{k}", size, k, args.rounds
-                    )
+                    peer = run_flower(Path(tmp) / f"flower-p{size:.0e}-k{k}", size, k, args.rounds)
                 except FlowerFailed as failed:  # a result too: the peer could not run it
                     row["flower_failed"] = str(failed).split(";")[0]
                     peer = None

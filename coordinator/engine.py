@@ -25,6 +25,7 @@ from typing import Any, Protocol
 import torch
 
 from fedsilo.coordinator.phases import (
+    Identical,
     Phase,
     PhaseOutcome,
     QuorumNotMet,
@@ -37,7 +38,7 @@ from fedsilo.coordinator.summary import summarize_metrics
 from fedsilo.coordinator.transport import Delivery, Transport
 from fedsilo.policies.schema import Policy
 from fedsilo.wire.messages import TaskMessage, TaskResult
-from fedsilo.wire.payload import AnyPayload
+from fedsilo.wire.payload import AnyPayload, blake2b
 from fedsilo.wire.tensors import LazyTensor, TensorBlocks, WireError
 
 log = logging.getLogger("fedsilo.coordinator")
@@ -286,6 +287,14 @@ class RoundEngine:
         if phase.aggregate is None:
             tensors = {s: dict(a.result.tensors) for s, a in sorted(results.items())}
             return PhaseOutcome(phase.name, reports, dropped, tensors=tensors, spec=spec)
+        if isinstance(phase.aggregate, Identical):
+            names = phase.aggregate.tensors
+            first = min(results)
+            copy = {first: {n: results[first].lazy[n].load() for n in names}}
+            digests = {s: _digest(a.lazy, names) for s, a in sorted(results.items())}
+            return PhaseOutcome(
+                phase.name, reports, dropped, tensors=copy, spec=spec, digests=digests
+            )
         mean, total = _weighted_mean(results, phase.aggregate)
         if total <= 0:
             raise QuorumNotMet(
@@ -335,12 +344,12 @@ def _deliveries(messages: Mapping[str, TaskMessage], round_no: int) -> Iterator[
 
 
 def _accept(
-    payload: AnyPayload, sent: TaskMessage, aggregate: WeightedMean | None
+    payload: AnyPayload, sent: TaskMessage, aggregate: WeightedMean | Identical | None
 ) -> tuple[Accepted | None, str]:
     """Decode and check one reply; a bad reply is that silo's dropout, with the reason.
 
     For a phase that aggregates, tensors stay in the payload (possibly a spool file) and are
-    checked slice by slice; `_weighted_mean` reads them the same way."""
+    checked slice by slice; `_weighted_mean` and `_digest` read them the same way."""
     try:
         if aggregate is None:
             accepted = Accepted(TaskResult.decode(payload))
@@ -366,7 +375,8 @@ def _accept(
             tuple(tensors[t].shape) != (sent.spec.numel,) for t in aggregate.tensors
         ):
             return None, "reply's tensors do not match the model's shape"
-        if aggregate.weights is None and result.num_samples <= 0:
+        weighted_by_samples = isinstance(aggregate, WeightedMean) and aggregate.weights is None
+        if weighted_by_samples and result.num_samples <= 0:
             return None, "reply reports no samples"
     return accepted, ""
 
@@ -387,6 +397,18 @@ def _slices(tensor: torch.Tensor | LazyTensor) -> Iterator[torch.Tensor]:
         return
     for start in range(0, tensor.numel, SLICE_ELEMENTS):
         yield tensor.read(start, min(start + SLICE_ELEMENTS, tensor.numel))
+
+
+def _digest(tensors: Mapping[str, LazyTensor], names: Sequence[str]) -> str:
+    """BLAKE2b of the named tensors' names, dtypes, shapes and bytes, read chunk by chunk."""
+
+    def parts() -> Iterator[bytes]:
+        for name in names:
+            tensor = tensors[name]
+            yield f"{name}|{tensor.dtype}|{tensor.shape}|".encode()
+            yield from tensor.byte_chunks()
+
+    return blake2b(parts()).hex()
 
 
 def _weighted_mean(

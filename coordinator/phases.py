@@ -2,8 +2,9 @@
 it gets back (a `PhaseOutcome`).
 
 The phase decides what the strategy may see: when it declares `aggregate=WeightedMean(...)`
-the outcome carries only the weighted mean of the results' tensors, never one silo's; only
-phases without an aggregate return individual tensors.
+the outcome carries only the weighted mean of the results' tensors, never one silo's; with
+`aggregate=Identical(...)` it carries one copy of tensors every silo must agree on, and each
+silo's digest of them; only phases without an aggregate return every silo's tensors.
 """
 
 from __future__ import annotations
@@ -41,10 +42,22 @@ class WeightedMean:
 
 
 @dataclass(frozen=True)
+class Identical:
+    """The answering silos must all return the same tensors (e.g. the initial model).
+
+    The outcome's `tensors` hold one copy (the first silo's in sorted order) and `digests`
+    every silo's BLAKE2b of its tensors, so the strategy can name a silo that disagrees while
+    the coordinator holds one copy, not one per silo.
+    """
+
+    tensors: tuple[str, ...] = ("model",)
+
+
+@dataclass(frozen=True)
 class Phase:
     name: str
     tasks: tuple[Task, ...]
-    aggregate: WeightedMean | None = None
+    aggregate: WeightedMean | Identical | None = None
     quorum: int | None = None  # answers needed; default min(policy min_silos, len(tasks))
 
 
@@ -66,6 +79,7 @@ class PhaseOutcome:
     total_weight: float = 0.0
     tensors: Mapping[str, Mapping[str, torch.Tensor]] = field(default_factory=dict)
     spec: ParameterSpec | None = None
+    digests: Mapping[str, str] = field(default_factory=dict)  # silo -> hex (Identical only)
 
     @property
     def answered(self) -> tuple[str, ...]:

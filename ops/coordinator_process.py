@@ -194,6 +194,11 @@ def _grpc_server(kit: CoordinatorKit, service: CoordinatorService, workers: int)
         options=[
             ("grpc.keepalive_permit_without_calls", 1),
             ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+            # Without BDP probing gRPC keeps its default per-stream receive window instead of
+            # growing it to the link's bandwidth-delay product, which on loopback let every
+            # uploading silo's whole model sit in gRPC's buffers (bench/transport: peak RSS at
+            # 1e7 x 10 silos fell from 1.0 GB to 0.75 GB, round time unchanged).
+            ("grpc.http2.bdp_probe", 0),
         ],
     )
     server.add_generic_rpc_handlers((handler(service),))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+import tracemalloc
 
 import pytest
 from nacl.signing import SigningKey
@@ -138,11 +139,16 @@ def test_a_sealed_payload_streams_in_chunks_and_verifies() -> None:
 
 
 def test_a_large_payload_is_reassembled_in_a_spool_file_not_in_memory() -> None:
-    payload = payload_of(5 * SMALL_CHUNK + 3)
+    payload = payload_of(8 * MIB + 3)
+    chunks = iter_chunks(payload, SMALL_CHUNK)
+    tracemalloc.start()
     assembler = ChunkAssembler(len(payload), digest(payload), LIMIT, spool_above=SMALL_CHUNK)
-    for chunk in iter_chunks(payload, SMALL_CHUNK):
+    for chunk in chunks:
         assembler.add(chunk)
     received = assembler.finish()
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert peak < MIB  # an empty spool is falsy (it has a length): no buffer of the full size
     assert isinstance(received, SpooledPayload)
     assert len(received) == len(payload)
     assert received.to_bytes() == payload

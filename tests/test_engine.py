@@ -7,8 +7,9 @@ import torch
 
 from fedsilo.coordinator import engine as engine_module
 from fedsilo.coordinator.engine import RoundEngine, RunAborted
-from fedsilo.coordinator.phases import Phase, Task, WeightedMean
+from fedsilo.coordinator.phases import Identical, Phase, Task, WeightedMean
 from fedsilo.coordinator.strategies import make_strategy
+from fedsilo.coordinator.strategies.base import SetupError
 from fedsilo.coordinator.transport import InProcessTransport
 from fedsilo.policies.loading import parse_policy
 from fedsilo.wire.messages import TaskMessage, TaskResult
@@ -264,3 +265,22 @@ def test_slice_by_slice_aggregation_is_bit_identical_to_a_whole_tensor_sum(monke
     monkeypatch.setattr(engine_module, "SLICE_ELEMENTS", 2)  # slices end mid-tensor
     mean = engine_for(endpoints).execute(phase, round_no=1).mean["model"]
     assert torch.equal(mean, expected)
+
+
+def test_an_agreement_phase_returns_one_copy_and_every_silos_digest() -> None:
+    silos = {name: constant_silo(name, [1.0, 2.0, 3.0]) for name in ("a", "b", "c")}
+    engine = engine_for(silos)
+    tasks = tuple(Task(s, "init") for s in sorted(silos))
+    outcome = engine.execute(Phase("init", tasks, aggregate=Identical(("model",))), 0)
+    assert list(outcome.tensors) == ["a"]  # one copy, whatever the number of silos
+    assert outcome.tensors["a"]["model"].tolist() == [0.0, 0.0, 0.0]
+    assert sorted(outcome.digests) == ["a", "b", "c"]
+    assert len(set(outcome.digests.values())) == 1
+
+
+@pytest.mark.parametrize("other", [torch.full((3,), 1e-30), torch.zeros(4), -torch.zeros(3)])
+def test_setup_names_a_silo_whose_initial_model_differs_by_any_bit(other) -> None:
+    odd = scripted_silo("odd", lambda t: other if t.kind == "init" else torch.zeros(3))
+    engine = engine_for({"a": constant_silo("a", [1.0] * 3), "odd": odd})
+    with pytest.raises(SetupError, match="silo 'odd' built a different initial model than 'a'"):
+        engine.run()

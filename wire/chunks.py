@@ -59,7 +59,7 @@ class ChunkAssembler:
         self._expected_size = expected_size
         self._expected_digest = expected_digest
         self._spool = SpooledPayload() if expected_size > spool_above else None
-        self._buffer = bytearray(0 if self._spool else expected_size)
+        self._buffer = bytearray(0 if self._spool is not None else expected_size)
         self._received = 0
         self._hash = hashlib.blake2b(digest_size=DIGEST_BYTES)
 

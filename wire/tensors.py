@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import math
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -202,6 +202,12 @@ class LazyTensor:
 
     def load(self) -> torch.Tensor:
         return self.read(0, self.numel).view(self.shape)
+
+    def byte_chunks(self, chunk_bytes: int = 1 << 22) -> Iterator[bytes]:
+        """The tensor's raw bytes, at most `chunk_bytes` at a time."""
+        size = self.numel * self.dtype.itemsize
+        for start in range(0, size, chunk_bytes):
+            yield self.payload.read(self.offset + start, min(chunk_bytes, size - start))
 
 
 def index_tensors(payload: AnyPayload) -> tuple[dict[str, LazyTensor], dict]:

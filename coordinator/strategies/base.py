@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from fedsilo.coordinator.phases import Phase, PhaseOutcome, Task, WeightedMean
+from fedsilo.coordinator.phases import Identical, Phase, PhaseOutcome, Task, WeightedMean
 from fedsilo.coordinator.seeding import derive_rng, derive_seed
 from fedsilo.policies.schema import Policy
 from fedsilo.wire.tensors import ParameterSpec
@@ -73,17 +73,16 @@ class Strategy:
         tasks = tuple(
             Task(s, "init", {"seed": derive_seed(ctx.seed, "model-init")}) for s in ctx.silos
         )
-        out = yield Phase("init", tasks, quorum=1)
-        models = {silo: tensors[MODEL] for silo, tensors in out.tensors.items()}
-        first = sorted(models)[0]
-        for silo, model in models.items():
-            if model.shape != models[first].shape or not torch.equal(model, models[first]):
+        out = yield Phase("init", tasks, aggregate=Identical((MODEL,)), quorum=1)
+        ((first, tensors),) = out.tensors.items()
+        for silo, digest in sorted(out.digests.items()):
+            if digest != out.digests[first]:
                 raise SetupError(
                     f"silo {silo!r} built a different initial model than {first!r}: their "
                     "feature schemas or model settings disagree"
                 )
         assert out.spec is not None
-        return ServerState({MODEL: models[first]}, out.spec)
+        return ServerState({MODEL: tensors[MODEL]}, out.spec)
 
     def federated_scaling(self, ctx: RoundContext) -> Generator[Phase, PhaseOutcome, None]:
         """Consortium-wide feature mean and std from the silos' summed moments, then broadcast.
