@@ -6,6 +6,10 @@ A round whose phase misses its quorum is abandoned: the strategy's state stays a
 before the round, the round is recorded as failed, and the run stops after
 `max_consecutive_failed_rounds` such rounds in a row.
 
+A silo that answers `budget_exhausted` (its privacy budget cannot pay for the task) is a
+dropout in that phase and is retired: no later round or evaluation of the deployment asks it
+again. Rounds record each silo's reported epsilon and ledger head (`privacy`).
+
 With a `StateStore` the engine saves the setup and every finished round (its state and
 record); a run started again on the same store goes on after the last saved round. Every
 random choice derives from (seed, round, phase), so a resumed run ends exactly where an
@@ -37,7 +41,7 @@ from fedsilo.coordinator.strategies.base import RoundContext, ServerState, Strat
 from fedsilo.coordinator.summary import summarize_metrics
 from fedsilo.coordinator.transport import Delivery, Transport
 from fedsilo.policies.schema import Policy
-from fedsilo.wire.messages import TaskMessage, TaskResult
+from fedsilo.wire.messages import STATUS_BUDGET_EXHAUSTED, TaskMessage, TaskResult
 from fedsilo.wire.payload import AnyPayload, blake2b
 from fedsilo.wire.tensors import LazyTensor, TensorBlocks, WireError
 
@@ -62,6 +66,8 @@ class RoundRecord:
     summary: dict[str, dict[str, float]] | None = None
     error: str | None = None
     silos: list[str] | None = None  # setup only: the consortium the deployment started with
+    retired: dict[str, str] | None = None  # silos retired in this round, and why
+    privacy: dict[str, dict[str, Any]] | None = None  # silo -> epsilon, ledger head reported
 
     def to_json(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if v is not None}
@@ -110,6 +116,7 @@ class RoundEngine:
         self.deployment = deployment
         self.store = store
         self.policy_digest = policy_digest or digest_policy(policy)
+        self.retired: dict[str, str] = {}
 
     # -- the run ----------------------------------------------------------------------------
 
@@ -147,7 +154,12 @@ class RoundEngine:
             saved = self.store.last_round(self.deployment)
             if saved is not None:
                 self._keep_membership(saved.setup.get("silos") or list(self.silos))
-                return saved.state, [RoundRecord.from_json(r) for r in saved.records]
+                records = [RoundRecord.from_json(r) for r in saved.records]
+                for record in records:
+                    self.retired |= record.retired or {}
+                for silo, reason in self.retired.items():  # start-up marked members active
+                    self.store.set_participant(self.deployment, silo, "retired", reason)
+                return saved.state, records
         record = RoundRecord(0, "setup", 0.0, silos=list(self.silos))
         try:
             state = self._drive(self.strategy.setup(self._context(0)), 0, record)
@@ -204,7 +216,7 @@ class RoundEngine:
         return RoundContext(
             round=round_no,
             total_rounds=self.policy.rounds,
-            silos=self.silos,
+            silos=tuple(s for s in self.silos if s not in self.retired),
             seed=self.policy.seed,
             min_silos=self.policy.participants.min_silos,
         )
@@ -217,7 +229,7 @@ class RoundEngine:
             phase = next(script)
             while True:
                 try:
-                    outcome = self.execute(phase, round_no)
+                    outcome = self.execute(phase, round_no, record)
                 except QuorumNotMet as missed:
                     _record_phase(record, phase.name, missed.answered, missed.dropped)
                     raise
@@ -228,9 +240,22 @@ class RoundEngine:
         finally:
             script.close()
 
+    def _retire(self, silo: str, reason: str, record: RoundRecord | None) -> None:
+        """Leave `silo` out of the rest of the deployment: its privacy budget is spent."""
+        if silo in self.retired:
+            return
+        self.retired[silo] = reason
+        log.warning("silo %s is retired from deployment %s: %s", silo, self.deployment, reason)
+        if record is not None:
+            record.retired = {**(record.retired or {}), silo: reason}
+        if self.store is not None:
+            self.store.set_participant(self.deployment, silo, "retired", reason)
+
     # -- one phase --------------------------------------------------------------------------
 
-    def execute(self, phase: Phase, round_no: int) -> PhaseOutcome:
+    def execute(
+        self, phase: Phase, round_no: int, record: RoundRecord | None = None
+    ) -> PhaseOutcome:
         silos = [task.silo for task in phase.tasks]
         if len(set(silos)) != len(silos):
             raise ValueError(f"phase {phase.name!r} gives one silo two tasks; fold them into one")
@@ -263,6 +288,8 @@ class RoundEngine:
                 accepted, problem = _accept(reply.payload, message, phase.aggregate)
                 if accepted is None:
                     dropped[silo] = problem
+                    if problem.startswith(STATUS_BUDGET_EXHAUSTED):
+                        self._retire(silo, problem, record)
                 else:
                     results[silo] = accepted
 
@@ -314,6 +341,10 @@ def _record_phase(
         "dropped": dict(dropped),
     }
     record.compute_seconds[phase] = {s: r.compute_seconds for s, r in answered.items()}
+    for silo, report in answered.items():
+        if report.ledger_head is not None:
+            record.privacy = record.privacy or {}
+            record.privacy[silo] = {"epsilon": report.epsilon, "ledger_head": report.ledger_head}
 
 
 def _failed(record: RoundRecord) -> bool:
@@ -322,7 +353,13 @@ def _failed(record: RoundRecord) -> bool:
 
 def _reports(results: Mapping[str, Accepted]) -> dict[str, SiloReport]:
     return {
-        s: SiloReport(a.result.num_samples, dict(a.result.metrics), a.result.compute_seconds)
+        s: SiloReport(
+            a.result.num_samples,
+            dict(a.result.metrics),
+            a.result.compute_seconds,
+            a.result.epsilon,
+            a.result.ledger_head,
+        )
         for s, a in sorted(results.items())
     }
 
@@ -362,6 +399,8 @@ def _accept(
     result = accepted.result
     if result.task_id != sent.task_id or result.silo != sent.silo:
         return None, f"reply is for task {result.task_id!r} of silo {result.silo!r}, not this task"
+    if result.status == STATUS_BUDGET_EXHAUSTED:
+        return None, f"{STATUS_BUDGET_EXHAUSTED}: {result.error}"
     if not result.ok:
         return None, f"task failed at the silo ({result.status}): {result.error}"
     for name, tensor in tensors.items():

@@ -68,6 +68,8 @@ class SiloReport:
     num_samples: int
     metrics: Mapping[str, float]
     compute_seconds: float
+    epsilon: float | None = None  # the silo's epsilon for the deployment, as it reports it
+    ledger_head: str | None = None  # the silo's ledger head (an audit's anchor)
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ import tempfile
 import threading
 from importlib.resources import as_file, files
 from pathlib import Path
+from typing import Any
 
 import click
 from rich.console import Console
@@ -243,6 +244,12 @@ def silo() -> None:
     multiple=True,
     help="Local rule: only these algorithms (repeatable).",
 )
+@click.option("--require-dp", is_flag=True, help="Local rule: only DP deployments.")
+@click.option(
+    "--epsilon-cap",
+    type=click.FloatRange(min=0, min_open=True),
+    help="Local rule: this site's own epsilon budget per deployment (the stricter cap wins).",
+)
 def silo_init(
     kit_dir: Path,
     out: Path,
@@ -253,11 +260,18 @@ def silo_init(
     device: str | None,
     metrics_port: int | None,
     allowed: tuple[str, ...],
+    require_dp: bool,
+    epsilon_cap: float | None,
 ) -> None:
     """Write this site's silo.yaml and a systemd unit to run the agent."""
+    rules: dict[str, Any] = {"allowed_algorithms": list(allowed)} if allowed else {}
+    if require_dp:
+        rules["require_dp"] = True
+    if epsilon_cap is not None:
+        rules["epsilon_cap"] = epsilon_cap
     try:
         written = write_silo_config(
-            kit_dir, out, source, data_path, target, select, device, metrics_port, allowed
+            kit_dir, out, source, data_path, target, select, device, metrics_port, rules
         )
     except (PolicyError, DataError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None

@@ -65,7 +65,7 @@ def run_coordinator(options: CoordinatorOptions, stop: threading.Event | None = 
         raise DeploymentError(
             "algorithm 'central' pools every silo's data: a simulation reference only"
         )
-    metrics = CoordinatorMetrics()
+    metrics = CoordinatorMetrics(deployment=kit.consortium)
     metrics_server = (
         serve_metrics(metrics.registry, options.metrics_port)
         if options.metrics_port is not None

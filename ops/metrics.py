@@ -71,6 +71,12 @@ class RecordedRound(Protocol):
     @property
     def summary(self) -> Mapping[str, Mapping[str, float]] | None: ...
 
+    @property
+    def retired(self) -> Mapping[str, str] | None: ...
+
+    @property
+    def privacy(self) -> Mapping[str, Mapping[str, Any]] | None: ...
+
 
 class CoordinatorMetrics:
     """The coordinator's view of a deployment: rounds, silos, traffic, rejections and results.
@@ -78,8 +84,9 @@ class CoordinatorMetrics:
     Usable directly as a round-engine observer (`on_round`).
     """
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, registry: CollectorRegistry | None = None, deployment: str = "") -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
+        self.deployment = deployment
         r = self.registry
         self.round = Gauge("fedsilo_round", "Last completed round.", registry=r)
         self.rounds_planned = Gauge(
@@ -141,6 +148,13 @@ class CoordinatorMetrics:
             ["silo", "status"],
             registry=r,
         )
+        self.privacy_epsilon = Gauge(
+            "fedsilo_privacy_epsilon",
+            "Each silo's epsilon for the deployment, as it last reported it (+Inf: a release "
+            "without noise).",
+            ["silo", "deployment"],
+            registry=r,
+        )
         for status in ROUND_STATUSES:
             self.rounds.labels(status)
 
@@ -160,6 +174,11 @@ class CoordinatorMetrics:
             _set_nested(self.silo_metric, record.evaluation)
         if record.summary is not None:
             _set_nested(self.summary_metric, record.summary)
+        for silo in record.retired or {}:
+            self.set_silo_status(silo, "retired")
+        for silo, reported in (record.privacy or {}).items():
+            if _is_number(reported.get("epsilon")):
+                self.privacy_epsilon.labels(silo, self.deployment).set(reported["epsilon"])
 
     on_round = observe_round  # the `EngineObserver` signature
 

@@ -8,6 +8,7 @@ tasks until the deployment is complete.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import threading
@@ -18,11 +19,12 @@ from pathlib import Path
 from fedsilo.ops.metrics import SiloMetrics, serve_metrics
 from fedsilo.ops.provision import SiloKit, load_silo_kit
 from fedsilo.policies.schema import Policy
+from fedsilo.privacy.ledger import PrivacyLedger
 from fedsilo.silo.agent import SiloAgent
 from fedsilo.silo.client import ChannelSettings, CoordinatorConnection, SiloClient, SiloIdentity
 from fedsilo.silo.config import SiloConfig, load_silo_config
 from fedsilo.silo.device import resolve_device
-from fedsilo.wire.messages import TaskMessage
+from fedsilo.wire.messages import STATUS_BUDGET_EXHAUSTED, TaskMessage
 
 log = logging.getLogger("fedsilo.silo")
 
@@ -88,6 +90,7 @@ def _start_agent(
     device, why = resolve_device((config.compute or policy.compute).device)
     data = config.data.load(policy.seed, base_dir=config_path.parent)
     log.info("silo %s: %d training rows, device %s", kit.name, len(data.y_train), why)
+    ledger = PrivacyLedger(config.ledger_path(config_path))
     agent = SiloAgent(
         kit.name,
         data,
@@ -96,20 +99,37 @@ def _start_agent(
         policy_digest=digest,
         privacy=policy.privacy,
         rounds=policy.rounds,
+        secret=_noise_secret(kit),
+        ledger=ledger,
+        deployment=kit.consortium,
+        epsilon_cap=config.rules.epsilon_cap,
+    )
+    log.info(
+        "silo %s books every answer in %s (epsilon spent on %s: %s)",
+        kit.name,
+        ledger.path,
+        kit.consortium,
+        ledger.spent(kit.consortium),
     )
 
     def endpoint(payload: bytes) -> bytes:
         metrics.count_bytes("to_silo", len(payload))
         task = TaskMessage.decode(payload)
-        result = agent.handle(task)
+        result, encoded = agent.respond(task)
         metrics.observe_task(task.kind, result.status, result.compute_seconds)
         if task.kind == "train" and result.ok:
             metrics.observe_local_train(result.compute_seconds)
-        encoded = result.encode()
+        if result.status == STATUS_BUDGET_EXHAUSTED:
+            log.warning("silo %s refuses %s: %s", kit.name, task.task_id, result.error)
         metrics.count_bytes("from_silo", len(encoded))
         return encoded
 
     return endpoint
+
+
+def _noise_secret(kit: SiloKit) -> bytes:
+    """Key material for the silo's noise, derived from its private signing key (never sent)."""
+    return hashlib.blake2b(b"fedsilo/noise", key=kit.signing_key.encode()).digest()
 
 
 def _settings(kit: SiloKit, poll_seconds: float) -> ChannelSettings:

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import shutil
 import sys
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -44,9 +46,10 @@ def write_silo_config(
     select: str | None,
     device: str | None,
     metrics_port: int | None,
-    allowed_algorithms: tuple[str, ...],
+    rules: Mapping[str, Any],
 ) -> list[Path]:
-    """Write silo.yaml (at `out`) and fedsilo-silo-<name>.service beside it; return both paths."""
+    """Write silo.yaml (at `out`) and fedsilo-silo-<name>.service beside it; return both paths.
+    `rules`: the site's local rules (silo/config.py `LocalRules`) that differ from the defaults."""
     kit = load_silo_kit(kit_dir)
     out = out.resolve()
     data: dict = {"source": {"source": source}}
@@ -61,8 +64,8 @@ def write_silo_config(
         document["compute"] = {"device": device}
     if metrics_port is not None:
         document["metrics_port"] = metrics_port
-    if allowed_algorithms:
-        document["rules"] = {"allowed_algorithms": list(allowed_algorithms)}
+    if rules:
+        document["rules"] = dict(rules)
     SiloConfig.model_validate(document)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(yaml.safe_dump(document, sort_keys=False))

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field
 
 from fedsilo.policies.base import PolicyModel
 
+# Every algorithm evaluates on the silos' held-out data, and weights silos by sample counts.
+SAMPLE_WEIGHTED: frozenset[str] = frozenset({"counts", "metrics"})
+
 
 class FedAvgConfig(PolicyModel):
     """FedAvg (McMahan et al.): sample-weighted mean of the sampled silos' models."""
 
+    reports: ClassVar[frozenset[str]] = SAMPLE_WEIGHTED  # report kinds it cannot run without
     name: Literal["fedavg"]
     client_fraction: float = Field(default=1.0, gt=0, le=1)
     prox_mu: float = Field(default=0.0, ge=0)
@@ -20,6 +24,7 @@ class FedAvgConfig(PolicyModel):
 class FedProxConfig(PolicyModel):
     """FedProx (Li et al.): FedAvg with the proximal term (mu/2)||w - w_global||^2 locally."""
 
+    reports: ClassVar[frozenset[str]] = SAMPLE_WEIGHTED
     name: Literal["fedprox"]
     client_fraction: float = Field(default=1.0, gt=0, le=1)
     prox_mu: float = Field(default=0.1, gt=0)
@@ -28,6 +33,7 @@ class FedProxConfig(PolicyModel):
 class FedOptConfig(PolicyModel):
     """FedAdam / FedYogi / FedAdagrad (Reddi et al.): an adaptive step on the mean update."""
 
+    reports: ClassVar[frozenset[str]] = SAMPLE_WEIGHTED
     name: Literal["fedadam", "fedyogi", "fedadagrad"]
     client_fraction: float = Field(default=1.0, gt=0, le=1)
     prox_mu: float = Field(default=0.0, ge=0)
@@ -40,12 +46,14 @@ class FedOptConfig(PolicyModel):
 class CentralConfig(PolicyModel):
     """Reference: one model trained on the pooled union of the silos' training data."""
 
+    reports: ClassVar[frozenset[str]] = SAMPLE_WEIGHTED
     name: Literal["central"]
 
 
 class LocalConfig(PolicyModel):
     """Reference: each silo trains alone and is evaluated with its own model."""
 
+    reports: ClassVar[frozenset[str]] = SAMPLE_WEIGHTED
     name: Literal["local"]
 
 

@@ -2,12 +2,14 @@
 
 `delta` and `accountant` say how every release of a silo's data is turned into one epsilon
 (Opacus' RDP or PRV accountant); `epsilon_cap` is the deployment's per-silo budget, which a
-silo's ledger enforces. `dp_sgd` turns on sample-level DP-SGD in every training task.
+silo's ledger enforces. `dp_sgd` turns on sample-level DP-SGD in every training task, and
+with it makes this a DP deployment: every scalar a silo reports is then clipped and noised
+(`reports`). `reports.forbidden` keeps kinds of report at the silos in any deployment.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import Field, model_validator
 
@@ -39,6 +41,23 @@ class DpSgdConfig(PolicyModel):
         return self
 
 
+ReportKind = Literal["counts", "losses", "metrics"]
+REPORT_KINDS: tuple[str, ...] = get_args(ReportKind)
+
+
+class ReportsConfig(PolicyModel):
+    """The scalars silos report: sample counts, losses (training, or a probe's), and held-out
+    metrics. In a DP deployment each is a Gaussian release: a count has sensitivity 1, a mean
+    loss over n rows (per-row losses clipped to [0, `loss_bound`]) `loss_bound / n`, an
+    accuracy `1 / n`, and the noise std is `noise_multiplier` times the sensitivity. Metrics
+    without a bounded sensitivity (AUROC, RMSE, MAE) are withheld. `forbidden` kinds never
+    leave a silo; an algorithm that needs one is refused when the policy is read."""
+
+    noise_multiplier: float = Field(default=5.0, gt=0)
+    loss_bound: float = Field(default=10.0, gt=0)
+    forbidden: list[ReportKind] = Field(default_factory=list)
+
+
 class PrivacyConfig(PolicyModel):
     """Accounting (delta, accountant), the per-silo budget, and the mechanisms in use."""
 
@@ -46,6 +65,12 @@ class PrivacyConfig(PolicyModel):
     accountant: Literal["rdp", "prv"] = "rdp"
     epsilon_cap: float | None = Field(default=None, gt=0)
     dp_sgd: DpSgdConfig | None = None
+    reports: ReportsConfig = ReportsConfig()
+
+    @property
+    def differentially_private(self) -> bool:
+        """A DP deployment: silos train with DP-SGD and noise every report."""
+        return self.dp_sgd is not None
 
     @model_validator(mode="after")
     def _target_within_cap(self) -> PrivacyConfig:

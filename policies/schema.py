@@ -57,6 +57,22 @@ class Policy(PolicyModel):
                 )
         return data
 
+    @model_validator(mode="after")
+    def _privacy_fits_the_algorithm_and_data(self) -> Policy:
+        needed = sorted(set(self.privacy.reports.forbidden) & self.algorithm.reports)
+        if needed:
+            raise ValueError(
+                f"privacy.reports.forbidden: {self.algorithm.name} cannot run without "
+                f"{needed} reports (it weights silos by sample counts and evaluates held-out "
+                "metrics); allow them or choose another algorithm"
+            )
+        if self.privacy.differentially_private and self.data.scaling == "federated":
+            raise ValueError(
+                "data.scaling: 'federated' sends each silo's exact feature sums, which DP "
+                "does not cover; with privacy.dp_sgd use scaling 'local'"
+            )
+        return self
+
     def with_algorithm(self, name: str) -> Policy:
         """This policy with another algorithm (its defaults), for side-by-side comparisons."""
         return Policy.model_validate({**self.model_dump(), "algorithm": {"name": name}})

@@ -11,6 +11,8 @@ compose: a noise multiplier (noise std / L2 sensitivity), a sample rate and a nu
 - `none`: a release without noise. It is booked like any other, but it has no DP guarantee:
   a composition that contains one has epsilon `inf`, whatever else it holds. (The ledger books
   a deployment whose policy asks for no DP without any epsilon at all; see `ledger.py`.)
+- `public`: a release that does not depend on the silo's data (a model built from the run's
+  seed, an acknowledgement, an error): booked for its digest, it costs nothing.
 
 `epsilon` is deterministic: the same releases, delta and accountant give the same float on the
 same machine, which is what lets an audit recompute a booked value exactly.
@@ -26,13 +28,14 @@ from typing import Any, Literal, get_args
 import numpy as np
 
 Accountant = Literal["rdp", "prv"]
-Kind = Literal["dp_sgd", "gaussian", "none"]
+Kind = Literal["dp_sgd", "gaussian", "none", "public"]
 ACCOUNTANTS: tuple[str, ...] = get_args(Accountant)
 KINDS: tuple[str, ...] = get_args(Kind)
 PARAMETERS: dict[str, tuple[str, ...]] = {
     "dp_sgd": ("noise_multiplier", "sample_rate", "steps", "max_grad_norm"),
     "gaussian": ("sensitivity", "noise_std", "sample_rate"),
     "none": (),
+    "public": (),
 }
 
 # One entry of an Opacus accountant's history: (noise multiplier, sample rate, steps).
@@ -101,9 +104,14 @@ class Mechanism:
             else:
                 object.__setattr__(self, name, _checked_float(self.kind, name, value))
 
+    @classmethod
+    def public(cls) -> Mechanism:
+        """A release that does not depend on the silo's data: booked, free."""
+        return cls("public")
+
     @property
     def is_private(self) -> bool:
-        """Whether the release was noised (every kind but `none`)."""
+        """Whether the release has a DP guarantee (every kind but `none`)."""
         return self.kind != "none"
 
     def history_entry(self) -> HistoryEntry:
@@ -112,7 +120,7 @@ class Mechanism:
             return (self.noise_multiplier, self.sample_rate, self.steps)
         if self.kind == "gaussian":
             return (self.noise_std / self.sensitivity, self.sample_rate, 1)
-        raise AccountingError("a release without noise has no (noise, sample rate, steps) entry")
+        raise AccountingError(f"a {self.kind} release has no (noise, sample rate, steps) entry")
 
     def to_json(self) -> dict[str, Any]:
         """{"kind": ..., and the parameters of that kind, in a fixed order}."""
@@ -175,6 +183,8 @@ def check_accounting(delta: float, accountant: str) -> None:
 def _history(mechanisms: Sequence[Mechanism]) -> list[HistoryEntry]:
     steps: dict[tuple[float, float], int] = {}
     for mechanism in mechanisms:
+        if mechanism.kind == "public":
+            continue
         noise_multiplier, sample_rate, count = mechanism.history_entry()
         key = (noise_multiplier, sample_rate)
         steps[key] = steps.get(key, 0) + count

@@ -17,15 +17,24 @@ from fedsilo.policies.base import PolicyModel
 from fedsilo.policies.compute import ComputeConfig
 from fedsilo.policies.data import DataConfig
 from fedsilo.policies.loading import PolicyError, describe_errors
+from fedsilo.policies.privacy import REPORT_KINDS, ReportKind
 from fedsilo.policies.schema import Policy
 from fedsilo.silo.data import DataError, SiloDataset, load_consortium
 
 
 class LocalRules(PolicyModel):
-    """What this site allows, in the spirit of NVFLARE's site privacy scopes."""
+    """What this site allows, in the spirit of NVFLARE's site privacy scopes.
+
+    `require_dp`: only DP deployments (DP-SGD, noisy reports); `epsilon_cap`: this site's own
+    budget per deployment, enforced by its ledger beside the policy's (the stricter wins), and
+    so only for DP deployments; `allowed_reports`: the kinds of scalar report that may leave.
+    """
 
     allowed_algorithms: list[str] | None = None  # None: any algorithm
     max_rounds: int | None = Field(default=None, ge=1)
+    require_dp: bool = False
+    epsilon_cap: float | None = Field(default=None, gt=0)
+    allowed_reports: list[ReportKind] | None = None  # None: every kind the policy allows
 
     def violations(self, policy: Policy) -> list[str]:
         """Each rule the policy breaks, as `rule: why`."""
@@ -39,6 +48,22 @@ class LocalRules(PolicyModel):
             )
         if self.max_rounds is not None and policy.rounds > self.max_rounds:
             problems.append(f"max_rounds: the policy asks for {policy.rounds} > {self.max_rounds}")
+        private = policy.privacy.differentially_private
+        if self.require_dp and not private:
+            problems.append("require_dp: the policy trains without DP (no privacy.dp_sgd)")
+        if self.epsilon_cap is not None and not private:
+            problems.append(
+                f"epsilon_cap: the policy's releases have no DP guarantee, so no epsilon to "
+                f"hold to {self.epsilon_cap:g} (it has no privacy.dp_sgd)"
+            )
+        if self.allowed_reports is not None:
+            leaving = set(REPORT_KINDS) - set(policy.privacy.reports.forbidden)
+            extra = sorted(leaving - set(self.allowed_reports))
+            if extra:
+                problems.append(
+                    f"allowed_reports: the policy lets {extra} reports leave; this site allows "
+                    f"{sorted(self.allowed_reports)} (privacy.reports.forbidden can keep them)"
+                )
         return problems
 
 
@@ -73,9 +98,13 @@ class SiloConfig(PolicyModel):
     compute: ComputeConfig | None = None  # overrides the policy's placement at this site
     metrics_port: int | None = Field(default=None, ge=0, le=65535)
     rules: LocalRules = LocalRules()
+    ledger: str = "privacy-ledger.jsonl"  # this site's privacy ledger, beside this file
 
     def kit_path(self, config_file: Path) -> Path:
         return (config_file.parent / self.kit).resolve()
+
+    def ledger_path(self, config_file: Path) -> Path:
+        return (config_file.parent / self.ledger).resolve()
 
 
 def load_silo_config(path: Path) -> SiloConfig:

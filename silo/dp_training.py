@@ -15,8 +15,9 @@ gradients, then one backward pass of the clip-weighted per-sample losses) rather
 one process disturb each other; and its fixed expected batch size would divide the smaller
 last batch of a shuffled pass by the full batch size. Here batches come from the task's
 seeded generator (the very order non-private training uses when `poisson_sampling` is false),
-the noise from a generator seeded from the task's seed, and a shuffled batch is averaged
-over its true size (noise std / sensitivity stays `noise_multiplier`).
+Poisson draws and noise from generators seeded with the silo's private seed (its secret and the
+task: the coordinator, which chose the task's seed, cannot predict them), and a shuffled batch
+is averaged over its true size (noise std / sensitivity stays `noise_multiplier`).
 """
 
 from __future__ import annotations
@@ -126,11 +127,13 @@ def train_private(
     optimizer: torch.optim.Optimizer,
     plan: DpSgdPlan,
     seed: int,
+    private_seed: int,
     per_sample_loss: PerSampleLoss,
     after_noise: Callable[[], None] | None = None,
 ) -> list[float | None]:
     """Run `plan` on `model` with `optimizer`; the mean loss of each step (None for an empty
-    batch). The same seed gives the same model.
+    batch). `seed` orders shuffled batches; `private_seed` draws Poisson batches and the noise.
+    The same seeds give the same model.
 
     `after_noise` runs after the gradient is clipped, noised and averaged and before the
     optimiser steps: the place for a data-independent gradient term such as FedProx's.
@@ -146,14 +149,14 @@ def train_private(
         max_grad_norm=plan.max_grad_norm,
         expected_batch_size=plan.schedule.batch,
         loss_reduction="mean",
-        generator=torch.Generator(device=device).manual_seed(_noise_seed(seed)),
+        generator=torch.Generator(device=device).manual_seed(_noise_seed(private_seed)),
         secure_mode=False,
     )
     if after_noise is not None:
         dp_optimizer.attach_step_hook(lambda _: after_noise())
     losses: list[float | None] = []
     try:
-        for index in _batches(plan, torch.Generator().manual_seed(seed)):
+        for index in _batches(plan, seed, private_seed):
             dp_optimizer.zero_grad(set_to_none=True)
             if not plan.poisson_sampling:
                 dp_optimizer.expected_batch_size = len(index)
@@ -171,10 +174,11 @@ def train_private(
     return losses
 
 
-def _batches(plan: DpSgdPlan, generator: torch.Generator) -> Iterator[torch.Tensor]:
+def _batches(plan: DpSgdPlan, seed: int, private_seed: int) -> Iterator[torch.Tensor]:
     if not plan.poisson_sampling:
-        yield from shuffled_batches(plan.schedule, generator)
+        yield from shuffled_batches(plan.schedule, torch.Generator().manual_seed(seed))
         return
+    generator = torch.Generator().manual_seed(private_seed)
     for _ in range(plan.steps):
         chosen = torch.rand(plan.schedule.n, generator=generator) < plan.sample_rate
         yield chosen.nonzero().squeeze(1)
@@ -201,7 +205,7 @@ def _calibrated_noise(
 
 
 def _noise_seed(seed: int) -> int:
-    """A seed for the noise, apart from the batch order's stream."""
+    """A seed for the noise, apart from the Poisson draws' stream."""
     digest = hashlib.blake2b(f"{seed}/dp-sgd-noise".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") >> 1
 

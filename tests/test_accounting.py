@@ -83,6 +83,20 @@ def test_a_release_without_noise_makes_epsilon_infinite() -> None:
     assert epsilon([dp_sgd(), Mechanism.none()], DELTA, "prv") == math.inf
 
 
+def test_a_release_that_does_not_depend_on_the_data_costs_nothing() -> None:
+    assert epsilon([Mechanism.public()], DELTA) == 0.0
+    with_public = epsilon([dp_sgd(), Mechanism.public()], DELTA, "prv")
+    assert with_public == epsilon([dp_sgd()], DELTA, "prv")
+
+
+def test_k_scalar_reports_at_one_noise_multiplier_compose_as_one_gaussian_at_sigma_over_root_k():
+    """Why a task's k noisy scalars are booked as one release of sensitivity sqrt(k)."""
+    sigma, k = 4.0, 3
+    one_by_one = [Mechanism.gaussian(sensitivity=1.0, noise_std=sigma)] * k
+    together = Mechanism.gaussian(sensitivity=math.sqrt(k), noise_std=sigma)
+    assert epsilon([together], DELTA) == pytest.approx(epsilon(one_by_one, DELTA), rel=1e-6)
+
+
 def test_would_reach_is_the_epsilon_of_booked_and_extra_together() -> None:
     booked = [dp_sgd(steps=100), Mechanism.gaussian(sensitivity=1.0, noise_std=2.0)]
     extra = [dp_sgd(steps=50, noise=1.3)]
@@ -102,6 +116,7 @@ def test_epsilon_is_deterministic() -> None:
         dp_sgd(),
         Mechanism.gaussian(sensitivity=0.5, noise_std=2.0, sample_rate=0.2),
         Mechanism.none(),
+        Mechanism.public(),
     ],
 )
 def test_mechanisms_round_trip_through_json(mechanism: Mechanism) -> None:

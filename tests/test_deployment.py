@@ -1,6 +1,7 @@
 """The deployment as users run it: a provisioned consortium, a coordinator and three silo agents
 as real processes on 127.0.0.1 over mutual TLS, the same answer as the in-process simulation."""
 
+import json
 import os
 import subprocess
 import sys
@@ -8,7 +9,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from click.testing import CliRunner
 
+from fedsilo.ops.cli import main
 from fedsilo.ops.simulate import load_silos, simulate
 from fedsilo.policies.loading import parse_policy
 from fedsilo.wire.tensors import decode_tensors
@@ -102,3 +105,44 @@ def test_a_silo_refuses_a_policy_that_breaks_its_local_rules_and_the_others_go_o
         env={**os.environ, "COLUMNS": "250"},
     ).stdout
     assert "refused allowed_algorithms" in status
+
+
+def test_a_dp_deployment_books_every_answer_and_retires_a_silo_out_of_budget(
+    consortium: Consortium,
+) -> None:
+    dp = {"delta": 1e-5, "dp_sgd": {"noise_multiplier": 1.0}}
+    policy = consortium.write_policy(policy_document(rounds=2, privacy=dp))
+    metrics_port = free_port()
+    consortium.start_coordinator(
+        policy, "--metrics-port", str(metrics_port), "--out", "results", "--linger-seconds", "2"
+    )
+    frugal = consortium.write_silo_config("silo-2", epsilon_cap=0.3)  # less than one epoch
+    for silo in SILOS:
+        consortium.start_silo(silo, frugal if silo == "silo-2" else None)
+
+    text = wait_for(
+        lambda: scrape_at_round(metrics_port, 2), 120, "round 2 in /metrics", consortium
+    )
+    assert sample(text, "fedsilo_silo_status", silo="silo-2", status="retired") == 1
+    consortium.wait_for_log("coordinator", "silo silo-2 is retired", timeout=10)
+    spent = {
+        silo: sample(text, "fedsilo_privacy_epsilon", silo=silo, deployment="test-consortium")
+        for silo in ("silo-0", "silo-1")
+    }
+    assert all(0 < e < 20 for e in spent.values()), spent
+    assert consortium.wait("coordinator", timeout=60) == 0, consortium.log("coordinator")
+
+    # The privacy officer's audit of a silo's own ledger, anchored at the head the coordinator
+    # recorded with that silo's last answer, recomputes the epsilon it reported.
+    history = json.loads((consortium.root / "results" / "history.json").read_text())
+    anchor = history["rounds"][-1]["privacy"]["silo-0"]["ledger_head"]
+    ledger = consortium.root / "sites" / "silo-0" / "privacy-ledger.jsonl"
+    audit = CliRunner().invoke(
+        main, ["privacy", "audit", "--ledger", str(ledger), "--anchor", anchor, "--json"]
+    )
+    assert audit.exit_code == 0, audit.output
+    (booked,) = json.loads(audit.output)["deployments"]
+    assert booked["deployment"] == "test-consortium"
+    assert booked["recomputed"] == booked["booked"] >= spent["silo-0"]
+    refusals = (consortium.root / "sites" / "silo-2" / "privacy-ledger.jsonl").read_text()
+    assert '"kind":"dp_sgd"' not in refusals  # silo-2 never trained

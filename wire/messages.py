@@ -7,6 +7,7 @@ transport delivers bytes to: a function from an encoded task to an encoded resul
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +32,7 @@ SiloEndpoint = Callable[[bytes], bytes]
 
 STATUS_OK = "ok"
 STATUS_ERROR = "error"
+STATUS_BUDGET_EXHAUSTED = "budget_exhausted"  # the silo's privacy budget cannot pay for the task
 
 
 @dataclass(frozen=True)
@@ -101,6 +103,8 @@ class TaskResult:
     spec: ParameterSpec | None = None
     error: str | None = None
     compute_seconds: float = 0.0
+    epsilon: float | None = None  # the silo's epsilon for the deployment once this is released
+    ledger_head: str | None = None  # the silo's ledger head before this release was booked
 
     @property
     def ok(self) -> bool:
@@ -119,6 +123,8 @@ class TaskResult:
             "spec": self.spec.to_json() if self.spec else None,
             "error": self.error,
             "compute_seconds": self.compute_seconds,
+            "epsilon": _epsilon_to_json(self.epsilon),
+            "ledger_head": self.ledger_head,
         }
         return encode_tensors(self.tensors, header)
 
@@ -148,9 +154,16 @@ class TaskResult:
                 spec=ParameterSpec.from_json(h["spec"]) if h["spec"] else None,
                 error=h["error"],
                 compute_seconds=float(h["compute_seconds"]),
+                epsilon=None if h.get("epsilon") is None else float(h["epsilon"]),
+                ledger_head=None if h.get("ledger_head") is None else str(h["ledger_head"]),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise WireError(f"malformed result header: {exc}") from exc
+
+
+def _epsilon_to_json(epsilon: float | None) -> float | str | None:
+    """Infinity as the string "inf" (float() reads it back), so the header stays standard JSON."""
+    return "inf" if epsilon == math.inf else epsilon
 
 
 def _checked(header: Mapping[str, Any], expected_type: str) -> Mapping[str, Any]:

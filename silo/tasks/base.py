@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -11,8 +12,10 @@ from torch import nn
 
 from fedsilo.policies.model import ModelConfig
 from fedsilo.policies.privacy import PrivacyConfig
+from fedsilo.privacy.accounting import Mechanism
 from fedsilo.silo.data import SiloDataset
 from fedsilo.silo.models import build_model
+from fedsilo.silo.reports import Reports
 from fedsilo.wire.messages import TaskMessage, TaskResult
 from fedsilo.wire.tensors import ParameterSpec, WireError
 
@@ -28,6 +31,34 @@ class SiloContext:
     store: dict[str, Any] = field(default_factory=dict)  # what the silo keeps between tasks
     privacy: PrivacyConfig = PrivacyConfig()  # from the silo's own copy of the policy
     rounds: int = 1  # the deployment's rounds: DP-SGD calibrates its noise over all of them
+    secret: bytes = b""  # key material only this silo holds: it seeds every noise draw
+
+    def private_seed(self, task_id: str, purpose: str) -> int:
+        """A seed for one task's noise (DP-SGD's noise and Poisson draws, noisy reports): from
+        the silo's secret and the task, so a run repeats bit for bit while the coordinator,
+        which chose the task and its seed, cannot predict the noise and subtract it."""
+        digest = hashlib.blake2b(
+            f"{task_id}/{purpose}".encode(), key=self.secret[:64], digest_size=8
+        ).digest()
+        return int.from_bytes(digest, "little") >> 1
+
+    def noise_generator(self, task_id: str, purpose: str) -> torch.Generator:
+        return torch.Generator().manual_seed(self.private_seed(task_id, purpose))
+
+    def reports(self, task_id: str, split: str) -> Reports:
+        """The reports of one task on `split` (its count's noise fixed per split)."""
+        return Reports(
+            self.privacy,
+            self.noise_generator(task_id, "reports"),
+            self.noise_generator("deployment", f"count/{split}"),
+        )
+
+    def unreleased_counts(self, split: str) -> int:
+        """1 while `split`'s sample count has not left this silo yet, else 0 (see reports.py)."""
+        return 0 if split in self.store.get("released_counts", set()) else 1
+
+    def released_count(self, split: str) -> None:
+        self.store.setdefault("released_counts", set()).add(split)
 
     def new_model(self, seed: int) -> nn.Module:
         return build_model(self.model_config, self.data.input_shape, self.data.output_dim, seed).to(
@@ -75,3 +106,5 @@ def flat_parameters(model: nn.Module, spec: ParameterSpec) -> torch.Tensor:
 
 
 TaskHandler = Callable[[TaskMessage, SiloContext], TaskResult]
+# What a task would release, known before it runs: the silo checks its budget against it.
+ReleasePlan = Callable[[TaskMessage, SiloContext], list[Mechanism]]

@@ -2,38 +2,83 @@
 
 `evaluate` returns the task's metrics (accuracy, AUROC, loss, or RMSE, MAE, loss) on one split;
 `loss` returns only the mean loss on a split (train by default), the scalar that the
-distributionally robust strategies consume.
+distributionally robust strategies consume. Both report through silo/reports.py: in a DP
+deployment only the noisy count, accuracy and clipped mean loss leave; a forbidden kind never.
 """
 
 from __future__ import annotations
 
 import torch
 
-from fedsilo.silo.evaluation import metrics_for
+from fedsilo.privacy.accounting import Mechanism
+from fedsilo.silo.evaluation import metrics_for, per_sample_loss_function
+from fedsilo.silo.reports import LOSSES, METRICS, reports_mechanism
 from fedsilo.silo.tasks.base import SiloContext
 from fedsilo.wire.messages import TaskMessage, TaskResult
 
 EVAL_BATCH = 4096
+# Metrics with a bounded sensitivity, the only ones a DP deployment reports (besides the loss).
+BOUNDED_METRICS = {"classification": ("accuracy",), "regression": ()}
+ALL_METRICS = {"classification": ("accuracy", "auroc"), "regression": ("rmse", "mae")}
 
 
 def evaluate(message: TaskMessage, ctx: SiloContext) -> TaskResult:
-    metrics, n = _metrics(message, ctx, default_split="test")
-    return TaskResult(message.task_id, ctx.name, message.kind, num_samples=n, metrics=metrics)
+    return _report(message, ctx, _evaluated(ctx), default_split="test")
 
 
 def report_loss(message: TaskMessage, ctx: SiloContext) -> TaskResult:
-    metrics, n = _metrics(message, ctx, default_split="train")
-    return TaskResult(
-        message.task_id, ctx.name, message.kind, num_samples=n, metrics={"loss": metrics["loss"]}
-    )
+    return _report(message, ctx, _loss_only(ctx), default_split="train")
 
 
-def _metrics(
-    message: TaskMessage, ctx: SiloContext, default_split: str
-) -> tuple[dict[str, float], int]:
+def evaluate_releases(message: TaskMessage, ctx: SiloContext) -> list[Mechanism]:
+    count = ctx.unreleased_counts(_split(message, "test"))
+    return reports_mechanism(ctx.privacy, count + len(_evaluated(ctx)))
+
+
+def loss_releases(message: TaskMessage, ctx: SiloContext) -> list[Mechanism]:
+    count = ctx.unreleased_counts(_split(message, "train"))
+    return reports_mechanism(ctx.privacy, count + len(_loss_only(ctx)))
+
+
+def _split(message: TaskMessage, default: str) -> str:
+    return str(message.config.get("split", default))
+
+
+def _evaluated(ctx: SiloContext) -> tuple[str, ...]:
+    """The metrics an evaluate task reports under this silo's policy."""
+    forbidden = ctx.privacy.reports.forbidden
+    table = BOUNDED_METRICS if ctx.privacy.differentially_private else ALL_METRICS
+    metrics = () if METRICS in forbidden else table[ctx.data.task]
+    return metrics + (() if LOSSES in forbidden else ("loss",))
+
+
+def _loss_only(ctx: SiloContext) -> tuple[str, ...]:
+    if LOSSES in ctx.privacy.reports.forbidden:
+        raise ValueError("this silo's policy forbids loss reports (privacy.reports.forbidden)")
+    return ("loss",)
+
+
+def _report(
+    message: TaskMessage, ctx: SiloContext, names: tuple[str, ...], default_split: str
+) -> TaskResult:
     model, _ = ctx.load_model(message)
-    x, y = ctx.split(str(message.config.get("split", default_split)))
+    split = _split(message, default_split)
+    x, y = ctx.split(split)
     model.eval()
     with torch.no_grad():
         output = torch.cat([model(x[i : i + EVAL_BATCH]) for i in range(0, len(x), EVAL_BATCH)])
-    return metrics_for(ctx.data.task, output.cpu(), y.cpu()), len(y)
+    output, y = output.cpu(), y.cpu()
+    reports = ctx.reports(message.task_id, split)
+    if reports.noised:
+        per_row = {
+            "loss": lambda: reports.mean_loss(per_sample_loss_function(ctx.data.task)(output, y)),
+            "accuracy": lambda: reports.accuracy(output.argmax(dim=1) == y),
+        }
+        metrics = {name: per_row[name]() for name in names}
+    else:
+        exact = metrics_for(ctx.data.task, output, y)
+        metrics = {name: exact[name] for name in names}
+    ctx.released_count(split)
+    return TaskResult(
+        message.task_id, ctx.name, message.kind, num_samples=reports.count(len(y)), metrics=metrics
+    )

@@ -1,14 +1,24 @@
 """Federated standardisation: a silo reports per-feature moments of its training rows (sums,
 sums of squares, counts of observed values) and receives the consortium's scaler, which it
 applies to all of its splits. Columns the silo never observed are filled with the consortium
-mean (0 after scaling)."""
+mean (0 after scaling).
+
+The moments are exact: no DP covers them, so a silo in a DP deployment refuses to send them
+(the policy is refused earlier still, when it is read); `standardise` releases nothing."""
 
 from __future__ import annotations
 
 import torch
 
+from fedsilo.privacy.accounting import Mechanism
 from fedsilo.silo.tasks.base import SiloContext
 from fedsilo.wire.messages import TaskMessage, TaskResult
+
+
+def moments_releases(message: TaskMessage, ctx: SiloContext) -> list[Mechanism]:
+    if ctx.privacy.differentially_private:
+        raise ValueError("exact feature moments are not released in a DP deployment")
+    return [Mechanism.none()]
 
 
 def feature_moments(message: TaskMessage, ctx: SiloContext) -> TaskResult:
@@ -31,7 +41,7 @@ def standardise(message: TaskMessage, ctx: SiloContext) -> TaskResult:
     ctx.store["features"] = {
         split: _apply(ctx.raw_split(split), mean, std) for split in ("train", "val", "test")
     }
-    return TaskResult(message.task_id, ctx.name, message.kind, num_samples=len(ctx.data.x_train))
+    return TaskResult(message.task_id, ctx.name, message.kind)
 
 
 def _apply(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:

@@ -7,7 +7,9 @@ training loss of the round's last epoch (or of all steps when training by steps)
 
 When the silo's own policy asks for DP-SGD (`privacy.dp_sgd`), training runs through
 `silo/dp_training.py` with the DP parameters of that policy, whatever the task says, and
-the result also reports `dp_noise_multiplier`, `dp_sample_rate` and `dp_steps`.
+the result also reports `dp_noise_multiplier`, `dp_sample_rate` and `dp_steps` (the plan's
+public parameters). The sample count then leaves as a noisy report and the training loss not
+at all (silo/reports.py); `train_releases` is what the task releases.
 """
 
 from __future__ import annotations
@@ -17,10 +19,22 @@ from typing import Any
 
 import torch
 
+from fedsilo.privacy.accounting import Mechanism
 from fedsilo.silo.evaluation import loss_function, per_sample_loss_function
+from fedsilo.silo.reports import LOSSES, Reports, reports_mechanism
 from fedsilo.silo.schedule import LocalSchedule, shuffled_batches
 from fedsilo.silo.tasks.base import MODEL, SiloContext, flat_parameters
 from fedsilo.wire.messages import TaskMessage, TaskResult
+
+
+def train_releases(message: TaskMessage, ctx: SiloContext) -> list[Mechanism]:
+    """The trained model (DP-SGD's run) and the noisy sample count; without DP, both exact."""
+    if not ctx.privacy.differentially_private:
+        return [Mechanism.none()]
+    from fedsilo.silo.dp_training import dp_sgd_plan
+
+    plan = dp_sgd_plan(ctx.privacy, message.config, len(ctx.data.y_train), ctx.rounds)
+    return [plan.mechanism(), *reports_mechanism(ctx.privacy, ctx.unreleased_counts("train"))]
 
 
 def train(message: TaskMessage, ctx: SiloContext) -> TaskResult:
@@ -63,6 +77,7 @@ def train(message: TaskMessage, ctx: SiloContext) -> TaskResult:
             optimizer,
             plan,
             seed,
+            ctx.private_seed(message.task_id, "dp-sgd"),
             per_sample_loss,
             after_noise=(lambda: _add_proximal_gradient(model, anchor, mu)) if mu > 0 else None,
         )
@@ -71,18 +86,25 @@ def train(message: TaskMessage, ctx: SiloContext) -> TaskResult:
             "dp_sample_rate": plan.sample_rate,
             "dp_steps": float(plan.steps),
         }
-    recent = [loss for loss in losses[-schedule.window :] if loss is not None]
-    metrics["train_loss"] = sum(recent) / len(recent) if recent else float("nan")
+    reports = ctx.reports(message.task_id, "train")
+    if reports.allows(LOSSES) and not reports.noised:
+        recent = [loss for loss in losses[-schedule.window :] if loss is not None]
+        metrics["train_loss"] = sum(recent) / len(recent) if recent else float("nan")
 
     return TaskResult(
         task_id=message.task_id,
         silo=ctx.name,
         kind=message.kind,
-        num_samples=n,
+        num_samples=_released_count(ctx, reports, n),
         metrics=metrics,
         tensors={MODEL: flat_parameters(model, spec)},
         spec=spec,
     )
+
+
+def _released_count(ctx: SiloContext, reports: Reports, n: int) -> int:
+    ctx.released_count("train")
+    return reports.count(n)
 
 
 def _proximal(model: torch.nn.Module, anchor: list[torch.Tensor], mu: float) -> torch.Tensor:

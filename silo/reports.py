@@ -1,0 +1,85 @@
+"""The scalars a silo reports (sample counts, losses, held-out metrics), as its policy lets them
+leave, and what they cost.
+
+A kind the policy forbids (`privacy.reports.forbidden`) is kept back. In a DP deployment every
+report is a Gaussian release at the policy's noise multiplier sigma: a count has sensitivity 1;
+a mean loss over n rows, each row's loss clipped to [0, loss_bound], loss_bound / n; an accuracy
+1 / n. Each gets noise of std sigma times its sensitivity, drawn from the task's noise generator
+(seeded with the silo's secret, so the coordinator cannot predict it). Metrics without a
+bounded sensitivity (AUROC, RMSE, MAE) and the training loss (its rows overlap across DP-SGD's
+batches) are withheld. k reports at one noise multiplier compose exactly as one Gaussian release
+at sigma / sqrt(k) (`reports_mechanism`), which is how a task's reports are booked.
+
+A split's sample count is released once: its noise is drawn from the silo's secret and the
+split alone, so every later report of it repeats the same value, which costs nothing more
+(`SiloContext` remembers which counts it released; a restarted silo books them once again).
+
+In a deployment without DP the reports are exact, and booked as releases without noise.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from fedsilo.policies.privacy import PrivacyConfig
+from fedsilo.privacy.accounting import Mechanism
+
+COUNTS, LOSSES, METRICS = "counts", "losses", "metrics"
+
+
+class Reports:
+    """One task's reports: what may leave, and each value as it leaves. `count_noise` draws
+    the noise of a split's count (the same generator state for every report of that split)."""
+
+    def __init__(
+        self,
+        privacy: PrivacyConfig,
+        noise: torch.Generator,
+        count_noise: torch.Generator | None = None,
+    ) -> None:
+        self.privacy = privacy
+        self.noise = noise
+        self.count_noise = count_noise if count_noise is not None else noise
+
+    @property
+    def noised(self) -> bool:
+        return self.privacy.differentially_private
+
+    def allows(self, kind: str) -> bool:
+        return kind not in self.privacy.reports.forbidden
+
+    def count(self, n: int) -> int:
+        """The sample count; noised under DP and then rounded, at least 1 (post-processing)."""
+        if not self.noised:
+            return n
+        return max(1, round(n + self._gaussian(1.0, self.count_noise)))
+
+    def mean_loss(self, per_row: torch.Tensor) -> float:
+        """The mean of per-row losses; under DP each row clipped to [0, loss_bound] first."""
+        losses = per_row.detach().double().cpu()
+        if not self.noised:
+            return float(losses.mean())
+        bound = self.privacy.reports.loss_bound
+        return float(losses.clamp(0.0, bound).mean()) + self._gaussian(bound / len(losses))
+
+    def accuracy(self, correct: torch.Tensor) -> float:
+        """The fraction of rows marked correct (a boolean per row)."""
+        value = float(correct.double().mean())
+        return value + self._gaussian(1.0 / len(correct)) if self.noised else value
+
+    def _gaussian(self, sensitivity: float, generator: torch.Generator | None = None) -> float:
+        std = self.privacy.reports.noise_multiplier * sensitivity
+        draw = torch.normal(0.0, std, (1,), generator=generator or self.noise, dtype=torch.float64)
+        return float(draw)
+
+
+def reports_mechanism(privacy: PrivacyConfig, reports: int) -> list[Mechanism]:
+    """What `reports` scalar reports of one task release together (nothing for none)."""
+    if reports == 0:
+        return []
+    if not privacy.differentially_private:
+        return [Mechanism.none()]
+    sigma = privacy.reports.noise_multiplier
+    return [Mechanism.gaussian(sensitivity=math.sqrt(reports), noise_std=sigma)]
