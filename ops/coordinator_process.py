@@ -112,7 +112,11 @@ def run_coordinator(options: CoordinatorOptions, stop: threading.Event | None = 
                 f"{options.join_timeout_s:.0f}s, min_silos is {policy.participants.min_silos}; "
                 f"refused: {hub.refused or 'none'}"
             )
+        earlier = store.participants(deployment)  # a resumed deployment keeps its retirements
         for silo in members:
+            if earlier.get(silo, ("", ""))[0] == "retired":
+                metrics.set_silo_status(silo, "retired")
+                continue
             metrics.set_silo_status(silo, "active")
             store.set_participant(deployment, silo, "active")
         for silo, reason in hub.refused.items():
