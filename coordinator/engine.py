@@ -157,8 +157,6 @@ class RoundEngine:
                 records = [RoundRecord.from_json(r) for r in saved.records]
                 for record in records:
                     self.retired |= record.retired or {}
-                for silo, reason in self.retired.items():  # start-up marked members active
-                    self.store.set_participant(self.deployment, silo, "retired", reason)
                 return saved.state, records
         record = RoundRecord(0, "setup", 0.0, silos=list(self.silos))
         try:
@@ -285,13 +283,13 @@ class RoundEngine:
             elif reply.failure is not None or reply.payload is None:
                 dropped[silo] = reply.failure or "empty reply"
             else:
-                accepted, problem = _accept(reply.payload, message, phase.aggregate)
-                if accepted is None:
-                    dropped[silo] = problem
-                    if problem.startswith(STATUS_BUDGET_EXHAUSTED):
-                        self._retire(silo, problem, record)
+                checked = _accept(reply.payload, message, phase.aggregate)
+                if isinstance(checked, Dropout):
+                    dropped[silo] = checked.reason
+                    if checked.retire:
+                        self._retire(silo, checked.reason, record)
                 else:
-                    results[silo] = accepted
+                    results[silo] = checked
 
         quorum = (
             phase.quorum
@@ -372,6 +370,14 @@ class Accepted:
     lazy: Mapping[str, LazyTensor] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Dropout:
+    """Why a reply is not used; `retire`: the silo's privacy budget is spent for good."""
+
+    reason: str
+    retire: bool = False
+
+
 def _deliveries(messages: Mapping[str, TaskMessage], round_no: int) -> Iterator[Delivery]:
     """Each task encoded as the transport takes it; silos given the same tensors share one
     encoding of them, which lives only until the last of those silos has it."""
@@ -382,7 +388,7 @@ def _deliveries(messages: Mapping[str, TaskMessage], round_no: int) -> Iterator[
 
 def _accept(
     payload: AnyPayload, sent: TaskMessage, aggregate: WeightedMean | Identical | None
-) -> tuple[Accepted | None, str]:
+) -> Accepted | Dropout:
     """Decode and check one reply; a bad reply is that silo's dropout, with the reason.
 
     For a phase that aggregates, tensors stay in the payload (possibly a spool file) and are
@@ -395,29 +401,31 @@ def _accept(
             result, lazy = TaskResult.decode_lazily(payload)
             accepted, tensors = Accepted(result, lazy), lazy
     except WireError as exc:
-        return None, f"malformed reply: {exc}"
+        return Dropout(f"malformed reply: {exc}")
     result = accepted.result
     if result.task_id != sent.task_id or result.silo != sent.silo:
-        return None, f"reply is for task {result.task_id!r} of silo {result.silo!r}, not this task"
+        return Dropout(
+            f"reply is for task {result.task_id!r} of silo {result.silo!r}, not this task"
+        )
     if result.status == STATUS_BUDGET_EXHAUSTED:
-        return None, f"{STATUS_BUDGET_EXHAUSTED}: {result.error}"
+        return Dropout(f"{STATUS_BUDGET_EXHAUSTED}: {result.error}", retire=True)
     if not result.ok:
-        return None, f"task failed at the silo ({result.status}): {result.error}"
+        return Dropout(f"task failed at the silo ({result.status}): {result.error}")
     for name, tensor in tensors.items():
         if tensor.dtype.is_floating_point and not _all_finite(tensor):
-            return None, f"non-finite values in {name!r}"
+            return Dropout(f"non-finite values in {name!r}")
     if aggregate is not None:
         missing = [t for t in aggregate.tensors if t not in tensors]
         if missing:
-            return None, f"reply lacks {missing}"
+            return Dropout(f"reply lacks {missing}")
         if sent.spec is not None and any(
             tuple(tensors[t].shape) != (sent.spec.numel,) for t in aggregate.tensors
         ):
-            return None, "reply's tensors do not match the model's shape"
+            return Dropout("reply's tensors do not match the model's shape")
         weighted_by_samples = isinstance(aggregate, WeightedMean) and aggregate.weights is None
         if weighted_by_samples and result.num_samples <= 0:
-            return None, "reply reports no samples"
-    return accepted, ""
+            return Dropout("reply reports no samples")
+    return accepted
 
 
 def _all_finite(tensor: torch.Tensor | LazyTensor) -> bool:

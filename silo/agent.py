@@ -83,27 +83,24 @@ class SiloAgent:
         started = time.perf_counter()
         problem = self._refusal(message)
         if problem is not None:
-            return self._send(message, self._refuse(message, problem), [Mechanism.public()])
+            return self._refuse(message, STATUS_ERROR, problem)
         try:
             releases = TASK_RELEASES[message.kind](message, self.context)
         except Exception as exc:  # e.g. a DP plan that cannot be calibrated
-            return self._send(message, self._refuse(message, _describe(exc)), [Mechanism.public()])
+            return self._refuse(message, STATUS_ERROR, _describe(exc))
         epsilon = self._would_reach(releases)
         if self.epsilon_cap is not None and epsilon is not None and epsilon > self.epsilon_cap:
-            exhausted = TaskResult(
-                message.task_id,
-                self.name,
-                message.kind,
+            return self._refuse(
+                message,
                 STATUS_BUDGET_EXHAUSTED,
-                error=f"this task would bring epsilon to {epsilon:.4g}, above the cap "
+                f"this task would bring epsilon to {epsilon:.4g}, above the cap "
                 f"{self.epsilon_cap:g} for deployment {self.deployment!r}",
                 epsilon=self._spent(),
             )
-            return self._send(message, exhausted, [Mechanism.public()])
         try:
             result = TASK_HANDLERS[message.kind](message, self.context)
         except Exception as exc:  # reported to the coordinator as this task's failure
-            return self._send(message, self._refuse(message, _describe(exc)), [Mechanism.public()])
+            return self._refuse(message, STATUS_ERROR, _describe(exc))
         result = replace(result, compute_seconds=time.perf_counter() - started, epsilon=epsilon)
         return self._send(message, result, releases)
 
@@ -160,8 +157,14 @@ class SiloAgent:
     def _spent(self) -> float | None:
         return self.ledger.spent(self.deployment) if self.ledger is not None else None
 
-    def _refuse(self, message: TaskMessage, why: str) -> TaskResult:
-        return TaskResult(message.task_id, self.name, message.kind, STATUS_ERROR, error=why)
+    def _refuse(
+        self, message: TaskMessage, status: str, why: str, epsilon: float | None = None
+    ) -> tuple[TaskResult, bytes]:
+        """Answer without running the task: nothing of the data leaves (a public release)."""
+        refusal = TaskResult(
+            message.task_id, self.name, message.kind, status, error=why, epsilon=epsilon
+        )
+        return self._send(message, refusal, [Mechanism.public()])
 
 
 def _describe(exc: Exception) -> str:

@@ -62,17 +62,17 @@ class Reports:
         if not self.noised:
             return float(losses.mean())
         bound = self.privacy.reports.loss_bound
-        return float(losses.clamp(0.0, bound).mean()) + self._gaussian(bound / len(losses))
+        clipped = float(losses.clamp(0.0, bound).mean())
+        return clipped + self._gaussian(bound / len(losses), self.noise)
 
     def accuracy(self, correct: torch.Tensor) -> float:
         """The fraction of rows marked correct (a boolean per row)."""
         value = float(correct.double().mean())
-        return value + self._gaussian(1.0 / len(correct)) if self.noised else value
+        return value + self._gaussian(1.0 / len(correct), self.noise) if self.noised else value
 
-    def _gaussian(self, sensitivity: float, generator: torch.Generator | None = None) -> float:
+    def _gaussian(self, sensitivity: float, generator: torch.Generator) -> float:
         std = self.privacy.reports.noise_multiplier * sensitivity
-        draw = torch.normal(0.0, std, (1,), generator=generator or self.noise, dtype=torch.float64)
-        return float(draw)
+        return float(torch.normal(0.0, std, (1,), generator=generator, dtype=torch.float64))
 
 
 def reports_mechanism(privacy: PrivacyConfig, reports: int) -> list[Mechanism]:

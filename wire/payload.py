@@ -34,13 +34,10 @@ def blake2b(parts: Iterable[bytes | memoryview]) -> bytes:
     return digest.digest()
 
 
-class Payload:
-    """Bytes held in memory as consecutive parts (not joined unless someone asks for bytes)."""
+class _Sized:
+    """What both payloads share: their size, and `read` on top of their own `readinto`."""
 
-    def __init__(self, parts: Iterable[bytes | memoryview], digest: bytes | None = None) -> None:
-        self.parts = tuple(memoryview(p).cast("B") for p in parts)
-        self._size = sum(len(p) for p in self.parts)
-        self._digest = digest
+    _size: int
 
     def __len__(self) -> int:
         return self._size
@@ -50,6 +47,18 @@ class Payload:
         out = bytearray(max(0, min(length, self._size - offset)))
         self.readinto(offset, memoryview(out))
         return bytes(out)
+
+    def readinto(self, offset: int, buffer: memoryview) -> None:
+        raise NotImplementedError
+
+
+class Payload(_Sized):
+    """Bytes held in memory as consecutive parts (not joined unless someone asks for bytes)."""
+
+    def __init__(self, parts: Iterable[bytes | memoryview], digest: bytes | None = None) -> None:
+        self.parts = tuple(memoryview(p).cast("B") for p in parts)
+        self._size = sum(len(p) for p in self.parts)
+        self._digest = digest
 
     def readinto(self, offset: int, buffer: memoryview) -> None:
         """Fill `buffer` with the payload's bytes from `offset` (copied once, straight in)."""
@@ -103,7 +112,7 @@ class Payload:
         return self._digest
 
 
-class SpooledPayload:
+class SpooledPayload(_Sized):
     """A payload in an anonymous temporary file; see the module docstring."""
 
     def __init__(self, directory: str | None = None) -> None:
@@ -120,14 +129,6 @@ class SpooledPayload:
         self._file.flush()
         self._digest = digest
         return self
-
-    def __len__(self) -> int:
-        return self._size
-
-    def read(self, offset: int, length: int) -> bytes:
-        out = bytearray(max(0, min(length, self._size - offset)))
-        self.readinto(offset, memoryview(out))
-        return bytes(out)
 
     def readinto(self, offset: int, buffer: memoryview) -> None:
         filled = 0
