@@ -1,9 +1,10 @@
 """DP-SGD: what sample-level privacy costs in time and in accuracy.
 
-(a) Epoch time of DP-SGD (silo/dp_training.py: Opacus ghost clipping, Gaussian noise,
-    Poisson sampling; noise multiplier 1) over non-private training, for the MLP and the small
-    CNN of the model zoo (default sizes) on scikit-learn's 8x8 digits: one silo with all 1,437
-    training rows, the same batch size for both, swept over 32..256 (64 is the headline).
+(a) Epoch time of DP-SGD (silo/dp_training.py: per-sample clipping in one backward pass
+    with Opacus' per-layer functions, Gaussian noise, Poisson sampling; noise multiplier 1)
+    over non-private training, for the MLP and the small CNN of the model zoo (default
+    sizes) on scikit-learn's 8x8 digits: one silo with all 1,437 training rows, the same
+    batch size for both, swept over 32..256 (64 is the headline).
     Each time is one `train` task of one epoch through the silo agent, model loading included;
     the median of several tasks, private and non-private interleaved so that load from other
     processes hits both alike. Goal: <= 2.5x.
@@ -14,7 +15,7 @@
     silos report only noisy metrics, so the final model is evaluated here, exactly, on every
     silo's test split (a simulation may; a deployment cannot).
 
-About two minutes on 2 CPU cores, so nothing is cut short. Run: `python -m bench.dp`; writes
+About a minute on 2 CPU cores, so nothing is cut short. Run: `python -m bench.dp`; writes
 bench/results/dp.json and dp.png.
 """
 

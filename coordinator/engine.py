@@ -8,7 +8,8 @@ before the round, the round is recorded as failed, and the run stops after
 
 A silo that answers `budget_exhausted` (its privacy budget cannot pay for the task) is a
 dropout in that phase and is retired: no later round or evaluation of the deployment asks it
-again. Rounds record each silo's reported epsilon and ledger head (`privacy`).
+again. Rounds record each silo's reported epsilon and ledger head (`privacy`), and, with
+client-level DP, the epsilon of the model published after the round (`client_epsilon`).
 
 With a `StateStore` the engine saves the setup and every finished round (its state and
 record); a run started again on the same store goes on after the last saved round. Every
@@ -28,26 +29,36 @@ from typing import Any, Protocol
 
 import torch
 
+from fedsilo.coordinator.ckks_sum import CkksKeys, CkksMean
+from fedsilo.coordinator.client_dp import published_epsilon
 from fedsilo.coordinator.phases import (
     Identical,
     Phase,
     PhaseOutcome,
     QuorumNotMet,
     SiloReport,
+    Task,
     WeightedMean,
 )
+from fedsilo.coordinator.replies import (
+    SLICE_ELEMENTS,
+    Accepted,
+    Dropout,
+    accept,
+    reports_of,
+)
+from fedsilo.coordinator.secure_sum import MaskedMean
 from fedsilo.coordinator.state import StateStore, digest_policy
 from fedsilo.coordinator.strategies.base import RoundContext, ServerState, Strategy
 from fedsilo.coordinator.summary import summarize_metrics
 from fedsilo.coordinator.transport import Delivery, Transport
 from fedsilo.policies.schema import Policy
-from fedsilo.wire.messages import STATUS_BUDGET_EXHAUSTED, TaskMessage, TaskResult
-from fedsilo.wire.payload import AnyPayload, blake2b
-from fedsilo.wire.tensors import LazyTensor, TensorBlocks, WireError
+from fedsilo.privacy.masking import aggregation_label
+from fedsilo.wire.messages import TaskMessage
+from fedsilo.wire.payload import blake2b
+from fedsilo.wire.tensors import LazyTensor, TensorBlocks
 
 log = logging.getLogger("fedsilo.coordinator")
-
-SLICE_ELEMENTS = 1 << 20  # elements aggregated at once (a multiple of every SIMD width)
 
 
 class RunAborted(RuntimeError):
@@ -68,6 +79,7 @@ class RoundRecord:
     silos: list[str] | None = None  # setup only: the consortium the deployment started with
     retired: dict[str, str] | None = None  # silos retired in this round, and why
     privacy: dict[str, dict[str, Any]] | None = None  # silo -> epsilon, ledger head reported
+    client_epsilon: float | None = None  # client-level DP: the published model's epsilon
 
     def to_json(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if v is not None}
@@ -103,9 +115,12 @@ class RoundEngine:
         deployment: str = "simulation",
         store: StateStore | None = None,
         policy_digest: str = "",
+        secret: bytes = b"",
     ) -> None:
         """`store`: where to save rounds and resume from (None: nothing is saved);
-        `policy_digest`: what binds the store to this policy (default: `digest_policy`)."""
+        `policy_digest`: what binds the store to this policy (default: `digest_policy`);
+        `secret`: the coordinator's key material for noise no silo may predict (a simulation,
+        with no one to hide it from, may leave it empty)."""
         if not silos:
             raise ValueError("a consortium needs at least one silo")
         self.strategy = strategy
@@ -117,6 +132,8 @@ class RoundEngine:
         self.store = store
         self.policy_digest = policy_digest or digest_policy(policy)
         self.retired: dict[str, str] = {}
+        self.secret = secret
+        self.ckks_keys: CkksKeys | None = None  # made by the key holder at the first CKKS sum
 
     # -- the run ----------------------------------------------------------------------------
 
@@ -192,6 +209,7 @@ class RoundEngine:
             state = self._drive(
                 self.strategy.round(state, self._context(round_no)), round_no, record
             )
+            record.client_epsilon = published_epsilon(state.extra)
         except QuorumNotMet as exc:
             record.status, record.error = "failed", str(exc)
         record.seconds = time.perf_counter() - started
@@ -217,6 +235,7 @@ class RoundEngine:
             silos=tuple(s for s in self.silos if s not in self.retired),
             seed=self.policy.seed,
             min_silos=self.policy.participants.min_silos,
+            secret=self.secret,
         )
 
     def _drive(
@@ -257,55 +276,38 @@ class RoundEngine:
         silos = [task.silo for task in phase.tasks]
         if len(set(silos)) != len(silos):
             raise ValueError(f"phase {phase.name!r} gives one silo two tasks; fold them into one")
-        messages = {
-            task.silo: TaskMessage(
-                task_id=f"{self.deployment}/r{round_no}/{phase.name}/{task.silo}",
-                round=round_no,
-                phase=phase.name,
-                kind=task.kind,
-                silo=task.silo,
-                config=task.config,
-                tensors=task.tensors,
-                spec=task.spec,
-                policy_digest=self.policy_digest,
-            )
-            for task in phase.tasks
-        }
-        deadline = time.monotonic() + self.policy.participants.phase_timeout_s
-        replies = self.transport.dispatch(_deliveries(messages, round_no), deadline)
-
-        results: dict[str, Accepted] = {}
-        dropped: dict[str, str] = {}
-        for silo, message in messages.items():
-            reply = replies.pop(silo, None)
-            if reply is None:
-                dropped[silo] = "no reply before the deadline"
-            elif reply.failure is not None or reply.payload is None:
-                dropped[silo] = reply.failure or "empty reply"
-            else:
-                checked = _accept(reply.payload, message, phase.aggregate)
-                if isinstance(checked, Dropout):
-                    dropped[silo] = checked.reason
-                    if checked.retire:
-                        self._retire(silo, checked.reason, record)
-                else:
-                    results[silo] = checked
-
         quorum = (
             phase.quorum
             if phase.quorum is not None
             else min(self.policy.participants.min_silos, len(phase.tasks))
         )
+        secure = self.policy.secure_aggregation
+        if isinstance(phase.aggregate, WeightedMean) and secure.enabled:
+
+            def collect(
+                step: str, tasks: Sequence[Task], aggregate: WeightedMean | None = None
+            ) -> tuple[dict[str, Accepted], dict[str, str]]:
+                return self.collect(phase.name, tasks, round_no, aggregate, record, step)
+
+            if secure.method == "ckks":
+                ckks = CkksMean(collect, secure, self.silos, quorum, self.ckks_keys)
+                try:
+                    return ckks.run(phase)
+                finally:
+                    self.ckks_keys = ckks.keys
+            label = aggregation_label(self.deployment, round_no, phase.name)
+            return MaskedMean(collect, secure, label, quorum).run(phase)
+        results, dropped = self.collect(phase.name, phase.tasks, round_no, phase.aggregate, record)
         if len(results) < quorum:
             reasons = "; ".join(f"{s}: {why}" for s, why in sorted(dropped.items()))
             raise QuorumNotMet(
                 f"phase {phase.name!r}: {len(results)} of {len(phase.tasks)} silos answered, "
                 f"quorum is {quorum} ({reasons})",
                 phase.name,
-                _reports(results),
+                reports_of(results),
                 dropped,
             )
-        reports = _reports(results)
+        reports = reports_of(results)
         spec = next(
             (a.result.spec for _, a in sorted(results.items()) if a.result.spec is not None), None
         )
@@ -330,6 +332,53 @@ class RoundEngine:
             )
         return PhaseOutcome(phase.name, reports, dropped, mean=mean, total_weight=total, spec=spec)
 
+    def collect(
+        self,
+        phase: str,
+        tasks: Sequence[Task],
+        round_no: int,
+        aggregate: WeightedMean | Identical | None,
+        record: RoundRecord | None,
+        step: str | None = None,
+    ) -> tuple[dict[str, Accepted], dict[str, str]]:
+        """Dispatch `tasks` (of `phase`, or of one `step` of it) and check every reply: the
+        accepted results, and each other silo's reason for dropping out."""
+        prefix = f"{self.deployment}/r{round_no}/{phase}" + (f"/{step}" if step else "")
+        messages = {
+            task.silo: TaskMessage(
+                task_id=f"{prefix}/{task.silo}",
+                round=round_no,
+                phase=phase,
+                kind=task.kind,
+                silo=task.silo,
+                config=task.config,
+                tensors=task.tensors,
+                spec=task.spec,
+                policy_digest=self.policy_digest,
+            )
+            for task in tasks
+        }
+        deadline = time.monotonic() + self.policy.participants.phase_timeout_s
+        replies = self.transport.dispatch(_deliveries(messages, round_no), deadline)
+
+        results: dict[str, Accepted] = {}
+        dropped: dict[str, str] = {}
+        for silo, message in messages.items():
+            reply = replies.pop(silo, None)
+            if reply is None:
+                dropped[silo] = "no reply before the deadline"
+            elif reply.failure is not None or reply.payload is None:
+                dropped[silo] = reply.failure or "empty reply"
+            else:
+                checked = accept(reply.payload, message, aggregate)
+                if isinstance(checked, Dropout):
+                    dropped[silo] = checked.reason
+                    if checked.retire:
+                        self._retire(silo, checked.reason, record)
+                else:
+                    results[silo] = checked
+        return results, dropped
+
 
 def _record_phase(
     record: RoundRecord, phase: str, answered: Mapping[str, SiloReport], dropped: Mapping[str, str]
@@ -349,101 +398,12 @@ def _failed(record: RoundRecord) -> bool:
     return record.status == "failed"
 
 
-def _reports(results: Mapping[str, Accepted]) -> dict[str, SiloReport]:
-    return {
-        s: SiloReport(
-            a.result.num_samples,
-            dict(a.result.metrics),
-            a.result.compute_seconds,
-            a.result.epsilon,
-            a.result.ledger_head,
-        )
-        for s, a in sorted(results.items())
-    }
-
-
-@dataclass(frozen=True)
-class Accepted:
-    """A checked reply: the result, and (for an aggregated phase) its tensors still unread."""
-
-    result: TaskResult
-    lazy: Mapping[str, LazyTensor] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Dropout:
-    """Why a reply is not used; `retire`: the silo's privacy budget is spent for good."""
-
-    reason: str
-    retire: bool = False
-
-
 def _deliveries(messages: Mapping[str, TaskMessage], round_no: int) -> Iterator[Delivery]:
     """Each task encoded as the transport takes it; silos given the same tensors share one
     encoding of them, which lives only until the last of those silos has it."""
     blocks = TensorBlocks()
     for silo, message in messages.items():
         yield Delivery(silo, message.task_id, message.encode_payload(blocks), round_no)
-
-
-def _accept(
-    payload: AnyPayload, sent: TaskMessage, aggregate: WeightedMean | Identical | None
-) -> Accepted | Dropout:
-    """Decode and check one reply; a bad reply is that silo's dropout, with the reason.
-
-    For a phase that aggregates, tensors stay in the payload (possibly a spool file) and are
-    checked slice by slice; `_weighted_mean` and `_digest` read them the same way."""
-    try:
-        if aggregate is None:
-            accepted = Accepted(TaskResult.decode(payload))
-            tensors: Mapping[str, torch.Tensor | LazyTensor] = accepted.result.tensors
-        else:
-            result, lazy = TaskResult.decode_lazily(payload)
-            accepted, tensors = Accepted(result, lazy), lazy
-    except WireError as exc:
-        return Dropout(f"malformed reply: {exc}")
-    result = accepted.result
-    if result.task_id != sent.task_id or result.silo != sent.silo:
-        return Dropout(
-            f"reply is for task {result.task_id!r} of silo {result.silo!r}, not this task"
-        )
-    if result.status == STATUS_BUDGET_EXHAUSTED:
-        return Dropout(f"{STATUS_BUDGET_EXHAUSTED}: {result.error}", retire=True)
-    if not result.ok:
-        return Dropout(f"task failed at the silo ({result.status}): {result.error}")
-    for name, tensor in tensors.items():
-        if tensor.dtype.is_floating_point and not _all_finite(tensor):
-            return Dropout(f"non-finite values in {name!r}")
-    if aggregate is not None:
-        missing = [t for t in aggregate.tensors if t not in tensors]
-        if missing:
-            return Dropout(f"reply lacks {missing}")
-        if sent.spec is not None and any(
-            tuple(tensors[t].shape) != (sent.spec.numel,) for t in aggregate.tensors
-        ):
-            return Dropout("reply's tensors do not match the model's shape")
-        weighted_by_samples = isinstance(aggregate, WeightedMean) and aggregate.weights is None
-        if weighted_by_samples and result.num_samples <= 0:
-            return Dropout("reply reports no samples")
-    return accepted
-
-
-def _all_finite(tensor: torch.Tensor | LazyTensor) -> bool:
-    """min and max propagate NaN, and an infinity is the min or the max."""
-    for part in _slices(tensor):
-        if part.numel():
-            low, high = torch.aminmax(part)
-            if not (math.isfinite(float(low)) and math.isfinite(float(high))):
-                return False
-    return True
-
-
-def _slices(tensor: torch.Tensor | LazyTensor) -> Iterator[torch.Tensor]:
-    if isinstance(tensor, torch.Tensor):
-        yield tensor
-        return
-    for start in range(0, tensor.numel, SLICE_ELEMENTS):
-        yield tensor.read(start, min(start + SLICE_ELEMENTS, tensor.numel))
 
 
 def _digest(tensors: Mapping[str, LazyTensor], names: Sequence[str]) -> str:

@@ -29,6 +29,7 @@ from fedsilo.ops.metrics import CoordinatorMetrics, serve_metrics
 from fedsilo.ops.provision import CoordinatorKit, load_coordinator_kit
 from fedsilo.ops.report import write_deployment_results
 from fedsilo.policies.loading import parse_policy_text
+from fedsilo.privacy.identity import noise_secret
 from fedsilo.privacy.policy_signing import signature_path, verify_policy
 from fedsilo.wire.envelope import EnvelopeVerifier
 
@@ -132,6 +133,7 @@ def run_coordinator(options: CoordinatorOptions, stop: threading.Event | None = 
             deployment=deployment,
             store=store,
             policy_digest=digest,
+            secret=noise_secret(kit.signing_key),
         )
         history = engine.run()
         hub.finish()

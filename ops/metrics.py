@@ -77,6 +77,9 @@ class RecordedRound(Protocol):
     @property
     def privacy(self) -> Mapping[str, Mapping[str, Any]] | None: ...
 
+    @property
+    def client_epsilon(self) -> float | None: ...
+
 
 class CoordinatorMetrics:
     """The coordinator's view of a deployment: rounds, silos, traffic, rejections and results.
@@ -155,6 +158,12 @@ class CoordinatorMetrics:
             ["silo", "deployment"],
             registry=r,
         )
+        self.client_epsilon = Gauge(
+            "fedsilo_client_dp_epsilon",
+            "Client-level DP: the epsilon of the deployment's published model so far.",
+            ["deployment"],
+            registry=r,
+        )
         for status in ROUND_STATUSES:
             self.rounds.labels(status)
 
@@ -179,6 +188,8 @@ class CoordinatorMetrics:
         for silo, reported in (record.privacy or {}).items():
             if _is_number(reported.get("epsilon")):
                 self.privacy_epsilon.labels(silo, self.deployment).set(reported["epsilon"])
+        if record.client_epsilon is not None:
+            self.client_epsilon.labels(self.deployment).set(record.client_epsilon)
 
     on_round = observe_round  # the `EngineObserver` signature
 

@@ -8,7 +8,6 @@ tasks until the deployment is complete.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import threading
@@ -19,6 +18,7 @@ from pathlib import Path
 from fedsilo.ops.metrics import SiloMetrics, serve_metrics
 from fedsilo.ops.provision import SiloKit, load_silo_kit
 from fedsilo.policies.schema import Policy
+from fedsilo.privacy.identity import noise_secret
 from fedsilo.privacy.ledger import PrivacyLedger
 from fedsilo.silo.agent import SiloAgent
 from fedsilo.silo.client import ChannelSettings, CoordinatorConnection, SiloClient, SiloIdentity
@@ -99,10 +99,17 @@ def _start_agent(
         policy_digest=digest,
         privacy=policy.privacy,
         rounds=policy.rounds,
-        secret=_noise_secret(kit),
+        secret=noise_secret(kit.signing_key),
         ledger=ledger,
         deployment=kit.consortium,
         epsilon_cap=config.rules.epsilon_cap,
+        consortium=len(kit.peers) + 1,
+        secure_aggregation=policy.secure_aggregation,
+        identity=kit.signing_key,
+        roster={
+            kit.name: kit.signing_key.verify_key,
+            **{name: peer.verify_key for name, peer in kit.peers.items()},
+        },
     )
     log.info(
         "silo %s books every answer in %s (epsilon spent on %s: %s)",
@@ -125,11 +132,6 @@ def _start_agent(
         return encoded
 
     return endpoint
-
-
-def _noise_secret(kit: SiloKit) -> bytes:
-    """Key material for the silo's noise, derived from its private signing key (never sent)."""
-    return hashlib.blake2b(b"fedsilo/noise", key=kit.signing_key.encode()).digest()
 
 
 def _settings(kit: SiloKit, poll_seconds: float) -> ChannelSettings:

@@ -9,6 +9,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from nacl.signing import SigningKey
+
 from fedsilo.coordinator.engine import EngineObserver, RoundEngine, RunHistory
 from fedsilo.coordinator.strategies import make_strategy
 from fedsilo.coordinator.strategies.references import POOLED_SILO, Central
@@ -70,9 +72,23 @@ def simulate(
     started = time.perf_counter()
     device, device_note = resolve_device(policy.compute.device)
 
+    # Simulated silos get fresh identities, known to each other: what provisioning gives a
+    # deployment, and what secure aggregation's signed keys need.
+    identities = {d.name: SigningKey.generate() for d in datasets}
+    roster = {name: key.verify_key for name, key in identities.items()}
+
     def agent(name: str, data: SiloDataset) -> SiloAgent:
         return SiloAgent(
-            name, data, policy.model, device, privacy=policy.privacy, rounds=policy.rounds
+            name,
+            data,
+            policy.model,
+            device,
+            privacy=policy.privacy,
+            rounds=policy.rounds,
+            consortium=len(datasets),
+            secure_aggregation=policy.secure_aggregation,
+            identity=identities.get(name),
+            roster=roster,
         )
 
     endpoints = {d.name: agent(d.name, d).handle_bytes for d in datasets}

@@ -16,6 +16,7 @@ class FedAvgConfig(PolicyModel):
     """FedAvg (McMahan et al.): sample-weighted mean of the sampled silos' models."""
 
     reports: ClassVar[frozenset[str]] = SAMPLE_WEIGHTED  # report kinds it cannot run without
+    averages: ClassVar[bool] = True  # one aggregate of models: client DP, secure aggregation
     name: Literal["fedavg"]
     client_fraction: float = Field(default=1.0, gt=0, le=1)
     prox_mu: float = Field(default=0.0, ge=0)
@@ -25,6 +26,7 @@ class FedProxConfig(PolicyModel):
     """FedProx (Li et al.): FedAvg with the proximal term (mu/2)||w - w_global||^2 locally."""
 
     reports: ClassVar[frozenset[str]] = SAMPLE_WEIGHTED
+    averages: ClassVar[bool] = True
     name: Literal["fedprox"]
     client_fraction: float = Field(default=1.0, gt=0, le=1)
     prox_mu: float = Field(default=0.1, gt=0)
@@ -34,6 +36,7 @@ class FedOptConfig(PolicyModel):
     """FedAdam / FedYogi / FedAdagrad (Reddi et al.): an adaptive step on the mean update."""
 
     reports: ClassVar[frozenset[str]] = SAMPLE_WEIGHTED
+    averages: ClassVar[bool] = True
     name: Literal["fedadam", "fedyogi", "fedadagrad"]
     client_fraction: float = Field(default=1.0, gt=0, le=1)
     prox_mu: float = Field(default=0.0, ge=0)
@@ -47,6 +50,7 @@ class CentralConfig(PolicyModel):
     """Reference: one model trained on the pooled union of the silos' training data."""
 
     reports: ClassVar[frozenset[str]] = SAMPLE_WEIGHTED
+    averages: ClassVar[bool] = False
     name: Literal["central"]
 
 
@@ -54,6 +58,7 @@ class LocalConfig(PolicyModel):
     """Reference: each silo trains alone and is evaluated with its own model."""
 
     reports: ClassVar[frozenset[str]] = SAMPLE_WEIGHTED
+    averages: ClassVar[bool] = False
     name: Literal["local"]
 
 

@@ -2,9 +2,10 @@
 
 `delta` and `accountant` say how every release of a silo's data is turned into one epsilon
 (Opacus' RDP or PRV accountant); `epsilon_cap` is the deployment's per-silo budget, which a
-silo's ledger enforces. `dp_sgd` turns on sample-level DP-SGD in every training task, and
-with it makes this a DP deployment: every scalar a silo reports is then clipped and noised
-(`reports`). `reports.forbidden` keeps kinds of report at the silos in any deployment.
+silo's ledger enforces. `dp_sgd` turns on sample-level DP-SGD in every training task;
+`client_dp` clips each silo's model update and noises the aggregate (DP-FedAvg). Either (with
+distributed noise) makes this a DP deployment: every scalar a silo reports is then clipped and
+noised (`reports`). `reports.forbidden` keeps kinds of report at the silos in any deployment.
 """
 
 from __future__ import annotations
@@ -41,6 +42,24 @@ class DpSgdConfig(PolicyModel):
         return self
 
 
+class ClientDpConfig(PolicyModel):
+    """Client-level DP (DP-FedAvg: McMahan et al. 2018, Geyer et al. 2017): each silo clips its
+    model update to L2 norm `clip` (S), and the sum of a round's updates gets Gaussian noise
+    of std `noise_multiplier * clip` (z S). Silos are weighted equally, so one silo moves the
+    sum by at most S, whatever its data.
+
+    `noise: central`: the coordinator adds the noise; silos trust it with their clipped
+    updates, and the guarantee covers the models the consortium publishes. `distributed`:
+    each of a round's m silos adds N(0, (z S)^2 / m) to its own update, so the sum carries the
+    full noise and the coordinator never sees an un-noised sum (it tops the noise up when
+    fewer silos answer than planned).
+    """
+
+    clip: float = Field(gt=0)
+    noise_multiplier: float = Field(gt=0)
+    noise: Literal["central", "distributed"] = "distributed"
+
+
 ReportKind = Literal["counts", "losses", "metrics"]
 REPORT_KINDS: tuple[str, ...] = get_args(ReportKind)
 
@@ -65,12 +84,16 @@ class PrivacyConfig(PolicyModel):
     accountant: Literal["rdp", "prv"] = "rdp"
     epsilon_cap: float | None = Field(default=None, gt=0)
     dp_sgd: DpSgdConfig | None = None
+    client_dp: ClientDpConfig | None = None
     reports: ReportsConfig = ReportsConfig()
 
     @property
     def differentially_private(self) -> bool:
-        """A DP deployment: silos train with DP-SGD and noise every report."""
-        return self.dp_sgd is not None
+        """A DP deployment: everything a silo sends is noised before it leaves (DP-SGD, or
+        client-level DP with distributed noise), and so is every report."""
+        return self.dp_sgd is not None or (
+            self.client_dp is not None and self.client_dp.noise == "distributed"
+        )
 
     @model_validator(mode="after")
     def _target_within_cap(self) -> PrivacyConfig:

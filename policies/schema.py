@@ -3,6 +3,7 @@ participation rules, compute placement and (for simulations) the data."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from pydantic import Field, model_validator
@@ -13,6 +14,7 @@ from fedsilo.policies.compute import ComputeConfig
 from fedsilo.policies.data import DataConfig
 from fedsilo.policies.model import LinearModel, ModelConfig
 from fedsilo.policies.privacy import PrivacyConfig
+from fedsilo.policies.secure_aggregation import SecureAggregationConfig
 from fedsilo.policies.training import TrainingConfig
 
 SUPPORTED_VERSIONS = (1,)
@@ -39,6 +41,7 @@ class Policy(PolicyModel):
     compute: ComputeConfig = ComputeConfig()
     data: DataConfig = DataConfig()
     privacy: PrivacyConfig = PrivacyConfig()
+    secure_aggregation: SecureAggregationConfig = SecureAggregationConfig()
 
     @model_validator(mode="before")
     @classmethod
@@ -66,12 +69,52 @@ class Policy(PolicyModel):
                 f"{needed} reports (it weights silos by sample counts and evaluates held-out "
                 "metrics); allow them or choose another algorithm"
             )
-        if self.privacy.differentially_private and self.data.scaling == "federated":
+        dp = self.privacy.differentially_private or self.privacy.client_dp is not None
+        if dp and self.data.scaling == "federated":
             raise ValueError(
                 "data.scaling: 'federated' sends each silo's exact feature sums, which DP "
-                "does not cover; with privacy.dp_sgd use scaling 'local'"
+                "does not cover; with privacy.dp_sgd or privacy.client_dp use scaling 'local'"
             )
+        if self.privacy.client_dp is not None and not self.algorithm.averages:
+            raise ValueError(
+                f"privacy.client_dp: {self.algorithm.name} does not average clipped model "
+                "updates, so client-level DP does not apply; use a FedAvg-family algorithm "
+                "(fedavg, fedprox, fedadam, fedyogi, fedadagrad) or drop client_dp"
+            )
+        self._check_secure_aggregation()
         return self
+
+    def _check_secure_aggregation(self) -> None:
+        secure = self.secure_aggregation
+        if not secure.enabled:
+            return
+        if not self.algorithm.averages:
+            raise ValueError(
+                f"secure_aggregation: {self.algorithm.name}"
+                + (" with the Radon aggregator" if self.algorithm.name == "feddc" else "")
+                + " needs each silo's own model, which secure aggregation hides; use an "
+                "averaging algorithm (aggregator: mean) or secure_aggregation: none"
+            )
+        if self.data.scaling == "federated":
+            raise ValueError(
+                "secure_aggregation: data.scaling 'federated' sums raw feature moments, which "
+                "have no bound to clip them to; use scaling 'local' (or 'none')"
+            )
+        partition = self.data.partition
+        if partition is not None and secure.threshold is not None:
+            cohort = self.cohort_size(partition.silos)
+            if cohort < secure.threshold:
+                raise ValueError(
+                    f"secure_aggregation.threshold: a round asks {cohort} silos, fewer than the "
+                    f"threshold {secure.threshold}, so no sum could ever be recovered"
+                )
+
+    def cohort_size(self, consortium: int) -> int:
+        """How many of `consortium` silos a round asks to train: max(min_silos,
+        ceil(client_fraction * consortium)), at most the consortium."""
+        fraction = getattr(self.algorithm, "client_fraction", 1.0)
+        wanted = max(self.participants.min_silos, math.ceil(fraction * consortium - 1e-9))
+        return min(consortium, wanted)
 
     def with_algorithm(self, name: str) -> Policy:
         """This policy with another algorithm (its defaults), for side-by-side comparisons."""

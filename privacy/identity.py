@@ -7,6 +7,7 @@ read, as ssh does. Public keys travel as hex strings (in kit files, in envelopes
 
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
 from pathlib import Path
@@ -66,6 +67,12 @@ def read_signing_key(path: Path) -> SigningKey:
 def read_sealing_key(path: Path) -> PrivateKey:
     """The X25519 sealing (decryption) key stored in `path`."""
     return PrivateKey(_read_key_bytes(path))
+
+
+def noise_secret(key: SigningKey) -> bytes:
+    """Key material for a party's noise draws, derived from its private signing key: it never
+    leaves the party, and the same key gives the same noise (runs repeat bit for bit)."""
+    return hashlib.blake2b(b"fedsilo/noise", key=key.encode()).digest()
 
 
 def public_key_hex(key: VerifyKey | PublicKey) -> str:

@@ -13,12 +13,15 @@ officer audits against); it is booked, fsynced, before it is returned for sendin
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import replace
 
 import torch
+from nacl.signing import SigningKey, VerifyKey
 
 from fedsilo.policies.model import ModelConfig
 from fedsilo.policies.privacy import PrivacyConfig
+from fedsilo.policies.secure_aggregation import SecureAggregationConfig
 from fedsilo.privacy.accounting import Mechanism
 from fedsilo.privacy.ledger import PrivacyLedger, payload_digest
 from fedsilo.silo.data import SiloDataset
@@ -48,13 +51,20 @@ class SiloAgent:
         ledger: PrivacyLedger | None = None,
         deployment: str = "simulation",
         epsilon_cap: float | None = None,
+        consortium: int = 1,
+        secure_aggregation: SecureAggregationConfig | None = None,
+        identity: SigningKey | None = None,
+        roster: Mapping[str, VerifyKey] | None = None,
     ) -> None:
         """`policy_digest`: the policy this silo accepted; tasks under another are refused
         (None in simulations, where there is no signed policy). `privacy` and `rounds`: that
         policy's privacy section and length, the only source of this silo's DP parameters.
         `secret`: key material that seeds the silo's noise. `ledger`: where every answer of
         `deployment` is booked (None: nothing is booked, no budget is enforced);
-        `epsilon_cap`: the silo's own cap, enforced beside the policy's."""
+        `epsilon_cap`: the silo's own cap, enforced beside the policy's. `consortium`: how many
+        silos the deployment has (a round can ask no more to share its client-level noise).
+        `secure_aggregation`: the policy's section; `identity` signs this silo's masking keys
+        and `roster` (every member's verify key) checks its peers'."""
         self.context = SiloContext(
             name,
             data,
@@ -63,6 +73,11 @@ class SiloAgent:
             privacy=privacy or PrivacyConfig(),
             rounds=rounds,
             secret=secret,
+            consortium=consortium,
+            deployment=deployment,
+            secure_aggregation=secure_aggregation or SecureAggregationConfig(),
+            identity=identity,
+            roster=dict(roster or {}),
         )
         self.policy_digest = policy_digest
         self.ledger = ledger

@@ -7,33 +7,54 @@ never from the task the coordinator sends: a coordinator cannot weaken a silo's 
 config supplies only the schedule (batch size, epochs or steps), and `DpSgdPlan.mechanism()`
 is what the silo books for it, so a coordinator that asks for more work is charged for it.
 
-The loop drives Opacus' ghost clipping (`GradSampleModuleFastGradientClipping`,
-`DPOptimizerFastGradientClipping`: per-sample gradient norms without materialising per-sample
-gradients, then one backward pass of the clip-weighted per-sample losses) rather than
-`PrivacyEngine.make_private`: make_private's Poisson sampler draws from the global torch RNG
+The loop clips per sample in one backward pass of its own, with Opacus' layer validator and
+per-layer gradient functions, rather than through Opacus' module and optimiser wrappers
+(`_ClippedSums`). Forward hooks keep each trainable layer's input and output; one autograd call
+gives the gradient of the summed per-sample losses at every layer output and no parameter
+gradient, and row i of it is sample i's alone (rows are independent: no BatchNorm). A dense
+layer's per-sample gradient norm follows from those two (|g_i| |a_i|, the "ghost" norm) and
+its clipped sum is one product of the clip-scaled output gradients with the inputs, so its
+per-sample gradients are never formed; other layers (convolutions, norms) form theirs with
+Opacus' grad samplers and sum them weighted by the clip factors. Clip factor
+min(1, C / (n_i + 1e-6)), n_i the norm of row i's whole gradient; Gaussian noise of std
+`noise_multiplier` * C on each parameter's sum; division by the batch size: DPOptimizer's
+arithmetic, and the tests check the update against Opacus' own per-sample clipping. What it
+cannot clip exactly it refuses: a layer type without an Opacus grad sampler, a layer run twice
+in one batch, an output modified in place.
+
+Why not Opacus' wrappers: on small models the per-step work is tiny and their bookkeeping
+(backward hooks, per-sample buffers, a second backward pass) dominates. DP-SGD epoch time over
+non-private, MLP [64, 64] / CNN [16, 32] on digits at batch 64, 2 CPU cores (bench/dp.py's
+task, each candidate in turn, medians of 15; bench/results/dp.json has the current run):
+ghost clipping (GradSampleModuleFastGradientClipping, two backward passes) 4.9x / 3.1x;
+GradSampleModule hooks + DPOptimizer 5.4x / 2.7x, with functorch 9.2x / 4.2x; Opacus'
+ExpandedWeights mode + DPOptimizer 3.9x / 2.2x; torch.func vmap(grad) 5.6x / 2.5x; this loop
+1.9x / 1.5x. Per-sample gradients are formed only for non-dense layers, as in Opacus' hooks
+mode; a model whose convolutions are large gets memory of batch x their parameters.
+
+Nor `PrivacyEngine.make_private`: its Poisson sampler draws from the global torch RNG
 (a seed is refused outside secure mode), which would make runs irreproducible and let silos in
 one process disturb each other; and its fixed expected batch size would divide the smaller
 last batch of a shuffled pass by the full batch size. Here batches come from the task's
 seeded generator (the very order non-private training uses when `poisson_sampling` is false),
 Poisson draws and noise from generators seeded with the silo's private seed (its secret and the
 task: the coordinator, which chose the task's seed, cannot predict them), and a shuffled batch
-is averaged over its true size (noise std / sensitivity stays `noise_multiplier`).
+is averaged over its true size (noise std / sensitivity stays `noise_multiplier`). An empty
+Poisson batch is still a step: noise alone, over the expected batch size.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
-import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from opacus.accountants.utils import get_noise_multiplier
-from opacus.grad_sample import GradSampleModuleFastGradientClipping
-from opacus.optimizers import DPOptimizerFastGradientClipping
-from opacus.utils.fast_gradient_clipping_utils import DPTensorFastGradientClipping
+from opacus.grad_sample import GradSampleModule
+from opacus.utils.module_utils import trainable_modules
 from opacus.validators import ModuleValidator
 from torch import nn
 
@@ -41,12 +62,11 @@ from fedsilo.policies.privacy import PrivacyConfig
 from fedsilo.privacy.accounting import Mechanism
 from fedsilo.silo.schedule import LocalSchedule, shuffled_batches
 
-# Opacus' backward hook on the first layer fires without input gradients, which torch reports
-# on every task; harmless (per-sample gradient norms need only the layer's own backprops).
-warnings.filterwarnings("ignore", message="Full backward hook is firing", category=UserWarning)
-
 # The losses of one minibatch, one per row (shape (len(rows),)), given the rows it holds.
 PerSampleLoss = Callable[[torch.Tensor], torch.Tensor]
+
+# The layer types Opacus has a per-sample gradient function for.
+_SAMPLED_TYPES = tuple(GradSampleModule.GRAD_SAMPLERS)
 
 
 class DpSgdError(ValueError):
@@ -139,39 +159,136 @@ def train_private(
     optimiser steps: the place for a data-independent gradient term such as FedProx's.
     """
     check_model(model)
-    device = next(model.parameters()).device
-    private_model = GradSampleModuleFastGradientClipping(
-        model, loss_reduction="mean", max_grad_norm=plan.max_grad_norm, use_ghost_clipping=True
-    )
-    dp_optimizer = DPOptimizerFastGradientClipping(
-        optimizer,
-        noise_multiplier=plan.noise_multiplier,
-        max_grad_norm=plan.max_grad_norm,
-        expected_batch_size=plan.schedule.batch,
-        loss_reduction="mean",
-        generator=torch.Generator(device=device).manual_seed(_noise_seed(private_seed)),
-        secure_mode=False,
-    )
-    if after_noise is not None:
-        dp_optimizer.attach_step_hook(lambda _: after_noise())
+    # What DPOptimizer clips and noises: the optimiser's parameters that want a gradient.
+    params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
+    device = params[0].device
+    noise = torch.Generator(device=device).manual_seed(_noise_seed(private_seed))
+    std = plan.noise_multiplier * plan.max_grad_norm
     losses: list[float | None] = []
-    try:
+    with _ClippedSums(model, params, plan.max_grad_norm) as clipped_sums:
         for index in _batches(plan, seed, private_seed):
-            dp_optimizer.zero_grad(set_to_none=True)
-            if not plan.poisson_sampling:
-                dp_optimizer.expected_batch_size = len(index)
             if len(index) == 0:  # Poisson sampling drew nobody: the step is still noised
-                for param in dp_optimizer.params:
-                    param.grad = torch.zeros_like(param)
+                grads = [torch.zeros_like(p) for p in params]
                 losses.append(None)
             else:
                 per_sample = per_sample_loss(index.to(device))
-                DPTensorFastGradientClipping(private_model, dp_optimizer, per_sample).backward()
+                grads = clipped_sums(per_sample)
                 losses.append(float(per_sample.detach().mean()))
-            dp_optimizer.step()
-    finally:
-        private_model.cleanup()
+            batch = plan.schedule.batch if plan.poisson_sampling else len(index)
+            for p, grad in zip(params, grads, strict=True):
+                if std:
+                    grad.add_(
+                        torch.normal(
+                            0.0, std, p.shape, generator=noise, dtype=p.dtype, device=p.device
+                        )
+                    )
+                p.grad = grad.div_(batch)
+            if after_noise is not None:
+                after_noise()
+            optimizer.step()
     return losses
+
+
+class _ClippedSums:
+    """Called with a batch's per-sample losses: per parameter, the sum over the rows of each
+    row's gradient clipped to total L2 norm `max_grad_norm` (all parameters together).
+
+    A context manager: its forward hooks on the model's trainable layers live as long as it
+    does. The layers are the optimiser's parameters' owners, each of a type Opacus has a grad
+    sampler for.
+    """
+
+    def __init__(self, model: nn.Module, params: list[torch.Tensor], max_grad_norm: float):
+        self.params, self.max_grad_norm = params, max_grad_norm
+        wanted = {id(p) for p in params}
+        self.layers: dict[nn.Module, list[torch.Tensor]] = {}
+        for name, module in trainable_modules(model):
+            own = [p for p in module.parameters(recurse=False) if id(p) in wanted]
+            if not own:
+                continue
+            if type(module) not in GradSampleModule.GRAD_SAMPLERS:
+                raise DpSgdError(
+                    f"{type(module).__name__} at '{name}' has parameters but Opacus has no "
+                    "per-sample gradient for its type; build the model from layers it has one "
+                    f"for ({', '.join(sorted(t.__name__ for t in _SAMPLED_TYPES))})"
+                )
+            self.layers[module] = own
+        held = {id(p) for own in self.layers.values() for p in own}
+        if held != wanted:
+            raise DpSgdError("the optimiser holds parameters that are not the model's")
+        self._seen: dict[nn.Module, tuple[list[torch.Tensor], torch.Tensor, int]] = {}
+        self._hooks = [m.register_forward_hook(self._capture) for m in self.layers]
+
+    def __enter__(self) -> _ClippedSums:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for hook in self._hooks:
+            hook.remove()
+        self._seen.clear()
+
+    def _capture(self, module: nn.Module, inputs: tuple[Any, ...], output: Any) -> None:
+        if not torch.is_grad_enabled():
+            return
+        if module in self._seen:
+            raise DpSgdError(
+                f"{type(module).__name__} ran twice in one forward pass; per-sample clipping "
+                "here needs each layer once per batch (no shared parameters)"
+            )
+        activations = [t.detach() for t in inputs if torch.is_tensor(t)]
+        self._seen[module] = (activations, output, output._version)
+
+    def __call__(self, per_sample: torch.Tensor) -> list[torch.Tensor]:
+        """The clipped sums, one per parameter, for the batch whose losses are `per_sample`."""
+        seen, self._seen = self._seen, {}
+        if not seen:  # the loss does not involve the model: every gradient is zero
+            return [torch.zeros_like(p) for p in self.params]
+        for module, (_, output, version) in seen.items():
+            if output._version != version:
+                raise DpSgdError(
+                    f"the output of {type(module).__name__} is modified in place (e.g. by "
+                    "ReLU(inplace=True)); per-sample clipping here needs it as the layer "
+                    "produced it: use the out-of-place operation"
+                )
+        # The gradient at each layer's output, nothing else (no parameter gradients); checked
+        # above to be the output as the layer produced it (`_version` counts in-place writes).
+        backprops = torch.autograd.grad(
+            per_sample.sum(), [output for _, output, _ in seen.values()], allow_unused=True
+        )
+        norms: list[torch.Tensor] = []  # per parameter: each row's gradient norm
+        linear, sampled = [], []
+        for (module, (activations, _, _)), backprop in zip(seen.items(), backprops, strict=True):
+            if backprop is None:  # not on the loss's path: zero gradients
+                continue
+            own = self.layers[module]
+            if type(module) is nn.Linear and backprop.dim() == 2:
+                # Row i's weight gradient is the outer product g_i a_i^T, of norm |g_i| |a_i|;
+                # its bias gradient is g_i (Opacus' ghost norm, without forming either).
+                inputs = activations[0].to(backprop.dtype)
+                backprop_norm = torch.linalg.vector_norm(backprop, dim=1)
+                input_norm = torch.linalg.vector_norm(inputs, dim=1)
+                norms += [
+                    backprop_norm * input_norm if p is module.weight else backprop_norm for p in own
+                ]
+                linear.append((module.weight, own, inputs, backprop))
+            else:
+                grad_sampler = GradSampleModule.GRAD_SAMPLERS[type(module)]
+                samples = grad_sampler(module, activations, backprop)
+                flat = [samples[p].flatten(1) for p in own]
+                norms += [torch.linalg.vector_norm(f, dim=1) for f in flat]
+                sampled.append((own, flat))
+        sums: dict[torch.Tensor, torch.Tensor] = {}
+        if norms:
+            total = torch.linalg.vector_norm(torch.stack(norms, dim=1), dim=1)
+            factors = (self.max_grad_norm / (total + 1e-6)).clamp(max=1.0)
+            for weight, own, inputs, backprop in linear:
+                scaled = backprop * factors.unsqueeze(1)
+                for p in own:
+                    sums[p] = scaled.T @ inputs if p is weight else scaled.sum(0)
+            for own, flat in sampled:
+                for p, f in zip(own, flat, strict=True):
+                    sums[p] = (factors @ f).view_as(p)
+        return [sums[p] if p in sums else torch.zeros_like(p) for p in self.params]
 
 
 def _batches(plan: DpSgdPlan, seed: int, private_seed: int) -> Iterator[torch.Tensor]:

@@ -107,11 +107,17 @@ def test_a_silo_refuses_a_policy_that_breaks_its_local_rules_and_the_others_go_o
     assert "refused allowed_algorithms" in status
 
 
-def test_a_dp_deployment_books_every_answer_and_retires_a_silo_out_of_budget(
+def test_a_dp_deployment_with_masked_sums_books_every_answer_and_retires_a_silo_out_of_budget(
     consortium: Consortium,
 ) -> None:
-    dp = {"delta": 1e-5, "dp_sgd": {"noise_multiplier": 1.0}}
-    policy = consortium.write_policy(policy_document(rounds=2, privacy=dp))
+    dp = {
+        "delta": 1e-5,
+        "dp_sgd": {"noise_multiplier": 1.0},
+        "client_dp": {"clip": 1.0, "noise_multiplier": 1.0, "noise": "distributed"},
+    }
+    policy = consortium.write_policy(
+        policy_document(rounds=2, privacy=dp, secure_aggregation="masking")
+    )
     metrics_port = free_port()
     consortium.start_coordinator(
         policy, "--metrics-port", str(metrics_port), "--out", "results", "--linger-seconds", "2"
@@ -130,11 +136,17 @@ def test_a_dp_deployment_books_every_answer_and_retires_a_silo_out_of_budget(
         for silo in ("silo-0", "silo-1")
     }
     assert all(0 < e < 20 for e in spent.values()), spent
+    published = sample(text, "fedsilo_client_dp_epsilon", deployment="test-consortium")
     assert consortium.wait("coordinator", timeout=60) == 0, consortium.log("coordinator")
 
     # The privacy officer's audit of a silo's own ledger, anchored at the head the coordinator
     # recorded with that silo's last answer, recomputes the epsilon it reported.
     history = json.loads((consortium.root / "results" / "history.json").read_text())
+    assert history["rounds"][-1]["client_epsilon"] == published > 0
+    # the training phase ran masked: silo-2 refused its first step (its keys' advertisement)
+    first = history["rounds"][0]["phases"]["train"]
+    assert first["dropped"]["silo-2"].startswith("secure aggregation, advertise: budget_exhausted")
+    assert sorted(first["answered"]) == ["silo-0", "silo-1"]
     anchor = history["rounds"][-1]["privacy"]["silo-0"]["ledger_head"]
     ledger = consortium.root / "sites" / "silo-0" / "privacy-ledger.jsonl"
     audit = CliRunner().invoke(

@@ -1,8 +1,13 @@
 """Sample-level DP-SGD in silo training: the policy section, the plan a silo books, and the
 private training loop (equivalence without noise, clipping, seeding, calibration, refusals)."""
 
+import copy
+
 import pytest
 import torch
+import torch.nn.functional as F
+from opacus.grad_sample import GradSampleModule
+from opacus.optimizers import DPOptimizer
 from torch import nn
 
 from fedsilo.policies.loading import PolicyError, parse_policy
@@ -11,14 +16,15 @@ from fedsilo.policies.privacy import PrivacyConfig
 from fedsilo.privacy.accounting import Mechanism, epsilon
 from fedsilo.silo.agent import SiloAgent
 from fedsilo.silo.data import SiloDataset
-from fedsilo.silo.dp_training import DpSgdError, check_model, dp_sgd_plan
+from fedsilo.silo.dp_training import DpSgdError, DpSgdPlan, check_model, dp_sgd_plan, train_private
+from fedsilo.silo.schedule import LocalSchedule
 from fedsilo.wire.messages import TaskResult
 from tests.test_tasks import run, separable, train_config
 
 LINEAR = LinearModel(name="linear")
 
-# silo/dp_training.py silences this torch warning at import, which pytest's own warning
-# capture undoes; and Opacus' RDP warns while calibrating through very small epsilons.
+# Opacus' RDP warns while calibrating through very small epsilons; its per-sample gradient
+# hooks (the reference below) warn that the first layer's backward hook has no input gradient.
 pytestmark = [
     pytest.mark.filterwarnings("ignore:Full backward hook is firing"),
     pytest.mark.filterwarnings("ignore:Optimal order is the largest alpha"),
@@ -56,11 +62,12 @@ def update(result: TaskResult) -> torch.Tensor:
     ids=["sgd", "fedprox", "adam", "momentum"],
 )
 def test_without_noise_or_clipping_dp_sgd_is_plain_training(config: dict) -> None:
-    # Equal to 1e-6, not bit for bit: DP-SGD differentiates the sum of the clip-weighted
-    # per-sample losses (weights 1 here) and divides by the batch size, where plain training
-    # differentiates the mean loss; the float operations differ, so results agree to rounding
-    # (often exactly). Shuffled batches (no Poisson sampling) follow the same seeded order as
-    # plain training, the smaller last batch of each pass included.
+    # Equal to 1e-6, not bit for bit: DP-SGD sums the per-sample gradients weighted by their
+    # clip factors (1 here), formed from each layer's input and output gradient, and divides
+    # by the batch size, where plain training differentiates the mean loss; the float
+    # operations differ, so results agree to rounding (often exactly). Shuffled batches (no
+    # Poisson sampling) follow the same seeded order as plain training, the smaller last batch
+    # of each pass included.
     exact = dp(noise_multiplier=0.0, max_grad_norm=1e9, poisson_sampling=False)
     plain, private = trained(None, **config), trained(exact, **config)
     assert plain.metrics["steps"] == private.metrics["dp_steps"] == 5 * 13  # 200 rows, 16 a batch
@@ -117,6 +124,112 @@ def test_every_model_of_the_zoo_trains_under_dp_sgd(model: ModelConfig) -> None:
     silo = SiloAgent("a", data, model, privacy=dp(noise_multiplier=0.5))
     result = run(silo, "train", train_config(epochs=1), run(silo, "init", {"seed": 0}))
     assert result.ok, result.error
+
+
+def one_step(model: nn.Module, clip: float, x: torch.Tensor, y: torch.Tensor, **kw) -> None:
+    """One noiseless DP-SGD step over all of (x, y), lr 1, through `train_private`."""
+    n = len(y)
+    plan = DpSgdPlan(0.0, 1.0, clip, False, LocalSchedule(n, n, 1, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+
+    def per_sample_loss(index: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(model(x[index]), y[index], reduction="none")
+
+    train_private(model, optimizer, plan, 0, 0, per_sample_loss, **kw)
+
+
+def opacus_step(model: nn.Module, clip: float, x: torch.Tensor, y: torch.Tensor) -> None:
+    """The same step through Opacus' per-sample gradients (hooks) and DPOptimizer."""
+    private = GradSampleModule(model)
+    optimizer = DPOptimizer(
+        torch.optim.SGD(model.parameters(), lr=1.0),
+        noise_multiplier=0.0,
+        max_grad_norm=clip,
+        expected_batch_size=len(y),
+    )
+    F.cross_entropy(private(x), y).backward()
+    optimizer.step()
+    private._close()
+
+
+SHAPES = {
+    "linear": lambda: nn.Sequential(nn.Flatten(), nn.Linear(36, 3)),
+    "mlp_tanh": lambda: nn.Sequential(
+        nn.Flatten(), nn.Linear(36, 8), nn.Tanh(), nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 3)
+    ),
+    "cnn": lambda: nn.Sequential(
+        nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(36, 3)
+    ),
+    "groupnorm": lambda: nn.Sequential(
+        nn.Conv2d(1, 4, 3), nn.GroupNorm(2, 4), nn.Tanh(), nn.Flatten(), nn.Linear(64, 3)
+    ),
+    "linear_on_rows": lambda: nn.Sequential(nn.Linear(6, 5), nn.Flatten(), nn.Linear(30, 3)),
+    "no_bias": lambda: nn.Sequential(nn.Flatten(), nn.Linear(36, 8, bias=False), nn.Linear(8, 3)),
+}
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("clip", [1e-2, 1.0, 1e9], ids=["clip_all", "clip_some", "clip_none"])
+def test_the_clipped_gradient_is_opacus_per_sample_clipping(shape: str, clip: float) -> None:
+    # The loop's one backward pass (ghost norms for dense layers, Opacus' grad samplers for
+    # the rest) gives the update Opacus gives from every row's materialised gradient.
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(32, 1, 6, 6, generator=g), torch.randint(0, 3, (32,), generator=g)
+    torch.manual_seed(0)  # layer initialisation only
+    model = SHAPES[shape]()
+    reference = copy.deepcopy(model)
+    one_step(model, clip, x, y)
+    opacus_step(reference, clip, x, y)
+    for ours, theirs in zip(model.parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
+
+
+def test_the_loop_leaves_the_global_rng_alone_and_the_model_unhooked() -> None:
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(16, 1, 6, 6, generator=g), torch.randint(0, 3, (16,), generator=g)
+    model = SHAPES["cnn"]()
+    state = torch.get_rng_state()
+    one_step(model, 1.0, x, y)
+    assert torch.equal(torch.get_rng_state(), state)
+    assert all(not m._forward_hooks for m in model.modules())
+
+
+class Shared(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.flatten, self.layer = nn.Flatten(), nn.Linear(36, 36)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layer(self.layer(self.flatten(x)))[:, :3]
+
+
+class Scaled(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(36))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x.flatten(1) * self.scale)[:, :3]
+
+
+@pytest.mark.parametrize(
+    ("model", "match"),
+    [
+        (Shared(), r"Linear ran twice in one forward pass"),
+        (
+            nn.Sequential(nn.Flatten(), nn.Linear(36, 8), nn.ReLU(inplace=True), nn.Linear(8, 3)),
+            r"output of Linear is modified in place .*ReLU\(inplace=True\)",
+        ),
+        (Scaled(), r"Scaled at '' has parameters but Opacus has no per-sample gradient"),
+    ],
+    ids=["shared_layer", "inplace", "unknown_layer"],
+)
+def test_models_the_loop_cannot_clip_per_sample_are_refused(model: nn.Module, match: str) -> None:
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(8, 1, 6, 6, generator=g), torch.randint(0, 3, (8,), generator=g)
+    with pytest.raises(DpSgdError, match=match):
+        one_step(model, 1.0, x, y)
+    assert all(not m._forward_hooks for m in model.modules())
 
 
 # -- the plan a silo books, and where its parameters come from ---------------------------------

@@ -8,7 +8,7 @@ midway leaves the previous state untouched.
 
 from __future__ import annotations
 
-import math
+import hashlib
 from collections.abc import Generator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -37,19 +37,32 @@ class ServerState:
 
 @dataclass(frozen=True)
 class RoundContext:
-    """What a round may know: its number (1-based; 0 is setup), the consortium, the seed."""
+    """What a round may know: its number (1-based; 0 is setup), the silos still active, the
+    seed, and the coordinator's secret.
+
+    `rng` and `seed_for` derive from the policy's seed, which every silo knows; draws no silo
+    may predict (noise the coordinator adds) come from `private_generator`, keyed with
+    `secret` as well.
+    """
 
     round: int
     total_rounds: int
     silos: tuple[str, ...]
     seed: int
     min_silos: int
+    secret: bytes = field(default=b"", repr=False)
 
     def rng(self, *purpose: int | str) -> np.random.Generator:
         return derive_rng(self.seed, "round", self.round, *purpose)
 
     def seed_for(self, *purpose: int | str) -> int:
         return derive_seed(self.seed, "round", self.round, *purpose)
+
+    def private_generator(self, *purpose: int | str) -> torch.Generator:
+        """A generator for this round's `purpose` that only the coordinator can predict."""
+        label = "/".join(str(p) for p in (self.seed, "round", self.round, *purpose)).encode()
+        digest = hashlib.blake2b(label, key=self.secret[:64], digest_size=8).digest()
+        return torch.Generator().manual_seed(int.from_bytes(digest, "little") >> 1)
 
 
 RoundScript = Generator[Phase, PhaseOutcome, ServerState]
@@ -120,9 +133,10 @@ class Strategy:
 
     # -- building blocks shared by strategies -------------------------------------------------
 
-    def sample_silos(self, ctx: RoundContext, fraction: float) -> tuple[str, ...]:
-        """max(min_silos, ceil(fraction * K)) silos drawn without replacement, seeded by round."""
-        k = min(len(ctx.silos), max(ctx.min_silos, math.ceil(fraction * len(ctx.silos) - 1e-9)))
+    def sample_silos(self, ctx: RoundContext) -> tuple[str, ...]:
+        """The policy's cohort of the active silos (`Policy.cohort_size`), drawn without
+        replacement, seeded by round."""
+        k = self.policy.cohort_size(len(ctx.silos))
         if k == len(ctx.silos):
             return ctx.silos
         chosen = ctx.rng("sample").choice(len(ctx.silos), size=k, replace=False)
@@ -135,7 +149,9 @@ class Strategy:
         spec: ParameterSpec,
         ctx: RoundContext,
         prox_mu: float = 0.0,
+        extra: Mapping[str, Any] | None = None,
     ) -> Task:
+        """A `train` task from `model` with the policy's training settings (and `extra`)."""
         training = self.policy.training
         config = {
             "epochs": training.epochs,
@@ -147,6 +163,7 @@ class Strategy:
             "weight_decay": training.weight_decay,
             "prox_mu": prox_mu,
             "seed": ctx.seed_for("train", silo),
+            **(extra or {}),
         }
         return Task(silo, "train", config, {MODEL: model}, spec)
 

@@ -3,6 +3,11 @@
 Each round a seeded fraction C of the silos trains from the global model; the new global
 model is the sample-weighted mean of their models. FedProx adds (mu/2)||w - w_global||^2 to
 each silo's local objective and is otherwise the same round.
+
+With `privacy.client_dp` the round is DP-FedAvg (McMahan et al. 2018): silos clip their
+updates, the mean weighs them equally, and coordinator/client_dp.py makes the aggregate's noise
+whole and books the round's epsilon in the state. FedOpt inherits it: its server step then
+takes the noised mean.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from dataclasses import replace
 
 import torch
 
+from fedsilo.coordinator.client_dp import STATE_KEY, ClientDp
 from fedsilo.coordinator.phases import Phase, WeightedMean
 from fedsilo.coordinator.strategies.base import (
     MODEL,
@@ -30,13 +36,27 @@ class FedAvg(Strategy):
         return self.policy.algorithm  # type: ignore[return-value]
 
     def round(self, state: ServerState, ctx: RoundContext) -> RoundScript:
-        chosen = self.sample_silos(ctx, self.config.client_fraction)
+        chosen = self.sample_silos(ctx)
+        mu = self.config.prox_mu
+        if self.policy.privacy.client_dp is None:
+            tasks = tuple(self.train_task(s, state.model, state.spec, ctx, mu) for s in chosen)
+            out = yield Phase("train", tasks, aggregate=WeightedMean((MODEL,)))
+            return replace(state, tensors=self.server_update(state, out.mean[MODEL]))
+        dp = ClientDp(self.policy)
         tasks = tuple(
-            self.train_task(s, state.model, state.spec, ctx, prox_mu=self.config.prox_mu)
+            self.train_task(s, state.model, state.spec, ctx, mu, dp.task_config(chosen))
             for s in chosen
         )
-        out = yield Phase("train", tasks, aggregate=WeightedMean((MODEL,)))
-        return replace(state, tensors=self.server_update(state, out.mean[MODEL]))
+        out = yield Phase("train", tasks, aggregate=WeightedMean((MODEL,), dp.weights(chosen)))
+        mean = dp.noised_mean(
+            out.mean[MODEL], len(out.answered), len(chosen), ctx.private_generator("client-dp")
+        )
+        booked = dp.booked(state.extra, asked=len(chosen), active=len(ctx.silos))
+        return replace(
+            state,
+            tensors=self.server_update(state, mean),
+            extra={**state.extra, STATE_KEY: booked},
+        )
 
     def server_update(self, state: ServerState, mean: torch.Tensor) -> dict[str, torch.Tensor]:
         """The server optimiser: for FedAvg, SGD with step 1 on mean - x, i.e. x = mean."""

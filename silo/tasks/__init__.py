@@ -4,9 +4,25 @@ each kind releases (`TASK_RELEASES`), which the agent books and checks against i
 from __future__ import annotations
 
 from fedsilo.silo.tasks.base import ReleasePlan, TaskHandler
+from fedsilo.silo.tasks.ckks_sum import (
+    decrypted_sum,
+    encrypted_input,
+    encrypted_input_releases,
+    join,
+    join_releases,
+    keygen,
+)
 from fedsilo.silo.tasks.evaluate import evaluate, evaluate_releases, loss_releases, report_loss
 from fedsilo.silo.tasks.init import initialise, public_release
 from fedsilo.silo.tasks.scaling import feature_moments, moments_releases, standardise
+from fedsilo.silo.tasks.secure_sum import (
+    advertise,
+    advertise_releases,
+    masked_input,
+    masked_input_releases,
+    share,
+    unmask,
+)
 from fedsilo.silo.tasks.train import train, train_releases
 
 TASK_HANDLERS: dict[str, TaskHandler] = {
@@ -16,6 +32,14 @@ TASK_HANDLERS: dict[str, TaskHandler] = {
     "loss": report_loss,
     "feature_moments": feature_moments,
     "standardise": standardise,
+    "secagg_advertise": advertise,
+    "secagg_share": share,
+    "secagg_mask": masked_input,
+    "secagg_unmask": unmask,
+    "ckks_keygen": keygen,
+    "ckks_join": join,
+    "ckks_encrypt": encrypted_input,
+    "ckks_decrypt": decrypted_sum,
 }
 
 TASK_RELEASES: dict[str, ReleasePlan] = {
@@ -25,4 +49,12 @@ TASK_RELEASES: dict[str, ReleasePlan] = {
     "loss": loss_releases,
     "feature_moments": moments_releases,
     "standardise": public_release,
+    "secagg_advertise": advertise_releases,
+    "secagg_share": public_release,
+    "secagg_mask": masked_input_releases,
+    "secagg_unmask": public_release,
+    "ckks_keygen": public_release,
+    "ckks_join": join_releases,
+    "ckks_encrypt": encrypted_input_releases,
+    "ckks_decrypt": public_release,
 }

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from nacl.signing import SigningKey, VerifyKey
 from torch import nn
 
 from fedsilo.policies.model import ModelConfig
 from fedsilo.policies.privacy import PrivacyConfig
+from fedsilo.policies.secure_aggregation import SecureAggregationConfig
 from fedsilo.privacy.accounting import Mechanism
 from fedsilo.silo.data import SiloDataset
 from fedsilo.silo.models import build_model
@@ -32,6 +34,11 @@ class SiloContext:
     privacy: PrivacyConfig = PrivacyConfig()  # from the silo's own copy of the policy
     rounds: int = 1  # the deployment's rounds: DP-SGD calibrates its noise over all of them
     secret: bytes = b""  # key material only this silo holds: it seeds every noise draw
+    consortium: int = 1  # silos in the deployment, as this silo knows it (bounds a round's)
+    deployment: str = "simulation"
+    secure_aggregation: SecureAggregationConfig = SecureAggregationConfig()
+    identity: SigningKey | None = field(default=None, repr=False)  # signs its masking keys
+    roster: Mapping[str, VerifyKey] = field(default_factory=dict)  # every member's identity
 
     def private_seed(self, task_id: str, purpose: str) -> int:
         """A seed for one task's noise (DP-SGD's noise and Poisson draws, noisy reports): from
@@ -103,6 +110,64 @@ def parameter_spec(model: nn.Module) -> ParameterSpec:
 
 def flat_parameters(model: nn.Module, spec: ParameterSpec) -> torch.Tensor:
     return spec.flatten(dict(model.named_parameters()))
+
+
+def inner_message(message: TaskMessage) -> TaskMessage:
+    """The task a secure-aggregation step wraps (`inner_kind`, `inner_config`), with the
+    step's model and ids: the silo runs it as if it had come alone."""
+    return TaskMessage(
+        task_id=message.task_id,
+        round=message.round,
+        phase=message.phase,
+        kind=str(message.config["inner_kind"]),
+        silo=message.silo,
+        config=message.config["inner_config"],
+        tensors=message.tensors,
+        spec=message.spec,
+        policy_digest=message.policy_digest,
+    )
+
+
+def new_session(ctx: SiloContext, protocol: str, message: TaskMessage) -> dict[str, Any]:
+    """A fresh store for one aggregation of `protocol`; an older one is dropped (one
+    aggregation at a time, so an older one can no longer be finished)."""
+    sessions = ctx.store.setdefault(protocol, {})
+    sessions.clear()
+    sessions[session_id(message)] = {}
+    return sessions[session_id(message)]
+
+
+def find_session(
+    ctx: SiloContext, protocol: str, message: TaskMessage, needs: str
+) -> dict[str, Any] | None:
+    """This aggregation's store if it holds `needs`, else None (a step out of order)."""
+    session = ctx.store.get(protocol, {}).get(session_id(message))
+    return session if session is not None and needs in session else None
+
+
+def session_id(message: TaskMessage) -> str:
+    return f"r{message.round}/{message.phase}"
+
+
+def bytes_tensor(data: bytes) -> torch.Tensor:
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8)
+
+
+def tensor_bytes(tensor: torch.Tensor) -> bytes:
+    return tensor.to(torch.uint8).cpu().numpy().tobytes()
+
+
+def task_result(
+    message: TaskMessage, ctx: SiloContext, tensors: dict[str, torch.Tensor], num_samples: int = 0
+) -> TaskResult:
+    """An answer made only of `tensors` (and a count): what protocol steps send."""
+    return TaskResult(
+        task_id=message.task_id,
+        silo=ctx.name,
+        kind=message.kind,
+        num_samples=num_samples,
+        tensors=tensors,
+    )
 
 
 TaskHandler = Callable[[TaskMessage, SiloContext], TaskResult]

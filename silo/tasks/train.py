@@ -10,10 +10,20 @@ When the silo's own policy asks for DP-SGD (`privacy.dp_sgd`), training runs thr
 the result also reports `dp_noise_multiplier`, `dp_sample_rate` and `dp_steps` (the plan's
 public parameters). The sample count then leaves as a noisy report and the training loss not
 at all (silo/reports.py); `train_releases` is what the task releases.
+
+With `privacy.client_dp` (DP-FedAvg) the silo clips its update (trained - received) to L2 norm
+S before it leaves, and with distributed noise adds its share N(0, (z S)^2 / m) of the
+round's noise, m the silos the task says the round asked (at most the consortium the silo
+knows: a coordinator that claims more cannot shrink the share below (z S)^2 / K). Without
+DP-SGD the share is what the silo books: a Gaussian release of sensitivity S and std
+z S / sqrt(m) (the coordinator sees each update; only their sum carries the full noise).
+With DP-SGD the model is booked as DP-SGD's run, and clipping and the share are
+post-processing of it.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -28,13 +38,20 @@ from fedsilo.wire.messages import TaskMessage, TaskResult
 
 
 def train_releases(message: TaskMessage, ctx: SiloContext) -> list[Mechanism]:
-    """The trained model (DP-SGD's run) and the noisy sample count; without DP, both exact."""
-    if not ctx.privacy.differentially_private:
+    """The trained model (DP-SGD's run, or the client-level noise share) and the noisy sample
+    count; without DP, both exact."""
+    privacy = ctx.privacy
+    if not privacy.differentially_private:
         return [Mechanism.none()]
-    from fedsilo.silo.dp_training import dp_sgd_plan
+    if privacy.dp_sgd is not None:
+        from fedsilo.silo.dp_training import dp_sgd_plan
 
-    plan = dp_sgd_plan(ctx.privacy, message.config, len(ctx.data.y_train), ctx.rounds)
-    return [plan.mechanism(), *reports_mechanism(ctx.privacy, ctx.unreleased_counts("train"))]
+        plan = dp_sgd_plan(privacy, message.config, len(ctx.data.y_train), ctx.rounds)
+        model = plan.mechanism()
+    else:
+        clip = privacy.client_dp.clip
+        model = Mechanism.gaussian(sensitivity=clip, noise_std=_share_std(message, ctx))
+    return [model, *reports_mechanism(privacy, ctx.unreleased_counts("train"))]
 
 
 def train(message: TaskMessage, ctx: SiloContext) -> TaskResult:
@@ -90,6 +107,9 @@ def train(message: TaskMessage, ctx: SiloContext) -> TaskResult:
     if reports.allows(LOSSES) and not reports.noised:
         recent = [loss for loss in losses[-schedule.window :] if loss is not None]
         metrics["train_loss"] = sum(recent) / len(recent) if recent else float("nan")
+    trained = flat_parameters(model, spec)
+    if ctx.privacy.client_dp is not None:
+        trained = _clipped_update(message, ctx, message.tensors[MODEL].to(trained), trained)
 
     return TaskResult(
         task_id=message.task_id,
@@ -97,9 +117,33 @@ def train(message: TaskMessage, ctx: SiloContext) -> TaskResult:
         kind=message.kind,
         num_samples=_released_count(ctx, reports, n),
         metrics=metrics,
-        tensors={MODEL: flat_parameters(model, spec)},
+        tensors={MODEL: trained},
         spec=spec,
     )
+
+
+@torch.no_grad()
+def _clipped_update(
+    message: TaskMessage, ctx: SiloContext, received: torch.Tensor, trained: torch.Tensor
+) -> torch.Tensor:
+    """received + the update clipped to norm S, plus the silo's noise share (distributed)."""
+    update = (trained - received).double()
+    clip = ctx.privacy.client_dp.clip
+    update *= min(1.0, clip / max(float(update.norm()), 1e-300))
+    if ctx.privacy.client_dp.noise == "distributed":
+        generator = ctx.noise_generator(message.task_id, "client-dp")
+        update += torch.normal(
+            0.0, _share_std(message, ctx), update.shape, generator=generator, dtype=torch.float64
+        ).to(update.device)
+    return received + update.to(received.dtype)
+
+
+def _share_std(message: TaskMessage, ctx: SiloContext) -> float:
+    """This silo's share of a round's client-level noise: z S / sqrt(m), m the silos the
+    round asked (as the task says, at most the consortium this silo knows, at least 1)."""
+    client_dp = ctx.privacy.client_dp
+    cohort = max(1, min(int(message.config.get("cohort", 1)), ctx.consortium))
+    return client_dp.noise_multiplier * client_dp.clip / math.sqrt(cohort)
 
 
 def _released_count(ctx: SiloContext, reports: Reports, n: int) -> int:

@@ -1,0 +1,207 @@
+"""The coordinator's side of CKKS secure aggregation: a `WeightedMean` phase run as
+join, encrypted inputs, a homomorphic sum under the public context, and decryption at one
+silo, after which the coordinator holds the weighted mean of the survivors' models and only
+ciphertexts of any one silo's.
+
+The keys: once per deployment (and again after a restart, since they are kept in memory
+only) the key-holder silo makes the CKKS context; the coordinator keeps its public part,
+checked to hold no secret key and no Galois keys, and relays each member's sealed copy of the
+secret part, which it cannot open (silo/tasks/ckks_sum.py). Weights are each joined silo's
+share of the sample counts released at join (or of the strategy's weights); a silo sends
+w_k (model_k - model sent), clipped to the policy's bound, and the mean is the model sent
+plus the decrypted sum over survivors divided by their total weight. A silo that drops after
+joining is simply absent from the sum. The decryptor is the policy's, else the key holder,
+when it sent an input; otherwise the first survivor by name (every member holds the key, so
+the choice changes no one's view). A decryptor that fails is replaced by the next survivor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import tenseal as ts
+import torch
+
+from fedsilo.coordinator.phases import Phase, PhaseOutcome, Task
+from fedsilo.coordinator.replies import Accepted, reports_of
+from fedsilo.coordinator.secure_mean import (
+    Collect,
+    SecureMean,
+    raw_weights,
+    shares_of_weight,
+    tensor_bytes,
+)
+from fedsilo.policies.secure_aggregation import SecureAggregationConfig
+from fedsilo.privacy.ckks import (
+    CHUNK,
+    PUBLIC_CONTEXT,
+    SEALED_CONTEXT,
+    SUM,
+    CkksError,
+    CkksParameters,
+    add_encrypted,
+    chunk_name,
+    context_digest,
+    load_public_context,
+)
+
+
+@dataclass
+class CkksKeys:
+    """What the coordinator keeps of a deployment's CKKS keys: the key holder, the public
+    context (its digest names it to the silos) and each member's sealed secret context."""
+
+    key_holder: str
+    public: ts.Context
+    digest: str
+    sealed: dict[str, torch.Tensor]
+
+
+class CkksMean(SecureMean):
+    def __init__(
+        self,
+        collect: Collect,
+        config: SecureAggregationConfig,
+        consortium: Sequence[str],
+        quorum: int,
+        keys: CkksKeys | None,
+    ) -> None:
+        """`consortium`: every member, whom the key holder seals the context to; `keys`: the
+        deployment's keys from an earlier aggregation, if any (then `self.keys` after `run`)."""
+        super().__init__(collect, quorum)
+        self.config = config
+        self.consortium = sorted(consortium)
+        self.keys = keys
+
+    def run(self, phase: Phase) -> PhaseOutcome:
+        aggregate = self.check_tasks(phase, "CKKS")
+        tasks = {task.silo: task for task in phase.tasks}
+        keys = self._keys(phase)
+        joined = self.step(
+            "join",
+            [
+                Task(
+                    s,
+                    "ckks_join",
+                    {"key_holder": keys.key_holder, "context_digest": keys.digest},
+                    {SEALED_CONTEXT: keys.sealed[s]},
+                )
+                for s in sorted(tasks)
+            ],
+        )
+        self._enough(phase, "join", len(joined))
+        weights = shares_of_weight(aggregate.weights, joined)
+        encrypted = self.step(
+            "encrypt",
+            [
+                Task(
+                    s,
+                    "ckks_encrypt",
+                    {
+                        "inner_kind": tasks[s].kind,
+                        "inner_config": dict(tasks[s].config),
+                        "weight": weights[s],
+                        "tensors": list(aggregate.tensors),
+                    },
+                    tasks[s].tensors,
+                    tasks[s].spec,
+                )
+                for s in sorted(joined)
+            ],
+        )
+        self._enough(phase, "encrypt", len(encrypted))
+        survivors = sorted(encrypted)
+        reference = tasks[survivors[0]].tensors
+        length = sum(reference[n].numel() for n in aggregate.tensors)
+        try:
+            summed = add_encrypted(keys.public, [_chunks(encrypted[s]) for s in survivors])
+        except CkksError as exc:
+            raise self.missed(phase, f"the inputs cannot be added: {exc}") from exc
+        total = self._decrypted(phase, keys, survivors, summed, length)
+        total_weight = sum(weights[s] for s in survivors)
+        if total_weight <= 0:
+            raise self.missed(phase, "the surviving silos carry zero total weight")
+        mean, offset = {}, 0
+        for name in aggregate.tensors:
+            size = reference[name].numel()
+            update = total[offset : offset + size].reshape(reference[name].shape) / total_weight
+            mean[name] = (reference[name].double() + update).to(reference[name].dtype)
+            offset += size
+        raw = raw_weights(aggregate.weights, joined)
+        return PhaseOutcome(
+            phase.name,
+            reports_of(encrypted),
+            dict(self.dropped),
+            mean=mean,
+            total_weight=sum(raw[s] for s in survivors),
+            spec=next(
+                (encrypted[s].result.spec for s in survivors if encrypted[s].result.spec), None
+            ),
+        )
+
+    def _keys(self, phase: Phase) -> CkksKeys:
+        """The deployment's keys; made by the key holder the first time (or when a member of
+        this phase has no sealed copy)."""
+        silos = {task.silo for task in phase.tasks}
+        if self.keys is not None and silos <= set(self.keys.sealed):
+            return self.keys
+        holder = self.config.key_holder or self.consortium[0]
+        if holder not in self.consortium:
+            raise self.missed(
+                phase, f"the key holder {holder!r} is not a member of this consortium"
+            )
+        made = self.step("keygen", [Task(holder, "ckks_keygen", {"recipients": self.consortium})])
+        if holder not in made:
+            raise self.missed(phase, f"the key holder {holder} made no keys")
+        tensors = made[holder].result.tensors
+        try:
+            public_bytes = tensor_bytes(tensors[PUBLIC_CONTEXT])
+            public = load_public_context(public_bytes, CkksParameters.of(self.config.ckks))
+            sealed = {s: tensors[f"{SEALED_CONTEXT}/{s}"] for s in self.consortium}
+        except (KeyError, CkksError) as exc:
+            raise self.missed(phase, f"unusable keys from {holder}: {exc}") from exc
+        self.keys = CkksKeys(holder, public, context_digest(public_bytes), sealed)
+        return self.keys
+
+    def _decrypted(
+        self,
+        phase: Phase,
+        keys: CkksKeys,
+        survivors: list[str],
+        summed: list[bytes],
+        length: int,
+    ) -> torch.Tensor:
+        """The sum, decrypted by the first decryptor that answers with the right length."""
+        preferred = [self.config.decryptor, keys.key_holder]
+        order = [s for s in preferred if s in survivors] + survivors
+        chunks = {chunk_name(i): _bytes_tensor(c) for i, c in enumerate(summed)}
+        for decryptor in dict.fromkeys(order):
+            answered = self.step(
+                "decrypt",
+                [Task(decryptor, "ckks_decrypt", {"length": length}, chunks)],
+            )
+            total = answered.get(decryptor)
+            if total is not None:
+                values = total.result.tensors.get(SUM)
+                if values is not None and values.numel() == length:
+                    return values.double()
+                self.dropped.setdefault(decryptor, "secure aggregation, decrypt: a wrong sum")
+        raise self.missed(phase, "no surviving silo decrypted the sum")
+
+    def _enough(self, phase: Phase, step: str, count: int) -> None:
+        if count < max(1, self.quorum):
+            raise self.missed(
+                phase,
+                f"{count} silos remain after the {step} step; the quorum is {self.quorum}",
+            )
+
+
+def _chunks(reply: Accepted) -> list[bytes]:
+    names = sorted(n for n in reply.result.tensors if n.startswith(CHUNK))
+    return [tensor_bytes(reply.result.tensors[n]) for n in names]
+
+
+def _bytes_tensor(data: bytes) -> torch.Tensor:
+    return torch.from_numpy(np.frombuffer(bytearray(data), dtype=np.uint8))

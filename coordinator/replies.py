@@ -1,0 +1,108 @@
+"""A silo's reply as the coordinator checks it: `accept` decodes it and turns anything wrong
+(malformed, for another task, failed, budget exhausted, non-finite, missing or misshapen
+tensors) into a `Dropout` with its reason; an `Accepted` reply keeps an aggregated phase's
+tensors unread in the payload, to be read slice by slice."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+
+import torch
+
+from fedsilo.coordinator.phases import Identical, SiloReport, WeightedMean
+from fedsilo.wire.messages import STATUS_BUDGET_EXHAUSTED, TaskMessage, TaskResult
+from fedsilo.wire.payload import AnyPayload
+from fedsilo.wire.tensors import LazyTensor, WireError
+
+SLICE_ELEMENTS = 1 << 20  # elements read at once (a multiple of every SIMD width)
+
+
+def reports_of(results: Mapping[str, Accepted]) -> dict[str, SiloReport]:
+    return {
+        s: SiloReport(
+            a.result.num_samples,
+            dict(a.result.metrics),
+            a.result.compute_seconds,
+            a.result.epsilon,
+            a.result.ledger_head,
+        )
+        for s, a in sorted(results.items())
+    }
+
+
+@dataclass(frozen=True)
+class Accepted:
+    """A checked reply: the result, and (for an aggregated phase) its tensors still unread."""
+
+    result: TaskResult
+    lazy: Mapping[str, LazyTensor] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Dropout:
+    """Why a reply is not used; `retire`: the silo's privacy budget is spent for good."""
+
+    reason: str
+    retire: bool = False
+
+
+def accept(
+    payload: AnyPayload, sent: TaskMessage, aggregate: WeightedMean | Identical | None
+) -> Accepted | Dropout:
+    """Decode and check one reply; a bad reply is that silo's dropout, with the reason.
+
+    For a phase that aggregates, tensors stay in the payload (possibly a spool file) and are
+    checked slice by slice; `_weighted_mean` and `_digest` read them the same way."""
+    try:
+        if aggregate is None:
+            accepted = Accepted(TaskResult.decode(payload))
+            tensors: Mapping[str, torch.Tensor | LazyTensor] = accepted.result.tensors
+        else:
+            result, lazy = TaskResult.decode_lazily(payload)
+            accepted, tensors = Accepted(result, lazy), lazy
+    except WireError as exc:
+        return Dropout(f"malformed reply: {exc}")
+    result = accepted.result
+    if result.task_id != sent.task_id or result.silo != sent.silo:
+        return Dropout(
+            f"reply is for task {result.task_id!r} of silo {result.silo!r}, not this task"
+        )
+    if result.status == STATUS_BUDGET_EXHAUSTED:
+        return Dropout(f"{STATUS_BUDGET_EXHAUSTED}: {result.error}", retire=True)
+    if not result.ok:
+        return Dropout(f"task failed at the silo ({result.status}): {result.error}")
+    for name, tensor in tensors.items():
+        if tensor.dtype.is_floating_point and not _all_finite(tensor):
+            return Dropout(f"non-finite values in {name!r}")
+    if aggregate is not None:
+        missing = [t for t in aggregate.tensors if t not in tensors]
+        if missing:
+            return Dropout(f"reply lacks {missing}")
+        if sent.spec is not None and any(
+            tuple(tensors[t].shape) != (sent.spec.numel,) for t in aggregate.tensors
+        ):
+            return Dropout("reply's tensors do not match the model's shape")
+        weighted_by_samples = isinstance(aggregate, WeightedMean) and aggregate.weights is None
+        if weighted_by_samples and result.num_samples <= 0:
+            return Dropout("reply reports no samples")
+    return accepted
+
+
+def _all_finite(tensor: torch.Tensor | LazyTensor) -> bool:
+    """min and max propagate NaN, and an infinity is the min or the max."""
+    for part in _slices(tensor):
+        if part.numel():
+            low, high = torch.aminmax(part)
+            if not (math.isfinite(float(low)) and math.isfinite(float(high))):
+                return False
+    return True
+
+
+def _slices(tensor: torch.Tensor | LazyTensor) -> Iterator[torch.Tensor]:
+    if isinstance(tensor, torch.Tensor):
+        yield tensor
+        return
+    for start in range(0, tensor.numel, SLICE_ELEMENTS):
+        yield tensor.read(start, min(start + SLICE_ELEMENTS, tensor.numel))

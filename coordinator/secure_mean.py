@@ -1,0 +1,80 @@
+"""What the coordinator's secure-aggregation protocols share (pairwise masking in
+secure_sum.py, CKKS in ckks_sum.py): a `WeightedMean` phase run as several steps, each a
+round trip to the silos; dropouts gathered with the step they happened at; the weights each
+silo is told to apply; and the `QuorumNotMet` that abandons the round when too few remain.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+import torch
+
+from fedsilo.coordinator.phases import Phase, QuorumNotMet, Task, WeightedMean
+from fedsilo.coordinator.replies import Accepted
+
+# collect(step, tasks, aggregate=None) -> (accepted replies, dropped silo -> why)
+Collect = Callable[..., tuple[dict[str, Accepted], dict[str, str]]]
+
+
+class SecureMean:
+    """One secure aggregation of a phase; `dropped` gathers who left, and at which step."""
+
+    def __init__(self, collect: Collect, quorum: int) -> None:
+        self.collect = collect
+        self.quorum = quorum
+        self.dropped: dict[str, str] = {}
+
+    @staticmethod
+    def check_tasks(phase: Phase, method: str) -> WeightedMean:
+        """The phase's aggregate, after checking every task sends the tensors it averages."""
+        assert isinstance(phase.aggregate, WeightedMean)
+        for task in phase.tasks:
+            missing = [n for n in phase.aggregate.tensors if n not in task.tensors]
+            if missing:
+                raise ValueError(
+                    f"phase {phase.name!r}: {method} sums updates to the tensors a task sends, "
+                    f"and {task.silo}'s task sends no {missing}"
+                )
+        return phase.aggregate
+
+    def step(
+        self, step: str, tasks: Sequence[Task], aggregate: WeightedMean | None = None
+    ) -> dict[str, Accepted]:
+        results, dropped = self.collect(step, tasks, aggregate)
+        for silo, why in dropped.items():
+            self.dropped.setdefault(silo, f"secure aggregation, {step}: {why}")
+        return results
+
+    def missed(self, phase: Phase, why: str) -> QuorumNotMet:
+        reasons = "; ".join(f"{s}: {w}" for s, w in sorted(self.dropped.items()))
+        return QuorumNotMet(
+            f"phase {phase.name!r}: {why}" + (f" ({reasons})" if reasons else ""),
+            phase.name,
+            {},
+            dict(self.dropped),
+        )
+
+
+def raw_weights(
+    weights: Mapping[str, float] | None, counted: Mapping[str, Accepted]
+) -> dict[str, float]:
+    """Each silo's weight: the strategy's, or the sample count it released."""
+    if weights is not None:
+        return {s: float(weights.get(s, 0.0)) for s in counted}
+    return {s: float(reply.result.num_samples) for s, reply in counted.items()}
+
+
+def shares_of_weight(
+    weights: Mapping[str, float] | None, counted: Mapping[str, Accepted]
+) -> dict[str, float]:
+    """Each silo's share of the total weight, which it applies to its update itself."""
+    raw = raw_weights(weights, counted)
+    total = sum(raw.values())
+    if total <= 0:
+        return dict.fromkeys(raw, 0.0)
+    return {s: w / total for s, w in raw.items()}
+
+
+def tensor_bytes(tensor: torch.Tensor) -> bytes:
+    return tensor.to(torch.uint8).numpy().tobytes()

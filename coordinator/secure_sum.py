@@ -1,0 +1,189 @@
+"""The coordinator's side of pairwise-masked secure aggregation: a `WeightedMean` phase run as
+four steps (advertise keys, share secrets, masked inputs, unmask), after which the coordinator
+holds the weighted mean of the survivors' models and nothing of any one silo's.
+
+The strategy declares `WeightedMean` as always; when the policy says `secure_aggregation:
+masking` the engine hands that phase to `MaskedMean`, so every averaging strategy runs masked
+without knowing it. Each silo's weight w_k (its share of the sample counts advertised, or of
+the strategy's weights) travels with its masked-input task; a silo sends
+w_k (model_k - model sent), clipped and encoded (privacy/masking.py), and the mean is the model
+sent plus the decoded sum over survivors divided by their total weight.
+
+The coordinator only relays: silos verify each other's signed keys, so it cannot substitute
+one. Drops: before sharing, a silo is simply left out; after sharing and before its masked
+input, its pairwise masks are removed with its key rebuilt from t shares; after its masked
+input, its self-mask is rebuilt the same way. Fewer than t silos at any step (or fewer than
+the phase's quorum) abandon the round (`QuorumNotMet`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import torch
+from nacl.public import PrivateKey
+
+from fedsilo.coordinator.phases import (
+    Phase,
+    PhaseOutcome,
+    Task,
+    WeightedMean,
+)
+from fedsilo.coordinator.replies import Accepted, reports_of
+from fedsilo.coordinator.secure_mean import (
+    Collect,
+    SecureMean,
+    raw_weights,
+    shares_of_weight,
+    tensor_bytes,
+)
+from fedsilo.policies.secure_aggregation import SecureAggregationConfig
+from fedsilo.privacy.masking import (
+    ADVERTISEMENT,
+    REVEALED_KEY,
+    REVEALED_SEED,
+    SHARE_TO,
+    Advertisement,
+    FixedPoint,
+    MaskingError,
+    combine_shares,
+    silo_indices,
+    unmask_total,
+)
+
+
+class MaskedMean(SecureMean):
+    def __init__(
+        self, collect: Collect, config: SecureAggregationConfig, label: bytes, quorum: int
+    ) -> None:
+        super().__init__(collect, quorum)
+        self.config = config
+        self.label = label
+
+    def run(self, phase: Phase) -> PhaseOutcome:
+        aggregate = self.check_tasks(phase, "masking")
+        tasks = {task.silo: task for task in phase.tasks}
+        advertised = self.step("advertise", [Task(s, "secagg_advertise") for s in sorted(tasks)])
+        adverts = {
+            silo: Advertisement.from_bytes(silo, tensor_bytes(reply.result.tensors[ADVERTISEMENT]))
+            for silo, reply in advertised.items()
+        }
+        threshold = self.config.threshold_for(len(adverts))
+        self._enough(phase, "advertise", len(adverts), threshold)
+        weights = shares_of_weight(phase.aggregate.weights, advertised)
+        relayed = {silo: advert.to_bytes().hex() for silo, advert in adverts.items()}
+        shared = self.step(
+            "share",
+            [Task(s, "secagg_share", {"advertisements": relayed}) for s in sorted(adverts)],
+        )
+        self._enough(phase, "share", len(shared), threshold)
+        masked = self.step(
+            "mask",
+            [
+                Task(
+                    v,
+                    "secagg_mask",
+                    {
+                        "inner_kind": tasks[v].kind,
+                        "inner_config": dict(tasks[v].config),
+                        "weight": weights[v],
+                        "shares": {
+                            u: tensor_bytes(shared[u].result.tensors[SHARE_TO + v]).hex()
+                            for u in sorted(shared)
+                            if u != v
+                        },
+                        "tensors": list(phase.aggregate.tensors),
+                    },
+                    tasks[v].tensors,
+                    tasks[v].spec,
+                )
+                for v in sorted(shared)
+            ],
+            aggregate,
+        )
+        self._enough(phase, "mask", len(masked), threshold)
+        survivors = sorted(masked)
+        revealed = self.step(
+            "unmask",
+            [Task(s, "secagg_unmask", {"survivors": survivors}) for s in survivors],
+        )
+        self._enough(phase, "unmask", len(revealed), threshold)
+        try:
+            return self._unmasked(phase, tasks, adverts, advertised, shared, masked, revealed)
+        except MaskingError as exc:  # shares that do not rebuild a secret: the round is lost
+            raise self.missed(phase, str(exc)) from exc
+
+    def _unmasked(
+        self,
+        phase: Phase,
+        tasks: Mapping[str, Task],
+        adverts: Mapping[str, Advertisement],
+        advertised: Mapping[str, Accepted],
+        shared: Mapping[str, Accepted],
+        masked: Mapping[str, Accepted],
+        revealed: Mapping[str, Accepted],
+    ) -> PhaseOutcome:
+        """The mean from the survivors' masked inputs and the secrets rebuilt from shares."""
+        assert isinstance(phase.aggregate, WeightedMean)
+        threshold = self.config.threshold_for(len(adverts))
+        weights = shares_of_weight(phase.aggregate.weights, advertised)
+        survivors = sorted(masked)
+        indices = silo_indices(list(adverts))
+        seeds = [
+            self._rebuild(revealed, indices, REVEALED_SEED + silo, threshold) for silo in survivors
+        ]
+        dropped_keys = {}
+        for silo in sorted(set(shared) - set(masked)):
+            key = PrivateKey(self._rebuild(revealed, indices, REVEALED_KEY + silo, threshold))
+            if bytes(key.public_key) != bytes(adverts[silo].masking_key):
+                raise MaskingError(f"the shares of {silo}'s masking key do not rebuild it")
+            dropped_keys[silo] = key
+        encoding = FixedPoint.for_silos(self.config.bound, len(adverts))
+        total_weight = sum(weights[s] for s in survivors)
+        if total_weight <= 0:
+            raise self.missed(phase, "the surviving silos carry zero total weight")
+        reference = tasks[survivors[0]].tensors
+        mean = {}
+        for name in phase.aggregate.tensors:
+            total = np.zeros(reference[name].numel(), dtype=np.uint32)
+            for silo in survivors:
+                total += masked[silo].lazy[name].load().numpy().view(np.uint32)
+            summed = unmask_total(
+                total,
+                seeds,
+                dropped_keys,
+                {s: adverts[s].masking_key for s in survivors},
+                self.label,
+            )
+            update = torch.from_numpy(encoding.decode(summed)) / total_weight
+            mean[name] = (reference[name].double() + update).to(reference[name].dtype)
+        raw = raw_weights(phase.aggregate.weights, advertised)
+        return PhaseOutcome(
+            phase.name,
+            reports_of(masked),
+            dict(self.dropped),
+            mean=mean,
+            total_weight=sum(raw[s] for s in survivors),
+            spec=next((masked[s].result.spec for s in survivors if masked[s].result.spec), None),
+        )
+
+    def _enough(self, phase: Phase, step: str, count: int, threshold: int) -> None:
+        needed = max(threshold, self.quorum)
+        if count < needed:
+            raise self.missed(
+                phase,
+                f"{count} silos remain after the {step} step; secure aggregation needs "
+                f"{needed} (threshold {threshold}, quorum {self.quorum})",
+            )
+
+    @staticmethod
+    def _rebuild(
+        revealed: Mapping[str, Accepted], indices: Mapping[str, int], name: str, threshold: int
+    ) -> bytes:
+        shares = {
+            indices[holder]: tensor_bytes(reply.result.tensors[name])
+            for holder, reply in revealed.items()
+            if name in reply.result.tensors
+        }
+        return combine_shares(shares, threshold)

@@ -1,0 +1,125 @@
+"""The policy's `secure_aggregation:` section: how the coordinator averages models while
+learning only sums. `none` (the default): in the clear. `masking`: pairwise masks with t-of-n
+recovery (privacy/masking.py). `ckks`: homomorphic sums under a key-holder silo's CKKS key
+(privacy/ckks.py). Written as a bare method (`secure_aggregation: masking`) or as a mapping
+with the method's settings. Also owns the rules CKKS parameters must follow (128-bit
+security, SEAL's prime sizes), so a policy with bad parameters is refused when it is read.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from fedsilo.policies.base import PolicyModel
+
+# SEAL's largest total coefficient modulus for 128-bit security, by polynomial modulus degree
+# (HomomorphicEncryption.org standard). Degrees below 4096 leave no room for a useful scale.
+MAX_COEFF_MODULUS_BITS = {4096: 109, 8192: 218, 16384: 438, 32768: 881}
+MIN_PRIME_BITS = 20  # smaller primes congruent to 1 modulo 2 * degree are scarce or absent
+MAX_PRIME_BITS = 60  # SEAL's limit for one prime
+MIN_SCALE_BITS = 20
+
+
+def ckks_parameter_problem(degree: int, bits: tuple[int, ...], scale: int) -> str | None:
+    """Why CKKS parameters cannot be used, or None when they can."""
+    if degree not in MAX_COEFF_MODULUS_BITS:
+        return (
+            f"poly_modulus_degree must be one of {sorted(MAX_COEFF_MODULUS_BITS)} "
+            f"(a power of two), not {degree}"
+        )
+    if len(bits) < 2:
+        return (
+            "coeff_mod_bit_sizes needs at least two primes (a data prime and the special "
+            f"prime), not {list(bits)}"
+        )
+    if any(not MIN_PRIME_BITS <= b <= MAX_PRIME_BITS for b in bits):
+        return (
+            f"coeff_mod_bit_sizes: every prime must have {MIN_PRIME_BITS} to "
+            f"{MAX_PRIME_BITS} bits, not {list(bits)}"
+        )
+    if sum(bits) > MAX_COEFF_MODULUS_BITS[degree]:
+        return (
+            f"coeff_mod_bit_sizes {list(bits)} total {sum(bits)} bits; 128-bit security "
+            f"at poly_modulus_degree {degree} allows at most {MAX_COEFF_MODULUS_BITS[degree]}"
+        )
+    if not MIN_SCALE_BITS <= scale < bits[0]:
+        return (
+            f"global_scale_bits must be at least {MIN_SCALE_BITS} and below the first "
+            f"prime's {bits[0]} bits, not {scale}"
+        )
+    inner = bits[1:-1]
+    if inner and scale > min(inner):
+        return (
+            f"global_scale_bits {scale} exceeds the smallest inner coefficient prime "
+            f"({min(inner)} bits in {list(bits)})"
+        )
+    return None
+
+
+class CkksSettings(PolicyModel):
+    """CKKS encryption parameters (see privacy/ckks.py's `CkksParameters`, built from these)."""
+
+    poly_modulus_degree: int = 8192
+    coeff_mod_bit_sizes: tuple[int, ...] = (60, 40, 40, 60)
+    global_scale_bits: int = 40
+
+    @model_validator(mode="after")
+    def _usable(self) -> CkksSettings:
+        problem = ckks_parameter_problem(
+            self.poly_modulus_degree, self.coeff_mod_bit_sizes, self.global_scale_bits
+        )
+        if problem:
+            raise ValueError(problem)
+        return self
+
+    @property
+    def max_abs_value(self) -> float:
+        """About the largest magnitude a value, or a sum of values, may reach in a fresh
+        ciphertext: 2^(bits of the data modulus - scale bits - 1)."""
+        return 2.0 ** (sum(self.coeff_mod_bit_sizes[:-1]) - self.global_scale_bits - 1)
+
+
+class SecureAggregationConfig(PolicyModel):
+    """`bound`: each coordinate of a silo's update (its model minus the model it received)
+    is clipped to [-bound, bound] before it is encoded (masking: 32-bit fixed point, whose
+    precision follows from the bound and the silos of a round, so overflow cannot happen;
+    CKKS: the bound must stay below what the parameters hold). `threshold` (masking): how
+    many of a round's silos must stay to the end for the sum to be recovered (t of n); None:
+    a majority of the silos that advertised keys. `key_holder` (ckks): the silo that makes the
+    CKKS keys; None: the first silo by name. `decryptor` (ckks): the silo that decrypts sums;
+    None: the key holder when it took part, else the first survivor by name."""
+
+    method: Literal["none", "masking", "ckks"] = "none"
+    bound: float = Field(default=64.0, gt=0)
+    threshold: int | None = Field(default=None, ge=2)
+    key_holder: str | None = None
+    decryptor: str | None = None
+    ckks: CkksSettings = CkksSettings()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bare_method(cls, data: Any) -> Any:
+        return {"method": data} if isinstance(data, str) else data
+
+    @model_validator(mode="after")
+    def _fits_method(self) -> SecureAggregationConfig:
+        if self.method != "masking" and self.threshold is not None:
+            raise ValueError("threshold: only masking recovers sums from t of n silos")
+        if self.method != "ckks" and (self.key_holder or self.decryptor):
+            raise ValueError("key_holder and decryptor: only ckks has keys to hold")
+        if self.method == "ckks" and self.bound >= self.ckks.max_abs_value:
+            raise ValueError(
+                f"bound {self.bound:g}: these CKKS parameters hold values below "
+                f"{self.ckks.max_abs_value:g}; lower the bound or widen coeff_mod_bit_sizes"
+            )
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        return self.method != "none"
+
+    def threshold_for(self, advertised: int) -> int:
+        """t for an aggregation among `advertised` silos."""
+        return self.threshold if self.threshold is not None else advertised // 2 + 1

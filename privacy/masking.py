@@ -1,0 +1,306 @@
+"""Pairwise masking for secure aggregation (Bonawitz et al. 2017, as SecAgg+ runs it): the
+cryptography both ends share. The protocol's four steps live with their parties
+(silo/tasks/secure_sum.py, coordinator/secure_sum.py); this module owns the pieces.
+
+- `FixedPoint`: a weighted update, each coordinate clipped to [-bound, bound], times its
+  weight w (the weights of a round sum to at most 1), rounded to a multiple of 2^-f and
+  held in Z_{2^32}. A sum of such terms is at most bound * 2^f + n / 2 in magnitude, and f is
+  the largest that keeps that below 2^31 for n silos: overflow cannot happen by construction.
+- `MaskingKeys` / `Advertisement`: each silo's two X25519 key pairs for one aggregation (one
+  to encrypt its shares to peers, one for pairwise mask agreement), advertised with an Ed25519
+  signature by its provisioned identity over the aggregation's context. Peers verify it, so a
+  coordinator that substitutes a key is caught (Flower's SecAgg+ relays keys unsigned).
+- `split_secret` / `combine_shares`: t-of-n Shamir sharing of 16-byte blocks over GF(2^128)
+  (PyCryptodome's `Shamir`), block by block for longer secrets.
+- `prg`: a mask stream in Z_{2^32}: AES-256-CTR keystream under a key derived with HKDF-SHA256
+  from a seed (a self-mask seed, or a pairwise secret from X25519 agreement).
+- `mask` and `unmask_total`: y_u = x_u + PRG(b_u) + sum_v sign(u, v) PRG(s_uv), sign +1 when
+  u sorts before v, so pairwise masks cancel in a sum over silos; the coordinator removes the
+  survivors' self-masks and the dropped silos' pairwise masks from reconstructed secrets.
+
+Everything random (keys, self-mask seeds, Shamir coefficients) comes from the system's CSPRNG:
+masks must not be reproducible by anyone else. The unmasked sum is exact in Z_{2^32}, so
+results still repeat bit for bit.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from Crypto.Protocol.SecretSharing import Shamir
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+from nacl.exceptions import BadSignatureError, CryptoError
+from nacl.public import Box, PrivateKey, PublicKey
+from nacl.signing import SigningKey, VerifyKey
+from nacl.utils import random as random_bytes
+
+KEY_BYTES = 32
+SEED_BYTES = 32
+BLOCK = 16  # Shamir shares 16-byte blocks
+SIGNED_ADVERTISEMENT_BYTES = 2 * KEY_BYTES + 64
+
+
+# Tensor names of the protocol's replies.
+ADVERTISEMENT = "advertisement"
+SHARE_TO = "to/"  # + recipient: a share encrypted to it
+REVEALED_SEED = "seed/"  # + survivor: a share of its self-mask seed
+REVEALED_KEY = "key/"  # + dropped silo: a share of its masking key
+
+
+def aggregation_label(deployment: str, round_no: int, phase: str) -> bytes:
+    """What binds one aggregation's keys, shares and masks to it (both ends build the same)."""
+    return f"{deployment}/r{round_no}/{phase}".encode()
+
+
+class MaskingError(ValueError):
+    """A step of secure aggregation that cannot go on; the message says what failed."""
+
+
+# -- fixed point ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FixedPoint:
+    """Weighted values in Z_{2^32}: round(w * clip(x, -bound, bound) * 2^fraction_bits)."""
+
+    bound: float
+    fraction_bits: int
+
+    @classmethod
+    def for_silos(cls, bound: float, silos: int) -> FixedPoint:
+        """The finest encoding whose sum over `silos` weighted terms (weights summing to at
+        most 1) cannot overflow: bound * 2^f + silos / 2 < 2^31."""
+        if not (bound > 0 and math.isfinite(bound)) or silos < 1:
+            raise MaskingError(f"need a positive bound and at least one silo ({bound}, {silos})")
+        bits = math.floor(math.log2((2**31 - silos) / bound))
+        while bound * 2.0**bits + silos / 2 >= 2**31:  # log2's rounding at the edge
+            bits -= 1
+        if bits < 1:
+            raise MaskingError(f"bound {bound:g} leaves no fractional bits in 32-bit sums")
+        return cls(bound, bits)
+
+    @property
+    def precision(self) -> float:
+        """The spacing of representable values, 2^-fraction_bits."""
+        return 2.0**-self.fraction_bits
+
+    def encode(self, values: np.ndarray, weight: float) -> np.ndarray:
+        if not 0.0 <= weight <= 1.0:
+            raise MaskingError(f"a weight must lie in [0, 1], not {weight!r}")
+        clipped = np.clip(np.asarray(values, dtype=np.float64), -self.bound, self.bound)
+        scaled = np.rint(clipped * (weight * 2.0**self.fraction_bits)).astype(np.int64)
+        return scaled.astype(np.uint32)  # two's complement: negatives wrap modulo 2^32
+
+    def decode(self, total: np.ndarray) -> np.ndarray:
+        """A sum of encoded terms (modulo 2^32) as float64."""
+        return total.view(np.int32).astype(np.float64) * self.precision
+
+
+# -- keys and their signed advertisement -----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Advertisement:
+    """A silo's public keys for one aggregation, signed by its identity over the context."""
+
+    silo: str
+    encryption_key: PublicKey  # peers encrypt their shares for this silo to it
+    masking_key: PublicKey  # pairwise mask agreement
+    signature: bytes
+
+    def to_bytes(self) -> bytes:
+        return bytes(self.encryption_key) + bytes(self.masking_key) + self.signature
+
+    @classmethod
+    def from_bytes(cls, silo: str, data: bytes) -> Advertisement:
+        if len(data) != SIGNED_ADVERTISEMENT_BYTES:
+            raise MaskingError(
+                f"{silo}'s advertisement is {len(data)} bytes, not {SIGNED_ADVERTISEMENT_BYTES}"
+            )
+        return cls(
+            silo,
+            PublicKey(data[:KEY_BYTES]),
+            PublicKey(data[KEY_BYTES : 2 * KEY_BYTES]),
+            data[2 * KEY_BYTES :],
+        )
+
+    def verify(self, verify_key: VerifyKey, context: bytes) -> None:
+        """Raise `MaskingError` unless the silo's identity signed these keys for `context`."""
+        try:
+            verify_key.verify(_signed_part(context, self), self.signature)
+        except BadSignatureError:
+            raise MaskingError(
+                f"the keys advertised for {self.silo} are not signed by {self.silo}'s identity "
+                "for this aggregation: refusing them (a substituted or replayed key)"
+            ) from None
+
+
+@dataclass(frozen=True)
+class MaskingKeys:
+    """One silo's private keys for one aggregation."""
+
+    encryption: PrivateKey
+    masking: PrivateKey
+
+    @classmethod
+    def generate(cls) -> MaskingKeys:
+        return cls(PrivateKey.generate(), PrivateKey.generate())
+
+    def advertise(self, silo: str, identity: SigningKey, context: bytes) -> Advertisement:
+        unsigned = Advertisement(silo, self.encryption.public_key, self.masking.public_key, b"")
+        signature = identity.sign(_signed_part(context, unsigned)).signature
+        return Advertisement(silo, unsigned.encryption_key, unsigned.masking_key, signature)
+
+
+def _signed_part(context: bytes, advertisement: Advertisement) -> bytes:
+    return b"|".join(
+        (
+            b"fedsilo/secagg-keys",
+            context,
+            advertisement.silo.encode(),
+            bytes(advertisement.encryption_key),
+            bytes(advertisement.masking_key),
+        )
+    )
+
+
+# -- Shamir shares and their encryption to peers --------------------------------------------
+
+
+def split_secret(secret: bytes, threshold: int, parties: int) -> list[bytes]:
+    """`parties` shares of `secret` (a multiple of 16 bytes), any `threshold` of which
+    recover it; share i (0-based) belongs to the party with Shamir index i + 1."""
+    if len(secret) % BLOCK or not secret:
+        raise MaskingError(f"a shared secret is a positive multiple of {BLOCK} bytes")
+    if not 1 <= threshold <= parties:
+        raise MaskingError(f"threshold {threshold} must lie in 1..{parties}")
+    shares = [b""] * parties
+    for start in range(0, len(secret), BLOCK):
+        block = secret[start : start + BLOCK]
+        if threshold == 1:  # a polynomial of degree 0: every share is the secret
+            pieces = [(i + 1, block) for i in range(parties)]
+        else:
+            pieces = Shamir.split(threshold, parties, block, ssss=False)
+        for index, piece in pieces:
+            shares[index - 1] += piece
+    return shares
+
+
+def combine_shares(shares: Mapping[int, bytes], threshold: int) -> bytes:
+    """The secret from at least `threshold` shares, keyed by Shamir index (1-based)."""
+    if len(shares) < threshold:
+        raise MaskingError(f"{len(shares)} shares cannot recover a {threshold}-of-n secret")
+    chosen = sorted(shares.items())[:threshold]
+    length = len(chosen[0][1])
+    if any(len(piece) != length for _, piece in chosen) or length % BLOCK:
+        raise MaskingError("shares of one secret must have the same length")
+    if threshold == 1:
+        return chosen[0][1]
+    return b"".join(
+        Shamir.combine([(i, piece[start : start + BLOCK]) for i, piece in chosen], ssss=False)
+        for start in range(0, length, BLOCK)
+    )
+
+
+def encrypt_share(
+    sender: str, recipient: str, share: bytes, own: PrivateKey, theirs: PublicKey
+) -> bytes:
+    """`share` for `recipient` only (X25519 + XSalsa20-Poly1305), bound to both names."""
+    return bytes(Box(own, theirs).encrypt(_share_label(sender, recipient) + share))
+
+
+def decrypt_share(
+    sender: str, recipient: str, ciphertext: bytes, own: PrivateKey, theirs: PublicKey
+) -> bytes:
+    try:
+        plain = Box(own, theirs).decrypt(ciphertext)
+    except CryptoError:
+        raise MaskingError(f"the share from {sender} does not open with {sender}'s key") from None
+    label = _share_label(sender, recipient)
+    if not plain.startswith(label):
+        raise MaskingError(f"the share from {sender} was not meant for {recipient}")
+    return plain[len(label) :]
+
+
+def _share_label(sender: str, recipient: str) -> bytes:
+    return f"fedsilo/secagg-share|{sender}|{recipient}|".encode()
+
+
+def new_seed() -> bytes:
+    """A self-mask seed from the system's CSPRNG."""
+    return random_bytes(SEED_BYTES)
+
+
+# -- masks -----------------------------------------------------------------------------------
+
+
+def prg(seed: bytes, length: int, context: bytes) -> np.ndarray:
+    """`length` pseudo-random elements of Z_{2^32} from `seed`, for `context`."""
+    key = HKDF(hashes.SHA256(), 32, salt=None, info=b"fedsilo/secagg-prg|" + context).derive(seed)
+    encryptor = Cipher(algorithms.AES(key), modes.CTR(bytes(16))).encryptor()
+    stream = encryptor.update(bytes(4 * length)) + encryptor.finalize()
+    return np.frombuffer(stream, dtype="<u4").copy()
+
+
+def pairwise_seed(own: PrivateKey, theirs: PublicKey) -> bytes:
+    """The secret two silos agree on (X25519, then HSalsa20), the same from either side."""
+    return Box(own, theirs).shared_key()
+
+
+def sign(me: str, other: str) -> int:
+    """+1 when `me` sorts before `other`, else -1: the pair's masks cancel in a sum."""
+    return 1 if me < other else -1
+
+
+def mask(
+    encoded: np.ndarray,
+    me: str,
+    self_seed: bytes,
+    masking_key: PrivateKey,
+    peers: Mapping[str, PublicKey],
+    context: bytes,
+) -> np.ndarray:
+    """encoded + PRG(self seed) + sum over peers of sign * PRG(pairwise seed), mod 2^32."""
+    total = encoded.astype(np.uint32, copy=True)
+    total += prg(self_seed, len(total), context)
+    for peer, key in sorted(peers.items()):
+        stream = prg(pairwise_seed(masking_key, key), len(total), context)
+        if sign(me, peer) > 0:
+            total += stream
+        else:
+            total -= stream
+    return total
+
+
+def unmask_total(
+    masked_sum: np.ndarray,
+    self_seeds: Iterable[bytes],
+    dropped_keys: Mapping[str, PrivateKey],
+    survivors: Mapping[str, PublicKey],
+    context: bytes,
+) -> np.ndarray:
+    """The survivors' sum of encoded values from the sum of their masked inputs: remove each
+    survivor's self-mask and each survivor's pairwise mask with every dropped silo (whose
+    masking key was reconstructed from shares)."""
+    total = masked_sum.astype(np.uint32, copy=True)
+    length = len(total)
+    for seed in self_seeds:
+        total -= prg(seed, length, context)
+    for dropped, key in sorted(dropped_keys.items()):
+        for survivor, public in sorted(survivors.items()):
+            stream = prg(pairwise_seed(key, public), length, context)
+            if sign(survivor, dropped) > 0:  # the survivor added it
+                total -= stream
+            else:
+                total += stream
+    return total
+
+
+def silo_indices(silos: Sequence[str]) -> dict[str, int]:
+    """Shamir indices (1-based) of an aggregation's advertised silos, in sorted order."""
+    return {silo: i + 1 for i, silo in enumerate(sorted(silos))}

@@ -1,0 +1,205 @@
+"""The silo's side of CKKS secure aggregation (privacy/ckks.py has the cryptography).
+
+- `ckks_keygen`, at the key holder only, once per deployment (again after the key holder or
+  the coordinator restarts): a fresh CKKS context under the silo's own policy parameters; its
+  public part for the coordinator, and its secret part sealed to each member's X25519 key (the
+  Curve25519 form of the member's Ed25519 identity in the roster, the key holder's own
+  included) and signed by the key holder.
+- `ckks_join`, every aggregation: open the sealed context relayed by the coordinator, check
+  the key holder's signature (the policy's key holder, when it names one) and that it is the
+  context the coordinator announces (by the digest of its public part), and release the
+  training sample count as the `train` task would release it.
+- `ckks_encrypt`: run the real task (`inner_kind`) and send its weighted update (result minus
+  the model received), clipped to the policy's bound, encrypted in slot-sized chunks.
+- `ckks_decrypt`, at the decryptor: decrypt the coordinator's sum once per aggregation and
+  return it rounded to a grid well above CKKS's approximation error, so the exact decryption
+  (which would let the coordinator solve for the secret key, Li and Micciancio 2021) never
+  leaves the silo.
+
+A silo restarted since it joined holds no context: every `ckks_join` carries the sealed copy.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import tenseal as ts
+import torch
+from nacl.exceptions import CryptoError
+from nacl.signing import SigningKey
+
+from fedsilo.privacy.accounting import Mechanism
+from fedsilo.privacy.ckks import (
+    CHUNK,
+    PUBLIC_CONTEXT,
+    SEALED_CONTEXT,
+    SUM,
+    CkksError,
+    CkksParameters,
+    chunk_name,
+    context_digest,
+    decrypt,
+    encrypt,
+    load_secret_context,
+    new_secret_context,
+    open_sealed_context,
+    public_context,
+    seal_context,
+)
+from fedsilo.silo.reports import reports_mechanism
+from fedsilo.silo.tasks.base import (
+    SiloContext,
+    bytes_tensor,
+    find_session,
+    inner_message,
+    new_session,
+    session_id,
+    task_result,
+    tensor_bytes,
+)
+from fedsilo.wire.messages import TaskMessage, TaskResult
+
+GRID_BELOW_SCALE_BITS = 18  # the decrypted sum is rounded to 2^-(scale bits - 18)
+
+
+def keygen(message: TaskMessage, ctx: SiloContext) -> TaskResult:
+    identity = _identity(ctx)
+    named = ctx.secure_aggregation.key_holder
+    if named is not None and named != ctx.name:
+        raise CkksError(f"the policy names {named!r} as the CKKS key holder, not {ctx.name!r}")
+    recipients = sorted(message.config["recipients"])
+    outsiders = [r for r in recipients if r not in ctx.roster]
+    if outsiders:
+        raise CkksError(f"{outsiders} are not members of this consortium; no key for them")
+    if ctx.name not in recipients:
+        raise CkksError("the key holder seals its context to itself too, to survive a restart")
+    secret = new_secret_context(_parameters(ctx))
+    public = public_context(secret)
+    _contexts(ctx)[context_digest(public)] = load_secret_context(secret)
+    sealed = {
+        f"{SEALED_CONTEXT}/{r}": bytes_tensor(
+            seal_context(secret, ctx.roster[r].to_curve25519_public_key(), identity)
+        )
+        for r in recipients
+    }
+    return task_result(message, ctx, {PUBLIC_CONTEXT: bytes_tensor(public), **sealed})
+
+
+def join(message: TaskMessage, ctx: SiloContext) -> TaskResult:
+    identity = _identity(ctx)
+    key_holder = str(message.config["key_holder"])
+    named = ctx.secure_aggregation.key_holder
+    if named is not None and named != key_holder:
+        raise CkksError(f"the policy names {named!r} as the CKKS key holder, not {key_holder!r}")
+    if key_holder not in ctx.roster:
+        raise CkksError(f"the key holder {key_holder!r} is not a member of this consortium")
+    digest = str(message.config["context_digest"])
+    contexts = _contexts(ctx)
+    if digest not in contexts:
+        if SEALED_CONTEXT not in message.tensors:
+            raise CkksError("ckks_join carries no sealed context and this silo holds none")
+        try:
+            secret = open_sealed_context(
+                tensor_bytes(message.tensors[SEALED_CONTEXT]),
+                identity.to_curve25519_private_key(),
+                ctx.roster[key_holder],
+            )
+        except CryptoError as exc:
+            raise CkksError(
+                f"the sealed context is not for {ctx.name} or not signed by {key_holder}'s "
+                f"identity ({exc})"
+            ) from None
+        if context_digest(public_context(secret)) != digest:
+            raise CkksError(
+                "the sealed context is not the one the coordinator sums under (digests differ)"
+            )
+        contexts.clear()  # one deployment key at a time
+        contexts[digest] = load_secret_context(secret, expected=_parameters(ctx))
+    new_session(ctx, "ckks", message)["digest"] = digest
+    reports = ctx.reports(message.task_id, "train")
+    ctx.released_count("train")
+    return task_result(message, ctx, {}, num_samples=reports.count(len(ctx.data.y_train)))
+
+
+def encrypted_input(message: TaskMessage, ctx: SiloContext) -> TaskResult:
+    from fedsilo.silo.tasks import TASK_HANDLERS
+
+    session = _session(message, ctx, "digest")
+    if session.get("encrypted"):
+        raise CkksError("this aggregation already has this silo's input; a second is refused")
+    context = _contexts(ctx)[session["digest"]]
+    weight = float(message.config["weight"])
+    if not 0.0 <= weight <= 1.0:
+        raise CkksError(f"a weight must lie in [0, 1], not {weight!r}")
+    inner = inner_message(message)
+    result = TASK_HANDLERS[inner.kind](inner, ctx)
+    bound = ctx.secure_aggregation.bound
+    updates = [
+        (result.tensors[name].double().cpu() - inner.tensors[name].double().cpu()).reshape(-1)
+        for name in message.config["tensors"]
+    ]
+    flat = torch.cat(updates).clamp_(-bound, bound).mul_(weight) if updates else torch.zeros(0)
+    session["encrypted"] = True
+    chunks = encrypt(flat.numpy(), context)
+    return TaskResult(
+        task_id=message.task_id,
+        silo=ctx.name,
+        kind=message.kind,
+        num_samples=result.num_samples,
+        metrics=result.metrics,
+        tensors={chunk_name(i): bytes_tensor(c) for i, c in enumerate(chunks)},
+        spec=result.spec,
+    )
+
+
+def decrypted_sum(message: TaskMessage, ctx: SiloContext) -> TaskResult:
+    session = _session(message, ctx, "digest")
+    if session.get("decrypted"):
+        raise CkksError("this aggregation's sum was already decrypted; a second is refused")
+    session["decrypted"] = True
+    context = _contexts(ctx)[session["digest"]]
+    names = sorted(n for n in message.tensors if n.startswith(CHUNK))
+    total = decrypt(
+        [tensor_bytes(message.tensors[n]) for n in names], context, int(message.config["length"])
+    )
+    grid = 2.0 ** (GRID_BELOW_SCALE_BITS - ctx.secure_aggregation.ckks.global_scale_bits)
+    return task_result(message, ctx, {SUM: torch.from_numpy(np.round(total / grid) * grid)})
+
+
+def join_releases(message: TaskMessage, ctx: SiloContext) -> list[Mechanism]:
+    """The context is the key holder's; the sample count is released as `train` releases it."""
+    return [Mechanism.public(), *reports_mechanism(ctx.privacy, ctx.unreleased_counts("train"))]
+
+
+def encrypted_input_releases(message: TaskMessage, ctx: SiloContext) -> list[Mechanism]:
+    """What the inner task releases: encryption hides it from the coordinator, not from the
+    sum, and a coordinator colluding with any silo could decrypt it."""
+    from fedsilo.silo.tasks import TASK_RELEASES
+
+    inner = inner_message(message)
+    return TASK_RELEASES[inner.kind](inner, ctx)
+
+
+def _parameters(ctx: SiloContext) -> CkksParameters:
+    return CkksParameters.of(ctx.secure_aggregation.ckks)
+
+
+def _identity(ctx: SiloContext) -> SigningKey:
+    if ctx.identity is None:
+        raise CkksError("CKKS aggregation needs this silo's signing identity")
+    return ctx.identity
+
+
+def _contexts(ctx: SiloContext) -> dict[str, ts.Context]:
+    return ctx.store.setdefault("ckks_contexts", {})
+
+
+def _session(message: TaskMessage, ctx: SiloContext, needs: str) -> dict[str, Any]:
+    session = find_session(ctx, "ckks", message, needs)
+    if session is None or session[needs] not in _contexts(ctx):
+        raise CkksError(
+            f"{message.kind} arrived out of order: this silo has not joined aggregation "
+            f"{session_id(message)!r}"
+        )
+    return session

@@ -1,0 +1,448 @@
+"""Secure aggregation. Pairwise masking: the masked mean equals the plaintext one within the
+fixed-point precision; silos that drop after sharing (up to n - t) still leave the survivors'
+exact sum; more drops abandon the round cleanly; a silo declared dropped cannot be unmasked;
+a substituted key is refused by the silos; and nothing the coordinator receives or computes
+is one silo's update. CKKS: the same mean within CKKS's precision; the coordinator holds the
+public context and ciphertexts only; the secret context opens only at its recipients and a
+substituted one is refused; one decryption per aggregation."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+import torch
+from nacl.exceptions import CryptoError
+from nacl.signing import SigningKey
+
+from fedsilo.coordinator.engine import RoundEngine
+from fedsilo.coordinator.strategies import make_strategy
+from fedsilo.coordinator.transport import InProcessTransport
+from fedsilo.policies.loading import PolicyError, parse_policy
+from fedsilo.policies.schema import Policy
+from fedsilo.privacy.ckks import (
+    PUBLIC_CONTEXT,
+    SEALED_CONTEXT,
+    context_digest,
+    decrypt,
+    load_public_context,
+    new_secret_context,
+    open_sealed_context,
+    public_context,
+    seal_context,
+)
+from fedsilo.privacy.masking import (
+    ADVERTISEMENT,
+    FixedPoint,
+    MaskingError,
+    MaskingKeys,
+    combine_shares,
+    mask,
+    new_seed,
+    split_secret,
+    unmask_total,
+)
+from fedsilo.silo.agent import SiloAgent
+from fedsilo.silo.data import load_consortium
+from fedsilo.silo.tasks.ckks_sum import GRID_BELOW_SCALE_BITS
+from fedsilo.wire.messages import STATUS_ERROR, TaskMessage, TaskResult
+
+SILOS = 5
+Endpoint = Callable[[bytes], bytes]
+
+
+def policy(secure: str = "masking", rounds: int = 1, **extra: object) -> Policy:
+    return parse_policy(
+        {
+            "version": 1,
+            "seed": 5,
+            "rounds": rounds,
+            "algorithm": {"name": "fedavg"},
+            "model": {"name": "mlp", "hidden": [32]},
+            "training": {"epochs": 1, "batch_size": 32, "lr": 0.1},
+            "participants": {"min_silos": 1, "phase_timeout_s": 60},
+            "data": {
+                "source": "sklearn:breast_cancer",
+                "partition": {"kind": "iid", "silos": SILOS},
+            },
+            "secure_aggregation": secure,
+            **extra,
+        }
+    )
+
+
+def run(
+    p: Policy,
+    wrap: Callable[[str, Endpoint], Endpoint] = lambda _, e: e,
+    identities: dict[str, SigningKey] | None = None,
+):
+    datasets = load_consortium(p.data, seed=p.seed)
+    identities = identities or {d.name: SigningKey.generate() for d in datasets}
+    roster = {name: key.verify_key for name, key in identities.items()}
+    agents = {
+        d.name: SiloAgent(
+            d.name,
+            d,
+            p.model,
+            secure_aggregation=p.secure_aggregation,
+            identity=identities[d.name],
+            roster=roster,
+        )
+        for d in datasets
+    }
+    transport = InProcessTransport({n: wrap(n, a.handle_bytes) for n, a in agents.items()})
+    return RoundEngine(make_strategy(p), transport, p, sorted(agents)).run()
+
+
+def failing(silo: str, kind: str) -> Callable[[str, Endpoint], Endpoint]:
+    """`silo` fails every task of `kind` (it drops out at that step)."""
+
+    def wrap(name: str, endpoint: Endpoint) -> Endpoint:
+        def answer(payload: bytes) -> bytes:
+            task = TaskMessage.decode(payload)
+            if name == silo and task.kind == kind:
+                return TaskResult(
+                    task.task_id, name, task.kind, status=STATUS_ERROR, error="power cut"
+                ).encode()
+            return endpoint(payload)
+
+        return answer
+
+    return wrap
+
+
+PRECISION = FixedPoint.for_silos(64.0, SILOS).precision
+
+
+def test_the_masked_mean_equals_the_plaintext_mean_within_the_fixed_point_precision() -> None:
+    plain, masked = run(policy("none", rounds=2)), run(policy("masking", rounds=2))
+    difference = (plain.state.model - masked.state.model).abs().max().item()
+    # per round: SILOS roundings of at most half the precision each, then float32 rounding
+    assert difference <= 2 * (SILOS * PRECISION / 2 + 1e-7)
+    assert plain.final.summary["accuracy"]["mean"] == masked.final.summary["accuracy"]["mean"]
+
+
+@pytest.mark.parametrize("step", ["secagg_mask", "secagg_unmask"])
+def test_a_silo_that_drops_after_sharing_leaves_the_survivors_exact_sum(step: str) -> None:
+    masked = run(policy("masking"), failing("silo-2", step))
+    # dropping at the mask step: its input is not in the sum; at unmask: its input is
+    plain = run(policy("none"), failing("silo-2", "train" if step == "secagg_mask" else "none"))
+    difference = (plain.state.model - masked.state.model).abs().max().item()
+    assert difference <= SILOS * PRECISION / 2 + 1e-7
+    assert "silo-2" in masked.records[0].phases["train"]["dropped"]
+
+
+def test_more_drops_than_the_threshold_allows_abandon_the_round_cleanly() -> None:
+    p = policy("masking", participants={"min_silos": 1, "max_consecutive_failed_rounds": 5})
+
+    def three_drop(name: str, endpoint: Endpoint) -> Endpoint:
+        inner = endpoint
+        for silo in ("silo-0", "silo-1", "silo-2"):  # 2 of 5 left; a majority is 3
+            inner = failing(silo, "secagg_mask")(name, inner)
+        return inner
+
+    history = run(p, three_drop)
+    (record,) = history.records
+    assert record.status == "failed"
+    assert "2 silos remain after the mask step" in record.error
+    assert "needs 3" in record.error
+
+
+def test_a_substituted_key_is_refused_by_every_silo() -> None:
+    impostor = SigningKey.generate()
+
+    def substitute(name: str, endpoint: Endpoint) -> Endpoint:
+        def answer(payload: bytes) -> bytes:
+            reply = TaskResult.decode(endpoint(payload))
+            if name == "silo-1" and reply.kind == "secagg_advertise":
+                forged = MaskingKeys.generate().advertise("silo-1", impostor, b"anything")
+                tensors = {
+                    ADVERTISEMENT: torch.frombuffer(bytearray(forged.to_bytes()), dtype=torch.uint8)
+                }
+                return TaskResult(
+                    reply.task_id, name, reply.kind, num_samples=reply.num_samples, tensors=tensors
+                ).encode()
+            return reply.encode()
+
+        return answer
+
+    (record,) = run(policy("masking"), substitute).records
+    assert record.status == "failed"
+    assert "not signed by silo-1's identity" in record.error
+
+
+def transcript(p: Policy, wrap=lambda _, e: e) -> tuple[dict[str, list[TaskResult]], object]:
+    """Every reply the coordinator receives, by silo."""
+    received: dict[str, list[TaskResult]] = {}
+
+    def record(name: str, endpoint: Endpoint) -> Endpoint:
+        def answer(payload: bytes) -> bytes:
+            reply = endpoint(payload)
+            received.setdefault(name, []).append(TaskResult.decode(reply))
+            return reply
+
+        return wrap(name, answer)
+
+    return received, run(p, record)
+
+
+def true_updates(p: Policy) -> dict[str, np.ndarray]:
+    """What each silo's round-1 training produces: the same seeds give the same models."""
+    received, history = transcript(policy("none"))
+    start = _initial_model(p)
+    return {
+        silo: (
+            next(r for r in replies if r.kind == "train").tensors["model"].double() - start
+        ).numpy()
+        for silo, replies in received.items()
+    }
+
+
+def _initial_model(p: Policy) -> torch.Tensor:
+    received, _ = transcript(policy("none"))
+    return next(r for r in received["silo-0"] if r.kind == "init").tensors["model"].double()
+
+
+def test_nothing_the_coordinator_receives_is_one_silos_update() -> None:
+    p = policy("masking")
+    updates = true_updates(p)
+    received, history = transcript(p)
+    encoding = FixedPoint.for_silos(64.0, SILOS)
+    for silo, replies in received.items():
+        encoded = encoding.encode(updates[silo], 0.2).view(np.int32).astype(np.float64)
+        for reply in replies:
+            for name, tensor in reply.tensors.items():
+                if reply.kind == "init":
+                    continue  # the seed's initial model, public
+                values = tensor.double().numpy().ravel()
+                if values.size != encoded.size:
+                    continue  # keys, shares: far shorter than a model
+                assert reply.kind == "secagg_mask", (silo, reply.kind, name)
+                # a masked input is uniform in Z_2^32, unrelated to the update it hides
+                assert abs(np.corrcoef(values, encoded)[0, 1]) < 0.1
+                assert np.abs(values).mean() > 2**29
+    assert history.records[0].status == "completed"
+
+
+def test_a_silo_declared_dropped_is_never_unmasked() -> None:
+    received, _ = transcript(policy("masking"), failing("silo-3", "secagg_mask"))
+    for silo, replies in received.items():
+        if silo == "silo-3":
+            continue
+        (unmasked,) = [r for r in replies if r.kind == "secagg_unmask"]
+        assert "key/silo-3" in unmasked.tensors  # its pairwise masks can be removed
+        assert "seed/silo-3" not in unmasked.tensors  # its self-mask never
+
+
+def test_a_second_unmask_request_is_refused() -> None:
+    asked: dict[str, int] = {}
+
+    def ask_twice(name: str, endpoint: Endpoint) -> Endpoint:
+        def answer(payload: bytes) -> bytes:
+            task = TaskMessage.decode(payload)
+            reply = endpoint(payload)
+            if task.kind == "secagg_unmask":
+                again = TaskResult.decode(endpoint(payload))
+                asked[name] = 1
+                assert not again.ok and "already unmasked" in again.error
+            return reply
+
+        return answer
+
+    assert run(policy("masking"), ask_twice).records[0].status == "completed"
+    assert len(asked) == SILOS
+
+
+def test_fixed_point_sums_cannot_overflow_for_the_configured_silos() -> None:
+    encoding = FixedPoint.for_silos(64.0, 20)
+    extreme = [encoding.encode(np.full(4, 1e9), 1 / 20) for _ in range(20)]
+    total = np.sum(extreme, axis=0, dtype=np.uint32)
+    assert encoding.decode(total) == pytest.approx(np.full(4, 64.0), abs=20 * encoding.precision)
+    lowest = np.sum([encoding.encode(np.full(4, -1e9), 1 / 20) for _ in range(20)], axis=0)
+    assert encoding.decode(lowest.astype(np.uint32)) == pytest.approx(np.full(4, -64.0), abs=1e-5)
+
+
+def test_masks_cancel_and_any_t_shares_rebuild_a_secret() -> None:
+    names = ["a", "b", "c", "d"]
+    keys = {n: MaskingKeys.generate() for n in names}
+    seeds = {n: new_seed() for n in names}
+    values = {n: np.arange(10, dtype=np.uint32) * (i + 1) for i, n in enumerate(names)}
+    publics = {n: keys[n].masking.public_key for n in names}
+    masked = {
+        n: mask(
+            values[n], n, seeds[n], keys[n].masking, {p: publics[p] for p in names if p != n}, b"x"
+        )
+        for n in names
+    }
+    survivors = ["a", "b", "d"]
+    total = np.sum([masked[n] for n in survivors], axis=0, dtype=np.uint32)
+    unmasked = unmask_total(
+        total,
+        [seeds[n] for n in survivors],
+        {"c": keys["c"].masking},
+        {n: publics[n] for n in survivors},
+        b"x",
+    )
+    assert np.array_equal(unmasked, sum(values[n] for n in survivors))
+    secret = bytes(keys["c"].masking) + seeds["c"]
+    shares = split_secret(secret, 3, 4)
+    assert combine_shares({1: shares[0], 3: shares[2], 4: shares[3]}, 3) == secret
+    with pytest.raises(MaskingError, match="2 shares cannot recover"):
+        combine_shares({1: shares[0], 2: shares[1]}, 3)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"algorithm": {"name": "local"}}, "local needs each silo's own model"),
+        ({"data": {"source": "sklearn:breast_cancer", "scaling": "federated"}}, "no bound"),
+        (
+            {"secure_aggregation": {"method": "masking", "threshold": 6}},
+            "fewer than the threshold 6",
+        ),
+        ({"secure_aggregation": "mask"}, "masking"),
+    ],
+)
+def test_policies_that_cannot_aggregate_securely_are_refused(change: dict, message: str) -> None:
+    with pytest.raises(PolicyError, match=message):
+        parse_policy({**policy().model_dump(), **change})
+
+
+# -- CKKS (TenSEAL): the same mean, the coordinator holding only the public context ------------
+
+CKKS_GRID = 2.0 ** (GRID_BELOW_SCALE_BITS - 40)  # the decryptor's rounding at scale 2^40
+
+
+def test_the_ckks_mean_equals_the_plaintext_mean_within_its_precision() -> None:
+    plain, encrypted = run(policy("none", rounds=2)), run(policy("ckks", rounds=2))
+    difference = (plain.state.model - encrypted.state.model).abs().max().item()
+    # per round: the decryptor's rounding (half a grid step) plus CKKS noise, then float32
+    assert 0 < difference <= 2 * (CKKS_GRID / 2 + 1e-8 + 1e-7)
+    assert plain.final.summary["accuracy"]["mean"] == encrypted.final.summary["accuracy"]["mean"]
+
+
+def test_a_silo_that_drops_after_joining_leaves_the_survivors_sum() -> None:
+    encrypted = run(policy("ckks"), failing("silo-2", "ckks_encrypt"))
+    plain = run(policy("none"), failing("silo-2", "train"))
+    difference = (plain.state.model - encrypted.state.model).abs().max().item()
+    assert difference <= CKKS_GRID / 2 + 1e-8 + 1e-7
+    assert "silo-2" in encrypted.records[0].phases["train"]["dropped"]
+
+
+def test_the_key_holder_makes_the_keys_and_a_failed_decryptor_is_replaced() -> None:
+    p = policy("ckks", rounds=2, secure_aggregation={"method": "ckks", "key_holder": "silo-3"})
+    received, history = transcript(p, failing("silo-3", "ckks_decrypt"))
+    kinds = {silo: [r.kind for r in replies] for silo, replies in received.items()}
+    assert [s for s, k in kinds.items() if "ckks_keygen" in k] == ["silo-3"]
+    assert kinds["silo-3"].count("ckks_keygen") == 1  # once per deployment, not per round
+    # silo-3 (the decryptor by default) fails before the transcript sees it; silo-0 stands in
+    assert [s for s, k in kinds.items() if "ckks_decrypt" in k] == ["silo-0"]
+    assert [r.status for r in history.records] == ["completed", "completed"]
+    dropped = history.records[0].phases["train"]["dropped"]
+    assert dropped == {
+        "silo-3": "secure aggregation, decrypt: task failed at the silo (error): power cut"
+    }
+
+
+def test_the_coordinator_holds_only_the_public_context_and_ciphertexts() -> None:
+    p = policy("ckks")
+    updates = true_updates(p)
+    received, history = transcript(p)
+    (keygen,) = [r for r in received["silo-0"] if r.kind == "ckks_keygen"]
+    public = load_public_context(bytes(keygen.tensors[PUBLIC_CONTEXT].numpy()))
+    assert not public.has_secret_key()
+    for silo, replies in received.items():
+        (encrypted,) = [r for r in replies if r.kind == "ckks_encrypt"]
+        raw = b"".join(bytes(t.numpy()) for t in encrypted.tensors.values())
+        weighted = (updates[silo] * 0.2).astype(np.float64)
+        assert (
+            weighted.tobytes()[:64] not in raw
+            and weighted.astype(np.float32).tobytes()[:64] not in raw
+        )
+        with pytest.raises(ValueError, match="secret key"):
+            decrypt(
+                [bytes(t.numpy()) for t in encrypted.tensors.values()], public, updates[silo].size
+            )
+    assert history.records[0].status == "completed"
+
+
+def test_a_sealed_context_opens_only_at_its_recipient() -> None:
+    holder, other, stranger = SigningKey.generate(), SigningKey.generate(), SigningKey.generate()
+    secret = new_secret_context()
+    sealed = seal_context(secret, other.verify_key.to_curve25519_public_key(), holder)
+    opened = open_sealed_context(sealed, other.to_curve25519_private_key(), holder.verify_key)
+    assert opened == secret
+    with pytest.raises(CryptoError):
+        open_sealed_context(sealed, stranger.to_curve25519_private_key(), holder.verify_key)
+
+
+def test_a_context_the_coordinator_substitutes_is_refused_by_every_silo() -> None:
+    impostor = SigningKey.generate()
+    forged = new_secret_context()
+    identities = {f"silo-{i}": SigningKey.generate() for i in range(SILOS)}
+
+    def substitute(name: str, endpoint: Endpoint) -> Endpoint:
+        def answer(payload: bytes) -> bytes:
+            task = TaskMessage.decode(payload)
+            if task.kind != "ckks_join":
+                return endpoint(payload)
+            recipient = task.tensors[SEALED_CONTEXT]  # the coordinator reseals its own key
+            assert recipient.numel() > 0
+            member = identities[name].verify_key.to_curve25519_public_key()  # public
+            fake = seal_context(forged, member, impostor)
+            tensors = {SEALED_CONTEXT: torch.frombuffer(bytearray(fake), dtype=torch.uint8)}
+            altered = TaskMessage(
+                task.task_id,
+                task.round,
+                task.phase,
+                task.kind,
+                task.silo,
+                {**task.config, "context_digest": context_digest(public_context(forged))},
+                tensors,
+                task.spec,
+                task.policy_digest,
+            )
+            return endpoint(altered.encode())
+
+        return answer
+
+    (record,) = run(policy("ckks"), substitute, identities).records
+    assert record.status == "failed"
+    assert "not signed by silo-0's identity" in record.error
+
+
+def test_a_second_decryption_is_refused() -> None:
+    refused: list[str] = []
+
+    def ask_twice(name: str, endpoint: Endpoint) -> Endpoint:
+        def answer(payload: bytes) -> bytes:
+            task = TaskMessage.decode(payload)
+            reply = endpoint(payload)
+            if task.kind == "ckks_decrypt":
+                again = TaskResult.decode(endpoint(payload))
+                refused.append(again.error or "")
+            return reply
+
+        return answer
+
+    assert run(policy("ckks"), ask_twice).records[0].status == "completed"
+    assert len(refused) == 1 and "already decrypted" in refused[0]
+
+
+@pytest.mark.parametrize(
+    ("section", "message"),
+    [
+        ({"method": "ckks", "threshold": 3}, "only masking recovers"),
+        ({"method": "masking", "key_holder": "silo-1"}, "only ckks has keys"),
+        ({"method": "ckks", "ckks": {"poly_modulus_degree": 1000}}, "poly_modulus_degree"),
+        ({"method": "ckks", "ckks": {"coeff_mod_bit_sizes": [60, 60, 60, 60]}}, "128-bit"),
+        (
+            {"method": "ckks", "ckks": {"coeff_mod_bit_sizes": [30, 30], "global_scale_bits": 24}},
+            "bound 64",
+        ),
+    ],
+)
+def test_ckks_settings_that_cannot_work_are_refused(section: dict, message: str) -> None:
+    with pytest.raises(PolicyError, match=message):
+        parse_policy({**policy().model_dump(), "secure_aggregation": section})
