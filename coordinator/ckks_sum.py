@@ -4,7 +4,8 @@ silo, after which the coordinator holds the weighted mean of the survivors' mode
 ciphertexts of any one silo's.
 
 The keys: once per deployment (and again after a restart, since they are kept in memory
-only) the key-holder silo makes the CKKS context; the coordinator keeps its public part,
+only) the key-holder silo (the policy's, else the first member by name that answers) makes
+the CKKS context; the coordinator keeps its public part,
 checked to hold no secret key and no Galois keys, and relays each member's sealed copy of the
 secret part, which it cannot open (silo/tasks/ckks_sum.py). Weights are each joined silo's
 share of the sample counts released at join (or of the strategy's weights); a silo sends
@@ -18,7 +19,7 @@ the choice changes no one's view). A decryptor that fails is replaced by the nex
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import tenseal as ts
@@ -51,12 +52,15 @@ from fedsilo.privacy.ckks import (
 @dataclass
 class CkksKeys:
     """What the coordinator keeps of a deployment's CKKS keys: the key holder, the public
-    context (its digest names it to the silos) and each member's sealed secret context."""
+    context (its digest names it to the silos), each member's sealed secret context, and who
+    has joined with it already (a sealed copy is sent until a silo joins, and again after a
+    failed join, e.g. a silo restarted without it)."""
 
     key_holder: str
     public: ts.Context
     digest: str
     sealed: dict[str, torch.Tensor]
+    holding: set[str] = field(default_factory=set)  # silos that joined under this context
 
 
 class CkksMean(SecureMean):
@@ -86,11 +90,13 @@ class CkksMean(SecureMean):
                     s,
                     "ckks_join",
                     {"key_holder": keys.key_holder, "context_digest": keys.digest},
-                    {SEALED_CONTEXT: keys.sealed[s]},
+                    {} if s in keys.holding else {SEALED_CONTEXT: keys.sealed[s]},
                 )
                 for s in sorted(tasks)
             ],
         )
+        # who holds the context now: it travels again only to a silo that failed to join
+        keys.holding = (keys.holding | set(joined)) - (set(tasks) - set(joined))
         self._enough(phase, "join", len(joined))
         weights = shares_of_weight(aggregate.weights, joined)
         encrypted = self.step(
@@ -147,23 +153,30 @@ class CkksMean(SecureMean):
         silos = {task.silo for task in phase.tasks}
         if self.keys is not None and silos <= set(self.keys.sealed):
             return self.keys
-        holder = self.config.key_holder or self.consortium[0]
-        if holder not in self.consortium:
-            raise self.missed(
-                phase, f"the key holder {holder!r} is not a member of this consortium"
+        candidates = [self.config.key_holder] if self.config.key_holder else self.consortium
+        for holder in candidates:
+            if holder not in self.consortium:
+                raise self.missed(
+                    phase, f"the key holder {holder!r} is not a member of this consortium"
+                )
+            made = self.step(
+                "keygen", [Task(holder, "ckks_keygen", {"recipients": self.consortium})]
             )
-        made = self.step("keygen", [Task(holder, "ckks_keygen", {"recipients": self.consortium})])
-        if holder not in made:
-            raise self.missed(phase, f"the key holder {holder} made no keys")
-        tensors = made[holder].result.tensors
-        try:
-            public_bytes = tensor_bytes(tensors[PUBLIC_CONTEXT])
-            public = load_public_context(public_bytes, CkksParameters.of(self.config.ckks))
-            sealed = {s: tensors[f"{SEALED_CONTEXT}/{s}"] for s in self.consortium}
-        except (KeyError, CkksError) as exc:
-            raise self.missed(phase, f"unusable keys from {holder}: {exc}") from exc
-        self.keys = CkksKeys(holder, public, context_digest(public_bytes), sealed)
-        return self.keys
+            if holder not in made:
+                continue  # dropped (its reason is recorded): the next member by name
+            tensors = made[holder].result.tensors
+            try:
+                public_bytes = tensor_bytes(tensors[PUBLIC_CONTEXT])
+                public = load_public_context(public_bytes, CkksParameters.of(self.config.ckks))
+                sealed = {s: tensors[f"{SEALED_CONTEXT}/{s}"] for s in self.consortium}
+            except (KeyError, CkksError) as exc:
+                self.dropped.setdefault(
+                    holder, f"secure aggregation, keygen: unusable keys ({exc})"
+                )
+                continue
+            self.keys = CkksKeys(holder, public, context_digest(public_bytes), sealed)
+            return self.keys
+        raise self.missed(phase, f"no key holder made usable keys (asked {candidates})")
 
     def _decrypted(
         self,

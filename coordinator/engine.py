@@ -9,7 +9,8 @@ before the round, the round is recorded as failed, and the run stops after
 A silo that answers `budget_exhausted` (its privacy budget cannot pay for the task) is a
 dropout in that phase and is retired: no later round or evaluation of the deployment asks it
 again. Rounds record each silo's reported epsilon and ledger head (`privacy`), and, with
-client-level DP, the epsilon of the model published after the round (`client_epsilon`).
+client-level DP, the epsilon of the model published after the round (`client_epsilon`); with a
+mixing schedule, each silo's coefficient after the round (`mixing`).
 
 With a `StateStore` the engine saves the setup and every finished round (its state and
 record); a run started again on the same store goes on after the last saved round. Every
@@ -47,9 +48,12 @@ from fedsilo.coordinator.replies import (
     accept,
     reports_of,
 )
+from fedsilo.coordinator.routing import HandoffRouter
 from fedsilo.coordinator.secure_sum import MaskedMean
+from fedsilo.coordinator.seeding import derive_rng
 from fedsilo.coordinator.state import StateStore, digest_policy
 from fedsilo.coordinator.strategies.base import RoundContext, ServerState, Strategy
+from fedsilo.coordinator.strategies.loss_weighted import mixing_weights
 from fedsilo.coordinator.summary import summarize_metrics
 from fedsilo.coordinator.transport import Delivery, Transport
 from fedsilo.policies.schema import Policy
@@ -80,6 +84,7 @@ class RoundRecord:
     retired: dict[str, str] | None = None  # silos retired in this round, and why
     privacy: dict[str, dict[str, Any]] | None = None  # silo -> epsilon, ledger head reported
     client_epsilon: float | None = None  # client-level DP: the published model's epsilon
+    mixing: dict[str, float] | None = None  # mixing schedules: each silo's coefficient
 
     def to_json(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if v is not None}
@@ -116,11 +121,13 @@ class RoundEngine:
         store: StateStore | None = None,
         policy_digest: str = "",
         secret: bytes = b"",
+        handoff_keys: Mapping[str, bytes] | None = None,
     ) -> None:
         """`store`: where to save rounds and resume from (None: nothing is saved);
         `policy_digest`: what binds the store to this policy (default: `digest_policy`);
         `secret`: the coordinator's key material for noise no silo may predict (a simulation,
-        with no one to hide it from, may leave it empty)."""
+        with no one to hide it from, may leave it empty); `handoff_keys`: each member's X25519
+        public key (from its provisioned identity), which sealed daisy-chain hand-offs need."""
         if not silos:
             raise ValueError("a consortium needs at least one silo")
         self.strategy = strategy
@@ -133,6 +140,7 @@ class RoundEngine:
         self.policy_digest = policy_digest or digest_policy(policy)
         self.retired: dict[str, str] = {}
         self.secret = secret
+        self.handoff_keys = dict(handoff_keys or {})
         self.ckks_keys: CkksKeys | None = None  # made by the key holder at the first CKKS sum
 
     # -- the run ----------------------------------------------------------------------------
@@ -210,6 +218,7 @@ class RoundEngine:
                 self.strategy.round(state, self._context(round_no)), round_no, record
             )
             record.client_epsilon = published_epsilon(state.extra)
+            record.mixing = mixing_weights(state.extra)
         except QuorumNotMet as exc:
             record.status, record.error = "failed", str(exc)
         record.seconds = time.perf_counter() - started
@@ -281,6 +290,14 @@ class RoundEngine:
             if phase.quorum is not None
             else min(self.policy.participants.min_silos, len(phase.tasks))
         )
+        if phase.route is not None:
+            router = HandoffRouter(
+                lambda step, tasks: self.collect(phase.name, tasks, round_no, None, record, step),
+                quorum,
+                self.handoff_keys if self.policy.channel.sealed_handoffs else None,
+                derive_rng(self.policy.seed, "reroute", round_no, phase.name),
+            )
+            return router.run(phase)
         secure = self.policy.secure_aggregation
         if isinstance(phase.aggregate, WeightedMean) and secure.enabled:
 

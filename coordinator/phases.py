@@ -59,6 +59,9 @@ class Phase:
     tasks: tuple[Task, ...]
     aggregate: WeightedMean | Identical | None = None
     quorum: int | None = None  # answers needed; default min(policy min_silos, len(tasks))
+    # sender -> recipient: each sender's model is handed to its recipient (daisy chaining);
+    # sealed to the recipient when the policy says so, and never seen by the strategy
+    route: Mapping[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -82,6 +85,7 @@ class PhaseOutcome:
     tensors: Mapping[str, Mapping[str, torch.Tensor]] = field(default_factory=dict)
     spec: ParameterSpec | None = None
     digests: Mapping[str, str] = field(default_factory=dict)  # silo -> hex (Identical only)
+    routes: Mapping[str, str] = field(default_factory=dict)  # hand-offs delivered (route only)
 
     @property
     def answered(self) -> tuple[str, ...]:

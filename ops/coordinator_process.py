@@ -134,6 +134,7 @@ def run_coordinator(options: CoordinatorOptions, stop: threading.Event | None = 
             store=store,
             policy_digest=digest,
             secret=noise_secret(kit.signing_key),
+            handoff_keys={name: bytes(silo.sealing_public_key) for name, silo in kit.silos.items()},
         )
         history = engine.run()
         hub.finish()

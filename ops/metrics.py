@@ -80,6 +80,9 @@ class RecordedRound(Protocol):
     @property
     def client_epsilon(self) -> float | None: ...
 
+    @property
+    def mixing(self) -> Mapping[str, float] | None: ...
+
 
 class CoordinatorMetrics:
     """The coordinator's view of a deployment: rounds, silos, traffic, rejections and results.
@@ -136,7 +139,11 @@ class CoordinatorMetrics:
             registry=r,
         )
         self.mixing_weight = Gauge(
-            "fedsilo_mixing_weight", "Current mixing weight of each silo.", ["silo"], registry=r
+            "fedsilo_mixing_weight",
+            "Mixing schedules (DRFA, AFL, AAggFF, ...): each silo's coefficient after the last "
+            "round (lambda, or the weight its update got).",
+            ["silo"],
+            registry=r,
         )
         self.local_train_seconds = Histogram(
             "fedsilo_local_train_seconds",
@@ -190,6 +197,8 @@ class CoordinatorMetrics:
                 self.privacy_epsilon.labels(silo, self.deployment).set(reported["epsilon"])
         if record.client_epsilon is not None:
             self.client_epsilon.labels(self.deployment).set(record.client_epsilon)
+        if record.mixing is not None:
+            self.set_mixing_weights(record.mixing)
 
     on_round = observe_round  # the `EngineObserver` signature
 

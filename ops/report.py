@@ -68,6 +68,7 @@ def write_deployment_results(out: Path, name: str, history: RunHistory) -> None:
             silos = sorted(history.final.evaluation or {})
             _plot_rounds(staging / "metric_per_round.png", {name: history}, metric)
             _plot_final(staging / "final_per_silo.png", {name: history}, silos, metric)
+        _plot_mixing(staging / "mixing_weights.png", history)
 
 
 def _headline_metric(summary: Mapping[str, Any]) -> str | None:
@@ -106,6 +107,7 @@ def write_run(folder: Path, result: SimulationResult) -> None:
     silos = [p.name for p in result.silos]
     _plot_rounds(folder / "metric_per_round.png", histories, metric)
     _plot_final(folder / "final_per_silo.png", histories, silos, metric)
+    _plot_mixing(folder / "mixing_weights.png", result.history)
 
 
 def write_comparison(folder: Path, results: Mapping[str, SimulationResult]) -> None:
@@ -194,6 +196,28 @@ def _plot_final(
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(silos))], silos, rotation=30, ha="right")
     ax.set_ylabel(f"final test {metric}")
     ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _plot_mixing(path: Path, history: RunHistory) -> None:
+    """A mixing schedule's coefficient of each silo over rounds (no file for other algorithms)."""
+    rounds = [r for r in history.records if r.mixing]
+    if not rounds:
+        return
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for silo in sorted({s for r in rounds for s in r.mixing or {}}):
+        ax.plot(
+            [r.round for r in rounds],
+            [(r.mixing or {}).get(silo, math.nan) for r in rounds],
+            label=silo,
+        )
+    ax.set_xlabel("round")
+    ax.set_ylabel("mixing coefficient")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -110,6 +110,11 @@ def _start_agent(
             kit.name: kit.signing_key.verify_key,
             **{name: peer.verify_key for name, peer in kit.peers.items()},
         },
+        sealing_key=kit.sealing_key,
+        sealing_roster={
+            kit.name: kit.sealing_key.public_key,
+            **{name: peer.sealing_public_key for name, peer in kit.peers.items()},
+        },
     )
     log.info(
         "silo %s books every answer in %s (epsilon spent on %s: %s)",

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from nacl.public import PrivateKey
 from nacl.signing import SigningKey
 
 from fedsilo.coordinator.engine import EngineObserver, RoundEngine, RunHistory
@@ -76,6 +77,8 @@ def simulate(
     # deployment, and what secure aggregation's signed keys need.
     identities = {d.name: SigningKey.generate() for d in datasets}
     roster = {name: key.verify_key for name, key in identities.items()}
+    sealing = {d.name: PrivateKey.generate() for d in datasets}
+    sealing_roster = {name: key.public_key for name, key in sealing.items()}
 
     def agent(name: str, data: SiloDataset) -> SiloAgent:
         return SiloAgent(
@@ -89,6 +92,8 @@ def simulate(
             secure_aggregation=policy.secure_aggregation,
             identity=identities.get(name),
             roster=roster,
+            sealing_key=sealing.get(name),
+            sealing_roster=sealing_roster,
         )
 
     endpoints = {d.name: agent(d.name, d).handle_bytes for d in datasets}
@@ -96,7 +101,14 @@ def simulate(
     if isinstance(strategy, Central):
         endpoints[POOLED_SILO] = agent(POOLED_SILO, pool(datasets)).handle_bytes
     transport = InProcessTransport(endpoints, max_parallel=min(4, os.cpu_count() or 1))
-    engine = RoundEngine(strategy, transport, policy, [d.name for d in datasets], observers)
+    engine = RoundEngine(
+        strategy,
+        transport,
+        policy,
+        [d.name for d in datasets],
+        observers,
+        handoff_keys={name: bytes(key) for name, key in sealing_roster.items()},
+    )
     try:
         history = engine.run()
     finally:

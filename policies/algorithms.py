@@ -16,7 +16,8 @@ class FedAvgConfig(PolicyModel):
     """FedAvg (McMahan et al.): sample-weighted mean of the sampled silos' models."""
 
     reports: ClassVar[frozenset[str]] = SAMPLE_WEIGHTED  # report kinds it cannot run without
-    averages: ClassVar[bool] = True  # one aggregate of models: client DP, secure aggregation
+    averages: ClassVar[bool] = True  # one aggregate of models: secure aggregation applies
+    clips_updates: ClassVar[bool] = True  # equal-weight mean of clipped updates: client DP
     name: Literal["fedavg"]
     client_fraction: float = Field(default=1.0, gt=0, le=1)
     prox_mu: float = Field(default=0.0, ge=0)
@@ -27,6 +28,7 @@ class FedProxConfig(PolicyModel):
 
     reports: ClassVar[frozenset[str]] = SAMPLE_WEIGHTED
     averages: ClassVar[bool] = True
+    clips_updates: ClassVar[bool] = True
     name: Literal["fedprox"]
     client_fraction: float = Field(default=1.0, gt=0, le=1)
     prox_mu: float = Field(default=0.1, gt=0)
@@ -37,6 +39,7 @@ class FedOptConfig(PolicyModel):
 
     reports: ClassVar[frozenset[str]] = SAMPLE_WEIGHTED
     averages: ClassVar[bool] = True
+    clips_updates: ClassVar[bool] = True
     name: Literal["fedadam", "fedyogi", "fedadagrad"]
     client_fraction: float = Field(default=1.0, gt=0, le=1)
     prox_mu: float = Field(default=0.0, ge=0)
@@ -62,7 +65,67 @@ class LocalConfig(PolicyModel):
     name: Literal["local"]
 
 
+class MixingAlgorithmConfig(PolicyModel):
+    """The loss-driven mixing schedules (their parameters in the policy's `mixing:` section):
+    DRFA and DRFLM (Deng et al. 2021; DRFA with local mixup), AFL (Mohri et al. 2019, as
+    projected ascent on lambda), AgnosticFedAvg (Ro et al. 2021, domain = silo), q-FedAvg,
+    TERM, PropFair (as the unified table of the AAggFF thesis), AAggFF (Hahn et al. 2024:
+    AAggFF-S with every silo, AAggFF-D when `client_fraction` < 1)."""
+
+    reports: ClassVar[frozenset[str]] = SAMPLE_WEIGHTED | {"losses"}
+    averages: ClassVar[bool] = True
+    name: Literal[
+        "drfa", "drflm", "afl", "agnostic_fedavg", "qfedavg", "term", "propfair", "aaggff"
+    ]
+    client_fraction: float = Field(default=1.0, gt=0, le=1)
+    prox_mu: float = Field(default=0.0, ge=0)
+
+
+class FedDcConfig(PolicyModel):
+    """FedDC (Kamp et al. 2023): every round is one local step; every `daisy_period` rounds the
+    sampled silos' models move to a random permutation of them, every `aggregation_period`
+    rounds they are aggregated (`mean`, or the iterated Radon point of height
+    `radon_iterations`) and sent back. None: never (daisy chaining only, or FedAvg with
+    `aggregation_period` local steps). `permutation`: `uniform` (fixed points allowed, as the
+    paper) or `derangement`; `no_return_window` L: a model never returns to a silo that held
+    it in its last L hops (a return would hand the silo its recipient's exact update)."""
+
+    reports: ClassVar[frozenset[str]] = SAMPLE_WEIGHTED
+    name: Literal["feddc"]
+    daisy_period: int | None = Field(default=1, ge=1)
+    aggregation_period: int | None = Field(default=10, ge=1)
+    aggregator: Literal["mean", "radon"] = "mean"
+    radon_iterations: int = Field(default=1, ge=1)
+    client_fraction: float = Field(default=1.0, gt=0, le=1)
+    prox_mu: float = Field(default=0.0, ge=0)
+    permutation: Literal["uniform", "derangement"] = "uniform"
+    no_return_window: int = Field(default=0, ge=0)
+
+    @property
+    def averages(self) -> bool:  # type: ignore[override]
+        """Aggregation rounds take a mean (secure aggregation applies); Radon needs every model."""
+        return self.aggregator == "mean"
+
+    def is_aggregation(self, step: int) -> bool:
+        """Local step `step` (0-based) ends with an aggregation."""
+        return self.aggregation_period is not None and (step + 1) % self.aggregation_period == 0
+
+    def is_daisy(self, step: int) -> bool:
+        """Local step `step` ends with a hand-off (never when it also aggregates)."""
+        return (
+            self.daisy_period is not None
+            and (step + 1) % self.daisy_period == 0
+            and not self.is_aggregation(step)
+        )
+
+
 AlgorithmConfig = Annotated[
-    FedAvgConfig | FedProxConfig | FedOptConfig | CentralConfig | LocalConfig,
+    FedAvgConfig
+    | FedProxConfig
+    | FedOptConfig
+    | CentralConfig
+    | LocalConfig
+    | FedDcConfig
+    | MixingAlgorithmConfig,
     Field(discriminator="name"),
 ]

@@ -10,8 +10,10 @@ from pydantic import Field, model_validator
 
 from fedsilo.policies.algorithms import AlgorithmConfig, FedAvgConfig
 from fedsilo.policies.base import PolicyModel
+from fedsilo.policies.channel import ChannelConfig
 from fedsilo.policies.compute import ComputeConfig
 from fedsilo.policies.data import DataConfig
+from fedsilo.policies.mixing import READERS, MixingConfig
 from fedsilo.policies.model import LinearModel, ModelConfig
 from fedsilo.policies.privacy import PrivacyConfig
 from fedsilo.policies.secure_aggregation import SecureAggregationConfig
@@ -42,6 +44,8 @@ class Policy(PolicyModel):
     data: DataConfig = DataConfig()
     privacy: PrivacyConfig = PrivacyConfig()
     secure_aggregation: SecureAggregationConfig = SecureAggregationConfig()
+    channel: ChannelConfig = ChannelConfig()
+    mixing: MixingConfig = MixingConfig()
 
     @model_validator(mode="before")
     @classmethod
@@ -75,14 +79,46 @@ class Policy(PolicyModel):
                 "data.scaling: 'federated' sends each silo's exact feature sums, which DP "
                 "does not cover; with privacy.dp_sgd or privacy.client_dp use scaling 'local'"
             )
-        if self.privacy.client_dp is not None and not self.algorithm.averages:
+        hands_off = self.algorithm.name == "feddc"
+        if self.privacy.client_dp is not None and hands_off:
+            raise ValueError(
+                "privacy.client_dp: feddc hands single silos' models to other silos, which "
+                "noise added to an aggregate does not protect; use privacy.dp_sgd (noise on "
+                "every local step, so on every hop)"
+            )
+        if self.channel.sealed_handoffs and not hands_off:
+            raise ValueError(
+                f"channel.sealed_handoffs: {self.algorithm.name} hands no models between "
+                "silos; only feddc does (drop the setting or choose feddc)"
+            )
+        if self.privacy.client_dp is not None and not getattr(
+            self.algorithm, "clips_updates", False
+        ):
             raise ValueError(
                 f"privacy.client_dp: {self.algorithm.name} does not average clipped model "
                 "updates, so client-level DP does not apply; use a FedAvg-family algorithm "
                 "(fedavg, fedprox, fedadam, fedyogi, fedadagrad) or drop client_dp"
             )
         self._check_secure_aggregation()
+        self._check_mixing()
         return self
+
+    def _check_mixing(self) -> None:
+        name = self.algorithm.name
+        if name in ("drfa", "drflm") and self.training.steps is None:
+            raise ValueError(
+                f"training.steps: {name} needs a fixed number of local steps tau per round "
+                "(its checkpoint is drawn from 1..tau); set steps instead of epochs"
+            )
+        defaults = MixingConfig()
+        for field in sorted(self.mixing.model_fields_set):
+            changed = getattr(self.mixing, field) != getattr(defaults, field)
+            if changed and name not in READERS[field]:
+                readers = ", ".join(sorted(READERS[field]))
+                raise ValueError(
+                    f"mixing.{field}: {name} does not read it (read by {readers}); drop it "
+                    "or choose one of those algorithms"
+                )
 
     def _check_secure_aggregation(self) -> None:
         secure = self.secure_aggregation
@@ -117,8 +153,19 @@ class Policy(PolicyModel):
         return min(consortium, wanted)
 
     def with_algorithm(self, name: str) -> Policy:
-        """This policy with another algorithm (its defaults), for side-by-side comparisons."""
-        return Policy.model_validate({**self.model_dump(), "algorithm": {"name": name}})
+        """This policy with another algorithm (its defaults), for side-by-side comparisons;
+        without sealed hand-offs unless it is feddc, and without secure aggregation unless it
+        averages, and with only the mixing settings it reads (the rest mean nothing to it)."""
+        document = {**self.model_dump(), "algorithm": {"name": name}}
+        document["mixing"] = {
+            k: v for k, v in self.mixing.model_dump().items() if name in READERS[k]
+        }
+        other = Policy.model_validate({"version": self.version, "algorithm": {"name": name}})
+        if name != "feddc":
+            document["channel"] = ChannelConfig().model_dump()
+        if not other.algorithm.averages:
+            document["secure_aggregation"] = SecureAggregationConfig().model_dump()
+        return Policy.model_validate(document)
 
     def with_overrides(self, *, seed: int | None = None, silos: int | None = None) -> Policy:
         update: dict[str, Any] = {}

@@ -241,10 +241,34 @@ def new_seed() -> bytes:
 
 def prg(seed: bytes, length: int, context: bytes) -> np.ndarray:
     """`length` pseudo-random elements of Z_{2^32} from `seed`, for `context`."""
-    key = HKDF(hashes.SHA256(), 32, salt=None, info=b"fedsilo/secagg-prg|" + context).derive(seed)
-    encryptor = Cipher(algorithms.AES(key), modes.CTR(bytes(16))).encryptor()
-    stream = encryptor.update(bytes(4 * length)) + encryptor.finalize()
-    return np.frombuffer(stream, dtype="<u4").copy()
+    return _MaskStreams(length).stream(seed, context).copy()
+
+
+class _MaskStreams:
+    """Mask streams of one length, each written into the same buffer (AES-CTR's keystream of
+    zeros, `update_into`) and added to a total in place: no copy per stream, which is most of
+    the masking's cost for large models."""
+
+    def __init__(self, length: int) -> None:
+        self.zeros = bytes(4 * length)
+        self.buffer = bytearray(4 * length + 15)  # update_into wants a block's slack
+        self.values = np.frombuffer(self.buffer, dtype="<u4", count=length)
+
+    def stream(self, seed: bytes, context: bytes) -> np.ndarray:
+        """The stream of (`seed`, `context`), valid until the next call."""
+        info = b"fedsilo/secagg-prg|" + context
+        key = HKDF(hashes.SHA256(), 32, salt=None, info=info).derive(seed)
+        encryptor = Cipher(algorithms.AES(key), modes.CTR(bytes(16))).encryptor()
+        encryptor.update_into(self.zeros, self.buffer)
+        encryptor.finalize()
+        return self.values
+
+    def apply(self, total: np.ndarray, seed: bytes, context: bytes, sign: int) -> None:
+        """total += sign * stream, modulo 2^32, in place."""
+        if sign > 0:
+            total += self.stream(seed, context)
+        else:
+            total -= self.stream(seed, context)
 
 
 def pairwise_seed(own: PrivateKey, theirs: PublicKey) -> bytes:
@@ -267,13 +291,10 @@ def mask(
 ) -> np.ndarray:
     """encoded + PRG(self seed) + sum over peers of sign * PRG(pairwise seed), mod 2^32."""
     total = encoded.astype(np.uint32, copy=True)
-    total += prg(self_seed, len(total), context)
+    streams = _MaskStreams(len(total))
+    streams.apply(total, self_seed, context, +1)
     for peer, key in sorted(peers.items()):
-        stream = prg(pairwise_seed(masking_key, key), len(total), context)
-        if sign(me, peer) > 0:
-            total += stream
-        else:
-            total -= stream
+        streams.apply(total, pairwise_seed(masking_key, key), context, sign(me, peer))
     return total
 
 
@@ -288,16 +309,13 @@ def unmask_total(
     survivor's self-mask and each survivor's pairwise mask with every dropped silo (whose
     masking key was reconstructed from shares)."""
     total = masked_sum.astype(np.uint32, copy=True)
-    length = len(total)
+    streams = _MaskStreams(len(total))
     for seed in self_seeds:
-        total -= prg(seed, length, context)
+        streams.apply(total, seed, context, -1)
     for dropped, key in sorted(dropped_keys.items()):
         for survivor, public in sorted(survivors.items()):
-            stream = prg(pairwise_seed(key, public), length, context)
-            if sign(survivor, dropped) > 0:  # the survivor added it
-                total -= stream
-            else:
-                total += stream
+            # the survivor added sign(survivor, dropped) * stream: take it away
+            streams.apply(total, pairwise_seed(key, public), context, -sign(survivor, dropped))
     return total
 
 

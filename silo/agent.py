@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 import torch
+from nacl.public import PrivateKey, PublicKey
 from nacl.signing import SigningKey, VerifyKey
 
 from fedsilo.policies.model import ModelConfig
@@ -55,6 +56,8 @@ class SiloAgent:
         secure_aggregation: SecureAggregationConfig | None = None,
         identity: SigningKey | None = None,
         roster: Mapping[str, VerifyKey] | None = None,
+        sealing_key: PrivateKey | None = None,
+        sealing_roster: Mapping[str, PublicKey] | None = None,
     ) -> None:
         """`policy_digest`: the policy this silo accepted; tasks under another are refused
         (None in simulations, where there is no signed policy). `privacy` and `rounds`: that
@@ -64,7 +67,9 @@ class SiloAgent:
         `epsilon_cap`: the silo's own cap, enforced beside the policy's. `consortium`: how many
         silos the deployment has (a round can ask no more to share its client-level noise).
         `secure_aggregation`: the policy's section; `identity` signs this silo's masking keys
-        and `roster` (every member's verify key) checks its peers'."""
+        and `roster` (every member's verify key) checks its peers'. `sealing_key` opens what
+        members seal to this silo (CKKS keys, daisy-chain hand-offs) and `sealing_roster` holds
+        every member's public sealing key, as provisioning pinned it."""
         self.context = SiloContext(
             name,
             data,
@@ -78,6 +83,8 @@ class SiloAgent:
             secure_aggregation=secure_aggregation or SecureAggregationConfig(),
             identity=identity,
             roster=dict(roster or {}),
+            sealing_key=sealing_key,
+            sealing_roster=dict(sealing_roster or {}),
         )
         self.policy_digest = policy_digest
         self.ledger = ledger

@@ -158,3 +158,37 @@ def test_a_dp_deployment_with_masked_sums_books_every_answer_and_retires_a_silo_
     assert booked["recomputed"] == booked["booked"] >= spent["silo-0"]
     refusals = (consortium.root / "sites" / "silo-2" / "privacy-ledger.jsonl").read_text()
     assert '"kind":"dp_sgd"' not in refusals  # silo-2 never trained
+
+
+def test_feddc_with_sealed_hand_offs_and_ckks_sums_over_processes_equals_the_simulation(
+    consortium: Consortium,
+) -> None:
+    document = policy_document(
+        rounds=4,
+        algorithm={
+            "name": "feddc",
+            "daisy_period": 1,
+            "aggregation_period": 2,
+            "permutation": "derangement",
+        },
+        training={"steps": 1, "batch_size": 16, "lr": 0.05},
+        channel={"sealed_handoffs": True},
+        secure_aggregation="ckks",
+    )
+    policy = consortium.write_policy(document)
+    consortium.start_coordinator(policy, "--out", "results", "--linger-seconds", "2")
+    for silo in SILOS:
+        consortium.start_silo(silo)
+    assert consortium.wait("coordinator", timeout=120) == 0, consortium.log("coordinator")
+
+    history = json.loads((consortium.root / "results" / "history.json").read_text())
+    assert [r["status"] for r in history["rounds"]] == ["completed"] * 4
+    assert "daisy" in history["rounds"][0]["phases"]  # round 1 hands models on
+    assert "aggregate" in history["rounds"][1]["phases"]  # round 2 sums them under CKKS
+    tensors, _ = decode_tensors(
+        (consortium.root / "results" / "final_model.safetensors").read_bytes()
+    )
+    expected_policy = parse_policy(document)
+    expected = simulate(expected_policy, load_silos(expected_policy, None)).history.state.model
+    # CKKS decrypts approximately (rounded to 2^-22): the same model within that precision
+    assert torch.allclose(tensors["model"], expected, atol=1e-5)

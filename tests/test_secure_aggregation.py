@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 from nacl.exceptions import CryptoError
+from nacl.public import PrivateKey
 from nacl.signing import SigningKey
 
 from fedsilo.coordinator.engine import RoundEngine
@@ -76,10 +77,12 @@ def run(
     p: Policy,
     wrap: Callable[[str, Endpoint], Endpoint] = lambda _, e: e,
     identities: dict[str, SigningKey] | None = None,
+    sealing: dict[str, PrivateKey] | None = None,
 ):
     datasets = load_consortium(p.data, seed=p.seed)
     identities = identities or {d.name: SigningKey.generate() for d in datasets}
     roster = {name: key.verify_key for name, key in identities.items()}
+    sealing = sealing or {d.name: PrivateKey.generate() for d in datasets}
     agents = {
         d.name: SiloAgent(
             d.name,
@@ -88,6 +91,8 @@ def run(
             secure_aggregation=p.secure_aggregation,
             identity=identities[d.name],
             roster=roster,
+            sealing_key=sealing[d.name],
+            sealing_roster={name: key.public_key for name, key in sealing.items()},
         )
         for d in datasets
     }
@@ -95,13 +100,15 @@ def run(
     return RoundEngine(make_strategy(p), transport, p, sorted(agents)).run()
 
 
-def failing(silo: str, kind: str) -> Callable[[str, Endpoint], Endpoint]:
-    """`silo` fails every task of `kind` (it drops out at that step)."""
+def failing(
+    silo: str, kind: str, round_no: int | None = None
+) -> Callable[[str, Endpoint], Endpoint]:
+    """`silo` fails every task of `kind` (of round `round_no` only, when given)."""
 
     def wrap(name: str, endpoint: Endpoint) -> Endpoint:
         def answer(payload: bytes) -> bytes:
             task = TaskMessage.decode(payload)
-            if name == silo and task.kind == kind:
+            if name == silo and task.kind == kind and round_no in (None, task.round):
                 return TaskResult(
                     task.task_id, name, task.kind, status=STATUS_ERROR, error="power cut"
                 ).encode()
@@ -345,6 +352,36 @@ def test_the_key_holder_makes_the_keys_and_a_failed_decryptor_is_replaced() -> N
     }
 
 
+def test_a_key_holder_that_fails_is_replaced_by_the_next_member_unless_the_policy_names_it() -> (
+    None
+):
+    received, history = transcript(policy("ckks"), failing("silo-0", "ckks_keygen"))
+    assert [s for s, rs in received.items() if any(r.kind == "ckks_keygen" for r in rs)] == [
+        "silo-1"
+    ]
+    assert history.records[0].status == "completed"
+    named = policy("ckks", secure_aggregation={"method": "ckks", "key_holder": "silo-0"})
+    (record,) = run(named, failing("silo-0", "ckks_keygen")).records
+    assert record.status == "failed" and "no key holder made usable keys" in record.error
+
+
+def test_the_sealed_context_travels_until_a_silo_has_joined_and_again_after_a_failed_join() -> None:
+    sealed_to: list[tuple[int, str]] = []
+
+    def watch(name: str, endpoint: Endpoint) -> Endpoint:
+        def answer(payload: bytes) -> bytes:
+            task = TaskMessage.decode(payload)
+            if task.kind == "ckks_join" and SEALED_CONTEXT in task.tensors:
+                sealed_to.append((task.round, name))
+            return endpoint(payload)
+
+        return failing("silo-1", "ckks_join", round_no=2)(name, answer)
+
+    history = run(policy("ckks", rounds=3), watch)
+    assert [r.status for r in history.records] == ["completed"] * 3
+    assert sealed_to == [(1, f"silo-{i}") for i in range(SILOS)] + [(3, "silo-1")]
+
+
 def test_the_coordinator_holds_only_the_public_context_and_ciphertexts() -> None:
     p = policy("ckks")
     updates = true_updates(p)
@@ -368,19 +405,18 @@ def test_the_coordinator_holds_only_the_public_context_and_ciphertexts() -> None
 
 
 def test_a_sealed_context_opens_only_at_its_recipient() -> None:
-    holder, other, stranger = SigningKey.generate(), SigningKey.generate(), SigningKey.generate()
+    holder, other, stranger = SigningKey.generate(), PrivateKey.generate(), PrivateKey.generate()
     secret = new_secret_context()
-    sealed = seal_context(secret, other.verify_key.to_curve25519_public_key(), holder)
-    opened = open_sealed_context(sealed, other.to_curve25519_private_key(), holder.verify_key)
-    assert opened == secret
+    sealed = seal_context(secret, other.public_key, holder)
+    assert open_sealed_context(sealed, other, holder.verify_key) == secret
     with pytest.raises(CryptoError):
-        open_sealed_context(sealed, stranger.to_curve25519_private_key(), holder.verify_key)
+        open_sealed_context(sealed, stranger, holder.verify_key)
 
 
 def test_a_context_the_coordinator_substitutes_is_refused_by_every_silo() -> None:
     impostor = SigningKey.generate()
     forged = new_secret_context()
-    identities = {f"silo-{i}": SigningKey.generate() for i in range(SILOS)}
+    sealing = {f"silo-{i}": PrivateKey.generate() for i in range(SILOS)}
 
     def substitute(name: str, endpoint: Endpoint) -> Endpoint:
         def answer(payload: bytes) -> bytes:
@@ -389,8 +425,7 @@ def test_a_context_the_coordinator_substitutes_is_refused_by_every_silo() -> Non
                 return endpoint(payload)
             recipient = task.tensors[SEALED_CONTEXT]  # the coordinator reseals its own key
             assert recipient.numel() > 0
-            member = identities[name].verify_key.to_curve25519_public_key()  # public
-            fake = seal_context(forged, member, impostor)
+            fake = seal_context(forged, sealing[name].public_key, impostor)  # public keys
             tensors = {SEALED_CONTEXT: torch.frombuffer(bytearray(fake), dtype=torch.uint8)}
             altered = TaskMessage(
                 task.task_id,
@@ -407,7 +442,7 @@ def test_a_context_the_coordinator_substitutes_is_refused_by_every_silo() -> Non
 
         return answer
 
-    (record,) = run(policy("ckks"), substitute, identities).records
+    (record,) = run(policy("ckks"), substitute, sealing=sealing).records
     assert record.status == "failed"
     assert "not signed by silo-0's identity" in record.error
 

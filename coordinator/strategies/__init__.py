@@ -3,13 +3,27 @@
 from __future__ import annotations
 
 from fedsilo.coordinator.strategies.base import Strategy
+from fedsilo.coordinator.strategies.drfa import Drfa, Drflm
 from fedsilo.coordinator.strategies.fedavg import FedAvg, FedProx
+from fedsilo.coordinator.strategies.feddc import FedDC
 from fedsilo.coordinator.strategies.fedopt import FedAdagrad, FedAdam, FedYogi
+from fedsilo.coordinator.strategies.loss_weighted import (
+    AAggFF,
+    Afl,
+    AgnosticFedAvg,
+    PropFair,
+    QFedAvg,
+    Term,
+)
 from fedsilo.coordinator.strategies.references import Central, Local
 from fedsilo.policies.schema import Policy
 
 STRATEGIES: dict[str, type[Strategy]] = {
-    cls.name: cls for cls in (FedAvg, FedProx, FedAdam, FedYogi, FedAdagrad, Central, Local)
+    cls.name: cls
+    for cls in (
+        *(FedAvg, FedProx, FedAdam, FedYogi, FedAdagrad, Central, Local, FedDC),
+        *(Drfa, Drflm, Afl, AgnosticFedAvg, QFedAvg, Term, PropFair, AAggFF),
+    )
 }
 
 

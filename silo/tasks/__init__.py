@@ -12,6 +12,14 @@ from fedsilo.silo.tasks.ckks_sum import (
     join_releases,
     keygen,
 )
+from fedsilo.silo.tasks.daisy import (
+    daisy_evaluate,
+    daisy_evaluate_releases,
+    daisy_receive,
+    daisy_reseal,
+    daisy_train,
+    daisy_train_releases,
+)
 from fedsilo.silo.tasks.evaluate import evaluate, evaluate_releases, loss_releases, report_loss
 from fedsilo.silo.tasks.init import initialise, public_release
 from fedsilo.silo.tasks.scaling import feature_moments, moments_releases, standardise
@@ -40,6 +48,10 @@ TASK_HANDLERS: dict[str, TaskHandler] = {
     "ckks_join": join,
     "ckks_encrypt": encrypted_input,
     "ckks_decrypt": decrypted_sum,
+    "daisy_train": daisy_train,
+    "daisy_reseal": daisy_reseal,
+    "daisy_receive": daisy_receive,
+    "daisy_evaluate": daisy_evaluate,
 }
 
 TASK_RELEASES: dict[str, ReleasePlan] = {
@@ -57,4 +69,8 @@ TASK_RELEASES: dict[str, ReleasePlan] = {
     "ckks_join": join_releases,
     "ckks_encrypt": encrypted_input_releases,
     "ckks_decrypt": public_release,
+    "daisy_train": daisy_train_releases,
+    "daisy_reseal": public_release,  # the model just handed off, again: post-processing
+    "daisy_receive": public_release,
+    "daisy_evaluate": daisy_evaluate_releases,
 }

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from nacl.public import PrivateKey, PublicKey
 from nacl.signing import SigningKey, VerifyKey
 from torch import nn
 
@@ -39,6 +40,8 @@ class SiloContext:
     secure_aggregation: SecureAggregationConfig = SecureAggregationConfig()
     identity: SigningKey | None = field(default=None, repr=False)  # signs its masking keys
     roster: Mapping[str, VerifyKey] = field(default_factory=dict)  # every member's identity
+    sealing_key: PrivateKey | None = field(default=None, repr=False)  # opens what is sealed to it
+    sealing_roster: Mapping[str, PublicKey] = field(default_factory=dict)  # members', pinned
 
     def private_seed(self, task_id: str, purpose: str) -> int:
         """A seed for one task's noise (DP-SGD's noise and Poisson draws, noisy reports): from
@@ -167,6 +170,22 @@ def task_result(
         kind=message.kind,
         num_samples=num_samples,
         tensors=tensors,
+    )
+
+
+def with_tensors(
+    message: TaskMessage, ctx: SiloContext, result: TaskResult, tensors: dict[str, torch.Tensor]
+) -> TaskResult:
+    """The answer to `message`: what a wrapped task's `result` reported, but these tensors
+    (masked, encrypted or handed off instead of the model in the clear)."""
+    return TaskResult(
+        task_id=message.task_id,
+        silo=ctx.name,
+        kind=message.kind,
+        num_samples=result.num_samples,
+        metrics=result.metrics,
+        tensors=tensors,
+        spec=result.spec,
     )
 
 

@@ -2,9 +2,9 @@
 
 - `ckks_keygen`, at the key holder only, once per deployment (again after the key holder or
   the coordinator restarts): a fresh CKKS context under the silo's own policy parameters; its
-  public part for the coordinator, and its secret part sealed to each member's X25519 key (the
-  Curve25519 form of the member's Ed25519 identity in the roster, the key holder's own
-  included) and signed by the key holder.
+  public part for the coordinator, and its secret part sealed to each member's X25519 sealing
+  key, as provisioning pinned it in every kit (the key holder's own included), and signed by
+  the key holder's identity.
 - `ckks_join`, every aggregation: open the sealed context relayed by the coordinator, check
   the key holder's signature (the policy's key holder, when it names one) and that it is the
   context the coordinator announces (by the digest of its public part), and release the
@@ -16,7 +16,9 @@
   (which would let the coordinator solve for the secret key, Li and Micciancio 2021) never
   leaves the silo.
 
-A silo restarted since it joined holds no context: every `ckks_join` carries the sealed copy.
+A silo's first `ckks_join` carries its sealed copy of the context; later ones only the digest.
+A silo restarted since then holds no context and fails its join, and the coordinator sends
+the sealed copy again with the next.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import numpy as np
 import tenseal as ts
 import torch
 from nacl.exceptions import CryptoError
+from nacl.public import PrivateKey
 from nacl.signing import SigningKey
 
 from fedsilo.privacy.accounting import Mechanism
@@ -57,6 +60,7 @@ from fedsilo.silo.tasks.base import (
     session_id,
     task_result,
     tensor_bytes,
+    with_tensors,
 )
 from fedsilo.wire.messages import TaskMessage, TaskResult
 
@@ -69,7 +73,7 @@ def keygen(message: TaskMessage, ctx: SiloContext) -> TaskResult:
     if named is not None and named != ctx.name:
         raise CkksError(f"the policy names {named!r} as the CKKS key holder, not {ctx.name!r}")
     recipients = sorted(message.config["recipients"])
-    outsiders = [r for r in recipients if r not in ctx.roster]
+    outsiders = [r for r in recipients if r not in ctx.sealing_roster]
     if outsiders:
         raise CkksError(f"{outsiders} are not members of this consortium; no key for them")
     if ctx.name not in recipients:
@@ -78,16 +82,13 @@ def keygen(message: TaskMessage, ctx: SiloContext) -> TaskResult:
     public = public_context(secret)
     _contexts(ctx)[context_digest(public)] = load_secret_context(secret)
     sealed = {
-        f"{SEALED_CONTEXT}/{r}": bytes_tensor(
-            seal_context(secret, ctx.roster[r].to_curve25519_public_key(), identity)
-        )
+        f"{SEALED_CONTEXT}/{r}": bytes_tensor(seal_context(secret, ctx.sealing_roster[r], identity))
         for r in recipients
     }
     return task_result(message, ctx, {PUBLIC_CONTEXT: bytes_tensor(public), **sealed})
 
 
 def join(message: TaskMessage, ctx: SiloContext) -> TaskResult:
-    identity = _identity(ctx)
     key_holder = str(message.config["key_holder"])
     named = ctx.secure_aggregation.key_holder
     if named is not None and named != key_holder:
@@ -102,7 +103,7 @@ def join(message: TaskMessage, ctx: SiloContext) -> TaskResult:
         try:
             secret = open_sealed_context(
                 tensor_bytes(message.tensors[SEALED_CONTEXT]),
-                identity.to_curve25519_private_key(),
+                _sealing_key(ctx),
                 ctx.roster[key_holder],
             )
         except CryptoError as exc:
@@ -142,14 +143,8 @@ def encrypted_input(message: TaskMessage, ctx: SiloContext) -> TaskResult:
     flat = torch.cat(updates).clamp_(-bound, bound).mul_(weight) if updates else torch.zeros(0)
     session["encrypted"] = True
     chunks = encrypt(flat.numpy(), context)
-    return TaskResult(
-        task_id=message.task_id,
-        silo=ctx.name,
-        kind=message.kind,
-        num_samples=result.num_samples,
-        metrics=result.metrics,
-        tensors={chunk_name(i): bytes_tensor(c) for i, c in enumerate(chunks)},
-        spec=result.spec,
+    return with_tensors(
+        message, ctx, result, {chunk_name(i): bytes_tensor(c) for i, c in enumerate(chunks)}
     )
 
 
@@ -189,6 +184,12 @@ def _identity(ctx: SiloContext) -> SigningKey:
     if ctx.identity is None:
         raise CkksError("CKKS aggregation needs this silo's signing identity")
     return ctx.identity
+
+
+def _sealing_key(ctx: SiloContext) -> PrivateKey:
+    if ctx.sealing_key is None:
+        raise CkksError("CKKS aggregation needs this silo's sealing key")
+    return ctx.sealing_key
 
 
 def _contexts(ctx: SiloContext) -> dict[str, ts.Context]:

@@ -53,6 +53,7 @@ from fedsilo.silo.tasks.base import (
     new_session,
     session_id,
     task_result,
+    with_tensors,
 )
 from fedsilo.wire.messages import TaskMessage, TaskResult
 
@@ -132,15 +133,7 @@ def masked_input(message: TaskMessage, ctx: SiloContext) -> TaskResult:
         encoded = encoding.encode(update.numpy(), weight)
         total = mask(encoded, ctx.name, session["seed"], keys.masking, peers, label)
         masked[name] = torch.from_numpy(total.view(np.int32))
-    return TaskResult(
-        task_id=message.task_id,
-        silo=ctx.name,
-        kind=message.kind,
-        num_samples=result.num_samples,
-        metrics=result.metrics,
-        tensors=masked,
-        spec=result.spec,
-    )
+    return with_tensors(message, ctx, result, masked)
 
 
 def unmask(message: TaskMessage, ctx: SiloContext) -> TaskResult:

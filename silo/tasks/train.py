@@ -36,6 +36,8 @@ from fedsilo.silo.schedule import LocalSchedule, shuffled_batches
 from fedsilo.silo.tasks.base import MODEL, SiloContext, flat_parameters
 from fedsilo.wire.messages import TaskMessage, TaskResult
 
+PROX_ANCHOR = "prox_anchor"
+
 
 def train_releases(message: TaskMessage, ctx: SiloContext) -> list[Mechanism]:
     """The trained model (DP-SGD's run, or the client-level noise share) and the noisy sample
@@ -66,7 +68,7 @@ def train(message: TaskMessage, ctx: SiloContext) -> TaskResult:
     optimizer = _optimizer(model.parameters(), config)
     loss_fn, per_sample_fn = loss_function(ctx.data.task), per_sample_loss_function(ctx.data.task)
     mu = float(config.get("prox_mu", 0.0))
-    anchor = [p.detach().clone() for p in model.parameters()] if mu > 0 else []
+    anchor = _anchor(message, model, spec) if mu > 0 else []
     seed = int(config["seed"])
 
     def per_sample_loss(index: torch.Tensor) -> torch.Tensor:
@@ -149,6 +151,15 @@ def _share_std(message: TaskMessage, ctx: SiloContext) -> float:
 def _released_count(ctx: SiloContext, reports: Reports, n: int) -> int:
     ctx.released_count("train")
     return reports.count(n)
+
+
+def _anchor(message: TaskMessage, model: torch.nn.Module, spec: Any) -> list[torch.Tensor]:
+    """FedProx's anchor: the task's `PROX_ANCHOR` when it sends one (FedDC: the model of the
+    last exchange), else the model received."""
+    if PROX_ANCHOR not in message.tensors:
+        return [p.detach().clone() for p in model.parameters()]
+    values = spec.unflatten(message.tensors[PROX_ANCHOR]).values()
+    return [v.to(p) for p, v in zip(model.parameters(), values, strict=True)]
 
 
 def _proximal(model: torch.nn.Module, anchor: list[torch.Tensor], mu: float) -> torch.Tensor:

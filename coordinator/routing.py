@@ -1,0 +1,132 @@
+"""Daisy-chain hand-offs as the engine runs them: a phase with `route={sender: recipient}`.
+
+Three steps. `send`: every task runs; a sender's task also says how to pack its model, sealed
+to its recipient's X25519 key (`channel.sealed_handoffs`; the coordinator tells the sender
+only the key, and the sender checks it belongs to a member) or in the clear. `reseal`: a
+sender whose recipient dropped out is given another recipient, one whose own sender dropped
+out, and packs its model again for it (a sealed box cannot be re-addressed), so no model is
+lost. `deliver`: each recipient gets its hand-off, without the sender's name (the coordinator's
+own signed task carries it). A model that cannot be delivered stays hosted at its sender,
+which keeps every model it hands off until a replacement arrives.
+
+The strategy sees the senders' reports and the routes delivered, never a hand-off.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+import numpy as np
+
+from fedsilo.coordinator.phases import Phase, PhaseOutcome, QuorumNotMet, Task
+from fedsilo.coordinator.replies import Accepted, reports_of
+from fedsilo.privacy.handoff import HANDOFF
+
+# collect(step, tasks) -> (accepted replies, dropped silo -> why)
+Collect = Callable[[str, Sequence[Task]], tuple[dict[str, Accepted], dict[str, str]]]
+
+
+class HandoffRouter:
+    def __init__(
+        self,
+        collect: Collect,
+        quorum: int,
+        keys: Mapping[str, bytes] | None,
+        rng: np.random.Generator,
+    ) -> None:
+        """`keys`: each member's X25519 public key when hand-offs are sealed, else None."""
+        self.collect = collect
+        self.quorum = quorum
+        self.keys = keys
+        self.rng = rng
+
+    def run(self, phase: Phase) -> PhaseOutcome:
+        route = dict(phase.route or {})
+        silos = {task.silo for task in phase.tasks}
+        strangers = sorted((set(route) | set(route.values())) - silos)
+        if strangers:
+            raise ValueError(
+                f"phase {phase.name!r} routes models of silos without tasks: {strangers}"
+            )
+        if sorted(route.values()) != sorted(route):
+            raise ValueError(f"phase {phase.name!r}: a route must be a permutation of its senders")
+        sent, dropped = self.collect(
+            "send",
+            [
+                Task(
+                    t.silo,
+                    t.kind,
+                    {**t.config, "handoff": self._handoff(route[t.silo])},
+                    t.tensors,
+                    t.spec,
+                )
+                if t.silo in route
+                else t
+                for t in phase.tasks
+            ],
+        )
+        if len(sent) < self.quorum:
+            reasons = "; ".join(f"{s}: {why}" for s, why in sorted(dropped.items()))
+            raise QuorumNotMet(
+                f"phase {phase.name!r}: {len(sent)} of {len(phase.tasks)} silos answered, "
+                f"quorum is {self.quorum} ({reasons})",
+                phase.name,
+                reports_of(sent),
+                dropped,
+            )
+        ready = {s for s in route if s in sent and HANDOFF in sent[s].result.tensors}
+        blobs = {s: sent[s].result.tensors[HANDOFF] for s in ready}
+        targets = {s: route[s] for s in ready if route[s] in sent}
+        orphans = sorted(ready - set(targets))
+        hungry = sorted(r for s, r in route.items() if r in sent and s not in ready)
+        for sender, recipient in self._matched(orphans, hungry).items():
+            if self.keys is None:
+                targets[sender] = recipient
+                continue
+            resealed, lost = self.collect(
+                "reseal", [Task(sender, "daisy_reseal", {"handoff": self._handoff(recipient)})]
+            )
+            if sender in resealed:
+                blobs[sender] = resealed[sender].result.tensors[HANDOFF]
+                targets[sender] = recipient
+            for silo, why in lost.items():
+                dropped.setdefault(silo, f"hand-off, reseal: {why}")
+        delivered, lost = self.collect(
+            "deliver",
+            [
+                Task(
+                    recipient,
+                    "daisy_receive",
+                    {"sealed": self.keys is not None},
+                    {HANDOFF: blobs[sender]},
+                )
+                for sender, recipient in sorted(targets.items())
+            ],
+        )
+        for silo, why in lost.items():
+            dropped.setdefault(silo, f"hand-off, deliver: {why}")
+        routes = {s: r for s, r in targets.items() if r in delivered}
+        return PhaseOutcome(phase.name, reports_of(sent), dropped, routes=routes)
+
+    def _handoff(self, recipient: str) -> dict[str, object]:
+        if self.keys is None:
+            return {"plain": True}
+        if recipient not in self.keys:
+            raise ValueError(
+                f"no hand-off key for {recipient!r}; sealed hand-offs need every member's"
+            )
+        return {"seal_to": self.keys[recipient].hex()}
+
+    def _matched(self, orphans: list[str], hungry: list[str]) -> dict[str, str]:
+        """Each orphaned model (its recipient dropped) to a silo whose sender dropped, in a
+        seeded random order, a silo to itself only when nothing else is left."""
+        order = list(self.rng.permutation(len(hungry))) if hungry else []
+        waiting = [hungry[i] for i in order]
+        matched = {}
+        for sender in orphans:
+            if not waiting:
+                break
+            choice = next((r for r in waiting if r != sender), waiting[0])
+            waiting.remove(choice)
+            matched[sender] = choice
+        return matched

@@ -1,0 +1,148 @@
+"""DRFA (Deng et al. 2021) and DRFLM (DRFA with local mixup), as the spec's "paper" variant
+(robust-and-daisy-chain.md §4.3, §5): min over w, max over lambda in the simplex of
+sum_k lambda_k f_k(w).
+
+A round: draw M silos from lambda with replacement (mixed with `uniform_mix` of the uniform
+distribution; redrawn until at least `min_contributors` distinct silos, else the round is
+skipped), and a checkpoint step t' uniform in 1..tau. Each distinct silo trains tau local
+steps from w-bar and sends its model and its checkpoint after t' steps; both are averaged with
+the draws' multiplicities as weights (secure aggregation applies to both). Then M silos drawn
+uniformly report their loss at the averaged checkpoint w-tilde, and lambda takes a projected
+ascent step gamma_s tau v, v the losses clipped to the cap and scaled by K/|U'| (unbiased),
+then the floor. DRFLM trains every local step on Beta(alpha, alpha) mixup of the silo's data
+and, with `probe: mixup`, reports the loss on mixed data too.
+
+lambda starts uniform and, with `init: counts`, is set proportional to the sample counts the
+silos released after the first round's probe. The losses are noisy reports of the silo's
+privacy layer; lambda ranks silos by them, so it is kept in the coordinator's state (and in
+`fedsilo_mixing_weight`), never sent to silos.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from fedsilo.coordinator.mixing import (
+    default_loss_cap,
+    meets_contributor_minimum,
+    mix_with_uniform,
+    projected_loss_ascent,
+)
+from fedsilo.coordinator.phases import Phase, Task, WeightedMean
+from fedsilo.coordinator.strategies.base import (
+    MODEL,
+    RoundContext,
+    RoundScript,
+    ServerState,
+    Strategy,
+)
+from fedsilo.coordinator.strategies.loss_weighted import MIXING
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT = "checkpoint"
+DRAW_TRIES = 100
+
+
+class Drfa(Strategy):
+    name = "drfa"
+    mixup = False
+
+    def round(self, state: ServerState, ctx: RoundContext) -> RoundScript:
+        settings = self.policy.mixing
+        mixing: dict[str, Any] = dict(state.extra.get(MIXING, {}))
+        silos: list[str] = mixing.setdefault("silos", sorted(ctx.silos))
+        active = np.array([s in ctx.silos for s in silos])
+        lam = np.array(mixing["lam"]) if "lam" in mixing else np.full(len(silos), 1 / len(silos))
+        tau = self.policy.training.steps
+        assert tau is not None  # the policy requires training.steps for DRFA
+        draws = settings.silos_per_round or len(silos)
+        rng = ctx.rng("drfa")
+        counts = self._draw(lam, active, draws, rng)
+        if counts is None:
+            log.warning("drfa: round %d skipped, too few distinct silos drawn", ctx.round)
+            return state
+        checkpoint = int(rng.integers(1, tau + 1))
+        chosen = {silos[i]: float(c) for i, c in enumerate(counts) if c > 0}
+        extra: dict[str, Any] = {"checkpoint_step": checkpoint}
+        if self.mixup:
+            extra["mixup_alpha"] = settings.mixup_alpha
+        tasks = []
+        for silo in sorted(chosen):
+            task = self.train_task(silo, state.model, state.spec, ctx, extra=extra)
+            if self.policy.secure_aggregation.enabled:  # the reference the checkpoint's update
+                task = replace(task, tensors={**task.tensors, CHECKPOINT: state.model})
+            tasks.append(task)
+        out = yield Phase(
+            "train", tuple(tasks), aggregate=WeightedMean((MODEL, CHECKPOINT), chosen)
+        )
+        averaged = out.mean[CHECKPOINT]
+        active_silos = [s for s, on in zip(silos, active, strict=True) if on]
+        probed = rng.choice(len(active_silos), size=min(draws, len(active_silos)), replace=False)
+        probe = yield Phase(
+            "probe",
+            tuple(
+                Task(s, "loss", self._probe_config(s, ctx), {MODEL: averaged}, state.spec)
+                for s in sorted(active_silos[i] for i in probed)
+            ),
+        )
+        reported = {s: r for s, r in probe.reports.items() if math.isfinite(r.metrics["loss"])}
+        losses = np.array(
+            [reported[s].metrics["loss"] if s in reported else math.nan for s in silos]
+        )
+        if "lam" not in mixing and settings.init == "counts":
+            lam = self._from_counts(silos, {s: r.num_samples for s, r in reported.items()})
+        if "loss_cap" not in mixing:
+            cap = settings.loss_cap
+            mixing["loss_cap"] = cap if cap is not None else default_loss_cap(losses)
+        step = settings.step * (settings.step_decay**ctx.round if settings.step_decay else 1.0)
+        lam = projected_loss_ascent(lam, losses, step * tau, mixing["loss_cap"], settings.floor)
+        mixing["lam"] = lam.tolist()
+        mixing["weights"] = dict(zip(silos, lam.tolist(), strict=True))
+        return replace(
+            state,
+            tensors={**state.tensors, MODEL: out.mean[MODEL]},
+            extra={**state.extra, MIXING: mixing},
+        )
+
+    def _draw(
+        self, lam: np.ndarray, active: np.ndarray, draws: int, rng: np.random.Generator
+    ) -> np.ndarray | None:
+        """Multiplicities of M draws from lambda (among the active silos), with replacement;
+        None when no draw reaches the minimum of distinct contributors."""
+        settings = self.policy.mixing
+        weights = np.where(active, lam, 0.0)
+        weights = mix_with_uniform(weights / weights.sum(), settings.uniform_mix)
+        weights = np.where(active, weights, 0.0)
+        weights /= weights.sum()
+        needed = min(settings.min_contributors, int(active.sum()))
+        for _ in range(DRAW_TRIES):
+            counts = np.bincount(rng.choice(len(lam), size=draws, p=weights), minlength=len(lam))
+            if needed < 2 or meets_contributor_minimum(counts, needed):
+                return counts
+        return None
+
+    def _probe_config(self, silo: str, ctx: RoundContext) -> dict[str, Any]:
+        config: dict[str, Any] = {"split": "train"}
+        if self.mixup and self.policy.mixing.probe == "mixup":
+            config |= {"mixup_alpha": self.policy.mixing.mixup_alpha}
+            config["seed"] = ctx.seed_for("probe", silo)
+        return config
+
+    @staticmethod
+    def _from_counts(silos: list[str], counts: dict[str, int]) -> np.ndarray:
+        """lambda_0 proportional to the released counts (the mean count for silos unseen)."""
+        seen = [c for c in counts.values() if c > 0]
+        fill = float(np.mean(seen)) if seen else 1.0
+        values = np.array([counts[s] if counts.get(s, 0) > 0 else fill for s in silos], float)
+        return values / values.sum()
+
+
+class Drflm(Drfa):
+    name = "drflm"
+    mixup = True

@@ -1,0 +1,239 @@
+"""Mixing schedules driven by the losses of the current model: AFL, AgnosticFedAvg, q-FedAvg,
+TERM, PropFair and AAggFF (coordinator/mixing.py has the mathematics).
+
+Every round: the sampled silos report the mean loss of the global model on their training
+split (the `loss` task: clipped and noised by the silo's privacy layer, booked in its
+ledger), the schedule turns the losses into mixing coefficients over the silos that reported,
+and the same silos train; the new model is the mean of their models weighted by those
+coefficients (a silo that drops out of training leaves the others renormalised). The loss
+probe is a round trip of its own, not a scalar riding with the update as in the AAggFF
+paper, because secure aggregation needs each silo's weight before its update is masked.
+
+- q-FedAvg, TERM, PropFair: the stateless rows of the AAggFF thesis' unified table (§2.3):
+  p_i proportional to (n_i/n) F_i^q, (n_i/n) exp(t F_i), (n_i/n) / (M - F_i).
+- AFL (Mohri et al. 2019) as the AAggFF reference code's baseline runs it: lambda weights the
+  round's mean, then moves by projected ascent on the losses (spec §3; local training instead
+  of AFL's single gradient step, so it runs like every other averaging strategy).
+- AgnosticFedAvg (Ro et al. 2021) with one domain per silo (spec §6.3): the weight of silo k
+  is beta_k = lambda_k n_k / N-bar_k (N-bar: its released counts averaged over the last
+  `count_window` rounds), and lambda takes an exponentiated-gradient step on the mean losses.
+- AAggFF (Hahn et al. 2024): AAggFF-S (online Newton step) when every silo takes part,
+  AAggFF-D (FTRL with doubly-robust responses) when `client_fraction` < 1.
+
+The coefficients of the last round are kept in the state (`mixing.weights`, by silo): the
+engine exports them as `fedsilo_mixing_weight` and a restarted coordinator resumes them.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from fedsilo.coordinator.mixing import (
+    AAggFFDState,
+    AAggFFSState,
+    aaggff_d_step,
+    aaggff_s_step,
+    default_loss_cap,
+    exponentiated_gradient,
+    projected_loss_ascent,
+    propfair_weights,
+    qfedavg_weights,
+    term_weights,
+)
+from fedsilo.coordinator.phases import Phase, Task, WeightedMean
+from fedsilo.coordinator.strategies.base import (
+    MODEL,
+    RoundContext,
+    RoundScript,
+    ServerState,
+    Strategy,
+)
+from fedsilo.policies.algorithms import MixingAlgorithmConfig
+
+log = logging.getLogger(__name__)
+
+MIXING = "mixing"  # state.extra: the schedule's state, and `weights` (silo -> last coefficient)
+Reported = Mapping[str, tuple[float, float]]  # silo -> (loss, released sample count)
+Decision = tuple[dict[str, float], dict[str, Any]]  # coefficients by silo, the new state
+
+
+def mixing_weights(extra: Mapping[str, Any]) -> dict[str, float] | None:
+    """Each silo's mixing coefficient after a round of a mixing schedule (else None)."""
+    weights = extra.get(MIXING, {}).get("weights")
+    return dict(weights) if weights else None
+
+
+class LossWeighted(Strategy):
+    """A round: probe the sampled silos' losses, decide the coefficients, train, mix."""
+
+    @property
+    def config(self) -> MixingAlgorithmConfig:
+        return self.policy.algorithm  # type: ignore[return-value]
+
+    def round(self, state: ServerState, ctx: RoundContext) -> RoundScript:
+        chosen = self.sample_silos(ctx)
+        probe = yield Phase(
+            "loss",
+            tuple(
+                Task(s, "loss", {"split": "train"}, {MODEL: state.model}, state.spec)
+                for s in chosen
+            ),
+        )
+        reported = {
+            s: (float(r.metrics["loss"]), float(r.num_samples))
+            for s, r in probe.reports.items()
+            if math.isfinite(r.metrics.get("loss", math.nan))
+        }
+        mixing = dict(state.extra.get(MIXING, {}))
+        mixing.setdefault("silos", sorted(ctx.silos))
+        weights, mixing = self.decide(reported, mixing, ctx)
+        tasks = tuple(
+            self.train_task(s, state.model, state.spec, ctx, self.config.prox_mu)
+            for s in sorted(weights)
+        )
+        out = yield Phase("train", tasks, aggregate=WeightedMean((MODEL,), weights))
+        used = {s: weights[s] for s in out.answered}
+        total = sum(used.values())
+        mixing["weights"] = {s: w / total for s, w in used.items()} if total > 0 else used
+        return replace(
+            state,
+            tensors={**state.tensors, MODEL: out.mean[MODEL]},
+            extra={**state.extra, MIXING: mixing},
+        )
+
+    def decide(self, reported: Reported, mixing: dict[str, Any], ctx: RoundContext) -> Decision:
+        """Coefficients for the silos that reported, and the schedule's new state."""
+        raise NotImplementedError
+
+
+def _sizes_and_losses(reported: Reported) -> tuple[list[str], np.ndarray, np.ndarray]:
+    silos = sorted(reported)
+    losses = np.array([reported[s][0] for s in silos])
+    sizes = np.array([max(reported[s][1], 1.0) for s in silos])
+    return silos, np.clip(losses, 0.0, None), sizes
+
+
+class QFedAvg(LossWeighted):
+    name = "qfedavg"
+
+    def decide(self, reported: Reported, mixing: dict[str, Any], ctx: RoundContext) -> Decision:
+        silos, losses, sizes = _sizes_and_losses(reported)
+        weights = qfedavg_weights(losses, sizes, self.policy.mixing.q)
+        return dict(zip(silos, weights.tolist(), strict=True)), mixing
+
+
+class Term(LossWeighted):
+    name = "term"
+
+    def decide(self, reported: Reported, mixing: dict[str, Any], ctx: RoundContext) -> Decision:
+        silos, losses, sizes = _sizes_and_losses(reported)
+        weights = term_weights(losses, sizes, self.policy.mixing.tilt)
+        return dict(zip(silos, weights.tolist(), strict=True)), mixing
+
+
+class PropFair(LossWeighted):
+    name = "propfair"
+
+    def decide(self, reported: Reported, mixing: dict[str, Any], ctx: RoundContext) -> Decision:
+        silos, losses, sizes = _sizes_and_losses(reported)
+        baseline = self.policy.mixing.baseline
+        if np.any(losses >= baseline):
+            log.warning("propfair: losses %s reach the baseline M = %g; clipped", losses, baseline)
+            losses = np.minimum(losses, baseline * (1 - 1e-6))
+        weights = propfair_weights(losses, sizes, baseline)
+        return dict(zip(silos, weights.tolist(), strict=True)), mixing
+
+
+class LambdaSchedule(LossWeighted):
+    """A schedule with a lambda over the deployment's silos, kept in the state."""
+
+    def lam(self, mixing: dict[str, Any], reported: Reported) -> np.ndarray:
+        if "lam" in mixing:
+            return np.array(mixing["lam"])
+        silos = mixing["silos"]
+        if self.policy.mixing.init == "uniform":
+            return np.full(len(silos), 1.0 / len(silos))
+        counts = np.array([reported.get(s, (0.0, 0.0))[1] for s in silos])
+        counts = np.where(counts > 0, counts, counts[counts > 0].mean() if counts.any() else 1.0)
+        return counts / counts.sum()
+
+    def loss_vector(self, mixing: dict[str, Any], reported: Reported) -> np.ndarray:
+        """Every silo's loss (NaN if it did not report), and the cap (fixed at first sight)."""
+        losses = np.array([reported.get(s, (math.nan, 0.0))[0] for s in mixing["silos"]])
+        if "loss_cap" not in mixing:
+            cap = self.policy.mixing.loss_cap
+            mixing["loss_cap"] = cap if cap is not None else default_loss_cap(losses)
+        return losses
+
+
+class Afl(LambdaSchedule):
+    name = "afl"
+
+    def decide(self, reported: Reported, mixing: dict[str, Any], ctx: RoundContext) -> Decision:
+        lam = self.lam(mixing, reported)
+        losses = self.loss_vector(mixing, reported)
+        silos = mixing["silos"]
+        weights = {s: float(lam[i]) for i, s in enumerate(silos) if s in reported}
+        settings = self.policy.mixing
+        lam = projected_loss_ascent(
+            lam, losses, settings.step, mixing["loss_cap"], floor=settings.floor
+        )
+        mixing["lam"] = lam.tolist()
+        return weights, mixing
+
+
+class AgnosticFedAvg(LambdaSchedule):
+    name = "agnostic_fedavg"
+
+    def decide(self, reported: Reported, mixing: dict[str, Any], ctx: RoundContext) -> Decision:
+        silos = mixing["silos"]
+        lam = self.lam(mixing, reported)
+        losses = np.clip(self.loss_vector(mixing, reported), 0.0, mixing["loss_cap"])
+        counts = [reported.get(s, (0.0, math.nan))[1] for s in silos]
+        window = [*mixing.get("counts", []), counts][-self.policy.mixing.count_window :]
+        mixing["counts"] = window
+        history = np.array(window, dtype=float)
+        seen = np.isfinite(history)
+        mean_counts = np.where(seen, history, 0.0).sum(0) / np.maximum(seen.sum(0), 1)
+        weights = {
+            s: float(lam[i] * reported[s][1] / max(mean_counts[i], 1.0))
+            for i, s in enumerate(silos)
+            if s in reported
+        }
+        observed = np.isfinite(losses)
+        if observed.any():
+            lam = exponentiated_gradient(lam, losses, self.policy.mixing.step, observed)
+        mixing["lam"] = lam.tolist()
+        return weights, mixing
+
+
+class AAggFF(LossWeighted):
+    name = "aaggff"
+
+    def decide(self, reported: Reported, mixing: dict[str, Any], ctx: RoundContext) -> Decision:
+        silos = mixing["silos"]
+        losses = np.array([reported.get(s, (math.nan, 0.0))[0] for s in silos])
+        transform = self.policy.mixing.transform
+        if self.config.client_fraction >= 1.0:
+            state = (
+                AAggFFSState.from_json(mixing["aaggff"])
+                if "aaggff" in mixing
+                else AAggFFSState.initial(len(silos))
+            )
+            state, weights = aaggff_s_step(state, losses, transform)
+        else:
+            fraction = self.policy.cohort_size(len(silos)) / len(silos)  # m/K, not q
+            state = (
+                AAggFFDState.from_json(mixing["aaggff"])
+                if "aaggff" in mixing
+                else AAggFFDState.initial(len(silos), fraction)
+            )
+            state, weights = aaggff_d_step(state, losses, transform)
+        mixing["aaggff"] = state.to_json()
+        return {s: float(weights[i]) for i, s in enumerate(silos) if s in reported}, mixing

@@ -1,0 +1,171 @@
+"""The loss-driven mixing schedules as strategies: each round probes the silos' losses, turns
+them into mixing coefficients and mixes the silos' models with them. q = 0 and a zero tilt are
+FedAvg; silos with noisy labels (larger losses) gain weight under AFL, AAggFF and DRFA; the
+coefficients are kept in the state, exported as a metric and resumed after a restart;
+secure aggregation mixes with the same coefficients; DRFA never averages fewer distinct silos
+than its minimum; settings for another algorithm are refused."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from prometheus_client import CollectorRegistry
+
+from fedsilo.coordinator.engine import RoundEngine, RunHistory
+from fedsilo.coordinator.state import StateStore
+from fedsilo.coordinator.strategies import make_strategy
+from fedsilo.coordinator.transport import InProcessTransport
+from fedsilo.ops.metrics import CoordinatorMetrics
+from fedsilo.ops.simulate import simulate
+from fedsilo.policies.loading import PolicyError, parse_policy
+from fedsilo.policies.schema import Policy
+from fedsilo.silo.agent import SiloAgent
+from fedsilo.silo.data import load_consortium
+
+SILOS = 4
+NOISY = {"silo_fraction": 0.25, "probability": 0.45}  # one silo of four, labels near random
+
+
+def policy(name: str, rounds: int = 4, noisy: bool = False, **extra: object) -> Policy:
+    data: dict = {"source": "sklearn:breast_cancer", "partition": {"kind": "iid", "silos": SILOS}}
+    if noisy:
+        data["label_noise"] = NOISY
+    return parse_policy(
+        {
+            "version": 1,
+            "seed": 2,
+            "rounds": rounds,
+            "eval_every": rounds,
+            "algorithm": {"name": name},
+            "model": {"name": "linear"},
+            "training": {"steps": 4, "batch_size": 16, "lr": 0.1},
+            "data": data,
+            **extra,
+        }
+    )
+
+
+def run(p: Policy) -> RunHistory:
+    return simulate(p, load_consortium(p.data, seed=p.seed)).history
+
+
+def noisy_silo(p: Policy) -> str:
+    """The silo whose training labels the policy's label noise hit."""
+    clean = load_consortium(p.model_copy(update={"data": p.data.model_copy(
+        update={"label_noise": None})}).data, seed=p.seed)  # fmt: skip
+    noisy = load_consortium(p.data, seed=p.seed)
+    (silo,) = [
+        a.name for a, b in zip(noisy, clean, strict=True) if not torch.equal(a.y_train, b.y_train)
+    ]
+    return silo
+
+
+@pytest.mark.parametrize(("name", "mixing"), [("qfedavg", {"q": 0.0}), ("term", {"tilt": 0.0})])
+def test_the_degenerate_parameters_are_fedavg(name: str, mixing: dict) -> None:
+    fair = run(policy(name, mixing=mixing))
+    fedavg = run(policy("fedavg"))
+    assert torch.allclose(fair.state.model, fedavg.state.model, atol=1e-6)
+    weights = fair.records[-1].mixing
+    assert weights is not None and sum(weights.values()) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("name", ["qfedavg", "term", "propfair", "afl", "aaggff", "drfa"])
+def test_a_silo_with_noisy_labels_gains_weight(name: str) -> None:
+    p = policy(name, rounds=6, noisy=True)
+    history = run(p)
+    weights = history.records[-1].mixing
+    assert weights is not None and set(weights) == {f"silo-{i}" for i in range(SILOS)}
+    noisy = noisy_silo(p)
+    assert weights[noisy] == max(weights.values()), weights
+    assert weights[noisy] > 1 / SILOS
+
+
+def test_agnostic_fedavg_moves_lambda_toward_the_larger_losses() -> None:
+    p = policy("agnostic_fedavg", rounds=6, noisy=True, mixing={"step": 1.0})
+    history = run(p)
+    lam = history.state.extra["mixing"]["lam"]
+    silos = history.state.extra["mixing"]["silos"]
+    assert silos[int(np.argmax(lam))] == noisy_silo(p)
+
+
+def test_the_coefficients_are_exported_as_a_metric() -> None:
+    registry = CollectorRegistry()
+    metrics = CoordinatorMetrics(registry, deployment="d")
+    p = policy("aaggff", rounds=2)
+    history = simulate(p, load_consortium(p.data, seed=p.seed), observers=[metrics]).history
+    for silo, weight in history.records[-1].mixing.items():
+        value = registry.get_sample_value("fedsilo_mixing_weight", {"silo": silo})
+        assert value == pytest.approx(weight)
+
+
+def test_a_restarted_coordinator_resumes_the_schedule(tmp_path) -> None:
+    p = policy("aaggff", rounds=4, noisy=True)
+    datasets = load_consortium(p.data, seed=p.seed)
+
+    def engine(rounds: int, store: StateStore) -> RoundEngine:
+        q = p.model_copy(update={"rounds": rounds})
+        agents = {d.name: SiloAgent(d.name, d, q.model) for d in datasets}
+        transport = InProcessTransport({n: a.handle_bytes for n, a in agents.items()})
+        return RoundEngine(
+            make_strategy(q), transport, q, sorted(agents), store=store, policy_digest="pinned"
+        )
+
+    with StateStore(tmp_path / "state.db") as store:
+        engine(2, store).run()
+    with StateStore(tmp_path / "state.db") as store:
+        resumed = engine(4, store).run()
+    with StateStore(tmp_path / "fresh.db") as store:
+        uninterrupted = engine(4, store).run()
+    assert torch.equal(resumed.state.model, uninterrupted.state.model)
+    assert resumed.state.extra["mixing"] == uninterrupted.state.extra["mixing"]
+
+
+def test_secure_aggregation_mixes_with_the_same_coefficients() -> None:
+    plain = run(policy("term", rounds=2, noisy=True))
+    masked = run(policy("term", rounds=2, noisy=True, secure_aggregation="masking"))
+    assert torch.allclose(plain.state.model, masked.state.model, atol=1e-5)
+    assert masked.records[-1].mixing == pytest.approx(plain.records[-1].mixing)
+
+
+def test_drfa_never_averages_fewer_distinct_silos_than_its_minimum() -> None:
+    p = policy(
+        "drfa", rounds=6, noisy=True,
+        mixing={"step": 5.0, "silos_per_round": 3, "min_contributors": 2},
+    )  # fmt: skip
+    history = run(p)
+    for record in history.records:
+        if "train" in record.phases:
+            assert len(record.phases["train"]["answered"]) >= 2
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"algorithm": {"name": "term"}, "mixing": {"q": 2.0}}, "mixing.q: term does not read"),
+        ({"algorithm": {"name": "fedavg"}, "mixing": {"step": 1.0}}, "mixing.step: fedavg"),
+        (
+            {"algorithm": {"name": "drfa"}, "training": {"epochs": 1}},
+            "drfa needs a fixed number of local steps",
+        ),
+        (
+            {
+                "algorithm": {"name": "afl"},
+                "privacy": {"client_dp": {"clip": 1.0, "noise_multiplier": 1.0}},
+            },
+            "afl does not average clipped model updates",
+        ),
+        ({"algorithm": {"name": "aaggff"}, "mixing": {"transform": "cauchy"}}, "transform"),
+    ],
+)
+def test_settings_that_do_not_fit_the_algorithm_are_refused(change: dict, message: str) -> None:
+    with pytest.raises(PolicyError, match=message):
+        parse_policy({**policy("fedavg").model_dump(), **change})
+
+
+def test_a_run_plots_the_coefficients_over_rounds(tmp_path) -> None:
+    from fedsilo.ops.report import write_results
+
+    p = policy("term", rounds=2)
+    write_results(tmp_path / "out", {"term": simulate(p, load_consortium(p.data, seed=p.seed))})
+    assert (tmp_path / "out" / "mixing_weights.png").stat().st_size > 0
