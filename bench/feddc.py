@@ -283,7 +283,9 @@ def collect(
 
 
 def save(results: dict[str, Any], args: argparse.Namespace) -> Path:
-    name = "feddc" if args.experiments == ["synthetic"] else "_".join(["feddc", *args.experiments])
+    parts = [] if args.experiments == ["synthetic"] else list(args.experiments)
+    parts += [] if args.optimizer == "sgd" else [args.optimizer]
+    name = "_".join(["feddc", *parts])  # feddc.json: the paper's experiment with SGD
     return write(
         name,
         {

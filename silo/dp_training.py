@@ -150,6 +150,7 @@ def train_private(
     private_seed: int,
     per_sample_loss: PerSampleLoss,
     after_noise: Callable[[], None] | None = None,
+    after_step: Callable[[int], None] | None = None,
 ) -> list[float | None]:
     """Run `plan` on `model` with `optimizer`; the mean loss of each step (None for an empty
     batch). `seed` orders shuffled batches; `private_seed` draws Poisson batches and the noise.
@@ -157,6 +158,7 @@ def train_private(
 
     `after_noise` runs after the gradient is clipped, noised and averaged and before the
     optimiser steps: the place for a data-independent gradient term such as FedProx's.
+    `after_step` runs after each optimiser step with its number (1-based).
     """
     check_model(model)
     # What DPOptimizer clips and noises: the optimiser's parameters that want a gradient.
@@ -166,7 +168,7 @@ def train_private(
     std = plan.noise_multiplier * plan.max_grad_norm
     losses: list[float | None] = []
     with _ClippedSums(model, params, plan.max_grad_norm) as clipped_sums:
-        for index in _batches(plan, seed, private_seed):
+        for step, index in enumerate(_batches(plan, seed, private_seed), start=1):
             if len(index) == 0:  # Poisson sampling drew nobody: the step is still noised
                 grads = [torch.zeros_like(p) for p in params]
                 losses.append(None)
@@ -186,6 +188,8 @@ def train_private(
             if after_noise is not None:
                 after_noise()
             optimizer.step()
+            if after_step is not None:
+                after_step(step)
     return losses
 
 

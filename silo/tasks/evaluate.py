@@ -12,6 +12,7 @@ import torch
 
 from fedsilo.privacy.accounting import Mechanism
 from fedsilo.silo.evaluation import metrics_for, per_sample_loss_function
+from fedsilo.silo.mixup import MixupDraws, mixed_loss_of
 from fedsilo.silo.reports import LOSSES, METRICS, reports_mechanism
 from fedsilo.silo.tasks.base import SiloContext
 from fedsilo.wire.messages import TaskMessage, TaskResult
@@ -27,7 +28,29 @@ def evaluate(message: TaskMessage, ctx: SiloContext) -> TaskResult:
 
 
 def report_loss(message: TaskMessage, ctx: SiloContext) -> TaskResult:
-    return _report(message, ctx, _loss_only(ctx), default_split="train")
+    alpha = message.config.get("mixup_alpha")
+    if alpha is None:
+        return _report(message, ctx, _loss_only(ctx), default_split="train")
+    return _mixed_loss(message, ctx, float(alpha))
+
+
+def _mixed_loss(message: TaskMessage, ctx: SiloContext, alpha: float) -> TaskResult:
+    """DRFLM's probe: the mean loss over the split's rows, each mixed with a partner drawn
+    with the task's seed (silo/mixup.py), reported like any loss."""
+    _loss_only(ctx)
+    model, _ = ctx.load_model(message)
+    split = _split(message, "train")
+    x, y = ctx.split(split)
+    model.eval()
+    draws = MixupDraws(alpha, int(message.config["seed"]), len(y))
+    with torch.no_grad():
+        per_row = mixed_loss_of(ctx.data.task, model, x, y, draws)(torch.arange(len(y)))
+    reports = ctx.reports(message.task_id, split)
+    metrics = {"loss": reports.mean_loss(per_row)}
+    ctx.released_count(split)
+    return TaskResult(
+        message.task_id, ctx.name, message.kind, num_samples=reports.count(len(y)), metrics=metrics
+    )
 
 
 def evaluate_releases(message: TaskMessage, ctx: SiloContext) -> list[Mechanism]:

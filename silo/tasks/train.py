@@ -19,6 +19,20 @@ DP-SGD the share is what the silo books: a Gaussian release of sensitivity S and
 z S / sqrt(m) (the coordinator sees each update; only their sum carries the full noise).
 With DP-SGD the model is booked as DP-SGD's run, and clipping and the share are
 post-processing of it.
+
+Two options serve DRFA and DRFLM (spec robust-and-daisy-chain.md §4.4, §5.3):
+
+* `checkpoint_step` t (an int in 1..the run's local steps; absent or None: none): the result
+  also carries `CHECKPOINT`, the flat parameters (the model's `spec`) after exactly t
+  optimiser steps, with or without DP-SGD. It releases nothing more: without DP it is exact
+  like the model (`Mechanism.none()`); with DP-SGD it is an intermediate iterate of the same
+  run, which DP-SGD's accounting already covers (the analysis releases every iterate), so it
+  is post-processing and booked once with the model. With `privacy.client_dp` it is refused
+  (its clipping and noise share cover one update per task; DRFA does not clip updates, so a
+  policy never combines the two).
+* `mixup_alpha` a (a float > 0; absent or None: off): every step trains on the batch's rows
+  mixed with partners at Beta(a, a) ratios (silo/mixup.py; the batches idx are those of a plain
+  run with the same seed). Under DP-SGD each mixed row's gradient is clipped as a sample's.
 """
 
 from __future__ import annotations
@@ -31,12 +45,15 @@ import torch
 
 from fedsilo.privacy.accounting import Mechanism
 from fedsilo.silo.evaluation import loss_function, per_sample_loss_function
+from fedsilo.silo.mixup import MixupDraws, mixed_loss_of
 from fedsilo.silo.reports import LOSSES, Reports, reports_mechanism
 from fedsilo.silo.schedule import LocalSchedule, shuffled_batches
 from fedsilo.silo.tasks.base import MODEL, SiloContext, flat_parameters
 from fedsilo.wire.messages import TaskMessage, TaskResult
+from fedsilo.wire.tensors import ParameterSpec
 
 PROX_ANCHOR = "prox_anchor"
+CHECKPOINT = "checkpoint"
 
 
 def train_releases(message: TaskMessage, ctx: SiloContext) -> list[Mechanism]:
@@ -74,17 +91,27 @@ def train(message: TaskMessage, ctx: SiloContext) -> TaskResult:
     def per_sample_loss(index: torch.Tensor) -> torch.Tensor:
         return per_sample_fn(model(x[index]), y[index])
 
+    alpha = config.get("mixup_alpha")
+    if alpha is not None:  # DRFLM: every step on mixed rows
+        per_sample_loss = mixed_loss_of(ctx.data.task, model, x, y, MixupDraws(alpha, seed, n))
+    checkpoint = _Checkpoint(_checkpoint_step(config, schedule.steps, ctx), model, spec)
+
     model.train()
     metrics: dict[str, float] = {"steps": float(schedule.steps)}
     if ctx.privacy.dp_sgd is None:
         losses: list[float | None] = []
-        for index in shuffled_batches(schedule, torch.Generator().manual_seed(seed)):
+        batches = shuffled_batches(schedule, torch.Generator().manual_seed(seed))
+        for step, index in enumerate(batches, start=1):
             optimizer.zero_grad(set_to_none=True)
             index = index.to(x.device)
-            loss = loss_fn(model(x[index]), y[index])
+            if alpha is None:
+                loss = loss_fn(model(x[index]), y[index])
+            else:  # the mean over the batch's mixed rows
+                loss = per_sample_loss(index).mean()
             (loss + _proximal(model, anchor, mu) if mu > 0 else loss).backward()
             optimizer.step()
             losses.append(float(loss.detach()))
+            checkpoint.after_step(step)
     else:
         # Opacus loads only when a policy asks for DP: a coordinator or a non-private silo never
         # pays its start-up time and memory.
@@ -99,6 +126,7 @@ def train(message: TaskMessage, ctx: SiloContext) -> TaskResult:
             ctx.private_seed(message.task_id, "dp-sgd"),
             per_sample_loss,
             after_noise=(lambda: _add_proximal_gradient(model, anchor, mu)) if mu > 0 else None,
+            after_step=checkpoint.after_step,
         )
         metrics |= {
             "dp_noise_multiplier": plan.noise_multiplier,
@@ -112,6 +140,7 @@ def train(message: TaskMessage, ctx: SiloContext) -> TaskResult:
     trained = flat_parameters(model, spec)
     if ctx.privacy.client_dp is not None:
         trained = _clipped_update(message, ctx, message.tensors[MODEL].to(trained), trained)
+    tensors = {MODEL: trained} | checkpoint.tensors()
 
     return TaskResult(
         task_id=message.task_id,
@@ -119,7 +148,7 @@ def train(message: TaskMessage, ctx: SiloContext) -> TaskResult:
         kind=message.kind,
         num_samples=_released_count(ctx, reports, n),
         metrics=metrics,
-        tensors={MODEL: trained},
+        tensors=tensors,
         spec=spec,
     )
 
@@ -151,6 +180,44 @@ def _share_std(message: TaskMessage, ctx: SiloContext) -> float:
 def _released_count(ctx: SiloContext, reports: Reports, n: int) -> int:
     ctx.released_count("train")
     return reports.count(n)
+
+
+def _checkpoint_step(config: Mapping[str, Any], steps: int, ctx: SiloContext) -> int | None:
+    """The task's `checkpoint_step`, checked before any training: a whole number in 1..steps,
+    and never with client-level DP."""
+    step = config.get("checkpoint_step")
+    if step is None:
+        return None
+    if ctx.privacy.client_dp is not None:
+        raise ValueError(
+            "checkpoint_step cannot be combined with privacy.client_dp: its clipping and noise "
+            "share cover one update per task"
+        )
+    number = isinstance(step, int | float) and not isinstance(step, bool)
+    if number and not 1 <= step <= steps:
+        raise ValueError(f"checkpoint_step {step} is outside the run's 1..{steps} local steps")
+    if not number or int(step) != step:
+        raise ValueError(f"checkpoint_step must be a whole number of local steps, not {step!r}")
+    return int(step)
+
+
+class _Checkpoint:
+    """DRFA's random checkpoint: the flat parameters after optimiser step `step` (None: no
+    checkpoint), taken by `after_step`, which the training calls after every step."""
+
+    def __init__(self, step: int | None, model: torch.nn.Module, spec: ParameterSpec) -> None:
+        self.step = step
+        self.model = model
+        self.spec = spec
+        self.taken: dict[str, torch.Tensor] = {}
+
+    def after_step(self, step: int) -> None:
+        if step == self.step:
+            self.taken[CHECKPOINT] = flat_parameters(self.model, self.spec)
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """{CHECKPOINT: parameters} once taken, else nothing."""
+        return self.taken
 
 
 def _anchor(message: TaskMessage, model: torch.nn.Module, spec: Any) -> list[torch.Tensor]:

@@ -1,0 +1,389 @@
+"""The loss-driven mixing schedules against FedAvg, on the two set-ups their claims come from.
+
+1. DRFLM's label-noise regression (sklearn diabetes, 442 rows, 10 features): 3 silos, balanced
+   (rows dealt at random) or 7:2:1. Features and targets are standardised with the pooled
+   statistics (a benchmark convenience: the targets' unit is then one standard deviation,
+   77.1 in disease-progression units). Each silo keeps 80% of its rows for training, 20% for
+   test (no validation rows). Label noise follows the data config's rule: silo_fraction 0.5 of
+   3 silos rounds half up to 2 noisy silos, drawn at random per seed (silo.partition
+   `noisy_silos`); in them each training target gets N(0, std^2) noise with probability 0.3,
+   std in 0, 0.5, 1, 2 target standard deviations; test targets stay clean. Linear regression,
+   tau = 5 local SGD steps per round, batch 32, lr 0.01, 100 rounds; FedAvg, DRFA, DRFLM
+   (mixup alpha 1.0), every mixing setting at its default. Reported: worst-silo and mean test
+   RMSE of the final model.
+2. AAggFF-S as thesis-methods.md §2.13a: sklearn breast_cancer standardised, k-means (k = 7)
+   on the standardised features gives 7 silos of unequal size (4 to 33 test rows) and shifted
+   covariates; run twice: with 15% of the training labels of one silo (drawn per seed)
+   flipped, and without; 80/20 stratified split per silo (plain where a silo has fewer than 2
+   rows of a class). Logistic regression, T = 100
+   rounds, E = 1 epoch, B = 20, SGD lr 0.1, weight decay 1e-3; AAggFF (Normal CDF) against
+   FedAvg, q-FedAvg (q = 1), TERM (tilt 1), PropFair (M = 3), AFL (step 0.1). Reported: mean,
+   worst-10% (with 7 silos: the worst silo) and Gini of per-silo test accuracy, and the mean,
+   worst and Gini of per-silo test loss.
+
+Seeds 0, 1, 2 (data, noise and training); cells are the mean over seeds and the largest
+deviation of a seed from it; DRFA/DRFLM rows also count the rounds DRFA skipped (fewer than
+min_contributors distinct silos drawn). About 5 minutes on 2 CPU cores (--quick: one seed,
+30 rounds, a smoke test). Run: `python -m bench.mixing`; writes bench/results/mixing.json
+and mixing.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import statistics
+import time
+from typing import Any
+
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+from sklearn.cluster import KMeans
+from sklearn.datasets import load_breast_cancer, load_diabetes
+from sklearn.model_selection import train_test_split
+
+from bench.common import write
+from fedsilo.ops.simulate import simulate
+from fedsilo.policies.loading import parse_policy
+from fedsilo.policies.schema import Policy
+from fedsilo.silo.data import SiloDataset
+from fedsilo.silo.partition import add_label_noise, noisy_silos
+
+SEEDS = (0, 1, 2)
+NOISE_STDS = (0.0, 0.5, 1.0, 2.0)  # in target standard deviations
+NOISE_PROBABILITY = 0.3
+NOISY_SILO_FRACTION = 0.5
+SPLITS: dict[str, tuple[float, ...]] = {"balanced": (1, 1, 1), "7:2:1": (0.7, 0.2, 0.1)}
+REGRESSION_ROUNDS = 100
+REGRESSION_METHODS: dict[str, dict[str, Any]] = {
+    "FedAvg": {"algorithm": {"name": "fedavg"}},
+    "DRFA": {"algorithm": {"name": "drfa"}},
+    "DRFLM": {"algorithm": {"name": "drflm"}, "mixing": {"mixup_alpha": 1.0}},
+}
+CLUSTERS = 7
+FLIP_FRACTION = 0.15
+FAIRNESS_ROUNDS = 100
+FAIRNESS_METHODS: dict[str, dict[str, Any]] = {
+    "FedAvg": {"algorithm": {"name": "fedavg"}},
+    "q-FedAvg": {"algorithm": {"name": "qfedavg"}, "mixing": {"q": 1.0}},
+    "TERM": {"algorithm": {"name": "term"}, "mixing": {"tilt": 1.0}},
+    "PropFair": {"algorithm": {"name": "propfair"}, "mixing": {"baseline": 3.0}},
+    "AFL": {"algorithm": {"name": "afl"}, "mixing": {"step": 0.1}},
+    "AAggFF": {"algorithm": {"name": "aaggff"}, "mixing": {"transform": "normal"}},
+}
+
+
+def silo(name: str, x: tuple[np.ndarray, np.ndarray], y: tuple[np.ndarray, np.ndarray],
+         task: str) -> SiloDataset:  # fmt: skip
+    """A silo from its (train, test) features and labels; no validation rows."""
+    label = torch.int64 if task == "classification" else torch.float32
+    features = x[0].shape[1]
+    return SiloDataset(
+        name,
+        torch.tensor(x[0], dtype=torch.float32),
+        torch.tensor(y[0], dtype=label),
+        torch.zeros((0, features)),
+        torch.zeros(0, dtype=label),
+        torch.tensor(x[1], dtype=torch.float32),
+        torch.tensor(y[1], dtype=label),
+        task,
+        2 if task == "classification" else None,
+        tuple(f"f{j}" for j in range(features)),
+        (features,),
+    )
+
+
+def diabetes_silos(seed: int, shares: tuple[float, ...], noise_std: float) -> list[SiloDataset]:
+    """3 diabetes silos with the given row shares; label noise at `noise_std` (0: none)."""
+    x, y = load_diabetes(return_X_y=True)
+    x, y = (x - x.mean(0)) / x.std(0), (y - y.mean()) / y.std()
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(len(y))
+    cuts = np.round(np.cumsum(shares)[:-1] / sum(shares) * len(y)).astype(int)
+    noisy = set(noisy_silos(len(shares), NOISY_SILO_FRACTION, rng).tolist()) if noise_std else set()
+    datasets = []
+    for i, rows in enumerate(np.split(order, cuts)):
+        train, test = rows[: int(0.8 * len(rows))], rows[int(0.8 * len(rows)) :]
+        y_train = y[train]
+        if i in noisy:
+            y_train = add_label_noise(y_train, NOISE_PROBABILITY, noise_std, rng)
+        datasets.append(silo(f"silo-{i}", (x[train], x[test]), (y_train, y[test]), "regression"))
+    return datasets
+
+
+def flipped_silo(seed: int) -> int:
+    """The silo whose training labels are flipped (with `flip`) at this seed."""
+    return int(np.random.default_rng(seed).integers(CLUSTERS))
+
+
+def breast_cancer_silos(seed: int, flip: bool) -> list[SiloDataset]:
+    """§2.13a: k-means silos on standardised breast_cancer; with `flip`, 15% of one silo's
+    training labels flipped."""
+    x, y = load_breast_cancer(return_X_y=True)
+    x = (x - x.mean(0)) / x.std(0)
+    clusters = KMeans(CLUSTERS, n_init=10, random_state=seed).fit_predict(x)
+    rng = np.random.default_rng(seed + 1)
+    flipped = flipped_silo(seed) if flip else None
+    datasets = []
+    for k in range(CLUSTERS):
+        rows = np.flatnonzero(clusters == k)
+        stratify = y[rows] if np.bincount(y[rows], minlength=2).min() >= 2 else None
+        train, test = train_test_split(rows, test_size=0.2, stratify=stratify, random_state=seed)
+        y_train = y[train].copy()
+        if k == flipped:
+            hit = rng.choice(len(train), size=round(FLIP_FRACTION * len(train)), replace=False)
+            y_train[hit] = 1 - y_train[hit]
+        datasets.append(
+            silo(f"silo-{k}", (x[train], x[test]), (y_train, y[test]), "classification")
+        )
+    return datasets
+
+
+def policy(method: dict[str, Any], seed: int, rounds: int, training: dict[str, Any]) -> Policy:
+    return parse_policy(
+        {
+            "version": 1,
+            "seed": seed,
+            "rounds": rounds,
+            "eval_every": rounds,
+            "model": {"name": "linear"},
+            "training": training,
+            **method,
+        }
+    )
+
+
+def spread(values: list[float]) -> dict[str, Any]:
+    """Mean over seeds and the largest deviation of a seed from it."""
+    mean = statistics.mean(values)
+    return {"values": values, "mean": mean, "max_dev": max(abs(v - mean) for v in values)}
+
+
+def regression(seeds: tuple[int, ...], rounds: int) -> list[dict[str, Any]]:
+    training = {"steps": 5, "batch_size": 32, "optimizer": "sgd", "lr": 0.01}
+    rows = []
+    for split, shares in SPLITS.items():
+        for std in NOISE_STDS:
+            for label, method in REGRESSION_METHODS.items():
+                worst, mean, seconds, skipped = [], [], [], []
+                for seed in seeds:
+                    started = time.perf_counter()
+                    history = simulate(
+                        policy(method, seed, rounds, training), diabetes_silos(seed, shares, std)
+                    ).history
+                    seconds.append(time.perf_counter() - started)
+                    skipped.append(sum("train" not in r.phases for r in history.records))
+                    rmse = history.final.summary["rmse"]
+                    worst.append(rmse["worst"])
+                    mean.append(rmse["mean"])
+                rows.append(
+                    {
+                        "split": split,
+                        "noise_std": std,
+                        "method": label,
+                        "worst_rmse": spread(worst),
+                        "mean_rmse": spread(mean),
+                        "skipped_rounds": skipped,
+                        "seconds_per_run": statistics.mean(seconds),
+                    }
+                )
+                print(
+                    f"{split:8s} std {std:3.1f} {label:6s} worst "
+                    f"{cell(rows[-1]['worst_rmse'])}  mean {cell(rows[-1]['mean_rmse'])}  "
+                    f"skipped rounds {skipped}",
+                    flush=True,
+                )
+    return rows
+
+
+def fairness(seeds: tuple[int, ...], rounds: int, flip: bool) -> list[dict[str, Any]]:
+    training = {
+        "epochs": 1, "batch_size": 20, "optimizer": "sgd", "lr": 0.1, "weight_decay": 1e-3
+    }  # fmt: skip
+    rows = []
+    for label, method in FAIRNESS_METHODS.items():
+        found: dict[str, list[float]] = {}
+        seconds, per_silo, weights = [], [], []
+        for seed in seeds:
+            started = time.perf_counter()
+            history = simulate(
+                policy(method, seed, rounds, training), breast_cancer_silos(seed, flip)
+            ).history
+            seconds.append(time.perf_counter() - started)
+            per_silo.append({s: m["accuracy"] for s, m in history.final.evaluation.items()})
+            weights.append(history.records[-1].mixing)
+            summary = history.final.summary
+            for metric, key in [
+                ("accuracy", "mean"), ("accuracy", "worst_10"), ("accuracy", "gini"),
+                ("loss", "mean"), ("loss", "worst"), ("loss", "gini"),
+            ]:  # fmt: skip
+                found.setdefault(f"{metric}_{key}", []).append(summary[metric][key])
+        rows.append(
+            {
+                "method": label,
+                "flip": flip,
+                **{name: spread(values) for name, values in found.items()},
+                "per_silo_accuracy": per_silo,
+                "final_mixing_weights": weights,
+                "seconds_per_run": statistics.mean(seconds),
+            }
+        )
+        print(
+            f"{'flip' if flip else 'clean':5s} {label:9s} acc mean "
+            f"{cell(rows[-1]['accuracy_mean'], 100)}  worst-10% "
+            f"{cell(rows[-1]['accuracy_worst_10'], 100)}  Gini "
+            f"{cell(rows[-1]['accuracy_gini'])}  loss Gini {cell(rows[-1]['loss_gini'])}",
+            flush=True,
+        )
+    return rows
+
+
+def cell(entry: dict[str, Any], scale: float = 1.0) -> str:
+    return f"{scale * entry['mean']:.4g} ± {scale * entry['max_dev']:.2g}"
+
+
+def claims(
+    regression_rows: list[dict[str, Any]], fairness_rows: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """Which of the seeds' claims hold on the means over seeds."""
+    found: dict[str, Any] = {}
+    for split in SPLITS:
+        by = {(r["noise_std"], r["method"]): r for r in regression_rows if r["split"] == split}
+        noisy = [std for std in NOISE_STDS if std > 0]
+        if not noisy or (noisy[0], "DRFLM") not in by:
+            continue
+
+        def worst(std: float, method: str) -> float:
+            return by[(std, method)]["worst_rmse"]["mean"]  # noqa: B023
+
+        found[split] = {
+            "drflm_worst_below_drfa_at_every_noise": all(
+                worst(s, "DRFLM") < worst(s, "DRFA") for s in noisy
+            ),
+            "drflm_worst_not_above_fedavg_at_every_noise": all(
+                worst(s, "DRFLM") <= worst(s, "FedAvg") for s in noisy
+            ),
+            "drflm_mean_minus_fedavg_mean": {
+                s: by[(s, "DRFLM")]["mean_rmse"]["mean"] - by[(s, "FedAvg")]["mean_rmse"]["mean"]
+                for s in NOISE_STDS
+            },
+        }
+    for flip in (True, False):
+        methods = {r["method"]: r for r in fairness_rows if r["flip"] == flip}
+        if not {"FedAvg", "AAggFF"} <= set(methods):
+            continue
+        fed, agg = methods["FedAvg"], methods["AAggFF"]
+
+        def relative_drop(key: str) -> float:
+            return 1 - agg[key]["mean"] / fed[key]["mean"]  # noqa: B023
+
+        found[f"aaggff_{'flip' if flip else 'clean'}"] = {
+            "accuracy_gini_relative_drop": relative_drop("accuracy_gini"),
+            "loss_gini_relative_drop": relative_drop("loss_gini"),
+            "accuracy_gini_drop_at_least_10pct": relative_drop("accuracy_gini") >= 0.10,
+            "worst_10_raised": agg["accuracy_worst_10"]["mean"] > fed["accuracy_worst_10"]["mean"],
+            "mean_minus_fedavg_points": 100
+            * (agg["accuracy_mean"]["mean"] - fed["accuracy_mean"]["mean"]),
+        }
+    return found
+
+
+def plot(regression_rows: list[dict[str, Any]], fairness_rows: list[dict[str, Any]]) -> plt.Figure:
+    fig, axes = plt.subplots(1, 4, figsize=(21, 4.8))
+    styles = {"FedAvg": "tab:blue", "DRFA": "tab:orange", "DRFLM": "tab:green"}
+    for axis, split in zip(axes[:2], SPLITS, strict=True):
+        for method, color in styles.items():
+            mine = [r for r in regression_rows if r["split"] == split and r["method"] == method]
+            stds = [r["noise_std"] for r in mine]
+            for key, line in (("worst_rmse", "-"), ("mean_rmse", ":")):
+                axis.errorbar(
+                    stds,
+                    [r[key]["mean"] for r in mine],
+                    yerr=[r[key]["max_dev"] for r in mine],
+                    color=color,
+                    linestyle=line,
+                    marker="o",
+                    capsize=3,
+                    label=f"{method} {'worst silo' if key == 'worst_rmse' else 'mean'}",
+                )
+        axis.set_xlabel("label-noise std (target standard deviations), 2 of 3 silos, p = 0.3")
+        axis.set_ylabel("test RMSE (standardised target)")
+        axis.set_title(f"diabetes, 3 silos {split}")
+        axis.legend(fontsize=7)
+    keys = (("accuracy_mean", "mean acc"), ("accuracy_worst_10", "worst-10% acc"),
+            ("accuracy_gini", "Gini acc x10"))  # fmt: skip
+    width = 0.8 / len(keys)
+    for axis, flip in zip(axes[2:], (True, False), strict=True):
+        mine = [r for r in fairness_rows if r["flip"] == flip]
+        positions = np.arange(len(mine))
+        for j, (key, label) in enumerate(keys):
+            scale = 10.0 if "gini" in key else 1.0
+            axis.bar(
+                positions + j * width,
+                [scale * r[key]["mean"] for r in mine],
+                width,
+                yerr=[scale * r[key]["max_dev"] for r in mine],
+                capsize=2,
+                label=label,
+            )
+        axis.set_xticks(positions + width, [r["method"] for r in mine], fontsize=8)
+        axis.set_ylim(0, 1.05)
+        what = "one silo 15% flipped" if flip else "no flipped labels"
+        axis.set_title(f"breast_cancer, 7 k-means silos, {what}", fontsize=10)
+        axis.legend(fontsize=7)
+    return fig
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="one seed, 30 rounds (smoke test)")
+    args = parser.parse_args()
+    # DRFA warns once per skipped round; the rows count them instead
+    logging.getLogger("fedsilo.coordinator.strategies.drfa").setLevel(logging.ERROR)
+    seeds = SEEDS[:1] if args.quick else SEEDS
+    started = time.perf_counter()
+    rounds = 30 if args.quick else FAIRNESS_ROUNDS
+    fairness_rows = fairness(seeds, rounds, flip=True) + fairness(seeds, rounds, flip=False)
+    regression_rows = regression(seeds, 30 if args.quick else REGRESSION_ROUNDS)
+    found = claims(regression_rows, fairness_rows)
+    print(found)
+    path = write(
+        "mixing",
+        {
+            "seeds": list(seeds),
+            "quick": args.quick,
+            "seconds": time.perf_counter() - started,
+            "regression": {
+                "data": "sklearn:diabetes, pooled standardisation of features and target",
+                "rounds": 30 if args.quick else REGRESSION_ROUNDS,
+                "splits": {k: list(v) for k, v in SPLITS.items()},
+                "noise": {
+                    "silo_fraction": NOISY_SILO_FRACTION,
+                    "noisy_silos": 2,
+                    "probability": NOISE_PROBABILITY,
+                    "stds": list(NOISE_STDS),
+                },
+                "rows": regression_rows,
+            },  # fmt: skip
+            "fairness": {
+                "data": "sklearn:breast_cancer, k-means k=7 silos, 15% flipped in one (flip)",
+                "rounds": rounds,
+                "silo_train_test_sizes": {
+                    seed: [
+                        [len(d.y_train), len(d.y_test)] for d in breast_cancer_silos(seed, False)
+                    ]
+                    for seed in seeds
+                },
+                "flipped_silo": {seed: f"silo-{flipped_silo(seed)}" for seed in seeds},
+                "rows": fairness_rows,
+            },
+            "claims": found,
+        },
+        plot(regression_rows, fairness_rows),
+    )
+    print(f"wrote {path} and {path.with_suffix('.png')}")
+
+
+if __name__ == "__main__":
+    main()

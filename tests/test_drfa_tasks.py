@@ -1,0 +1,146 @@
+"""The silo's side of DRFA and DRFLM: a train task returns the checkpoint after t' local steps
+(with and without DP-SGD) and refuses a t' outside the run; local mixup mixes inputs and
+targets with Beta(alpha, alpha) ratios that repeat for a seed; the mixed loss probe equals a
+hand computation; and DRFLM runs end to end."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fedsilo.policies.loading import parse_policy
+from fedsilo.policies.model import LinearModel
+from fedsilo.policies.privacy import PrivacyConfig
+from fedsilo.silo.agent import SiloAgent
+from fedsilo.silo.data import load_consortium
+from fedsilo.silo.mixup import MixupDraws, mixed_inputs, mixed_per_sample_loss
+from fedsilo.silo.tasks.base import parameter_spec
+from fedsilo.wire.messages import TaskMessage, TaskResult
+
+DATA = parse_policy(
+    {
+        "version": 1,
+        "data": {"source": "sklearn:breast_cancer", "partition": {"kind": "iid", "silos": 2}},
+    }
+).data
+
+
+def agent(privacy: PrivacyConfig | None = None) -> SiloAgent:
+    (data, _) = load_consortium(DATA, seed=0)
+    return SiloAgent("silo-0", data, LinearModel(name="linear"), privacy=privacy, rounds=1)
+
+
+def task(a: SiloAgent, kind: str, **config: object) -> TaskResult:
+    model = a.context.new_model(seed=0)
+    spec = parameter_spec(model)
+    base = {"steps": 5, "batch_size": 16, "optimizer": "sgd", "lr": 0.1, "seed": 3}
+    message = TaskMessage(
+        "t", 1, "train", kind, "silo-0", {**base, **config},
+        {"model": spec.flatten(dict(model.named_parameters()))}, spec,
+    )  # fmt: skip
+    result = a.handle(message)
+    assert result.ok, result.error
+    return result
+
+
+def test_the_checkpoint_is_the_model_after_t_steps() -> None:
+    full = task(agent(), "train", checkpoint_step=5)
+    assert torch.equal(full.tensors["checkpoint"], full.tensors["model"])
+    early = task(agent(), "train", checkpoint_step=2)
+    two_steps = task(agent(), "train", steps=2)
+    assert torch.equal(early.tensors["checkpoint"], two_steps.tensors["model"])
+    assert not torch.equal(early.tensors["checkpoint"], early.tensors["model"])
+
+
+def test_the_checkpoint_is_taken_under_dp_sgd_too() -> None:
+    private = PrivacyConfig.model_validate({"dp_sgd": {"noise_multiplier": 1.0}})
+    result = task(agent(private), "train", checkpoint_step=1)
+    assert not torch.equal(result.tensors["checkpoint"], result.tensors["model"])
+
+
+def test_a_checkpoint_outside_the_run_is_refused() -> None:
+    a = agent()
+    model = a.context.new_model(seed=0)
+    spec = parameter_spec(model)
+    message = TaskMessage(
+        "t", 1, "train", "train", "silo-0",
+        {"steps": 3, "batch_size": 16, "optimizer": "sgd", "lr": 0.1, "seed": 3,
+         "checkpoint_step": 4},
+        {"model": spec.flatten(dict(model.named_parameters()))}, spec,
+    )  # fmt: skip
+    result = a.handle(message)
+    assert not result.ok and "outside the run's 1..3 local steps" in result.error
+
+
+def test_mixup_mixes_inputs_and_targets_linearly() -> None:
+    x, partner = torch.tensor([[1.0, 2.0]]), torch.tensor([[3.0, 6.0]])
+    assert torch.equal(mixed_inputs(x, partner, torch.tensor([0.25])), torch.tensor([[2.5, 5.0]]))
+    output = torch.tensor([[0.0, 1.0]])
+    y, other = torch.tensor([0]), torch.tensor([1])
+    ce = torch.nn.functional.cross_entropy
+    assert mixed_per_sample_loss("classification", output, y, other, torch.tensor([1.0])) == (
+        pytest.approx(ce(output, y).item())
+    )
+    assert mixed_per_sample_loss("classification", output, y, other, torch.tensor([0.0])) == (
+        pytest.approx(ce(output, other).item())
+    )
+    regression = mixed_per_sample_loss(
+        "regression", torch.tensor([[2.0]]), torch.tensor([1.0]), torch.tensor([5.0]),
+        torch.tensor([0.5]),
+    )  # fmt: skip
+    assert regression.item() == pytest.approx((2.0 - 3.0) ** 2)
+
+
+def test_beta_ratios_repeat_for_a_seed_and_have_the_beta_moments() -> None:
+    alpha = 0.5
+    partners, gamma = MixupDraws(alpha, seed=1, n=10).draw(20_000)
+    again, gamma_again = MixupDraws(alpha, seed=1, n=10).draw(20_000)
+    assert torch.equal(partners, again) and torch.equal(gamma, gamma_again)
+    assert int(partners.min()) == 0 and int(partners.max()) == 9
+    # Beta(a, a): mean 1/2, variance 1/(4(2a+1)); 20k draws: standard errors ~0.003 and ~0.001
+    assert gamma.mean().item() == pytest.approx(0.5, abs=0.01)
+    assert gamma.var().item() == pytest.approx(1 / (4 * (2 * alpha + 1)), abs=0.005)
+
+
+def test_the_mixed_loss_probe_equals_a_hand_computation() -> None:
+    a = agent()
+    result = task(a, "loss", split="train", mixup_alpha=1.0, seed=9)
+    model = a.context.new_model(seed=0)
+    x, y = a.context.split("train")
+    partners, gamma = MixupDraws(1.0, 9, len(y)).draw(len(y))
+    with torch.no_grad():
+        output = model(mixed_inputs(x, x[partners], gamma.float()))
+        expected = mixed_per_sample_loss("classification", output, y, y[partners], gamma.float())
+    assert result.metrics["loss"] == pytest.approx(expected.mean().item(), rel=1e-6)
+    plain = task(agent(), "loss", split="train")
+    assert result.metrics["loss"] != pytest.approx(plain.metrics["loss"])
+
+
+def test_mixup_training_differs_from_plain_and_repeats() -> None:
+    plain = task(agent(), "train")
+    mixed = task(agent(), "train", mixup_alpha=1.0)
+    again = task(agent(), "train", mixup_alpha=1.0)
+    assert not torch.equal(plain.tensors["model"], mixed.tensors["model"])
+    assert torch.equal(mixed.tensors["model"], again.tensors["model"])
+
+
+def test_drflm_runs_and_moves_lambda() -> None:
+    from fedsilo.ops.simulate import simulate
+
+    p = parse_policy(
+        {
+            "version": 1,
+            "seed": 1,
+            "rounds": 3,
+            "algorithm": {"name": "drflm"},
+            "mixing": {"mixup_alpha": 0.5},
+            "model": {"name": "linear"},
+            "training": {"steps": 3, "batch_size": 16, "lr": 0.1},
+            "data": {"source": "sklearn:breast_cancer", "partition": {"kind": "iid", "silos": 3}},
+        }
+    )
+    history = simulate(p, load_consortium(p.data, seed=p.seed)).history
+    assert [r.status for r in history.records] == ["completed"] * 3
+    lam = history.records[-1].mixing
+    assert lam is not None and sum(lam.values()) == pytest.approx(1.0)
+    assert len(set(lam.values())) > 1  # the losses moved it off uniform
