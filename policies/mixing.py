@@ -27,7 +27,7 @@ class MixingConfig(PolicyModel):
     - `silos_per_round`: DRFA's M, the draws from lambda (with replacement) and the size of the
       uniform loss probe; None: every silo.
     - `uniform_mix`: DRFA draws from (1 - e) lambda + e/K, so a collapsed lambda still samples
-      everyone now and then (spec §4.8; 0 is the paper).
+      everyone now and then (spec §4.8's mitigation, 0.1; 0 is the paper).
     - `min_contributors`: DRFA never averages fewer distinct silos (redraws, then skips the
       round): a "mean" of one silo is that silo's model (spec §1.3).
     - `mixup_alpha`, `probe`: DRFLM's Beta(alpha, alpha) local mixup and whether the lambda
@@ -43,7 +43,7 @@ class MixingConfig(PolicyModel):
     init: Literal["counts", "uniform"] = "counts"
     loss_cap: float | None = Field(default=None, gt=0)
     silos_per_round: int | None = Field(default=None, ge=1)
-    uniform_mix: float = Field(default=0.0, ge=0, le=1)
+    uniform_mix: float = Field(default=0.1, ge=0, le=1)
     min_contributors: int = Field(default=2, ge=1)
     mixup_alpha: float = Field(default=1.0, gt=0)
     probe: Literal["mixup", "clean"] = "mixup"

@@ -105,6 +105,12 @@ class Policy(PolicyModel):
 
     def _check_mixing(self) -> None:
         name = self.algorithm.name
+        if name == "drflm" and self.privacy.differentially_private:
+            raise ValueError(
+                "privacy: drflm's mixup puts one record into its own row and into every row "
+                "that draws it as a partner, so per-row clipping does not bound a record's "
+                "influence and the booked epsilon would be too low; use drfa under DP"
+            )
         if name in ("drfa", "drflm") and self.training.steps is None:
             raise ValueError(
                 f"training.steps: {name} needs a fixed number of local steps tau per round "

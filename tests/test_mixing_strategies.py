@@ -169,3 +169,12 @@ def test_a_run_plots_the_coefficients_over_rounds(tmp_path) -> None:
     p = policy("term", rounds=2)
     write_results(tmp_path / "out", {"term": simulate(p, load_consortium(p.data, seed=p.seed))})
     assert (tmp_path / "out" / "mixing_weights.png").stat().st_size > 0
+
+
+def test_drflm_is_refused_under_dp_where_mixup_would_break_the_accounting() -> None:
+    document = {
+        **policy("drflm").model_dump(),
+        "privacy": {"dp_sgd": {"noise_multiplier": 1.0}},
+    }
+    with pytest.raises(PolicyError, match="booked epsilon would be too low"):
+        parse_policy(document)

@@ -3,14 +3,14 @@
 sum_k lambda_k f_k(w).
 
 A round: draw M silos from lambda with replacement (mixed with `uniform_mix` of the uniform
-distribution; redrawn until at least `min_contributors` distinct silos, else the round is
-skipped), and a checkpoint step t' uniform in 1..tau. Each distinct silo trains tau local
-steps from w-bar and sends its model and its checkpoint after t' steps; both are averaged with
-the draws' multiplicities as weights (secure aggregation applies to both). Then M silos drawn
-uniformly report their loss at the averaged checkpoint w-tilde, and lambda takes a projected
-ascent step gamma_s tau v, v the losses clipped to the cap and scaled by K/|U'| (unbiased),
-then the floor. DRFLM trains every local step on Beta(alpha, alpha) mixup of the silo's data
-and, with `probe: mixup`, reports the loss on mixed data too.
+distribution; redrawn until at least `min_contributors` distinct silos, else nobody trains this
+round and only lambda's probe runs), and a checkpoint step t' uniform in 1..tau. Each distinct
+silo trains tau local steps from w-bar and sends its model and its checkpoint after t' steps;
+both are averaged with the draws' multiplicities as weights (secure aggregation applies to
+both). Then M silos drawn uniformly report their loss at the averaged checkpoint w-tilde, and
+lambda takes a projected ascent step gamma_s tau v, v the losses clipped to the cap and scaled
+by K/|U'| (unbiased), then the floor. DRFLM trains every local step on Beta(alpha, alpha)
+mixup of the silo's data and, with `probe: mixup`, reports the loss on mixed data too.
 
 lambda starts uniform and, with `init: counts`, is set proportional to the sample counts the
 silos released after the first round's probe. The losses are noisy reports of the silo's
@@ -57,38 +57,32 @@ class Drfa(Strategy):
         settings = self.policy.mixing
         mixing: dict[str, Any] = dict(state.extra.get(MIXING, {}))
         silos: list[str] = mixing.setdefault("silos", sorted(ctx.silos))
-        active = np.array([s in ctx.silos for s in silos])
+        active = [s in ctx.silos for s in silos]
         lam = np.array(mixing["lam"]) if "lam" in mixing else np.full(len(silos), 1 / len(silos))
         tau = self.policy.training.steps
         assert tau is not None  # the policy requires training.steps for DRFA
         draws = settings.silos_per_round or len(silos)
         rng = ctx.rng("drfa")
-        counts = self._draw(lam, active, draws, rng)
-        if counts is None:
-            log.warning("drfa: round %d skipped, too few distinct silos drawn", ctx.round)
-            return state
+        counts = self._draw(lam, np.array(active), draws, rng)
         checkpoint = int(rng.integers(1, tau + 1))
-        chosen = {silos[i]: float(c) for i, c in enumerate(counts) if c > 0}
-        extra: dict[str, Any] = {"checkpoint_step": checkpoint}
-        if self.mixup:
-            extra["mixup_alpha"] = settings.mixup_alpha
-        tasks = []
-        for silo in sorted(chosen):
-            task = self.train_task(silo, state.model, state.spec, ctx, extra=extra)
-            if self.policy.secure_aggregation.enabled:  # the reference the checkpoint's update
-                task = replace(task, tensors={**task.tensors, CHECKPOINT: state.model})
-            tasks.append(task)
-        out = yield Phase(
-            "train", tuple(tasks), aggregate=WeightedMean((MODEL, CHECKPOINT), chosen)
-        )
-        averaged = out.mean[CHECKPOINT]
-        active_silos = [s for s, on in zip(silos, active, strict=True) if on]
-        probed = rng.choice(len(active_silos), size=min(draws, len(active_silos)), replace=False)
+        model = averaged = state.model
+        if counts is None:  # nobody trains; lambda is still probed, so it can move back
+            log.info("drfa: round %d trains no one, too few distinct silos drawn", ctx.round)
+        else:
+            chosen = {silos[i]: float(c) for i, c in enumerate(counts) if c > 0}
+            out = yield Phase(
+                "train",
+                self._train_tasks(state, ctx, sorted(chosen), checkpoint),
+                aggregate=WeightedMean((MODEL, CHECKPOINT), chosen),
+            )
+            model, averaged = out.mean[MODEL], out.mean[CHECKPOINT]
+        reachable = [s for s, on in zip(silos, active, strict=True) if on]
+        probed = rng.choice(len(reachable), size=min(draws, len(reachable)), replace=False)
         probe = yield Phase(
             "probe",
             tuple(
                 Task(s, "loss", self._probe_config(s, ctx), {MODEL: averaged}, state.spec)
-                for s in sorted(active_silos[i] for i in probed)
+                for s in sorted(reachable[i] for i in probed)
             ),
         )
         reported = {s: r for s, r in probe.reports.items() if math.isfinite(r.metrics["loss"])}
@@ -105,10 +99,22 @@ class Drfa(Strategy):
         mixing["lam"] = lam.tolist()
         mixing["weights"] = dict(zip(silos, lam.tolist(), strict=True))
         return replace(
-            state,
-            tensors={**state.tensors, MODEL: out.mean[MODEL]},
-            extra={**state.extra, MIXING: mixing},
+            state, tensors={**state.tensors, MODEL: model}, extra={**state.extra, MIXING: mixing}
         )
+
+    def _train_tasks(
+        self, state: ServerState, ctx: RoundContext, silos: list[str], checkpoint: int
+    ) -> tuple[Task, ...]:
+        extra: dict[str, Any] = {"checkpoint_step": checkpoint}
+        if self.mixup:
+            extra["mixup_alpha"] = self.policy.mixing.mixup_alpha
+        tasks = []
+        for silo in silos:
+            task = self.train_task(silo, state.model, state.spec, ctx, extra=extra)
+            if self.policy.secure_aggregation.enabled:  # the reference of the checkpoint's update
+                task = replace(task, tensors={**task.tensors, CHECKPOINT: state.model})
+            tasks.append(task)
+        return tuple(tasks)
 
     def _draw(
         self, lam: np.ndarray, active: np.ndarray, draws: int, rng: np.random.Generator

@@ -112,42 +112,43 @@ class LossWeighted(Strategy):
         raise NotImplementedError
 
 
-def _sizes_and_losses(reported: Reported) -> tuple[list[str], np.ndarray, np.ndarray]:
-    silos = sorted(reported)
-    losses = np.array([reported[s][0] for s in silos])
-    sizes = np.array([max(reported[s][1], 1.0) for s in silos])
-    return silos, np.clip(losses, 0.0, None), sizes
+class TableRule(LossWeighted):
+    """A stateless row of the unified table: p from this round's losses and counts alone."""
+
+    def decide(self, reported: Reported, mixing: dict[str, Any], ctx: RoundContext) -> Decision:
+        silos = sorted(reported)
+        losses = np.clip(np.array([reported[s][0] for s in silos]), 0.0, None)
+        sizes = np.array([max(reported[s][1], 1.0) for s in silos])
+        weights = self.weights(losses, sizes)
+        return dict(zip(silos, weights.tolist(), strict=True)), mixing
+
+    def weights(self, losses: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
 
 
-class QFedAvg(LossWeighted):
+class QFedAvg(TableRule):
     name = "qfedavg"
 
-    def decide(self, reported: Reported, mixing: dict[str, Any], ctx: RoundContext) -> Decision:
-        silos, losses, sizes = _sizes_and_losses(reported)
-        weights = qfedavg_weights(losses, sizes, self.policy.mixing.q)
-        return dict(zip(silos, weights.tolist(), strict=True)), mixing
+    def weights(self, losses: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+        return qfedavg_weights(losses, sizes, self.policy.mixing.q)
 
 
-class Term(LossWeighted):
+class Term(TableRule):
     name = "term"
 
-    def decide(self, reported: Reported, mixing: dict[str, Any], ctx: RoundContext) -> Decision:
-        silos, losses, sizes = _sizes_and_losses(reported)
-        weights = term_weights(losses, sizes, self.policy.mixing.tilt)
-        return dict(zip(silos, weights.tolist(), strict=True)), mixing
+    def weights(self, losses: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+        return term_weights(losses, sizes, self.policy.mixing.tilt)
 
 
-class PropFair(LossWeighted):
+class PropFair(TableRule):
     name = "propfair"
 
-    def decide(self, reported: Reported, mixing: dict[str, Any], ctx: RoundContext) -> Decision:
-        silos, losses, sizes = _sizes_and_losses(reported)
+    def weights(self, losses: np.ndarray, sizes: np.ndarray) -> np.ndarray:
         baseline = self.policy.mixing.baseline
         if np.any(losses >= baseline):
             log.warning("propfair: losses %s reach the baseline M = %g; clipped", losses, baseline)
             losses = np.minimum(losses, baseline * (1 - 1e-6))
-        weights = propfair_weights(losses, sizes, baseline)
-        return dict(zip(silos, weights.tolist(), strict=True)), mixing
+        return propfair_weights(losses, sizes, baseline)
 
 
 class LambdaSchedule(LossWeighted):

@@ -4,6 +4,11 @@
 `loss` returns only the mean loss on a split (train by default), the scalar that the
 distributionally robust strategies consume. Both report through silo/reports.py: in a DP
 deployment only the noisy count, accuracy and clipped mean loss leave; a forbidden kind never.
+
+A `loss` task with `mixup_alpha` a and `seed` s (DRFLM's probe) reports instead the mean mixed
+loss over the split's n rows in order, row i mixed with a partner drawn uniformly with
+replacement at a Beta(a, a) ratio, all drawn with s (silo/mixup.py): one loss report, clipped
+and noised under DP exactly as the plain one, and booked the same (`loss_releases`).
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ import torch
 
 from fedsilo.privacy.accounting import Mechanism
 from fedsilo.silo.evaluation import metrics_for, per_sample_loss_function
-from fedsilo.silo.mixup import MixupDraws, mixed_loss_of
+from fedsilo.silo.mixup import MixupDraws, mixed_losses
 from fedsilo.silo.reports import LOSSES, METRICS, reports_mechanism
 from fedsilo.silo.tasks.base import SiloContext
 from fedsilo.wire.messages import TaskMessage, TaskResult
@@ -28,25 +33,33 @@ def evaluate(message: TaskMessage, ctx: SiloContext) -> TaskResult:
 
 
 def report_loss(message: TaskMessage, ctx: SiloContext) -> TaskResult:
-    alpha = message.config.get("mixup_alpha")
-    if alpha is None:
+    if message.config.get("mixup_alpha") is None:
         return _report(message, ctx, _loss_only(ctx), default_split="train")
-    return _mixed_loss(message, ctx, float(alpha))
+    return _mixed_loss(message, ctx)
 
 
-def _mixed_loss(message: TaskMessage, ctx: SiloContext, alpha: float) -> TaskResult:
-    """DRFLM's probe: the mean loss over the split's rows, each mixed with a partner drawn
-    with the task's seed (silo/mixup.py), reported like any loss."""
+def _mixed_loss(message: TaskMessage, ctx: SiloContext) -> TaskResult:
+    """DRFLM's probe: the mean mixed loss over the split's rows in order, each mixed with a
+    partner at a ratio drawn with the task's `seed` (silo/mixup.py), reported like a loss."""
     _loss_only(ctx)
+    if message.config.get("seed") is None:
+        raise ValueError("a loss task with mixup_alpha needs a seed for its mixup draws")
     model, _ = ctx.load_model(message)
     split = _split(message, "train")
     x, y = ctx.split(split)
+    draws = MixupDraws(message.config["mixup_alpha"], int(message.config["seed"]), len(y))
+    partners, gamma = draws.draw(len(y))
+    rows = torch.arange(len(y), device=x.device)
     model.eval()
-    draws = MixupDraws(alpha, int(message.config["seed"]), len(y))
+    per_row = []
     with torch.no_grad():
-        per_row = mixed_loss_of(ctx.data.task, model, x, y, draws)(torch.arange(len(y)))
+        for start in range(0, len(y), EVAL_BATCH):
+            batch = slice(start, start + EVAL_BATCH)
+            per_row.append(
+                mixed_losses(ctx.data.task, model, x, y, rows[batch], partners[batch], gamma[batch])
+            )
     reports = ctx.reports(message.task_id, split)
-    metrics = {"loss": reports.mean_loss(per_row)}
+    metrics = {"loss": reports.mean_loss(torch.cat(per_row))}
     ctx.released_count(split)
     return TaskResult(
         message.task_id, ctx.name, message.kind, num_samples=reports.count(len(y)), metrics=metrics
