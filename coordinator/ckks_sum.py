@@ -21,18 +21,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-import numpy as np
 import tenseal as ts
 import torch
 
 from fedsilo.coordinator.phases import Phase, PhaseOutcome, Task
-from fedsilo.coordinator.replies import Accepted, reports_of
+from fedsilo.coordinator.replies import Accepted, raw_weights, reports_of
 from fedsilo.coordinator.secure_mean import (
     Collect,
     SecureMean,
-    raw_weights,
     shares_of_weight,
-    tensor_bytes,
 )
 from fedsilo.policies.secure_aggregation import SecureAggregationConfig
 from fedsilo.privacy.ckks import (
@@ -47,6 +44,7 @@ from fedsilo.privacy.ckks import (
     context_digest,
     load_public_context,
 )
+from fedsilo.wire.tensors import bytes_tensor, tensor_bytes
 
 
 @dataclass
@@ -189,7 +187,7 @@ class CkksMean(SecureMean):
         """The sum, decrypted by the first decryptor that answers with the right length."""
         preferred = [self.config.decryptor, keys.key_holder]
         order = [s for s in preferred if s in survivors] + survivors
-        chunks = {chunk_name(i): _bytes_tensor(c) for i, c in enumerate(summed)}
+        chunks = {chunk_name(i): bytes_tensor(c) for i, c in enumerate(summed)}
         for decryptor in dict.fromkeys(order):
             answered = self.step(
                 "decrypt",
@@ -214,7 +212,3 @@ class CkksMean(SecureMean):
 def _chunks(reply: Accepted) -> list[bytes]:
     names = sorted(n for n in reply.result.tensors if n.startswith(CHUNK))
     return [tensor_bytes(reply.result.tensors[n]) for n in names]
-
-
-def _bytes_tensor(data: bytes) -> torch.Tensor:
-    return torch.from_numpy(np.frombuffer(bytearray(data), dtype=np.uint8))

@@ -46,14 +46,19 @@ from fedsilo.coordinator.replies import (
     Accepted,
     Dropout,
     accept,
+    raw_weights,
     reports_of,
 )
 from fedsilo.coordinator.routing import HandoffRouter
 from fedsilo.coordinator.secure_sum import MaskedMean
 from fedsilo.coordinator.seeding import derive_rng
 from fedsilo.coordinator.state import StateStore, digest_policy
-from fedsilo.coordinator.strategies.base import RoundContext, ServerState, Strategy
-from fedsilo.coordinator.strategies.loss_weighted import mixing_weights
+from fedsilo.coordinator.strategies.base import (
+    RoundContext,
+    ServerState,
+    Strategy,
+    mixing_weights,
+)
 from fedsilo.coordinator.summary import summarize_metrics
 from fedsilo.coordinator.transport import Delivery, Transport
 from fedsilo.policies.schema import Policy
@@ -443,12 +448,7 @@ def _weighted_mean(
     Computed slice by slice over the results' unread tensors, so memory is the output plus one
     float64 slice whatever the number of silos; every element goes through the same operations
     in the same order as a whole-tensor sum would, so the mean is bit-identical to one."""
-    weights = {
-        s: float(aggregate.weights.get(s, 0.0))
-        if aggregate.weights is not None
-        else float(a.result.num_samples)
-        for s, a in results.items()
-    }
+    weights = raw_weights(aggregate.weights, results)
     total = math.fsum(weights.values())
     means: dict[str, torch.Tensor] = {}
     if total <= 0:

@@ -19,6 +19,15 @@ from fedsilo.wire.tensors import LazyTensor, WireError
 SLICE_ELEMENTS = 1 << 20  # elements read at once (a multiple of every SIMD width)
 
 
+def raw_weights(
+    weights: Mapping[str, float] | None, counted: Mapping[str, Accepted]
+) -> dict[str, float]:
+    """Each silo's weight: the strategy's, or the sample count it released."""
+    if weights is not None:
+        return {s: float(weights.get(s, 0.0)) for s in counted}
+    return {s: float(reply.result.num_samples) for s, reply in counted.items()}
+
+
 def reports_of(results: Mapping[str, Accepted]) -> dict[str, SiloReport]:
     return {
         s: SiloReport(

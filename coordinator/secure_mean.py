@@ -8,10 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
-import torch
-
 from fedsilo.coordinator.phases import Phase, QuorumNotMet, Task, WeightedMean
-from fedsilo.coordinator.replies import Accepted
+from fedsilo.coordinator.replies import Accepted, raw_weights
 
 # collect(step, tasks, aggregate=None) -> (accepted replies, dropped silo -> why)
 Collect = Callable[..., tuple[dict[str, Accepted], dict[str, str]]]
@@ -56,15 +54,6 @@ class SecureMean:
         )
 
 
-def raw_weights(
-    weights: Mapping[str, float] | None, counted: Mapping[str, Accepted]
-) -> dict[str, float]:
-    """Each silo's weight: the strategy's, or the sample count it released."""
-    if weights is not None:
-        return {s: float(weights.get(s, 0.0)) for s in counted}
-    return {s: float(reply.result.num_samples) for s, reply in counted.items()}
-
-
 def shares_of_weight(
     weights: Mapping[str, float] | None, counted: Mapping[str, Accepted]
 ) -> dict[str, float]:
@@ -74,7 +63,3 @@ def shares_of_weight(
     if total <= 0:
         return dict.fromkeys(raw, 0.0)
     return {s: w / total for s, w in raw.items()}
-
-
-def tensor_bytes(tensor: torch.Tensor) -> bytes:
-    return tensor.to(torch.uint8).numpy().tobytes()

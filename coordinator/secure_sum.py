@@ -30,13 +30,11 @@ from fedsilo.coordinator.phases import (
     Task,
     WeightedMean,
 )
-from fedsilo.coordinator.replies import Accepted, reports_of
+from fedsilo.coordinator.replies import Accepted, raw_weights, reports_of
 from fedsilo.coordinator.secure_mean import (
     Collect,
     SecureMean,
-    raw_weights,
     shares_of_weight,
-    tensor_bytes,
 )
 from fedsilo.policies.secure_aggregation import SecureAggregationConfig
 from fedsilo.privacy.masking import (
@@ -51,6 +49,7 @@ from fedsilo.privacy.masking import (
     silo_indices,
     unmask_total,
 )
+from fedsilo.wire.tensors import tensor_bytes
 
 
 class MaskedMean(SecureMean):

@@ -26,6 +26,17 @@ import torch
 from fedsilo.wire.payload import AnyPayload, Payload, as_payload
 
 
+def bytes_tensor(data: bytes) -> torch.Tensor:
+    """Opaque bytes (keys, shares, ciphertexts, sealed boxes) as a uint8 tensor, to travel
+    among a message's tensors."""
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8)
+
+
+def tensor_bytes(tensor: torch.Tensor) -> bytes:
+    """The bytes a `bytes_tensor` carries."""
+    return tensor.to(torch.uint8).cpu().numpy().tobytes()
+
+
 class WireError(ValueError):
     """A payload that does not decode, or does not match the spec it claims."""
 

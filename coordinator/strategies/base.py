@@ -22,6 +22,7 @@ from fedsilo.policies.schema import Policy
 from fedsilo.wire.tensors import ParameterSpec
 
 MODEL = "model"
+MIXING = "mixing"  # state.extra of a mixing schedule: its state, and `weights` by silo
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,12 @@ class RoundContext:
         label = "/".join(str(p) for p in (self.seed, "round", self.round, *purpose)).encode()
         digest = hashlib.blake2b(label, key=self.secret[:64], digest_size=8).digest()
         return torch.Generator().manual_seed(int.from_bytes(digest, "little") >> 1)
+
+
+def mixing_weights(extra: Mapping[str, Any]) -> dict[str, float] | None:
+    """Each silo's mixing coefficient after a round of a mixing schedule (else None)."""
+    weights = extra.get(MIXING, {}).get("weights")
+    return dict(weights) if weights else None
 
 
 RoundScript = Generator[Phase, PhaseOutcome, ServerState]

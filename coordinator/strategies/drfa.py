@@ -35,13 +35,13 @@ from fedsilo.coordinator.mixing import (
 )
 from fedsilo.coordinator.phases import Phase, Task, WeightedMean
 from fedsilo.coordinator.strategies.base import (
+    MIXING,
     MODEL,
     RoundContext,
     RoundScript,
     ServerState,
     Strategy,
 )
-from fedsilo.coordinator.strategies.loss_weighted import MIXING
 
 log = logging.getLogger(__name__)
 

@@ -48,6 +48,7 @@ from fedsilo.coordinator.mixing import (
 )
 from fedsilo.coordinator.phases import Phase, Task, WeightedMean
 from fedsilo.coordinator.strategies.base import (
+    MIXING,
     MODEL,
     RoundContext,
     RoundScript,
@@ -58,15 +59,8 @@ from fedsilo.policies.algorithms import MixingAlgorithmConfig
 
 log = logging.getLogger(__name__)
 
-MIXING = "mixing"  # state.extra: the schedule's state, and `weights` (silo -> last coefficient)
 Reported = Mapping[str, tuple[float, float]]  # silo -> (loss, released sample count)
 Decision = tuple[dict[str, float], dict[str, Any]]  # coefficients by silo, the new state
-
-
-def mixing_weights(extra: Mapping[str, Any]) -> dict[str, float] | None:
-    """Each silo's mixing coefficient after a round of a mixing schedule (else None)."""
-    weights = extra.get(MIXING, {}).get("weights")
-    return dict(weights) if weights else None
 
 
 class LossWeighted(Strategy):

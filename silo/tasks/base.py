@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -118,17 +118,8 @@ def flat_parameters(model: nn.Module, spec: ParameterSpec) -> torch.Tensor:
 def inner_message(message: TaskMessage) -> TaskMessage:
     """The task a secure-aggregation step wraps (`inner_kind`, `inner_config`), with the
     step's model and ids: the silo runs it as if it had come alone."""
-    return TaskMessage(
-        task_id=message.task_id,
-        round=message.round,
-        phase=message.phase,
-        kind=str(message.config["inner_kind"]),
-        silo=message.silo,
-        config=message.config["inner_config"],
-        tensors=message.tensors,
-        spec=message.spec,
-        policy_digest=message.policy_digest,
-    )
+    config = message.config
+    return replace(message, kind=str(config["inner_kind"]), config=config["inner_config"])
 
 
 def new_session(ctx: SiloContext, protocol: str, message: TaskMessage) -> dict[str, Any]:
@@ -150,14 +141,6 @@ def find_session(
 
 def session_id(message: TaskMessage) -> str:
     return f"r{message.round}/{message.phase}"
-
-
-def bytes_tensor(data: bytes) -> torch.Tensor:
-    return torch.frombuffer(bytearray(data), dtype=torch.uint8)
-
-
-def tensor_bytes(tensor: torch.Tensor) -> bytes:
-    return tensor.to(torch.uint8).cpu().numpy().tobytes()
 
 
 def task_result(

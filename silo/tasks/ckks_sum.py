@@ -53,16 +53,15 @@ from fedsilo.privacy.ckks import (
 from fedsilo.silo.reports import reports_mechanism
 from fedsilo.silo.tasks.base import (
     SiloContext,
-    bytes_tensor,
     find_session,
     inner_message,
     new_session,
     session_id,
     task_result,
-    tensor_bytes,
     with_tensors,
 )
 from fedsilo.wire.messages import TaskMessage, TaskResult
+from fedsilo.wire.tensors import bytes_tensor, tensor_bytes
 
 GRID_BELOW_SCALE_BITS = 18  # the decrypted sum is rounded to 2^-(scale bits - 18)
 

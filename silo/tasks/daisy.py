@@ -15,6 +15,7 @@ one round's local steps at a time, and hands it on or sends it for aggregation w
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -33,13 +34,12 @@ from fedsilo.privacy.handoff import (
 from fedsilo.silo.tasks.base import (
     MODEL,
     SiloContext,
-    bytes_tensor,
-    tensor_bytes,
     with_tensors,
 )
 from fedsilo.silo.tasks.evaluate import evaluate, evaluate_releases
 from fedsilo.silo.tasks.train import PROX_ANCHOR, train, train_releases
 from fedsilo.wire.messages import TaskMessage, TaskResult
+from fedsilo.wire.tensors import bytes_tensor, tensor_bytes
 
 
 def daisy_train(message: TaskMessage, ctx: SiloContext) -> TaskResult:
@@ -124,17 +124,8 @@ def _packed(message: TaskMessage, ctx: SiloContext, model: torch.Tensor) -> torc
 
 
 def _as(message: TaskMessage, kind: str, tensors: dict[str, torch.Tensor]) -> TaskMessage:
-    return TaskMessage(
-        task_id=message.task_id,
-        round=message.round,
-        phase=message.phase,
-        kind=kind,
-        silo=message.silo,
-        config=message.config,
-        tensors=tensors,
-        spec=message.spec,
-        policy_digest=message.policy_digest,
-    )
+    """The task run on the hosted model: `kind` with this task's config and ids."""
+    return replace(message, kind=kind, tensors=tensors)
 
 
 def _hosted(ctx: SiloContext) -> dict[str, torch.Tensor]:

@@ -47,7 +47,6 @@ from fedsilo.privacy.masking import (
 from fedsilo.silo.reports import reports_mechanism
 from fedsilo.silo.tasks.base import (
     SiloContext,
-    bytes_tensor,
     find_session,
     inner_message,
     new_session,
@@ -56,6 +55,7 @@ from fedsilo.silo.tasks.base import (
     with_tensors,
 )
 from fedsilo.wire.messages import TaskMessage, TaskResult
+from fedsilo.wire.tensors import bytes_tensor
 
 
 def advertise(message: TaskMessage, ctx: SiloContext) -> TaskResult:
