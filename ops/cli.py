@@ -90,8 +90,10 @@ def validate(file: Path) -> None:
 @main.command("algorithms")
 def algorithms() -> None:
     """List the algorithms a policy may select."""
+    width = max(len(name) for name in STRATEGIES)
     for name, cls in STRATEGIES.items():
-        console.print(f"{name:12s} {(cls.__doc__ or cls.__module__).strip().splitlines()[0]}")
+        summary = (cls.__doc__ or cls.__module__).strip().splitlines()[0]
+        console.print(f"{name:{width}s}  {summary}", highlight=False, soft_wrap=True)
 
 
 @main.command("simulate")

@@ -24,6 +24,7 @@ from fedsilo.silo.agent import SiloAgent
 from fedsilo.silo.client import ChannelSettings, CoordinatorConnection, SiloClient, SiloIdentity
 from fedsilo.silo.config import SiloConfig, load_silo_config
 from fedsilo.silo.device import resolve_device
+from fedsilo.silo.domains import check_domains
 from fedsilo.wire.messages import STATUS_BUDGET_EXHAUSTED, TaskMessage
 
 log = logging.getLogger("fedsilo.silo")
@@ -89,6 +90,7 @@ def _start_agent(
 ) -> Callable[[bytes], bytes]:
     device, why = resolve_device((config.compute or policy.compute).device)
     data = config.data.load(policy.seed, base_dir=config_path.parent)
+    check_domains(policy, data)
     log.info("silo %s: %d training rows, device %s", kit.name, len(data.y_train), why)
     ledger = PrivacyLedger(config.ledger_path(config_path))
     agent = SiloAgent(

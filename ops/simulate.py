@@ -20,6 +20,7 @@ from fedsilo.policies.schema import Policy
 from fedsilo.silo.agent import SiloAgent
 from fedsilo.silo.data import DataError, SiloDataset, load_consortium, pool
 from fedsilo.silo.device import resolve_device
+from fedsilo.silo.domains import check_domains
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,11 @@ def load_silos(policy: Policy, base_dir: Path | None) -> list[SiloDataset]:
         raise DataError(
             f"a silo may not be named {POOLED_SILO!r}: the central reference uses that name"
         )
+    for data in datasets:
+        try:
+            check_domains(policy, data)
+        except ValueError as error:
+            raise DataError(str(error)) from error
     return datasets
 
 

@@ -68,7 +68,8 @@ class LocalConfig(PolicyModel):
 class MixingAlgorithmConfig(PolicyModel):
     """The loss-driven mixing schedules (their parameters in the policy's `mixing:` section):
     DRFA and DRFLM (Deng et al. 2021; DRFA with local mixup), AFL (Mohri et al. 2019, as
-    projected ascent on lambda), AgnosticFedAvg (Ro et al. 2021, domain = silo), q-FedAvg,
+    projected ascent on lambda), AgnosticFedAvg (Ro et al. 2021; a domain is a silo, or a value
+    of the silos' `data.domain` column with `mixing.domains: data`), q-FedAvg,
     TERM, PropFair (as the unified table of the AAggFF thesis), AAggFF (Hahn et al. 2024:
     AAggFF-S with every silo, AAggFF-D when `client_fraction` < 1)."""
 
@@ -77,6 +78,19 @@ class MixingAlgorithmConfig(PolicyModel):
     name: Literal[
         "drfa", "drflm", "afl", "agnostic_fedavg", "qfedavg", "term", "propfair", "aaggff"
     ]
+    client_fraction: float = Field(default=1.0, gt=0, le=1)
+    prox_mu: float = Field(default=0.0, ge=0)
+
+
+class ApproxFedAvgConfig(PolicyModel):
+    """ApproxFedAvg (the survey's proposal, spec robust-and-daisy-chain.md §7): FedAvg whose silos
+    train each minibatch on the log-sum-exp (1/mu) log sum_i exp(mu F_i) of their domains'
+    losses F_i, a soft maximum over the domains of the silo's `data.domain` column (`mixing:
+    temperature` mu, `domain_reduction`). With one domain per silo it is FedAvg."""
+
+    reports: ClassVar[frozenset[str]] = SAMPLE_WEIGHTED
+    averages: ClassVar[bool] = True
+    name: Literal["approx_fedavg"]
     client_fraction: float = Field(default=1.0, gt=0, le=1)
     prox_mu: float = Field(default=0.0, ge=0)
 
@@ -126,6 +140,7 @@ AlgorithmConfig = Annotated[
     | CentralConfig
     | LocalConfig
     | FedDcConfig
-    | MixingAlgorithmConfig,
+    | MixingAlgorithmConfig
+    | ApproxFedAvgConfig,
     Field(discriminator="name"),
 ]

@@ -130,6 +130,10 @@ class DataConfig(PolicyModel):
     partition: Partition | None = None
     split: SplitConfig = Field(default_factory=SplitConfig)
     label_noise: LabelNoiseConfig | None = None
+    # A categorical column whose value is each row's domain (e.g. sex, or the scanner), for the
+    # algorithms that weight domains (agnostic_fedavg with mixing.domains: data, approx_fedavg).
+    # Its declared categories are the domain names every silo agrees on; it stays a feature.
+    domain: str | None = None
     # local: each silo standardises with its own training statistics (nothing crosses silos).
     # federated: each silo imputes locally; the features are then standardised with the
     # consortium's mean and variance, aggregated from per-silo moments before training. Under
@@ -182,6 +186,15 @@ class DataConfig(PolicyModel):
             )
         if source != "csv" and self.categorical:
             raise ValueError(f"categorical applies to csv sources only, not '{source}'")
+        if self.domain is not None and source not in ("heart", "csv"):
+            raise ValueError(
+                f"domain names a categorical column of a heart or csv source, not of '{source}'"
+            )
+        if source == "csv" and self.domain is not None and self.domain not in self.categorical:
+            raise ValueError(
+                f"domain: column '{self.domain}' must be declared in categorical (its categories "
+                "are the domain names every silo agrees on)"
+            )
         known = KNOWN_TASKS.get(source)
         if known is not None and self.task not in (None, known):
             raise ValueError(f"source '{source}' is a {known} task, not {self.task}")

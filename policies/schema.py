@@ -105,6 +105,15 @@ class Policy(PolicyModel):
 
     def _check_mixing(self) -> None:
         name = self.algorithm.name
+        defaults = MixingConfig()
+        for field in sorted(self.mixing.model_fields_set):
+            changed = getattr(self.mixing, field) != getattr(defaults, field)
+            if changed and name not in READERS[field]:
+                readers = ", ".join(sorted(READERS[field]))
+                raise ValueError(
+                    f"mixing.{field}: {name} does not read it (read by {readers}); drop it "
+                    "or choose one of those algorithms"
+                )
         if name == "drflm" and self.privacy.differentially_private:
             raise ValueError(
                 "privacy: drflm's mixup puts one record into its own row and into every row "
@@ -116,15 +125,22 @@ class Policy(PolicyModel):
                 f"training.steps: {name} needs a fixed number of local steps tau per round "
                 "(its checkpoint is drawn from 1..tau); set steps instead of epochs"
             )
-        defaults = MixingConfig()
-        for field in sorted(self.mixing.model_fields_set):
-            changed = getattr(self.mixing, field) != getattr(defaults, field)
-            if changed and name not in READERS[field]:
-                readers = ", ".join(sorted(READERS[field]))
-                raise ValueError(
-                    f"mixing.{field}: {name} does not read it (read by {readers}); drop it "
-                    "or choose one of those algorithms"
-                )
+        if self.mixing.variant == "fedtorch" and (self.training.steps or 0) < 2:
+            raise ValueError(
+                "training.steps: the fedtorch variant draws its checkpoint before step "
+                "k' ~ U{1..tau-1}, so it needs tau >= 2 local steps"
+            )
+        if self.mixing.mixup_on == "embedding" and isinstance(self.model, LinearModel):
+            raise ValueError(
+                "mixing.mixup_on: model 'linear' has no embedding (its one layer reads the "
+                "inputs); use mixup_on 'inputs' or a model with hidden layers (mlp, cnn)"
+            )
+        if name == "approx_fedavg" and self.privacy.dp_sgd is not None:
+            raise ValueError(
+                "privacy.dp_sgd: approx_fedavg weights each row's gradient by a softmax over its "
+                "batch's domain losses, which the other rows set, so per-row clipping does not "
+                "bound a record's influence; use agnostic_fedavg (mixing.domains: data) under DP"
+            )
 
     def _check_secure_aggregation(self) -> None:
         secure = self.secure_aggregation

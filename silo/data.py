@@ -115,6 +115,10 @@ class SiloDataset:
     num_classes: int | None
     feature_names: tuple[str, ...]
     input_shape: tuple[int, ...]
+    # With `data.domain`: the domain names, and each split's rows' domain codes (int64, indices
+    # into `domains`). Without: no domains (the silo is one domain).
+    domains: tuple[str, ...] = ()
+    domain_codes: Mapping[str, torch.Tensor] = field(default_factory=dict)
 
     @property
     def output_dim(self) -> int:
@@ -223,6 +227,8 @@ class _Table:
     task: str
     num_classes: int | None
     groups: np.ndarray | None  # the natural-partition column, when there is one
+    domains: tuple[str, ...] = ()  # with data.domain: its categories
+    domain_codes: np.ndarray | None = None  # and each row's index into them
 
 
 def _columns_listing(frame: pd.DataFrame) -> str:
@@ -418,9 +424,40 @@ def _tabulate(source: _RawSource, config: DataConfig, partition: Partition) -> _
     groups = None
     if isinstance(partition, NaturalPartition):
         groups = _natural_groups(source, partition.column)
+    domains, codes = _domain_codes(source, config)
     return _Table(
-        x, numeric, names, source.image_shape or (x.shape[1],), y, task, num_classes, groups
+        x,
+        numeric,
+        names,
+        source.image_shape or (x.shape[1],),
+        y,
+        task,
+        num_classes,
+        groups,
+        domains,
+        codes,
     )
+
+
+def _domain_codes(
+    source: _RawSource, config: DataConfig
+) -> tuple[tuple[str, ...], np.ndarray | None]:
+    """`data.domain`'s declared categories and each row's index into them (none without)."""
+    if config.domain is None:
+        return (), None
+    column = config.domain
+    _require_column(source.frame, column, "domain", source.origin)
+    categories = source.dictionary.categorical.get(column) or config.categorical.get(column)
+    if not categories:
+        raise DataError(f"domain column '{column}' in {source.origin} declares no categories")
+    one_hot = _one_hot(source.frame[column], categories, source.origin)
+    missing = int((one_hot.sum(axis=1) == 0).sum())
+    if missing:
+        raise DataError(
+            f"domain column '{column}' in {source.origin} is missing in {missing} rows; every "
+            "row needs a domain"
+        )
+    return tuple(categories), one_hot.argmax(axis=1).astype(np.int64)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -615,6 +652,15 @@ def _build_silo(
         num_classes=table.num_classes,
         feature_names=table.feature_names,
         input_shape=table.input_shape,
+        domains=table.domains,
+        domain_codes=(
+            {}
+            if table.domain_codes is None
+            else {
+                split: torch.from_numpy(table.domain_codes[part])
+                for split, part in zip(("train", "val", "test"), splits, strict=True)
+            }
+        ),
     )
 
 
@@ -662,8 +708,14 @@ def pool(silos: Sequence[SiloDataset], name: str = "pooled") -> SiloDataset:
         raise ValueError("cannot pool an empty list of silos")
     first = silos[0]
     for silo in silos[1:]:
-        schema = (silo.task, silo.num_classes, silo.feature_names, silo.input_shape)
-        if schema != (first.task, first.num_classes, first.feature_names, first.input_shape):
+        schema = (silo.task, silo.num_classes, silo.feature_names, silo.input_shape, silo.domains)
+        if schema != (
+            first.task,
+            first.num_classes,
+            first.feature_names,
+            first.input_shape,
+            first.domains,
+        ):
             raise ValueError(f"silo '{silo.name}' does not share the schema of '{first.name}'")
     return SiloDataset(
         name=name,
@@ -677,4 +729,9 @@ def pool(silos: Sequence[SiloDataset], name: str = "pooled") -> SiloDataset:
         num_classes=first.num_classes,
         feature_names=first.feature_names,
         input_shape=first.input_shape,
+        domains=first.domains,
+        domain_codes={
+            split: torch.cat([silo.domain_codes[split] for silo in silos])
+            for split in first.domain_codes
+        },
     )

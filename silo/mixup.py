@@ -6,8 +6,9 @@ same split (so (idx, idx') is uniform over all ordered pairs, j = l included), w
 gamma ~ Beta(alpha, alpha) per row. Inputs mix linearly, x~ = gamma x[idx] + (1 - gamma)
 x[idx'], and so do regression targets; a classification row's loss is
 gamma CE(f(x~), y[idx]) + (1 - gamma) CE(f(x~), y[idx']) (soft targets). Mixing happens on the
-inputs only (the spec's g is the identity): mixing on a model's embedding, as the spec allows
-for graph models, is not supported, since no model in the zoo has one.
+inputs (`inputs`: the spec's g is the identity) or on the model's embedding (`embedding`): g is
+every layer but the last (silo/models.py `embedding_and_head`), both rows go through g, and the
+last layer reads gamma g(x[idx]) + (1 - gamma) g(x[idx']), so gradients reach g through both.
 
 Partners and ratios come from a `MixupDraws`, a numpy stream seeded by the task and apart from
 the batch order's torch generator, so a mixup run visits the same batches idx as a plain run
@@ -22,15 +23,26 @@ and the booked epsilon is then optimistic.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from fedsilo.silo.evaluation import per_sample_loss_function
+from fedsilo.silo.models import embedding_and_head
 
 _STREAM = 0x6D69_7875  # "mixu": keeps the mixup stream apart from other uses of the seed
+MIXUP_ON = ("inputs", "embedding")
+
+
+def mixup_on(config: Mapping[str, Any]) -> str:
+    """Where a task's mixup mixes (`mixup_on`, default `inputs`); anything else is refused."""
+    on = config.get("mixup_on", "inputs")
+    if on not in MIXUP_ON:
+        raise ValueError(f"mixup_on must be one of {MIXUP_ON}, not {on!r}")
+    return str(on)
 
 
 class MixupDraws:
@@ -73,27 +85,33 @@ def mixed_per_sample_loss(
 
 def mixed_losses(
     task: str,
-    model: Callable[[Tensor], Tensor],
+    model: nn.Module,
     x: Tensor,
     y: Tensor,
     rows: Tensor,
     partners: Tensor,
     gamma: Tensor,
+    on: str = "inputs",
 ) -> Tensor:
-    """The mixed losses of `model` on rows `rows` of (x, y), each mixed with its partner."""
-    partners = partners.to(x.device)
-    output = model(mixed_inputs(x[rows], x[partners], gamma.to(x.device)))
+    """The mixed losses of `model` on rows `rows` of (x, y), each mixed with its partner, on
+    the inputs or on the model's embedding (`on`)."""
+    partners, gamma = partners.to(x.device), gamma.to(x.device)
+    if on == "embedding":
+        embed, head = embedding_and_head(model)
+        output = head(mixed_inputs(embed(x[rows]), embed(x[partners]), gamma))
+    else:
+        output = model(mixed_inputs(x[rows], x[partners], gamma))
     return mixed_per_sample_loss(task, output, y[rows], y[partners], gamma)
 
 
 def mixed_loss_of(
-    task: str, model: Callable[[Tensor], Tensor], x: Tensor, y: Tensor, draws: MixupDraws
+    task: str, model: nn.Module, x: Tensor, y: Tensor, draws: MixupDraws, on: str = "inputs"
 ) -> Callable[[Tensor], Tensor]:
     """The per-row mixed losses of a batch of row indices, with the next draw of partners and
     ratios for each batch: what a training step (plain or DP-SGD) minimises."""
 
     def losses(rows: Tensor) -> Tensor:
         partners, gamma = draws.draw(len(rows))
-        return mixed_losses(task, model, x, y, rows, partners, gamma)
+        return mixed_losses(task, model, x, y, rows, partners, gamma, on)
 
     return losses

@@ -36,6 +36,19 @@ def build_model(
     return model
 
 
+def embedding_and_head(model: nn.Module) -> tuple[nn.Module, nn.Module]:
+    """A zoo model as g (every layer but the last: the embedding) and its last, linear layer
+    (the head reading g(x)); refused for a model whose last layer reads the inputs."""
+    if not isinstance(model, nn.Sequential) or not any(
+        isinstance(layer, (nn.Linear, nn.Conv2d)) for layer in model[:-1]
+    ):
+        raise ValueError(
+            "this model has no embedding: its last layer reads the inputs (mix the inputs, or "
+            "use a model with hidden layers)"
+        )
+    return model[:-1], model[-1]
+
+
 def count_parameters(model: nn.Module) -> int:
     """Total number of scalar parameters in `model`."""
     return sum(parameter.numel() for parameter in model.parameters())

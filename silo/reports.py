@@ -27,6 +27,7 @@ from fedsilo.policies.privacy import PrivacyConfig
 from fedsilo.privacy.accounting import Mechanism
 
 COUNTS, LOSSES, METRICS = "counts", "losses", "metrics"
+DOMAIN_REPORTS = 2  # per-domain loss sums and counts: the domains are disjoint (`domain_losses`)
 
 
 class Reports:
@@ -64,6 +65,27 @@ class Reports:
         bound = self.privacy.reports.loss_bound
         clipped = float(losses.clamp(0.0, bound).mean())
         return clipped + self._gaussian(bound / len(losses), self.noise)
+
+    def domain_losses(
+        self, per_row: torch.Tensor, codes: torch.Tensor, domains: int
+    ) -> tuple[list[float], list[float]]:
+        """Per domain: the sum of its rows' losses and its row count. Under DP each row's loss
+        is clipped to [0, loss_bound] first, and each sum gets noise of std sigma loss_bound,
+        each count sigma: a record is in one domain, so the two vectors together cost what
+        two reports cost (`DOMAIN_REPORTS`)."""
+        losses = per_row.detach().double().cpu()
+        codes = codes.cpu()
+        if self.noised:
+            losses = losses.clamp(0.0, self.privacy.reports.loss_bound)
+        sums = torch.zeros(domains, dtype=torch.float64).index_add_(0, codes, losses)
+        counts = torch.bincount(codes, minlength=domains).double()
+        if not self.noised:
+            return sums.tolist(), counts.tolist()
+        bound = self.privacy.reports.loss_bound
+        return (
+            [float(v) + self._gaussian(bound, self.noise) for v in sums],
+            [float(v) + self._gaussian(1.0, self.noise) for v in counts],
+        )
 
     def accuracy(self, correct: torch.Tensor) -> float:
         """The fraction of rows marked correct (a boolean per row)."""

@@ -1,7 +1,8 @@
 """The silo's side of DRFA and DRFLM: a train task returns the checkpoint after t' local steps
-(with and without DP-SGD) and refuses a t' outside the run; local mixup mixes inputs and
-targets with Beta(alpha, alpha) ratios that repeat for a seed; the mixed loss probe equals a
-hand computation; and DRFLM runs end to end."""
+(with and without DP-SGD; t' = 0 is the model received) and refuses a t' outside the run; the
+R-FedTorch variant's update scale stretches the update and nothing else; local mixup mixes
+inputs and targets with Beta(alpha, alpha) ratios that repeat for a seed, or the embedding the
+last layer reads; the mixed loss probe equals a hand computation; and DRFLM runs end to end."""
 
 from __future__ import annotations
 
@@ -9,11 +10,11 @@ import pytest
 import torch
 
 from fedsilo.policies.loading import parse_policy
-from fedsilo.policies.model import LinearModel
+from fedsilo.policies.model import LinearModel, MlpModel, ModelConfig
 from fedsilo.policies.privacy import PrivacyConfig
 from fedsilo.silo.agent import SiloAgent
 from fedsilo.silo.data import load_consortium
-from fedsilo.silo.mixup import MixupDraws, mixed_inputs, mixed_per_sample_loss
+from fedsilo.silo.mixup import MixupDraws, mixed_inputs, mixed_losses, mixed_per_sample_loss
 from fedsilo.silo.tasks.base import parameter_spec
 from fedsilo.wire.messages import TaskMessage, TaskResult
 
@@ -25,20 +26,26 @@ DATA = parse_policy(
 ).data
 
 
-def agent(privacy: PrivacyConfig | None = None) -> SiloAgent:
+MLP = MlpModel(name="mlp", hidden=[8])
+
+
+def agent(privacy: PrivacyConfig | None = None, model: ModelConfig | None = None) -> SiloAgent:
     (data, _) = load_consortium(DATA, seed=0)
-    return SiloAgent("silo-0", data, LinearModel(name="linear"), privacy=privacy, rounds=1)
+    return SiloAgent("silo-0", data, model or LinearModel(name="linear"), privacy=privacy)
 
 
-def task(a: SiloAgent, kind: str, **config: object) -> TaskResult:
+def message(a: SiloAgent, kind: str, **config: object) -> TaskMessage:
     model = a.context.new_model(seed=0)
     spec = parameter_spec(model)
     base = {"steps": 5, "batch_size": 16, "optimizer": "sgd", "lr": 0.1, "seed": 3}
-    message = TaskMessage(
+    return TaskMessage(
         "t", 1, "train", kind, "silo-0", {**base, **config},
         {"model": spec.flatten(dict(model.named_parameters()))}, spec,
     )  # fmt: skip
-    result = a.handle(message)
+
+
+def task(a: SiloAgent, kind: str, **config: object) -> TaskResult:
+    result = a.handle(message(a, kind, **config))
     assert result.ok, result.error
     return result
 
@@ -50,6 +57,32 @@ def test_the_checkpoint_is_the_model_after_t_steps() -> None:
     two_steps = task(agent(), "train", steps=2)
     assert torch.equal(early.tensors["checkpoint"], two_steps.tensors["model"])
     assert not torch.equal(early.tensors["checkpoint"], early.tensors["model"])
+
+
+def test_checkpoint_step_zero_is_the_model_received() -> None:
+    a = agent()
+    result = task(a, "train", checkpoint_step=0)
+    assert torch.equal(result.tensors["checkpoint"], message(a, "train").tensors["model"])
+
+
+def test_the_update_scale_stretches_the_update_and_nothing_else() -> None:
+    a = agent()
+    received = message(a, "train").tensors["model"]
+    plain = task(a, "train", checkpoint_step=2)
+    scaled = task(agent(), "train", checkpoint_step=2, update_scale=2.5)
+    expected = received + 2.5 * (plain.tensors["model"] - received)
+    assert torch.allclose(scaled.tensors["model"], expected, atol=1e-6)
+    assert torch.equal(scaled.tensors["checkpoint"], plain.tensors["checkpoint"])
+    assert scaled.num_samples == plain.num_samples
+
+
+def test_an_update_scale_with_client_dp_is_refused() -> None:
+    private = PrivacyConfig.model_validate({"client_dp": {"clip": 1.0, "noise_multiplier": 1.0}})
+    a = agent(private)
+    result = a.handle(message(a, "train", update_scale=2.0))
+    assert (
+        not result.ok and "update_scale cannot be combined with privacy.client_dp" in result.error
+    )
 
 
 def test_the_checkpoint_is_taken_under_dp_sgd_too() -> None:
@@ -69,7 +102,7 @@ def test_a_checkpoint_outside_the_run_is_refused() -> None:
         {"model": spec.flatten(dict(model.named_parameters()))}, spec,
     )  # fmt: skip
     result = a.handle(message)
-    assert not result.ok and "outside the run's 1..3 local steps" in result.error
+    assert not result.ok and "outside the run's 0..3 local steps" in result.error
 
 
 def test_mixup_mixes_inputs_and_targets_linearly() -> None:
@@ -114,6 +147,36 @@ def test_the_mixed_loss_probe_equals_a_hand_computation() -> None:
     assert result.metrics["loss"] == pytest.approx(expected.mean().item(), rel=1e-6)
     plain = task(agent(), "loss", split="train")
     assert result.metrics["loss"] != pytest.approx(plain.metrics["loss"])
+
+
+def test_embedding_mixup_feeds_the_head_a_mix_of_the_two_rows_embeddings() -> None:
+    a = agent(model=MLP)
+    model = a.context.new_model(seed=0)
+    x, y = a.context.split("train")
+    rows, partners = torch.arange(4), torch.tensor([5, 6, 7, 8])
+    gamma = torch.tensor([0.1, 0.5, 0.9, 1.0], dtype=torch.float64)
+    embed, head = model[:-1], model[-1]
+    g = gamma.float()[:, None]
+    by_hand = mixed_per_sample_loss(
+        "classification", head(g * embed(x[rows]) + (1 - g) * embed(x[partners])),
+        y[rows], y[partners], gamma.float(),
+    )  # fmt: skip
+    on_embedding = mixed_losses("classification", model, x, y, rows, partners, gamma, "embedding")
+    on_inputs = mixed_losses("classification", model, x, y, rows, partners, gamma, "inputs")
+    assert torch.allclose(on_embedding, by_hand)
+    assert not torch.allclose(on_embedding[:3], on_inputs[:3])
+    assert torch.allclose(on_embedding[3], on_inputs[3])  # gamma = 1: the row itself
+
+
+def test_embedding_mixup_trains_and_probes_and_needs_a_hidden_layer() -> None:
+    on_inputs = task(agent(model=MLP), "train", mixup_alpha=1.0)
+    on_embedding = task(agent(model=MLP), "train", mixup_alpha=1.0, mixup_on="embedding")
+    assert not torch.equal(on_inputs.tensors["model"], on_embedding.tensors["model"])
+    probe = task(agent(model=MLP), "loss", mixup_alpha=1.0, seed=2, mixup_on="embedding")
+    assert probe.metrics["loss"] > 0
+    linear = agent()
+    refused = linear.handle(message(linear, "train", mixup_alpha=1.0, mixup_on="embedding"))
+    assert not refused.ok and "this model has no embedding" in refused.error
 
 
 def test_mixup_training_differs_from_plain_and_repeats() -> None:

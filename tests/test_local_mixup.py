@@ -113,8 +113,8 @@ def test_a_checkpoint_books_nothing_more_than_the_run(privacy: dict | None) -> N
 @pytest.mark.parametrize(
     ("t", "message"),
     [
-        (0, "checkpoint_step 0 is outside the run's 1..6 local steps"),
-        (7, "checkpoint_step 7 is outside the run's 1..6 local steps"),
+        (-1, "checkpoint_step -1 is outside the run's 0..6 local steps"),
+        (7, "checkpoint_step 7 is outside the run's 0..6 local steps"),
         (2.5, "checkpoint_step must be a whole number of local steps, not 2.5"),
         (True, "checkpoint_step must be a whole number of local steps, not True"),
         ("3", "checkpoint_step must be a whole number of local steps, not '3'"),

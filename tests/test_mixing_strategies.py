@@ -3,9 +3,12 @@ them into mixing coefficients and mixes the silos' models with them. q = 0 and a
 FedAvg; silos with noisy labels (larger losses) gain weight under AFL, AAggFF and DRFA; the
 coefficients are kept in the state, exported as a metric and resumed after a restart;
 secure aggregation mixes with the same coefficients; DRFA never averages fewer distinct silos
-than its minimum; settings for another algorithm are refused."""
+than its minimum, and its R-FedTorch variant trains uniformly drawn silos whose updates are
+scaled by lambda_k K; settings for another algorithm are refused."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -22,6 +25,7 @@ from fedsilo.policies.loading import PolicyError, parse_policy
 from fedsilo.policies.schema import Policy
 from fedsilo.silo.agent import SiloAgent
 from fedsilo.silo.data import load_consortium
+from fedsilo.wire.messages import TaskMessage
 
 SILOS = 4
 NOISY = {"silo_fraction": 0.25, "probability": 0.45}  # one silo of four, labels near random
@@ -128,6 +132,53 @@ def test_secure_aggregation_mixes_with_the_same_coefficients() -> None:
     assert masked.records[-1].mixing == pytest.approx(plain.records[-1].mixing)
 
 
+def recorded_run(p: Policy) -> tuple[RunHistory, list[TaskMessage]]:
+    """A simulation of `p` that also returns every task message the silos received."""
+    datasets = load_consortium(p.data, seed=p.seed)
+    agents = {d.name: SiloAgent(d.name, d, p.model) for d in datasets}
+    received: list[TaskMessage] = []
+
+    def endpoint(agent: SiloAgent) -> Callable[[bytes], bytes]:
+        def answer(payload: bytes) -> bytes:
+            received.append(TaskMessage.decode(payload))
+            return agent.handle_bytes(payload)
+
+        return answer
+
+    transport = InProcessTransport({n: endpoint(a) for n, a in agents.items()})
+    history = RoundEngine(make_strategy(p), transport, p, sorted(agents)).run()
+    return history, received
+
+
+def test_drfa_fedtorch_trains_uniform_silos_whose_updates_lambda_k_k_scales() -> None:
+    p = policy(
+        "drfa", rounds=5, noisy=True,
+        mixing={"variant": "fedtorch", "silos_per_round": 2, "step": 2.0},
+    )  # fmt: skip
+    history, received = recorded_run(p)
+    lam_before = {1: dict.fromkeys(history.records[0].mixing, 1 / SILOS)}
+    lam_before |= {r.round + 1: r.mixing for r in history.records}
+    for r in history.records:
+        train = [m for m in received if m.round == r.round and m.kind == "train"]
+        assert len({m.silo for m in train}) == 2  # M distinct silos, no repeats
+        for m in train:
+            assert m.config["update_scale"] == pytest.approx(lam_before[r.round][m.silo] * SILOS)
+            assert 0 <= m.config["checkpoint_step"] <= p.training.steps - 2
+        assert set(r.phases["train"]["answered"]) == {m.silo for m in train}
+    assert len({frozenset(r.phases["train"]["answered"]) for r in history.records}) > 1
+    assert history.records[-1].mixing != lam_before[1]  # lambda moved
+
+
+def test_drfa_fedtorch_decays_its_step_by_default() -> None:
+    def lam(decay: float | None) -> list[float]:
+        mixing = {"variant": "fedtorch", "step": 0.01, "init": "uniform"}
+        mixing |= {"step_decay": decay} if decay else {}
+        return run(policy("drfa", rounds=3, noisy=True, mixing=mixing)).state.extra["mixing"]["lam"]
+
+    assert lam(None) == lam(0.9)
+    assert lam(None) != lam(1.0)
+
+
 def test_drfa_never_averages_fewer_distinct_silos_than_its_minimum() -> None:
     p = policy(
         "drfa", rounds=6, noisy=True,
@@ -156,6 +207,27 @@ def test_drfa_never_averages_fewer_distinct_silos_than_its_minimum() -> None:
             "afl does not average clipped model updates",
         ),
         ({"algorithm": {"name": "aaggff"}, "mixing": {"transform": "cauchy"}}, "transform"),
+        (
+            {
+                "algorithm": {"name": "drfa"},
+                "mixing": {"variant": "fedtorch"},
+                "training": {"steps": 1},
+            },
+            "needs tau >= 2 local steps",
+        ),
+        (
+            {"algorithm": {"name": "drflm"}, "mixing": {"mixup_on": "embedding"}},
+            "model 'linear' has no embedding",
+        ),
+        ({"algorithm": {"name": "drfa"}, "mixing": {"mixup_on": "embedding"}}, "read by drflm"),
+        (
+            {
+                "algorithm": {"name": "approx_fedavg"},
+                "privacy": {"dp_sgd": {"noise_multiplier": 1.0}},
+            },
+            "approx_fedavg weights each row's gradient by a softmax",
+        ),
+        ({"algorithm": {"name": "afl"}, "mixing": {"domains": "data"}}, "read by agnostic_fedavg"),
     ],
 )
 def test_settings_that_do_not_fit_the_algorithm_are_refused(change: dict, message: str) -> None:

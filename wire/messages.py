@@ -34,6 +34,21 @@ STATUS_OK = "ok"
 STATUS_ERROR = "error"
 STATUS_BUDGET_EXHAUSTED = "budget_exhausted"  # the silo's privacy budget cannot pay for the task
 
+# A `loss` task with `by_domain` reports, per domain d, these two metrics: the sum of d's rows'
+# losses and d's row count.
+DOMAIN_LOSS_SUM, DOMAIN_COUNT = "loss_sum", "count"
+
+
+def domain_metric(kind: str, domain: str) -> str:
+    """The metric name of `kind` (DOMAIN_LOSS_SUM or DOMAIN_COUNT) for `domain`."""
+    return f"{kind}[{domain}]"
+
+
+def domains_in(metrics: Mapping[str, float]) -> set[str]:
+    """The domains a result's metrics report a count for."""
+    prefix = f"{DOMAIN_COUNT}["
+    return {k[len(prefix) : -1] for k in metrics if k.startswith(prefix) and k.endswith("]")}
+
 
 @dataclass(frozen=True)
 class TaskMessage:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fedsilo.coordinator.strategies.base import Strategy
 from fedsilo.coordinator.strategies.drfa import Drfa, Drflm
-from fedsilo.coordinator.strategies.fedavg import FedAvg, FedProx
+from fedsilo.coordinator.strategies.fedavg import ApproxFedAvg, FedAvg, FedProx
 from fedsilo.coordinator.strategies.feddc import FedDC
 from fedsilo.coordinator.strategies.fedopt import FedAdagrad, FedAdam, FedYogi
 from fedsilo.coordinator.strategies.loss_weighted import (
@@ -22,7 +22,7 @@ STRATEGIES: dict[str, type[Strategy]] = {
     cls.name: cls
     for cls in (
         *(FedAvg, FedProx, FedAdam, FedYogi, FedAdagrad, Central, Local, FedDC),
-        *(Drfa, Drflm, Afl, AgnosticFedAvg, QFedAvg, Term, PropFair, AAggFF),
+        *(Drfa, Drflm, Afl, AgnosticFedAvg, QFedAvg, Term, PropFair, AAggFF, ApproxFedAvg),
     )
 }
 

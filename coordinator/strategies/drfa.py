@@ -12,6 +12,13 @@ lambda takes a projected ascent step gamma_s tau v, v the losses clipped to the 
 by K/|U'| (unbiased), then the floor. DRFLM trains every local step on Beta(alpha, alpha)
 mixup of the silo's data and, with `probe: mixup`, reports the loss on mixed data too.
 
+With `variant: fedtorch` the round is the R-FedTorch reference code's (spec §4.6): M silos
+drawn uniformly without replacement, the new model w-bar + sum_k (lambda_k K / M)(w_k - w-bar)
+(importance weights that need not sum to one: each silo scales its own update by lambda_k K,
+the `update_scale` of its task, and the mean of the scaled models is that sum), the checkpoint
+taken before local step k' ~ U{1..tau-1} (after k' - 1 steps) and averaged uniformly, and the
+step decayed by `step_decay` (0.9 unless set). A trained silo learns its own lambda_k K there.
+
 lambda starts uniform and, with `init: counts`, is set proportional to the sample counts the
 silos released after the first round's probe. The losses are noisy reports of the silo's
 privacy layer; lambda ranks silos by them, so it is kept in the coordinator's state (and in
@@ -47,9 +54,12 @@ log = logging.getLogger(__name__)
 
 CHECKPOINT = "checkpoint"
 DRAW_TRIES = 100
+FEDTORCH_STEP_DECAY = 0.9  # R-FedTorch multiplies drfa_gamma by 0.9 every round
 
 
 class Drfa(Strategy):
+    """Min over the model, max over lambda: silos drawn from lambda (Deng et al. 2021)."""
+
     name = "drfa"
     mixup = False
 
@@ -63,16 +73,20 @@ class Drfa(Strategy):
         assert tau is not None  # the policy requires training.steps for DRFA
         draws = settings.silos_per_round or len(silos)
         rng = ctx.rng("drfa")
-        counts = self._draw(lam, np.array(active), draws, rng)
-        checkpoint = int(rng.integers(1, tau + 1))
+        fedtorch = settings.variant == "fedtorch"
+        if fedtorch:
+            chosen, scales = self._draw_uniformly(lam, silos, active, draws, rng)
+            checkpoint = int(rng.integers(1, tau)) - 1  # before step k' in 1..tau-1
+        else:
+            chosen, scales = self._draw_from_lambda(lam, silos, active, draws, rng), {}
+            checkpoint = int(rng.integers(1, tau + 1))
         model = averaged = state.model
-        if counts is None:  # nobody trains; lambda is still probed, so it can move back
+        if chosen is None:  # nobody trains; lambda is still probed, so it can move back
             log.info("drfa: round %d trains no one, too few distinct silos drawn", ctx.round)
         else:
-            chosen = {silos[i]: float(c) for i, c in enumerate(counts) if c > 0}
             out = yield Phase(
                 "train",
-                self._train_tasks(state, ctx, sorted(chosen), checkpoint),
+                self._train_tasks(state, ctx, sorted(chosen), checkpoint, scales),
                 aggregate=WeightedMean((MODEL, CHECKPOINT), chosen),
             )
             model, averaged = out.mean[MODEL], out.mean[CHECKPOINT]
@@ -94,7 +108,8 @@ class Drfa(Strategy):
         if "loss_cap" not in mixing:
             cap = settings.loss_cap
             mixing["loss_cap"] = cap if cap is not None else default_loss_cap(losses)
-        step = settings.step * (settings.step_decay**ctx.round if settings.step_decay else 1.0)
+        decay = settings.step_decay or (FEDTORCH_STEP_DECAY if fedtorch else None)
+        step = settings.step * (decay**ctx.round if decay else 1.0)
         lam = projected_loss_ascent(lam, losses, step * tau, mixing["loss_cap"], settings.floor)
         mixing["lam"] = lam.tolist()
         mixing["weights"] = dict(zip(silos, lam.tolist(), strict=True))
@@ -103,35 +118,67 @@ class Drfa(Strategy):
         )
 
     def _train_tasks(
-        self, state: ServerState, ctx: RoundContext, silos: list[str], checkpoint: int
+        self,
+        state: ServerState,
+        ctx: RoundContext,
+        silos: list[str],
+        checkpoint: int,
+        scales: dict[str, float],
     ) -> tuple[Task, ...]:
         extra: dict[str, Any] = {"checkpoint_step": checkpoint}
         if self.mixup:
-            extra["mixup_alpha"] = self.policy.mixing.mixup_alpha
+            extra |= {
+                "mixup_alpha": self.policy.mixing.mixup_alpha,
+                "mixup_on": self.policy.mixing.mixup_on,
+            }
         tasks = []
         for silo in silos:
-            task = self.train_task(silo, state.model, state.spec, ctx, extra=extra)
+            scale = {"update_scale": scales[silo]} if silo in scales else {}
+            task = self.train_task(silo, state.model, state.spec, ctx, extra=extra | scale)
             if self.policy.secure_aggregation.enabled:  # the reference of the checkpoint's update
                 task = replace(task, tensors={**task.tensors, CHECKPOINT: state.model})
             tasks.append(task)
         return tuple(tasks)
 
-    def _draw(
-        self, lam: np.ndarray, active: np.ndarray, draws: int, rng: np.random.Generator
-    ) -> np.ndarray | None:
-        """Multiplicities of M draws from lambda (among the active silos), with replacement;
-        None when no draw reaches the minimum of distinct contributors."""
+    def _draw_from_lambda(
+        self,
+        lam: np.ndarray,
+        silos: list[str],
+        active: list[bool],
+        draws: int,
+        rng: np.random.Generator,
+    ) -> dict[str, float] | None:
+        """The paper: M draws from lambda (among the active silos) with replacement, as each
+        drawn silo's multiplicity (its weight in the mean); None when no draw reaches the
+        minimum of distinct contributors."""
         settings = self.policy.mixing
-        weights = np.where(active, lam, 0.0)
+        on = np.array(active)
+        weights = np.where(on, lam, 0.0)
         weights = mix_with_uniform(weights / weights.sum(), settings.uniform_mix)
-        weights = np.where(active, weights, 0.0)
+        weights = np.where(on, weights, 0.0)
         weights /= weights.sum()
-        needed = min(settings.min_contributors, int(active.sum()))
+        needed = min(settings.min_contributors, int(on.sum()))
         for _ in range(DRAW_TRIES):
             counts = np.bincount(rng.choice(len(lam), size=draws, p=weights), minlength=len(lam))
             if needed < 2 or meets_contributor_minimum(counts, needed):
-                return counts
+                return {silos[i]: float(c) for i, c in enumerate(counts) if c > 0}
         return None
+
+    @staticmethod
+    def _draw_uniformly(
+        lam: np.ndarray,
+        silos: list[str],
+        active: list[bool],
+        draws: int,
+        rng: np.random.Generator,
+    ) -> tuple[dict[str, float], dict[str, float]]:
+        """R-FedTorch: M active silos uniformly without replacement, equal weights in the mean,
+        and each silo's update scale lambda_k K."""
+        reachable = [i for i, on in enumerate(active) if on]
+        picked = rng.choice(len(reachable), size=min(draws, len(reachable)), replace=False)
+        chosen = sorted(reachable[i] for i in picked)
+        scales = {silos[i]: float(lam[i] * len(silos)) for i in chosen}
+        return dict.fromkeys(scales, 1.0), scales
 
     def _probe_config(self, silo: str, ctx: RoundContext) -> dict[str, Any]:
         config: dict[str, Any] = {"split": "train"}
@@ -150,5 +197,7 @@ class Drfa(Strategy):
 
 
 class Drflm(Drfa):
+    """DRFA whose silos train and report losses on local mixup."""
+
     name = "drflm"
     mixup = True

@@ -1,8 +1,12 @@
-"""FedAvg (McMahan et al. 2017) and FedProx (Li et al. 2020).
+"""FedAvg (McMahan et al. 2017), FedProx (Li et al. 2020) and ApproxFedAvg (the survey's
+proposal, spec robust-and-daisy-chain.md §7).
 
 Each round a seeded fraction C of the silos trains from the global model; the new global
 model is the sample-weighted mean of their models. FedProx adds (mu/2)||w - w_global||^2 to
-each silo's local objective and is otherwise the same round.
+each silo's local objective and is otherwise the same round. ApproxFedAvg is FedAvg's round
+whose silos minimise, on every minibatch, the log-sum-exp of their domains' losses at the
+policy's temperature (silo/domains.py); the coordinator mixes with the sample counts (beta_k =
+n_k) and keeps no lambda.
 
 With `privacy.client_dp` the round is DP-FedAvg (McMahan et al. 2018): silos clip their
 updates, the mean weighs them equally, and coordinator/client_dp.py makes the aggregate's noise
@@ -12,12 +16,14 @@ takes the noised mean.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
+from typing import Any
 
 import torch
 
 from fedsilo.coordinator.client_dp import STATE_KEY, ClientDp
-from fedsilo.coordinator.phases import Phase, WeightedMean
+from fedsilo.coordinator.phases import Phase, Task, WeightedMean
 from fedsilo.coordinator.strategies.base import (
     MODEL,
     RoundContext,
@@ -25,14 +31,17 @@ from fedsilo.coordinator.strategies.base import (
     ServerState,
     Strategy,
 )
-from fedsilo.policies.algorithms import FedAvgConfig, FedProxConfig
+from fedsilo.policies.algorithms import ApproxFedAvgConfig, FedAvgConfig, FedProxConfig
+from fedsilo.wire.tensors import ParameterSpec
 
 
 class FedAvg(Strategy):
+    """Sample-weighted mean of the sampled silos' models (McMahan et al. 2017)."""
+
     name = "fedavg"
 
     @property
-    def config(self) -> FedAvgConfig | FedProxConfig:
+    def config(self) -> FedAvgConfig | FedProxConfig | ApproxFedAvgConfig:
         return self.policy.algorithm  # type: ignore[return-value]
 
     def round(self, state: ServerState, ctx: RoundContext) -> RoundScript:
@@ -64,4 +73,28 @@ class FedAvg(Strategy):
 
 
 class FedProx(FedAvg):
+    """FedAvg with the proximal term (mu/2)||w - w_global||^2 locally (Li et al. 2020)."""
+
     name = "fedprox"
+
+
+class ApproxFedAvg(FedAvg):
+    """FedAvg whose silos train on a soft maximum over their domains' losses (survey §V)."""
+
+    name = "approx_fedavg"
+
+    def train_task(
+        self,
+        silo: str,
+        model: torch.Tensor,
+        spec: ParameterSpec,
+        ctx: RoundContext,
+        prox_mu: float = 0.0,
+        extra: Mapping[str, Any] | None = None,
+    ) -> Task:
+        mixing = self.policy.mixing
+        domains = {
+            "domain_temperature": mixing.temperature,
+            "domain_reduction": mixing.domain_reduction,
+        }
+        return super().train_task(silo, model, spec, ctx, prox_mu, {**domains, **(extra or {})})

@@ -46,6 +46,8 @@ PERMUTATION_TRIES = 1000
 
 
 class FedDC(Strategy):
+    """Daisy chaining with mean or Radon-point aggregation (Kamp et al. 2023)."""
+
     name = "feddc"
 
     @property

@@ -53,6 +53,8 @@ class FedOpt(FedAvg):
 
 
 class FedAdagrad(FedOpt):
+    """Adagrad server step on the mean update (Reddi et al. 2021)."""
+
     name = "fedadagrad"
 
     def second_moment(self, v: torch.Tensor, delta_sq: torch.Tensor) -> torch.Tensor:
@@ -60,6 +62,8 @@ class FedAdagrad(FedOpt):
 
 
 class FedAdam(FedOpt):
+    """Adam server step on the mean update (Reddi et al. 2021)."""
+
     name = "fedadam"
 
     def second_moment(self, v: torch.Tensor, delta_sq: torch.Tensor) -> torch.Tensor:
@@ -67,6 +71,8 @@ class FedAdam(FedOpt):
 
 
 class FedYogi(FedOpt):
+    """Yogi server step on the mean update (Reddi et al. 2021)."""
+
     name = "fedyogi"
 
     def second_moment(self, v: torch.Tensor, delta_sq: torch.Tensor) -> torch.Tensor:

@@ -14,9 +14,19 @@ paper, because secure aggregation needs each silo's weight before its update is 
 - AFL (Mohri et al. 2019) as the AAggFF reference code's baseline runs it: lambda weights the
   round's mean, then moves by projected ascent on the losses (spec §3; local training instead
   of AFL's single gradient step, so it runs like every other averaging strategy).
-- AgnosticFedAvg (Ro et al. 2021) with one domain per silo (spec §6.3): the weight of silo k
-  is beta_k = lambda_k n_k / N-bar_k (N-bar: its released counts averaged over the last
-  `count_window` rounds), and lambda takes an exponentiated-gradient step on the mean losses.
+- AgnosticFedAvg (Ro et al. 2021, spec §6.2). With `mixing.domains: silo` each silo is one
+  domain (§6.3): the weight of silo k is beta_k = lambda_k n_k / N-bar_k (N-bar: its released
+  counts averaged over the last `count_window` rounds), and lambda takes an exponentiated-
+  gradient step on the mean losses. With `domains: data` lambda is over the values of the
+  silos' `data.domain` column: the probe asks every silo for its domains' loss sums L^k and
+  counts N^k at the received model, alpha = lambda / max(N-bar, 1) (N-bar: the consortium's
+  domain totals over the window), beta_k = sum_i alpha_i N_i^k weights silo k's model, each
+  silo trains on row losses weighted omega_i = alpha_i N / sum_j alpha_j N_j (alpha normalised
+  by the consortium's totals, so equal alphas are the plain loss and the weights use no
+  silo's own counts, which DP-SGD would not cover), and lambda takes the EG step on the
+  domain mean losses L-bar_i = sum_k L_i^k / N_i (domains no silo reported keep their mass).
+  The probe runs before training (the survey's silos send L and N with the update), so the
+  window includes this round's counts.
 - AAggFF (Hahn et al. 2024): AAggFF-S (online Newton step) when every silo takes part,
   AAggFF-D (FTRL with doubly-robust responses) when `client_fraction` < 1.
 
@@ -46,7 +56,7 @@ from fedsilo.coordinator.mixing import (
     qfedavg_weights,
     term_weights,
 )
-from fedsilo.coordinator.phases import Phase, Task, WeightedMean
+from fedsilo.coordinator.phases import Phase, SiloReport, Task, WeightedMean
 from fedsilo.coordinator.strategies.base import (
     MIXING,
     MODEL,
@@ -56,6 +66,7 @@ from fedsilo.coordinator.strategies.base import (
     Strategy,
 )
 from fedsilo.policies.algorithms import MixingAlgorithmConfig
+from fedsilo.wire.messages import DOMAIN_COUNT, DOMAIN_LOSS_SUM, domain_metric, domains_in
 
 log = logging.getLogger(__name__)
 
@@ -70,25 +81,22 @@ class LossWeighted(Strategy):
     def config(self) -> MixingAlgorithmConfig:
         return self.policy.algorithm  # type: ignore[return-value]
 
+    probe_config: Mapping[str, Any] = {"split": "train"}
+
     def round(self, state: ServerState, ctx: RoundContext) -> RoundScript:
         chosen = self.sample_silos(ctx)
         probe = yield Phase(
             "loss",
             tuple(
-                Task(s, "loss", {"split": "train"}, {MODEL: state.model}, state.spec)
-                for s in chosen
+                Task(s, "loss", self.probe_config, {MODEL: state.model}, state.spec) for s in chosen
             ),
         )
-        reported = {
-            s: (float(r.metrics["loss"]), float(r.num_samples))
-            for s, r in probe.reports.items()
-            if math.isfinite(r.metrics.get("loss", math.nan))
-        }
         mixing = dict(state.extra.get(MIXING, {}))
         mixing.setdefault("silos", sorted(ctx.silos))
-        weights, mixing = self.decide(reported, mixing, ctx)
+        weights, mixing = self.decide_from(probe.reports, mixing, ctx)
+        extra = self.train_extra(mixing)
         tasks = tuple(
-            self.train_task(s, state.model, state.spec, ctx, self.config.prox_mu)
+            self.train_task(s, state.model, state.spec, ctx, self.config.prox_mu, extra)
             for s in sorted(weights)
         )
         out = yield Phase("train", tasks, aggregate=WeightedMean((MODEL,), weights))
@@ -101,9 +109,25 @@ class LossWeighted(Strategy):
             extra={**state.extra, MIXING: mixing},
         )
 
+    def decide_from(
+        self, reports: Mapping[str, SiloReport], mixing: dict[str, Any], ctx: RoundContext
+    ) -> Decision:
+        """Coefficients from the probe's reports: each silo's mean loss and released count
+        (a silo whose loss is not finite did not report)."""
+        reported = {
+            s: (float(r.metrics["loss"]), float(r.num_samples))
+            for s, r in reports.items()
+            if math.isfinite(r.metrics.get("loss", math.nan))
+        }
+        return self.decide(reported, mixing, ctx)
+
     def decide(self, reported: Reported, mixing: dict[str, Any], ctx: RoundContext) -> Decision:
         """Coefficients for the silos that reported, and the schedule's new state."""
         raise NotImplementedError
+
+    def train_extra(self, mixing: Mapping[str, Any]) -> dict[str, Any]:
+        """What the round's train tasks carry besides the training settings."""
+        return {}
 
 
 class TableRule(LossWeighted):
@@ -121,6 +145,8 @@ class TableRule(LossWeighted):
 
 
 class QFedAvg(TableRule):
+    """Weights proportional to n_k F_k^q (Li et al. 2020)."""
+
     name = "qfedavg"
 
     def weights(self, losses: np.ndarray, sizes: np.ndarray) -> np.ndarray:
@@ -128,6 +154,8 @@ class QFedAvg(TableRule):
 
 
 class Term(TableRule):
+    """Tilted weights n_k exp(t F_k) (Li et al. 2021)."""
+
     name = "term"
 
     def weights(self, losses: np.ndarray, sizes: np.ndarray) -> np.ndarray:
@@ -135,6 +163,8 @@ class Term(TableRule):
 
 
 class PropFair(TableRule):
+    """Proportional fairness: weights n_k / (M - F_k) (Zhang et al. 2022)."""
+
     name = "propfair"
 
     def weights(self, losses: np.ndarray, sizes: np.ndarray) -> np.ndarray:
@@ -168,6 +198,8 @@ class LambdaSchedule(LossWeighted):
 
 
 class Afl(LambdaSchedule):
+    """Agnostic FL: projected ascent on lambda over the silos (Mohri et al. 2019)."""
+
     name = "afl"
 
     def decide(self, reported: Reported, mixing: dict[str, Any], ctx: RoundContext) -> Decision:
@@ -184,7 +216,63 @@ class Afl(LambdaSchedule):
 
 
 class AgnosticFedAvg(LambdaSchedule):
+    """EG ascent on lambda over silos or domains, FedAvg-style local epochs (Ro et al. 2021)."""
+
     name = "agnostic_fedavg"
+
+    @property
+    def by_domain(self) -> bool:
+        return self.policy.mixing.domains == "data"
+
+    @property
+    def probe_config(self) -> Mapping[str, Any]:  # type: ignore[override]
+        return {"split": "train", "by_domain": True} if self.by_domain else {"split": "train"}
+
+    def decide_from(
+        self, reports: Mapping[str, SiloReport], mixing: dict[str, Any], ctx: RoundContext
+    ) -> Decision:
+        if not self.by_domain:
+            return super().decide_from(reports, mixing, ctx)
+        if "domains" not in mixing:  # the domains of the first probe, fixed for the run
+            mixing["domains"] = sorted(
+                set().union(*(domains_in(r.metrics) for r in reports.values()))
+            )
+        domains = mixing["domains"]
+        totals = {s: _domain_totals(r, domains) for s, r in reports.items()}
+        totals = {s: t for s, t in totals.items() if t is not None}
+        if not totals:
+            return {}, mixing
+        sums = np.array([totals[s][0] for s in sorted(totals)])
+        counts = np.clip(np.array([totals[s][1] for s in sorted(totals)]), 0.0, None)
+        consortium = counts.sum(axis=0)
+        window = [*mixing.get("counts", []), consortium.tolist()][
+            -self.policy.mixing.count_window :
+        ]
+        mixing["counts"] = window
+        if "lam" in mixing:
+            lam = np.array(mixing["lam"])
+        elif self.policy.mixing.init == "uniform" or not consortium.any():
+            lam = np.full(len(domains), 1.0 / len(domains))
+        else:
+            lam = np.maximum(consortium, 1.0) / np.maximum(consortium, 1.0).sum()
+        alpha = lam / np.maximum(np.mean(window, axis=0), 1.0)
+        betas = counts @ alpha
+        total_weight = float(consortium @ alpha)
+        scale = consortium.sum() / total_weight if total_weight > 0 else 1.0
+        mixing["omega"] = dict(zip(domains, (alpha * scale).tolist(), strict=True))
+        observed = consortium > 0
+        means = np.where(observed, sums.sum(axis=0) / np.maximum(consortium, 1e-12), np.nan)
+        if "loss_cap" not in mixing:
+            cap = self.policy.mixing.loss_cap
+            mixing["loss_cap"] = cap if cap is not None else default_loss_cap(means)
+        if observed.any():
+            clipped = np.clip(np.where(observed, means, 0.0), 0.0, mixing["loss_cap"])
+            lam = exponentiated_gradient(lam, clipped, self.policy.mixing.step, observed)
+        mixing["lam"] = lam.tolist()
+        return dict(zip(sorted(totals), betas.tolist(), strict=True)), mixing
+
+    def train_extra(self, mixing: Mapping[str, Any]) -> dict[str, Any]:
+        return {"domain_weights": mixing["omega"]} if self.by_domain else {}
 
     def decide(self, reported: Reported, mixing: dict[str, Any], ctx: RoundContext) -> Decision:
         silos = mixing["silos"]
@@ -208,7 +296,22 @@ class AgnosticFedAvg(LambdaSchedule):
         return weights, mixing
 
 
+def _domain_totals(
+    report: SiloReport, domains: list[str]
+) -> tuple[list[float], list[float]] | None:
+    """A silo's per-domain loss sums and counts, in `domains` order (a domain it did not report
+    counts 0); None when a value is not finite (the whole reply is dropped, spec §6.5)."""
+    metrics = report.metrics
+    sums = [float(metrics.get(domain_metric(DOMAIN_LOSS_SUM, d), 0.0)) for d in domains]
+    counts = [float(metrics.get(domain_metric(DOMAIN_COUNT, d), 0.0)) for d in domains]
+    if not all(math.isfinite(v) for v in (*sums, *counts)):
+        return None
+    return sums, counts
+
+
 class AAggFF(LossWeighted):
+    """Online-convex-optimisation mixing for fairness, -S or -D (Hahn et al. 2024)."""
+
     name = "aaggff"
 
     def decide(self, reported: Reported, mixing: dict[str, Any], ctx: RoundContext) -> Decision:

@@ -25,6 +25,8 @@ POOLED_SILO = "pooled"
 
 
 class Central(Strategy):
+    """Reference: one model trained on the pooled silos' training data."""
+
     name = "central"
     requires_pooled_silo = True
 
@@ -43,6 +45,8 @@ class Central(Strategy):
 
 
 class Local(Strategy):
+    """Reference: each silo trains alone and is evaluated with its own model."""
+
     name = "local"
 
     def setup(self, ctx: RoundContext) -> RoundScript:

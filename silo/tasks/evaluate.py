@@ -8,7 +8,13 @@ deployment only the noisy count, accuracy and clipped mean loss leave; a forbidd
 A `loss` task with `mixup_alpha` a and `seed` s (DRFLM's probe) reports instead the mean mixed
 loss over the split's n rows in order, row i mixed with a partner drawn uniformly with
 replacement at a Beta(a, a) ratio, all drawn with s (silo/mixup.py): one loss report, clipped
-and noised under DP exactly as the plain one, and booked the same (`loss_releases`).
+and noised under DP exactly as the plain one, and booked the same (`loss_releases`); with
+`mixup_on: embedding` the rows mix on the model's embedding.
+
+A `loss` task with `by_domain: true` (AgnosticFedAvg over `data.domain`'s domains) reports,
+for every domain name d, the sum of its rows' losses and its row count (wire/messages.py
+`domain_metric`), instead of the mean loss: under DP clipped and noised per domain, and booked
+as two reports (a record is in one domain: silo/reports.py `domain_losses`).
 """
 
 from __future__ import annotations
@@ -16,11 +22,18 @@ from __future__ import annotations
 import torch
 
 from fedsilo.privacy.accounting import Mechanism
+from fedsilo.silo.domains import split_domains
 from fedsilo.silo.evaluation import metrics_for, per_sample_loss_function
-from fedsilo.silo.mixup import MixupDraws, mixed_losses
-from fedsilo.silo.reports import LOSSES, METRICS, reports_mechanism
+from fedsilo.silo.mixup import MixupDraws, mixed_losses, mixup_on
+from fedsilo.silo.reports import DOMAIN_REPORTS, LOSSES, METRICS, reports_mechanism
 from fedsilo.silo.tasks.base import SiloContext
-from fedsilo.wire.messages import TaskMessage, TaskResult
+from fedsilo.wire.messages import (
+    DOMAIN_COUNT,
+    DOMAIN_LOSS_SUM,
+    TaskMessage,
+    TaskResult,
+    domain_metric,
+)
 
 EVAL_BATCH = 4096
 # Metrics with a bounded sensitivity, the only ones a DP deployment reports (besides the loss).
@@ -33,9 +46,43 @@ def evaluate(message: TaskMessage, ctx: SiloContext) -> TaskResult:
 
 
 def report_loss(message: TaskMessage, ctx: SiloContext) -> TaskResult:
+    if message.config.get("by_domain"):
+        return _domain_losses(message, ctx)
     if message.config.get("mixup_alpha") is None:
         return _report(message, ctx, _loss_only(ctx), default_split="train")
     return _mixed_loss(message, ctx)
+
+
+def _domain_losses(message: TaskMessage, ctx: SiloContext) -> TaskResult:
+    """AgnosticFedAvg's probe: every domain's loss sum and row count on the split."""
+    _loss_only(ctx)
+    model, _ = ctx.load_model(message)
+    split = _split(message, "train")
+    x, y = ctx.split(split)
+    names, codes = split_domains(ctx, split)
+    per_row = _per_row_losses(ctx, model, x, y)
+    reports = ctx.reports(message.task_id, split)
+    sums, counts = reports.domain_losses(per_row, codes, len(names))
+    metrics = {domain_metric(DOMAIN_LOSS_SUM, d): v for d, v in zip(names, sums, strict=True)}
+    metrics |= {domain_metric(DOMAIN_COUNT, d): v for d, v in zip(names, counts, strict=True)}
+    ctx.released_count(split)
+    return TaskResult(
+        message.task_id, ctx.name, message.kind, num_samples=reports.count(len(y)), metrics=metrics
+    )
+
+
+def _per_row_losses(
+    ctx: SiloContext, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor
+) -> torch.Tensor:
+    model.eval()
+    loss = per_sample_loss_function(ctx.data.task)
+    with torch.no_grad():
+        return torch.cat(
+            [
+                loss(model(x[i : i + EVAL_BATCH]), y[i : i + EVAL_BATCH])
+                for i in range(0, len(x), EVAL_BATCH)
+            ]
+        )
 
 
 def _mixed_loss(message: TaskMessage, ctx: SiloContext) -> TaskResult:
@@ -56,7 +103,16 @@ def _mixed_loss(message: TaskMessage, ctx: SiloContext) -> TaskResult:
         for start in range(0, len(y), EVAL_BATCH):
             batch = slice(start, start + EVAL_BATCH)
             per_row.append(
-                mixed_losses(ctx.data.task, model, x, y, rows[batch], partners[batch], gamma[batch])
+                mixed_losses(
+                    ctx.data.task,
+                    model,
+                    x,
+                    y,
+                    rows[batch],
+                    partners[batch],
+                    gamma[batch],
+                    mixup_on(message.config),
+                )
             )
     reports = ctx.reports(message.task_id, split)
     metrics = {"loss": reports.mean_loss(torch.cat(per_row))}
@@ -73,7 +129,8 @@ def evaluate_releases(message: TaskMessage, ctx: SiloContext) -> list[Mechanism]
 
 def loss_releases(message: TaskMessage, ctx: SiloContext) -> list[Mechanism]:
     count = ctx.unreleased_counts(_split(message, "train"))
-    return reports_mechanism(ctx.privacy, count + len(_loss_only(ctx)))
+    losses = DOMAIN_REPORTS if message.config.get("by_domain") else len(_loss_only(ctx))
+    return reports_mechanism(ctx.privacy, count + losses)
 
 
 def _split(message: TaskMessage, default: str) -> str:

@@ -20,19 +20,36 @@ z S / sqrt(m) (the coordinator sees each update; only their sum carries the full
 With DP-SGD the model is booked as DP-SGD's run, and clipping and the share are
 post-processing of it.
 
-Two options serve DRFA and DRFLM (spec robust-and-daisy-chain.md §4.4, §5.3):
+Three options serve DRFA and DRFLM (spec robust-and-daisy-chain.md §4.4, §5.3):
 
-* `checkpoint_step` t (an int in 1..the run's local steps; absent or None: none): the result
+* `checkpoint_step` t (an int in 0..the run's local steps; absent or None: none): the result
   also carries `CHECKPOINT`, the flat parameters (the model's `spec`) after exactly t
-  optimiser steps, with or without DP-SGD. It releases nothing more: without DP it is exact
-  like the model (`Mechanism.none()`); with DP-SGD it is an intermediate iterate of the same
-  run, which DP-SGD's accounting already covers (the analysis releases every iterate), so it
-  is post-processing and booked once with the model. With `privacy.client_dp` it is refused
-  (its clipping and noise share cover one update per task; DRFA does not clip updates, so a
-  policy never combines the two).
+  optimiser steps (0: the model received), with or without DP-SGD. It releases nothing more:
+  without DP it is exact like the model (`Mechanism.none()`); with DP-SGD it is an
+  intermediate iterate of the same run, which DP-SGD's accounting already covers (the analysis
+  releases every iterate), so it is post-processing and booked once with the model. With
+  `privacy.client_dp` it is refused (its clipping and noise share cover one update per task;
+  DRFA does not clip updates, so a policy never combines the two).
 * `mixup_alpha` a (a float > 0; absent or None: off): every step trains on the batch's rows
   mixed with partners at Beta(a, a) ratios (silo/mixup.py; the batches idx are those of a plain
-  run with the same seed). Under DP-SGD each mixed row's gradient is clipped as a sample's.
+  run with the same seed), on the inputs or, with `mixup_on: embedding`, on the embedding the
+  model's last layer reads. Under DP-SGD each mixed row's gradient is clipped as a sample's.
+* `update_scale` s (a finite float; absent: 1): the model leaves as received + s (trained -
+  received), DRFA's R-FedTorch variant, whose importance weights lambda_k K need not sum to
+  one (spec §4.6): a uniform mean of the scaled models is then its update. Post-processing of
+  the trained model; refused with client-level DP (whose clip bounds the unscaled update).
+
+Two options serve AgnosticFedAvg and ApproxFedAvg on silos whose rows belong to domains
+(`data.domain`; silo/domains.py):
+
+* `domain_weights` {domain: omega} (absent: none): row j's loss counts omega of its domain
+  (AgnosticFedAvg's alpha_i, normalised by the coordinator so that equal alphas are weight 1;
+  a domain the map does not name counts 0). Under DP-SGD each weighted row is clipped as a
+  sample's, and the weights are public, so the booking is unchanged.
+* `domain_temperature` mu with `domain_reduction` (`sum` or `mean`): ApproxFedAvg's batch
+  loss (1/mu) log sum_i exp(mu F_i) over the domains i present in the batch, F_i the sum of
+  their rows' losses divided by the batch size (`sum`, the survey's form at the scale of a
+  mean loss) or their mean (`mean`). One domain: the plain mean loss. Refused under DP-SGD.
 """
 
 from __future__ import annotations
@@ -44,8 +61,9 @@ from typing import Any
 import torch
 
 from fedsilo.privacy.accounting import Mechanism
+from fedsilo.silo.domains import domain_objective
 from fedsilo.silo.evaluation import loss_function, per_sample_loss_function
-from fedsilo.silo.mixup import MixupDraws, mixed_loss_of
+from fedsilo.silo.mixup import MixupDraws, mixed_loss_of, mixup_on
 from fedsilo.silo.reports import LOSSES, Reports, reports_mechanism
 from fedsilo.silo.schedule import LocalSchedule, shuffled_batches
 from fedsilo.silo.tasks.base import MODEL, SiloContext, flat_parameters
@@ -93,7 +111,10 @@ def train(message: TaskMessage, ctx: SiloContext) -> TaskResult:
 
     alpha = config.get("mixup_alpha")
     if alpha is not None:  # DRFLM: every step on mixed rows
-        per_sample_loss = mixed_loss_of(ctx.data.task, model, x, y, MixupDraws(alpha, seed, n))
+        draws = MixupDraws(alpha, seed, n)
+        per_sample_loss = mixed_loss_of(ctx.data.task, model, x, y, draws, mixup_on(config))
+    objective = domain_objective(config, ctx, per_sample_loss)
+    scale = _update_scale(config, ctx)
     checkpoint = _Checkpoint(_checkpoint_step(config, schedule.steps, ctx), model, spec)
 
     model.train()
@@ -104,7 +125,9 @@ def train(message: TaskMessage, ctx: SiloContext) -> TaskResult:
         for step, index in enumerate(batches, start=1):
             optimizer.zero_grad(set_to_none=True)
             index = index.to(x.device)
-            if alpha is None:
+            if objective is not None:  # per-domain weights or ApproxFedAvg's soft maximum
+                loss = objective.batch_loss(index)
+            elif alpha is None:
                 loss = loss_fn(model(x[index]), y[index])
             else:  # the mean over the batch's mixed rows
                 loss = per_sample_loss(index).mean()
@@ -124,7 +147,7 @@ def train(message: TaskMessage, ctx: SiloContext) -> TaskResult:
             plan,
             seed,
             ctx.private_seed(message.task_id, "dp-sgd"),
-            per_sample_loss,
+            objective.per_sample_loss if objective is not None else per_sample_loss,
             after_noise=(lambda: _add_proximal_gradient(model, anchor, mu)) if mu > 0 else None,
             after_step=checkpoint.after_step,
         )
@@ -138,6 +161,9 @@ def train(message: TaskMessage, ctx: SiloContext) -> TaskResult:
         recent = [loss for loss in losses[-schedule.window :] if loss is not None]
         metrics["train_loss"] = sum(recent) / len(recent) if recent else float("nan")
     trained = flat_parameters(model, spec)
+    if scale != 1.0:
+        received = message.tensors[MODEL].to(trained)
+        trained = received + scale * (trained - received)
     if ctx.privacy.client_dp is not None:
         trained = _clipped_update(message, ctx, message.tensors[MODEL].to(trained), trained)
     tensors = {MODEL: trained} | checkpoint.tensors()
@@ -182,8 +208,21 @@ def _released_count(ctx: SiloContext, reports: Reports, n: int) -> int:
     return reports.count(n)
 
 
+def _update_scale(config: Mapping[str, Any], ctx: SiloContext) -> float:
+    """The task's `update_scale` (1 when absent): finite, and never with client-level DP."""
+    scale = float(config.get("update_scale", 1.0))
+    if not math.isfinite(scale):
+        raise ValueError(f"update_scale must be a finite number, not {scale}")
+    if scale != 1.0 and ctx.privacy.client_dp is not None:
+        raise ValueError(
+            "update_scale cannot be combined with privacy.client_dp: its clip bounds the "
+            "unscaled update"
+        )
+    return scale
+
+
 def _checkpoint_step(config: Mapping[str, Any], steps: int, ctx: SiloContext) -> int | None:
-    """The task's `checkpoint_step`, checked before any training: a whole number in 1..steps,
+    """The task's `checkpoint_step`, checked before any training: a whole number in 0..steps,
     and never with client-level DP."""
     step = config.get("checkpoint_step")
     if step is None:
@@ -194,8 +233,8 @@ def _checkpoint_step(config: Mapping[str, Any], steps: int, ctx: SiloContext) ->
             "share cover one update per task"
         )
     number = isinstance(step, int | float) and not isinstance(step, bool)
-    if number and not 1 <= step <= steps:
-        raise ValueError(f"checkpoint_step {step} is outside the run's 1..{steps} local steps")
+    if number and not 0 <= step <= steps:
+        raise ValueError(f"checkpoint_step {step} is outside the run's 0..{steps} local steps")
     if not number or int(step) != step:
         raise ValueError(f"checkpoint_step must be a whole number of local steps, not {step!r}")
     return int(step)
@@ -203,13 +242,15 @@ def _checkpoint_step(config: Mapping[str, Any], steps: int, ctx: SiloContext) ->
 
 class _Checkpoint:
     """DRFA's random checkpoint: the flat parameters after optimiser step `step` (None: no
-    checkpoint), taken by `after_step`, which the training calls after every step."""
+    checkpoint; 0: the model received, taken at once), taken by `after_step`, which the
+    training calls after every step."""
 
     def __init__(self, step: int | None, model: torch.nn.Module, spec: ParameterSpec) -> None:
         self.step = step
         self.model = model
         self.spec = spec
         self.taken: dict[str, torch.Tensor] = {}
+        self.after_step(0)
 
     def after_step(self, step: int) -> None:
         if step == self.step:
