@@ -8,8 +8,11 @@ AgnosticFedAvg's probe reports leave through silo/reports.py).
 - ApproxFedAvg (§7.2): the batch loss is (1/mu) log sum_i exp(mu F_i) over the domains i present
   in the batch (`domain_temperature` mu), F_i the sum of the domain's row losses divided by the
   batch size (`sum`: the survey's sums, at the scale of a mean loss, so one domain is the plain
-  mean and mu keeps its meaning across batch sizes) or their mean (`mean`). Autograd of the
-  log-sum-exp is sum_i softmax(mu F)_i grad F_i, the survey's update.
+  mean loss and mu keeps its meaning across batch sizes; a domain with more rows in the batch
+  has the larger F_i) or their mean (`mean`). Autograd of the log-sum-exp is
+  sum_i softmax(mu F)_i grad F_i, the survey's update: a softmax-weighted average of the
+  domains' terms where the plain mean loss's gradient is their sum (with `sum`), so at small mu
+  and p domains in the batch the step is 1/p of FedAvg's at the same learning rate.
 
 Domain names are the categories the consortium declared for the column; a domain a silo does not
 hold simply has no rows there.
