@@ -21,7 +21,6 @@ import hashlib
 import json
 import os
 import sqlite3
-import tempfile
 import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -35,7 +34,8 @@ import torch
 
 from fedsilo.coordinator.strategies.base import ServerState
 from fedsilo.policies.schema import Policy
-from fedsilo.wire.payload import Payload, blake2b
+from fedsilo.wire.durable import make_private_folder, write_atomically
+from fedsilo.wire.payload import blake2b
 from fedsilo.wire.tensors import ParameterSpec, decode_tensors, encode_payload, tensor_block
 
 SCHEMA_VERSION = 1
@@ -141,7 +141,8 @@ class Checkpoints:
         digest = data.digest().hex()
         path = self.path_of(digest)
         if not (path.exists() and _file_hash(path) == digest):
-            self._write_durably(path, data)
+            make_private_folder(self.folder)
+            write_atomically(path, data.parts)
         return digest
 
     def load(self, digest: str) -> dict[str, torch.Tensor]:
@@ -158,23 +159,6 @@ class Checkpoints:
             )
         tensors, header = decode_tensors(data)
         return {name: tensors[name] for name in header["names"]}
-
-    def _write_durably(self, path: Path, data: Payload) -> None:
-        if not self.folder.exists():
-            self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-            _fsync_directory(self.folder.parent)
-        descriptor, temporary = tempfile.mkstemp(dir=self.folder, prefix=".", suffix=".partial")
-        try:
-            with os.fdopen(descriptor, "wb") as file:
-                for part in data.parts:
-                    file.write(part)
-                file.flush()
-                os.fsync(file.fileno())
-            os.replace(temporary, path)
-        except BaseException:
-            Path(temporary).unlink(missing_ok=True)
-            raise
-        _fsync_directory(self.folder)
 
 
 def _unshared(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -437,15 +421,6 @@ def _next_round(db: sqlite3.Connection, deployment_id: str) -> int:
 def _require_choice(value: str, allowed: tuple[str, ...], what: str) -> None:
     if value not in allowed:
         raise ValueError(f"unknown {what} {value!r}; use one of {', '.join(allowed)}")
-
-
-def _fsync_directory(folder: Path) -> None:
-    """Make a rename or a new entry in `folder` survive a power loss."""
-    descriptor = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
 
 
 def _now() -> str:

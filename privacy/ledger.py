@@ -49,6 +49,7 @@ from fedsilo.privacy.accounting import (
     check_accounting,
     epsilon,
 )
+from fedsilo.wire.durable import fsync_folder
 
 DIGEST_BYTES = 32
 GENESIS = "0" * (2 * DIGEST_BYTES)
@@ -340,7 +341,7 @@ class PrivacyLedger:
             handle.flush()
             os.fsync(handle.fileno())
             if self._size == 0:
-                _fsync_folder(self.path.parent)
+                fsync_folder(self.path.parent)
             self._size += len(line)
             self._add(record)
         return record
@@ -616,15 +617,6 @@ def _checked_accounting(delta: float, accountant: str) -> None:
         check_accounting(delta, accountant)
     except AccountingError as exc:
         raise LedgerError(str(exc)) from None
-
-
-def _fsync_folder(folder: Path) -> None:
-    """Make a new file's directory entry durable too."""
-    descriptor = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
 
 
 def _require(condition: bool, message: str) -> None:
