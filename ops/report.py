@@ -69,6 +69,7 @@ def write_deployment_results(out: Path, name: str, history: RunHistory) -> None:
             _plot_rounds(staging / "metric_per_round.png", {name: history}, metric)
             _plot_final(staging / "final_per_silo.png", {name: history}, silos, metric)
         _plot_mixing(staging / "mixing_weights.png", history)
+        _write_lambda_curves(staging, history.final.evaluation or {})
 
 
 def _headline_metric(summary: Mapping[str, Any]) -> str | None:
@@ -89,7 +90,9 @@ def write_run(folder: Path, result: SimulationResult) -> None:
     }
     (folder / "results.json").write_text(json.dumps(_finite(document), indent=2))
     with (folder / "silos.csv").open("w", newline="") as handle:
-        metrics = sorted({m for values in (final.evaluation or {}).values() for m in values})
+        metrics = sorted(
+            {m for values in (final.evaluation or {}).values() for m in values if "@" not in m}
+        )
         writer = csv.writer(handle)
         writer.writerow(["silo", "train", "val", "test", *metrics])
         for profile in result.silos:
@@ -108,6 +111,7 @@ def write_run(folder: Path, result: SimulationResult) -> None:
     _plot_rounds(folder / "metric_per_round.png", histories, metric)
     _plot_final(folder / "final_per_silo.png", histories, silos, metric)
     _plot_mixing(folder / "mixing_weights.png", result.history)
+    _write_lambda_curves(folder, final.evaluation or {})
 
 
 def write_comparison(folder: Path, results: Mapping[str, SimulationResult]) -> None:
@@ -220,6 +224,58 @@ def _plot_mixing(path: Path, history: RunHistory) -> None:
     ax.legend(fontsize=8, ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def lambda_curves(evaluation: Mapping[str, Mapping[str, float]]) -> dict[str, dict[str, Any]]:
+    """SuPerFed's curves in an evaluation (metrics named `name@lambda`): per silo, the lambdas
+    and each metric's values along them (nothing for other algorithms)."""
+    curves: dict[str, dict[str, Any]] = {}
+    for silo, metrics in evaluation.items():
+        points: dict[str, dict[float, float]] = {}
+        for key, value in metrics.items():
+            if "@" in key:
+                name, lam = key.rsplit("@", 1)
+                points.setdefault(name, {})[float(lam)] = value
+        if points:
+            lambdas = sorted(next(iter(points.values())))
+            curves[silo] = {"lambda": lambdas} | {
+                name: [values[lam] for lam in lambdas] for name, values in sorted(points.items())
+            }
+    return curves
+
+
+def _write_lambda_curves(folder: Path, evaluation: Mapping[str, Mapping[str, float]]) -> None:
+    """`lambda_curves.csv` (silo, lambda, every curve's metric) and `lambda_curves.png` (the
+    headline metric against lambda per silo, test solid, selection split dashed, lambda*
+    marked), for an evaluation that has curves."""
+    curves = lambda_curves(evaluation)
+    if not curves:
+        return
+    names = sorted({n for curve in curves.values() for n in curve if n != "lambda"})
+    with (folder / "lambda_curves.csv").open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["silo", "lambda", *names])
+        for silo, curve in sorted(curves.items()):
+            for i, lam in enumerate(curve["lambda"]):
+                writer.writerow([silo, lam, *(curve.get(n, [""] * (i + 1))[i] for n in names)])
+    metric = "accuracy" if "accuracy" in names else names[0]
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for silo, curve in sorted(curves.items()):
+        (line,) = ax.plot(curve["lambda"], curve[metric], label=silo)
+        if f"selection_{metric}" in curve:
+            ax.plot(curve["lambda"], curve[f"selection_{metric}"], "--", color=line.get_color())
+        star = evaluation[silo].get("lambda_star")
+        if star is not None:
+            ax.plot([star], [evaluation[silo].get(metric, math.nan)], "o", color=line.get_color())
+    ax.set_xlabel("lambda (0: global model, 1: local model)")
+    ax.set_ylabel(metric)
+    ax.set_title("test (solid), selection split (dashed), lambda* (o)", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, ncol=2)
+    fig.tight_layout()
+    fig.savefig(folder / "lambda_curves.png", dpi=120)
     plt.close(fig)
 
 

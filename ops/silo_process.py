@@ -117,6 +117,7 @@ def _start_agent(
             kit.name: kit.sealing_key.public_key,
             **{name: peer.sealing_public_key for name, peer in kit.peers.items()},
         },
+        state=config.state_path(config_path),
     )
     log.info(
         "silo %s books every answer in %s (epsilon spent on %s: %s)",

@@ -70,6 +70,15 @@ class DirichletPartition(PolicyModel):
     min_size: int = Field(default=2, ge=1)
 
 
+class ShardsPartition(PolicyModel):
+    """Pathological label skew (McMahan et al.): rows sorted by label cut into equal shards,
+    `shards_per_silo` per silo at random, so each silo holds that many labels (2 by default)."""
+
+    kind: Literal["shards"]
+    silos: int = Field(ge=1)
+    shards_per_silo: int = Field(default=2, ge=1)
+
+
 class QuantitySkewPartition(PolicyModel):
     """FedDC "realistic sizes": a `small_fraction` of the silos get `n_min` rows, the rest
     linearly increasing sizes. `total`: use only that many rows of the source, drawn at random
@@ -83,7 +92,7 @@ class QuantitySkewPartition(PolicyModel):
 
 
 Partition = Annotated[
-    NaturalPartition | IidPartition | DirichletPartition | QuantitySkewPartition,
+    NaturalPartition | IidPartition | DirichletPartition | ShardsPartition | QuantitySkewPartition,
     Field(discriminator="kind"),
 ]
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import replace
+from pathlib import Path
 
 import torch
 from nacl.public import PrivateKey, PublicKey
@@ -26,6 +27,7 @@ from fedsilo.policies.secure_aggregation import SecureAggregationConfig
 from fedsilo.privacy.accounting import Mechanism
 from fedsilo.privacy.ledger import PrivacyLedger, payload_digest
 from fedsilo.silo.data import SiloDataset
+from fedsilo.silo.state import LocalState
 from fedsilo.silo.tasks import TASK_HANDLERS, TASK_RELEASES
 from fedsilo.silo.tasks.base import SiloContext
 from fedsilo.wire.messages import (
@@ -58,6 +60,7 @@ class SiloAgent:
         roster: Mapping[str, VerifyKey] | None = None,
         sealing_key: PrivateKey | None = None,
         sealing_roster: Mapping[str, PublicKey] | None = None,
+        state: Path | None = None,
     ) -> None:
         """`policy_digest`: the policy this silo accepted; tasks under another are refused
         (None in simulations, where there is no signed policy). `privacy` and `rounds`: that
@@ -69,7 +72,8 @@ class SiloAgent:
         `secure_aggregation`: the policy's section; `identity` signs this silo's masking keys
         and `roster` (every member's verify key) checks its peers'. `sealing_key` opens what
         members seal to this silo (CKKS keys, daisy-chain hand-offs) and `sealing_roster` holds
-        every member's public sealing key, as provisioning pinned it."""
+        every member's public sealing key, as provisioning pinned it. `state`: the folder where
+        the silo keeps what must outlive its process (SuPerFed's local model; None: memory)."""
         self.context = SiloContext(
             name,
             data,
@@ -85,6 +89,7 @@ class SiloAgent:
             roster=dict(roster or {}),
             sealing_key=sealing_key,
             sealing_roster=dict(sealing_roster or {}),
+            state=LocalState(state, deployment),
         )
         self.policy_digest = policy_digest
         self.ledger = ledger

@@ -99,12 +99,16 @@ class SiloConfig(PolicyModel):
     metrics_port: int | None = Field(default=None, ge=0, le=65535)
     rules: LocalRules = LocalRules()
     ledger: str = "privacy-ledger.jsonl"  # this site's privacy ledger, beside this file
+    state: str = "silo-state"  # what outlives the agent (SuPerFed's local models), beside it
 
     def kit_path(self, config_file: Path) -> Path:
         return (config_file.parent / self.kit).resolve()
 
     def ledger_path(self, config_file: Path) -> Path:
         return (config_file.parent / self.ledger).resolve()
+
+    def state_path(self, config_file: Path) -> Path:
+        return (config_file.parent / self.state).resolve()
 
 
 def load_silo_config(path: Path) -> SiloConfig:

@@ -36,6 +36,7 @@ from fedsilo.policies.data import (
     NaturalPartition,
     Partition,
     QuantitySkewPartition,
+    ShardsPartition,
     SplitConfig,
 )
 from fedsilo.silo.partition import (
@@ -44,6 +45,7 @@ from fedsilo.silo.partition import (
     dirichlet_label_skew,
     flip_labels,
     iid,
+    label_shards,
     noisy_silos,
     quantity_skew,
 )
@@ -475,6 +477,10 @@ def _partition_rows(table: _Table, partition: Partition, seed: int) -> list[np.n
         return dirichlet_label_skew(
             table.y, partition.silos, partition.alpha, rng, partition.min_size
         )
+    if isinstance(partition, ShardsPartition):
+        if table.task != "classification":
+            raise DataError("a shards partition deals label-sorted shards; this task is regression")
+        return label_shards(table.y, partition.silos, partition.shards_per_silo, rng)
     assert isinstance(partition, QuantitySkewPartition)
     total = n if partition.total is None else partition.total
     if total > n:

@@ -9,7 +9,7 @@ is what the silo books for it, so a coordinator that asks for more work is charg
 
 The loop clips per sample in one backward pass of its own, with Opacus' layer validator and
 per-layer gradient functions, rather than through Opacus' module and optimiser wrappers
-(`_ClippedSums`). Forward hooks keep each trainable layer's input and output; one autograd call
+(`ClippedSums`). Forward hooks keep each trainable layer's input and output; one autograd call
 gives the gradient of the summed per-sample losses at every layer output and no parameter
 gradient, and row i of it is sample i's alone (rows are independent: no BatchNorm). A dense
 layer's per-sample gradient norm follows from those two (|g_i| |a_i|, the "ghost" norm) and
@@ -88,6 +88,14 @@ class DpSgdPlan:
         """The noisy steps this task takes."""
         return self.schedule.steps
 
+    def public_metrics(self) -> dict[str, float]:
+        """The plan's public parameters, as a training result reports them."""
+        return {
+            "dp_noise_multiplier": self.noise_multiplier,
+            "dp_sample_rate": self.sample_rate,
+            "dp_steps": float(self.steps),
+        }
+
     def mechanism(self) -> Mechanism:
         """The release this task is, for the silo's ledger (no noise: no DP guarantee)."""
         if self.noise_multiplier == 0:
@@ -163,37 +171,61 @@ def train_private(
     check_model(model)
     # What DPOptimizer clips and noises: the optimiser's parameters that want a gradient.
     params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
+    with ClippedSums(model, params, plan.max_grad_norm) as clipped_sums:
+
+        def gradients(index: torch.Tensor) -> tuple[list[torch.Tensor], float]:
+            per_sample = per_sample_loss(index)
+            return clipped_sums(per_sample), float(per_sample.detach().mean())
+
+        return noisy_steps(
+            plan, seed, private_seed, params, optimizer, gradients, after_noise, after_step
+        )
+
+
+# A batch's clipped per-sample gradient sums (one per parameter) and its mean loss.
+ClippedGradients = Callable[[torch.Tensor], tuple[list[torch.Tensor], float]]
+
+
+def noisy_steps(
+    plan: DpSgdPlan,
+    seed: int,
+    private_seed: int,
+    params: list[torch.Tensor],
+    optimizer: torch.optim.Optimizer,
+    gradients: ClippedGradients,
+    after_noise: Callable[[], None] | None = None,
+    after_step: Callable[[int], None] | None = None,
+) -> list[float | None]:
+    """The steps of `plan`: each batch's clipped sums (`gradients`, one per parameter of
+    `params`), Gaussian noise of std noise_multiplier * C on each, division by the batch size,
+    then the optimiser's step; the mean loss of each step (None for an empty batch)."""
     device = params[0].device
     noise = torch.Generator(device=device).manual_seed(_noise_seed(private_seed))
     std = plan.noise_multiplier * plan.max_grad_norm
     losses: list[float | None] = []
-    with _ClippedSums(model, params, plan.max_grad_norm) as clipped_sums:
-        for step, index in enumerate(_batches(plan, seed, private_seed), start=1):
-            if len(index) == 0:  # Poisson sampling drew nobody: the step is still noised
-                grads = [torch.zeros_like(p) for p in params]
-                losses.append(None)
-            else:
-                per_sample = per_sample_loss(index.to(device))
-                grads = clipped_sums(per_sample)
-                losses.append(float(per_sample.detach().mean()))
-            batch = plan.schedule.batch if plan.poisson_sampling else len(index)
-            for p, grad in zip(params, grads, strict=True):
-                if std:
-                    grad.add_(
-                        torch.normal(
-                            0.0, std, p.shape, generator=noise, dtype=p.dtype, device=p.device
-                        )
-                    )
-                p.grad = grad.div_(batch)
-            if after_noise is not None:
-                after_noise()
-            optimizer.step()
-            if after_step is not None:
-                after_step(step)
+    for step, index in enumerate(_batches(plan, seed, private_seed), start=1):
+        if len(index) == 0:  # Poisson sampling drew nobody: the step is still noised
+            grads = [torch.zeros_like(p) for p in params]
+            losses.append(None)
+        else:
+            grads, loss = gradients(index.to(device))
+            losses.append(loss)
+        batch = plan.schedule.batch if plan.poisson_sampling else len(index)
+        for p, grad in zip(params, grads, strict=True):
+            if std:
+                grad.add_(
+                    torch.normal(0.0, std, p.shape, generator=noise, dtype=p.dtype, device=p.device)
+                )
+            p.grad = grad.div_(batch)
+        if after_noise is not None:
+            after_noise()
+        optimizer.step()
+        if after_step is not None:
+            after_step(step)
     return losses
 
 
-class _ClippedSums:
+class ClippedSums:
     """Called with a batch's per-sample losses: per parameter, the sum over the rows of each
     row's gradient clipped to total L2 norm `max_grad_norm` (all parameters together).
 
@@ -223,7 +255,7 @@ class _ClippedSums:
         self._seen: dict[nn.Module, tuple[list[torch.Tensor], torch.Tensor, int]] = {}
         self._hooks = [m.register_forward_hook(self._capture) for m in self.layers]
 
-    def __enter__(self) -> _ClippedSums:
+    def __enter__(self) -> ClippedSums:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -242,8 +274,16 @@ class _ClippedSums:
         activations = [t.detach() for t in inputs if torch.is_tensor(t)]
         self._seen[module] = (activations, output, output._version)
 
-    def __call__(self, per_sample: torch.Tensor) -> list[torch.Tensor]:
-        """The clipped sums, one per parameter, for the batch whose losses are `per_sample`."""
+    def __call__(
+        self, per_sample: torch.Tensor, scales: Mapping[torch.Tensor, float] | None = None
+    ) -> list[torch.Tensor]:
+        """The clipped sums, one per parameter, for the batch whose losses are `per_sample`.
+
+        `scales` multiplies a parameter's per-sample gradient norms in the clipping norm (1 for
+        a parameter it does not name): SuPerFed's mixed layers, whose gradient reaches the
+        federated and the local weight as (1 - lambda) g and lambda g, a norm
+        sqrt((1 - lambda)^2 + lambda^2) |g| together. The sums themselves are not scaled."""
+        scale = scales or {}
         seen, self._seen = self._seen, {}
         if not seen:  # the loss does not involve the model: every gradient is zero
             return [torch.zeros_like(p) for p in self.params]
@@ -272,14 +312,19 @@ class _ClippedSums:
                 backprop_norm = torch.linalg.vector_norm(backprop, dim=1)
                 input_norm = torch.linalg.vector_norm(inputs, dim=1)
                 norms += [
-                    backprop_norm * input_norm if p is module.weight else backprop_norm for p in own
+                    (backprop_norm * input_norm if p is module.weight else backprop_norm)
+                    * scale.get(p, 1.0)
+                    for p in own
                 ]
                 linear.append((module.weight, own, inputs, backprop))
             else:
                 grad_sampler = GradSampleModule.GRAD_SAMPLERS[type(module)]
                 samples = grad_sampler(module, activations, backprop)
                 flat = [samples[p].flatten(1) for p in own]
-                norms += [torch.linalg.vector_norm(f, dim=1) for f in flat]
+                norms += [
+                    torch.linalg.vector_norm(f, dim=1) * scale.get(p, 1.0)
+                    for p, f in zip(own, flat, strict=True)
+                ]
                 sampled.append((own, flat))
         sums: dict[torch.Tensor, torch.Tensor] = {}
         if norms:

@@ -15,6 +15,9 @@ import numpy as np
 MAX_DIRICHLET_ATTEMPTS = 1000
 
 
+SHARD_DRAWS = 1000  # deals of shards tried before one with repeated labels is accepted
+
+
 def _round_half_up(value: float) -> int:
     return int(np.floor(value + 0.5))
 
@@ -77,6 +80,27 @@ def dirichlet_label_skew(
         f"than {min_size} rows in {MAX_DIRICHLET_ATTEMPTS} draws; raise alpha, or lower the "
         "number of silos or min_size"
     )
+
+
+def label_shards(
+    labels: np.ndarray, silos: int, shards_per_silo: int, rng: np.random.Generator
+) -> list[np.ndarray]:
+    """The pathological split of McMahan et al. (SuPerFed's experiments): rows ordered by label
+    (at random within a label) are cut into silos * shards_per_silo equal shards, and each silo
+    gets `shards_per_silo` of them at random, redrawn until no silo holds two shards of one
+    label where the labels allow it (a shard that straddles two labels counts as its first).
+    """
+    shards = silos * shards_per_silo
+    if shards > len(labels):
+        raise ValueError(f"{shards} shards need at least {shards} rows, the data has {len(labels)}")
+    order = np.lexsort((rng.random(len(labels)), labels))
+    pieces = np.array_split(order, shards)
+    first_label = np.array([labels[piece[0]] for piece in pieces])
+    for _ in range(SHARD_DRAWS):
+        dealt = rng.permutation(shards).reshape(silos, shards_per_silo)
+        if all(len(set(first_label[row])) == shards_per_silo for row in dealt):
+            break
+    return [np.sort(np.concatenate([pieces[i] for i in row])) for row in dealt]
 
 
 def quantity_skew_sizes(n: int, silos: int, small_fraction: float, n_min: int) -> list[int]:

@@ -5,6 +5,7 @@ is applied; a certificate from another CA does not get past the TLS handshake.""
 
 from __future__ import annotations
 
+import json
 import queue
 import signal
 import threading
@@ -92,10 +93,17 @@ def test_a_silo_killed_mid_run_is_a_dropout_and_the_others_finish_the_run(
     assert "'silo-2': 'no reply before the deadline'" in log
 
 
+SUPERFED = {"name": "superfed", "start_fraction": 0.25, "ortho_nu": 1.0}  # mixing from round 3
+
+
+@pytest.mark.parametrize("algorithm", [{"name": "fedavg"}, SUPERFED], ids=["fedavg", "superfed"])
 def test_a_coordinator_killed_mid_run_resumes_from_its_state_and_ends_with_the_same_model(
-    consortium: Consortium,
+    consortium: Consortium, algorithm: dict
 ) -> None:
-    document = policy_document(rounds=8, eval_every=8)
+    """SuPerFed too: its silos keep their local models on disk by round, so the round the
+    restarted coordinator runs again starts from the local models it started from the first
+    time, and the personalised models end as in an uninterrupted run."""
+    document = policy_document(rounds=8, eval_every=8, algorithm=algorithm)
     policy = consortium.write_policy(document)
     command = ("--metrics-port", str(free_port()), "--out", "results")
     consortium.start_coordinator(policy, *command)
@@ -120,8 +128,11 @@ def test_a_coordinator_killed_mid_run_resumes_from_its_state_and_ends_with_the_s
         (consortium.root / "results" / "final_model.safetensors").read_bytes()
     )
     expected_policy = parse_policy(document)
-    expected = simulate(expected_policy, load_silos(expected_policy, None)).history.state.model
-    assert torch.equal(tensors["model"], expected)
+    expected = simulate(expected_policy, load_silos(expected_policy, None)).history
+    assert torch.equal(tensors["model"], expected.state.model)
+    history = json.loads((consortium.root / "results" / "history.json").read_text())
+    for silo, metrics in expected.final.evaluation.items():
+        assert history["final"]["evaluation"][silo] == pytest.approx(metrics), silo
 
 
 def test_a_silo_revoked_mid_run_is_refused_and_the_others_finish_without_waiting_for_it(

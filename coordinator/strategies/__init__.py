@@ -16,12 +16,13 @@ from fedsilo.coordinator.strategies.loss_weighted import (
     Term,
 )
 from fedsilo.coordinator.strategies.references import Central, Local
+from fedsilo.coordinator.strategies.superfed import SuperFed
 from fedsilo.policies.schema import Policy
 
 STRATEGIES: dict[str, type[Strategy]] = {
     cls.name: cls
     for cls in (
-        *(FedAvg, FedProx, FedAdam, FedYogi, FedAdagrad, Central, Local, FedDC),
+        *(FedAvg, FedProx, FedAdam, FedYogi, FedAdagrad, Central, Local, FedDC, SuperFed),
         *(Drfa, Drflm, Afl, AgnosticFedAvg, QFedAvg, Term, PropFair, AAggFF, ApproxFedAvg),
     )
 }

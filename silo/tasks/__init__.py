@@ -31,6 +31,12 @@ from fedsilo.silo.tasks.secure_sum import (
     share,
     unmask,
 )
+from fedsilo.silo.tasks.superfed import (
+    superfed_evaluate,
+    superfed_evaluate_releases,
+    superfed_train,
+    superfed_train_releases,
+)
 from fedsilo.silo.tasks.train import train, train_releases
 
 TASK_HANDLERS: dict[str, TaskHandler] = {
@@ -52,6 +58,8 @@ TASK_HANDLERS: dict[str, TaskHandler] = {
     "daisy_reseal": daisy_reseal,
     "daisy_receive": daisy_receive,
     "daisy_evaluate": daisy_evaluate,
+    "superfed_train": superfed_train,
+    "superfed_evaluate": superfed_evaluate,
 }
 
 TASK_RELEASES: dict[str, ReleasePlan] = {
@@ -73,4 +81,6 @@ TASK_RELEASES: dict[str, ReleasePlan] = {
     "daisy_reseal": public_release,  # the model just handed off, again: post-processing
     "daisy_receive": public_release,
     "daisy_evaluate": daisy_evaluate_releases,
+    "superfed_train": superfed_train_releases,
+    "superfed_evaluate": superfed_evaluate_releases,
 }

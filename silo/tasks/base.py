@@ -19,6 +19,7 @@ from fedsilo.privacy.accounting import Mechanism
 from fedsilo.silo.data import SiloDataset
 from fedsilo.silo.models import build_model
 from fedsilo.silo.reports import Reports
+from fedsilo.silo.state import LocalState
 from fedsilo.wire.messages import TaskMessage, TaskResult
 from fedsilo.wire.tensors import ParameterSpec, WireError
 
@@ -32,6 +33,7 @@ class SiloContext:
     model_config: ModelConfig
     device: torch.device
     store: dict[str, Any] = field(default_factory=dict)  # what the silo keeps between tasks
+    state: LocalState = field(default_factory=LocalState)  # what outlives the process (disk)
     privacy: PrivacyConfig = PrivacyConfig()  # from the silo's own copy of the policy
     rounds: int = 1  # the deployment's rounds: DP-SGD calibrates its noise over all of them
     secret: bytes = b""  # key material only this silo holds: it seeds every noise draw

@@ -19,13 +19,15 @@ as two reports (a record is in one domain: silo/reports.py `domain_losses`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from fedsilo.privacy.accounting import Mechanism
 from fedsilo.silo.domains import split_domains
 from fedsilo.silo.evaluation import metrics_for, per_sample_loss_function
 from fedsilo.silo.mixup import MixupDraws, mixed_losses, mixup_on
-from fedsilo.silo.reports import DOMAIN_REPORTS, LOSSES, METRICS, reports_mechanism
+from fedsilo.silo.reports import DOMAIN_REPORTS, LOSSES, METRICS, Reports, reports_mechanism
 from fedsilo.silo.tasks.base import SiloContext
 from fedsilo.wire.messages import (
     DOMAIN_COUNT,
@@ -42,7 +44,7 @@ ALL_METRICS = {"classification": ("accuracy", "auroc"), "regression": ("rmse", "
 
 
 def evaluate(message: TaskMessage, ctx: SiloContext) -> TaskResult:
-    return _report(message, ctx, _evaluated(ctx), default_split="test")
+    return _report(message, ctx, evaluated_metrics(ctx), default_split="test")
 
 
 def report_loss(message: TaskMessage, ctx: SiloContext) -> TaskResult:
@@ -124,7 +126,7 @@ def _mixed_loss(message: TaskMessage, ctx: SiloContext) -> TaskResult:
 
 def evaluate_releases(message: TaskMessage, ctx: SiloContext) -> list[Mechanism]:
     count = ctx.unreleased_counts(_split(message, "test"))
-    return reports_mechanism(ctx.privacy, count + len(_evaluated(ctx)))
+    return reports_mechanism(ctx.privacy, count + len(evaluated_metrics(ctx)))
 
 
 def loss_releases(message: TaskMessage, ctx: SiloContext) -> list[Mechanism]:
@@ -137,7 +139,7 @@ def _split(message: TaskMessage, default: str) -> str:
     return str(message.config.get("split", default))
 
 
-def _evaluated(ctx: SiloContext) -> tuple[str, ...]:
+def evaluated_metrics(ctx: SiloContext) -> tuple[str, ...]:
     """The metrics an evaluate task reports under this silo's policy."""
     forbidden = ctx.privacy.reports.forbidden
     table = BOUNDED_METRICS if ctx.privacy.differentially_private else ALL_METRICS
@@ -151,28 +153,44 @@ def _loss_only(ctx: SiloContext) -> tuple[str, ...]:
     return ("loss",)
 
 
+def measured(
+    task: str,
+    model: Callable[[torch.Tensor], torch.Tensor],
+    data: tuple[torch.Tensor, torch.Tensor],
+    names: tuple[str, ...],
+    reports: Reports,
+) -> dict[str, float]:
+    """The metrics `names` of `model` on rows (x, y), as `reports` lets them leave: exact, or
+    under DP only the noisy loss and accuracy (`BOUNDED_METRICS`)."""
+    x, y = data
+    with torch.no_grad():
+        output = torch.cat([model(x[i : i + EVAL_BATCH]) for i in range(0, len(x), EVAL_BATCH)])
+    output, y = output.cpu(), y.cpu()
+    if reports.noised:
+        return {
+            name: reports.mean_loss(per_sample_loss_function(task)(output, y))
+            if name == "loss"
+            else reports.accuracy(output.argmax(dim=1) == y)
+            for name in names
+        }
+    exact = metrics_for(task, output, y)
+    return {name: exact[name] for name in names}
+
+
 def _report(
     message: TaskMessage, ctx: SiloContext, names: tuple[str, ...], default_split: str
 ) -> TaskResult:
     model, _ = ctx.load_model(message)
     split = _split(message, default_split)
-    x, y = ctx.split(split)
     model.eval()
-    with torch.no_grad():
-        output = torch.cat([model(x[i : i + EVAL_BATCH]) for i in range(0, len(x), EVAL_BATCH)])
-    output, y = output.cpu(), y.cpu()
     reports = ctx.reports(message.task_id, split)
-    if reports.noised:  # only the loss and the accuracy leave under DP (`BOUNDED_METRICS`)
-        metrics = {
-            name: reports.mean_loss(per_sample_loss_function(ctx.data.task)(output, y))
-            if name == "loss"
-            else reports.accuracy(output.argmax(dim=1) == y)
-            for name in names
-        }
-    else:
-        exact = metrics_for(ctx.data.task, output, y)
-        metrics = {name: exact[name] for name in names}
+    data = ctx.split(split)
+    metrics = measured(ctx.data.task, model, data, names, reports)
     ctx.released_count(split)
     return TaskResult(
-        message.task_id, ctx.name, message.kind, num_samples=reports.count(len(y)), metrics=metrics
+        message.task_id,
+        ctx.name,
+        message.kind,
+        num_samples=reports.count(len(data[1])),
+        metrics=metrics,
     )

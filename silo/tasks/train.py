@@ -64,7 +64,7 @@ from fedsilo.privacy.accounting import Mechanism
 from fedsilo.silo.domains import domain_objective
 from fedsilo.silo.evaluation import loss_function, per_sample_loss_function
 from fedsilo.silo.mixup import MixupDraws, mixed_loss_of, mixup_on
-from fedsilo.silo.reports import LOSSES, Reports, reports_mechanism
+from fedsilo.silo.reports import LOSSES, reports_mechanism
 from fedsilo.silo.schedule import LocalSchedule, shuffled_batches
 from fedsilo.silo.tasks.base import MODEL, SiloContext, flat_parameters
 from fedsilo.wire.messages import TaskMessage, TaskResult
@@ -100,7 +100,7 @@ def train(message: TaskMessage, ctx: SiloContext) -> TaskResult:
         raise ValueError(f"silo {ctx.name!r} has no training samples")
     schedule = LocalSchedule.of(config, n)
 
-    optimizer = _optimizer(model.parameters(), config)
+    optimizer = optimizer_for(model.parameters(), config)
     loss_fn, per_sample_fn = loss_function(ctx.data.task), per_sample_loss_function(ctx.data.task)
     mu = float(config.get("prox_mu", 0.0))
     anchor = _anchor(message, model, spec) if mu > 0 else []
@@ -151,15 +151,8 @@ def train(message: TaskMessage, ctx: SiloContext) -> TaskResult:
             after_noise=(lambda: _add_proximal_gradient(model, anchor, mu)) if mu > 0 else None,
             after_step=checkpoint.after_step,
         )
-        metrics |= {
-            "dp_noise_multiplier": plan.noise_multiplier,
-            "dp_sample_rate": plan.sample_rate,
-            "dp_steps": float(plan.steps),
-        }
-    reports = ctx.reports(message.task_id, "train")
-    if reports.allows(LOSSES) and not reports.noised:
-        recent = [loss for loss in losses[-schedule.window :] if loss is not None]
-        metrics["train_loss"] = sum(recent) / len(recent) if recent else float("nan")
+        metrics |= plan.public_metrics()
+    count = released_training(ctx, message, schedule, losses, metrics)
     trained = flat_parameters(model, spec)
     if scale != 1.0:
         received = message.tensors[MODEL].to(trained)
@@ -172,7 +165,7 @@ def train(message: TaskMessage, ctx: SiloContext) -> TaskResult:
         task_id=message.task_id,
         silo=ctx.name,
         kind=message.kind,
-        num_samples=_released_count(ctx, reports, n),
+        num_samples=count,
         metrics=metrics,
         tensors=tensors,
         spec=spec,
@@ -203,9 +196,21 @@ def _share_std(message: TaskMessage, ctx: SiloContext) -> float:
     return client_dp.noise_multiplier * client_dp.clip / math.sqrt(cohort)
 
 
-def _released_count(ctx: SiloContext, reports: Reports, n: int) -> int:
+def released_training(
+    ctx: SiloContext,
+    message: TaskMessage,
+    schedule: LocalSchedule,
+    losses: list[float | None],
+    metrics: dict[str, float],
+) -> int:
+    """What a training task reports besides the model: the mean loss of its last window into
+    `metrics` (when losses may leave exactly), and the training count as it is released."""
+    reports = ctx.reports(message.task_id, "train")
+    if reports.allows(LOSSES) and not reports.noised:
+        recent = [loss for loss in losses[-schedule.window :] if loss is not None]
+        metrics["train_loss"] = sum(recent) / len(recent) if recent else float("nan")
     ctx.released_count("train")
-    return reports.count(n)
+    return reports.count(schedule.n)
 
 
 def _update_scale(config: Mapping[str, Any], ctx: SiloContext) -> float:
@@ -287,7 +292,7 @@ def _add_proximal_gradient(model: torch.nn.Module, anchor: list[torch.Tensor], m
         p.grad.add_(p - a, alpha=mu)
 
 
-def _optimizer(params: Any, config: Mapping[str, Any]) -> torch.optim.Optimizer:
+def optimizer_for(params: Any, config: Mapping[str, Any]) -> torch.optim.Optimizer:
     lr, decay = float(config["lr"]), float(config.get("weight_decay", 0.0))
     if config["optimizer"] == "adam":
         return torch.optim.Adam(params, lr=lr, weight_decay=decay)

@@ -1,0 +1,77 @@
+"""SuPerFed (Hahn et al. 2022; spec thesis-methods.md §1.5): personalised federated learning
+through a connected low-loss subspace.
+
+The coordinator runs FedAvg's round, every federated tensor sample-weighted (the spec's
+correction: biases too), so secure aggregation and DP-SGD apply unchanged; only the task
+differs: `superfed_train` with the round's mixing settings, mixing on from round
+floor(L T) + 1. Each silo keeps its local model itself (silo/tasks/superfed.py); the
+coordinator never sees it. Evaluation asks every silo for `superfed_evaluate`: the global
+model mixed with its local model over the lambda grid, reported at the lambda the silo's
+validation split chooses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from fedsilo.coordinator.phases import Phase, Task
+from fedsilo.coordinator.seeding import derive_seed
+from fedsilo.coordinator.strategies.base import EvaluationScript, RoundContext, ServerState
+from fedsilo.coordinator.strategies.fedavg import FedAvg
+from fedsilo.policies.algorithms import SuperFedConfig
+from fedsilo.wire.tensors import ParameterSpec
+
+
+class SuperFed(FedAvg):
+    """Personalised FL: a private local model mixed with the federated one (Hahn et al. 2022)."""
+
+    name = "superfed"
+
+    @property
+    def config(self) -> SuperFedConfig:  # type: ignore[override]
+        return self.policy.algorithm  # type: ignore[return-value]
+
+    def train_task(
+        self,
+        silo: str,
+        model: torch.Tensor,
+        spec: ParameterSpec,
+        ctx: RoundContext,
+        prox_mu: float = 0.0,
+        extra: Mapping[str, Any] | None = None,
+    ) -> Task:
+        config = self.config
+        superfed = {
+            "mixing": config.mixing,
+            "mixing_on": ctx.round >= config.mixing_from(ctx.total_rounds),
+            "ortho_nu": config.ortho_nu,
+            "prox_mu": config.prox_mu,
+            "prox_form": config.prox_form,
+            "local_seed": self.local_seed(silo, ctx),
+        }
+        task = super().train_task(silo, model, spec, ctx, 0.0, {**superfed, **(extra or {})})
+        return replace(task, kind="superfed_train")
+
+    def evaluate(self, state: ServerState, ctx: RoundContext) -> EvaluationScript:
+        settings = {
+            "lambda_grid": self.config.lambda_grid,
+            "min_validation": self.config.min_validation,
+        }
+        tasks = tuple(
+            replace(
+                self.evaluate_task(s, state.model, state.spec),
+                kind="superfed_evaluate",
+                config={**settings, "local_seed": self.local_seed(s, ctx)},
+            )
+            for s in ctx.silos
+        )
+        return (yield Phase("evaluate", tasks, quorum=1))
+
+    @staticmethod
+    def local_seed(silo: str, ctx: RoundContext) -> int:
+        """The seed of `silo`'s fresh local model: the same every round, and the silo's own."""
+        return derive_seed(ctx.seed, "superfed-local", silo)
