@@ -11,6 +11,7 @@ from fedsilo.silo.partition import (
     dirichlet_label_skew,
     flip_labels,
     iid,
+    label_shards,
     noisy_silos,
     quantity_skew,
     quantity_skew_sizes,
@@ -208,3 +209,18 @@ def test_noisy_silos_picks_round_fraction_of_silos_at_least_one(
 
 def test_noisy_silos_is_deterministic_given_the_generator_seed() -> None:
     assert np.array_equal(noisy_silos(20, 0.3, rng(5)), noisy_silos(20, 0.3, rng(5)))
+
+
+def test_shards_give_each_silo_its_shards_of_distinct_labels() -> None:
+    labels = np.repeat(np.arange(10), 40)  # 400 rows: shards of 10 rows never straddle labels
+    parts = label_shards(labels, silos=20, shards_per_silo=2, rng=rng(3))
+    assert_disjoint_cover(parts, 400)
+    assert [len(p) for p in parts] == [20] * 20
+    assert all(len(np.unique(labels[p])) == 2 for p in parts)
+    again = label_shards(labels, silos=20, shards_per_silo=2, rng=rng(3))
+    assert all(np.array_equal(a, b) for a, b in zip(parts, again, strict=True))
+
+
+def test_more_shards_than_rows_are_refused() -> None:
+    with pytest.raises(ValueError, match="40 shards need at least 40 rows"):
+        label_shards(np.zeros(30, dtype=int), silos=20, shards_per_silo=2, rng=rng())
