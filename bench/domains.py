@@ -59,11 +59,11 @@ from torch.nn import functional
 from bench.common import write
 from bench.mixing import cell, spread
 from fedsilo.coordinator.engine import RunHistory
+from fedsilo.models.zoo import build_model
 from fedsilo.ops.simulate import simulate
 from fedsilo.policies.loading import parse_policy
 from fedsilo.policies.schema import Policy
 from fedsilo.silo.data import SiloDataset, load_consortium
-from fedsilo.silo.models import build_model
 from fedsilo.silo.tasks.base import parameter_spec
 
 SEEDS = (0, 1, 2, 3, 4)

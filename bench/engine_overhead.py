@@ -21,10 +21,10 @@ from bench.common import write
 from fedsilo.coordinator.engine import RoundEngine, RoundRecord
 from fedsilo.coordinator.strategies import make_strategy
 from fedsilo.coordinator.transport import InProcessTransport
+from fedsilo.models.zoo import build_model, count_parameters
 from fedsilo.policies.loading import parse_policy
 from fedsilo.silo.agent import SiloAgent
 from fedsilo.silo.data import SiloDataset
-from fedsilo.silo.models import build_model, count_parameters
 
 SILOS, FEATURES, HIDDEN = 10, 100, [1000, 900]
 

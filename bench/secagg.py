@@ -64,12 +64,12 @@ from fedsilo.coordinator.strategies.base import (
     Strategy,
 )
 from fedsilo.coordinator.transport import InProcessTransport
+from fedsilo.models.zoo import build_model, count_parameters
 from fedsilo.policies.loading import parse_policy
 from fedsilo.policies.schema import Policy
 from fedsilo.privacy.ckks import FP32_BYTES, CkksParameters, measure
 from fedsilo.silo.agent import SiloAgent
 from fedsilo.silo.data import SiloDataset
-from fedsilo.silo.models import build_model, count_parameters
 from fedsilo.wire.messages import SiloEndpoint
 from fedsilo.wire.payload import as_payload
 from fedsilo.wire.tensors import index_tensors

@@ -26,7 +26,7 @@ import time
 from collections.abc import Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import takewhile
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -114,6 +114,13 @@ class EngineObserver(Protocol):
     def on_round(self, record: RoundRecord, total_rounds: int) -> None: ...
 
 
+@runtime_checkable
+class StateObserver(Protocol):
+    """An observer that also wants the state after each round (e.g. FedEvg's synthetic set)."""
+
+    def on_state(self, round_no: int, state: ServerState) -> None: ...
+
+
 class RoundEngine:
     def __init__(
         self,
@@ -165,6 +172,8 @@ class RoundEngine:
             self._save(record, state)
             for observer in self.observers:
                 observer.on_round(record, total)
+                if isinstance(observer, StateObserver):
+                    observer.on_state(round_no, state)
             if failures_in_a_row >= self.policy.participants.max_consecutive_failed_rounds:
                 raise RunAborted(
                     f"{failures_in_a_row} rounds in a row missed their quorum; last: {record.error}"

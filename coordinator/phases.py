@@ -9,8 +9,9 @@ silo's digest of them; only phases without an aggregate return every silo's tens
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -39,6 +40,15 @@ class WeightedMean:
 
     tensors: tuple[str, ...] = ("model",)
     weights: Mapping[str, float] | None = None
+    # the shape each reply's tensor must have, for tensors that are not the model (whose shape
+    # the task's parameter spec fixes); a reply of another shape is that silo's dropout
+    shapes: Mapping[str, tuple[int, ...]] | None = None
+
+    def flattened(self) -> WeightedMean:
+        """The same aggregate over flat tensors (what a secure protocol's replies carry)."""
+        if not self.shapes:
+            return self
+        return replace(self, shapes={n: (math.prod(s),) for n, s in self.shapes.items()})
 
 
 @dataclass(frozen=True)

@@ -93,6 +93,11 @@ def accept(
             tuple(tensors[t].shape) != (sent.spec.numel,) for t in aggregate.tensors
         ):
             return Dropout("reply's tensors do not match the model's shape")
+        for name, shape in (getattr(aggregate, "shapes", None) or {}).items():
+            if tuple(tensors[name].shape) != tuple(shape):
+                return Dropout(
+                    f"reply's {name!r} has shape {tuple(tensors[name].shape)}, not {tuple(shape)}"
+                )
         weighted_by_samples = isinstance(aggregate, WeightedMean) and aggregate.weights is None
         if weighted_by_samples and result.num_samples <= 0:
             return Dropout("reply reports no samples")

@@ -99,7 +99,7 @@ class MaskedMean(SecureMean):
                 )
                 for v in sorted(shared)
             ],
-            aggregate,
+            aggregate.flattened(),
         )
         self._enough(phase, "mask", len(masked), threshold)
         survivors = sorted(masked)
@@ -155,7 +155,8 @@ class MaskedMean(SecureMean):
                 {s: adverts[s].masking_key for s in survivors},
                 self.label,
             )
-            update = torch.from_numpy(encoding.decode(summed)) / total_weight
+            update = torch.from_numpy(encoding.decode(summed)).reshape(reference[name].shape)
+            update /= total_weight
             mean[name] = (reference[name].double() + update).to(reference[name].dtype)
         raw = raw_weights(phase.aggregate.weights, advertised)
         return PhaseOutcome(

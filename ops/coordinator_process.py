@@ -28,6 +28,7 @@ from fedsilo.ops.memory import return_freed_memory
 from fedsilo.ops.metrics import CoordinatorMetrics, serve_metrics
 from fedsilo.ops.provision import CoordinatorKit, load_coordinator_kit
 from fedsilo.ops.report import write_deployment_results
+from fedsilo.ops.synthetic import snapshots_for
 from fedsilo.policies.loading import parse_policy_text
 from fedsilo.privacy.identity import noise_secret
 from fedsilo.privacy.policy_signing import signature_path, verify_policy
@@ -124,12 +125,13 @@ def run_coordinator(options: CoordinatorOptions, stop: threading.Event | None = 
             metrics.set_silo_status(silo, "refused")
             store.set_participant(deployment, silo, "refused", reason)
             log.warning("silo %s is not participating: %s", silo, reason)
+        snapshots = snapshots_for(policy)
         engine = RoundEngine(
             strategy,
             GrpcTransport(hub),
             policy,
             members,
-            observers=[metrics, _RoundLog(hub, metrics)],
+            observers=[metrics, _RoundLog(hub, metrics), *([snapshots] if snapshots else [])],
             deployment=deployment,
             store=store,
             policy_digest=digest,
@@ -139,7 +141,8 @@ def run_coordinator(options: CoordinatorOptions, stop: threading.Event | None = 
         history = engine.run()
         hub.finish()
         if options.out is not None:
-            write_deployment_results(options.out, policy.algorithm.name, history)
+            taken = snapshots.taken if snapshots else {}
+            write_deployment_results(options.out, policy.algorithm.name, history, taken)
         log.info("deployment %s complete at round %d", deployment, history.final.round)
         stop.wait(max(options.poll_seconds + 1.0, options.linger_s))  # silos hear "finished"
         return history

@@ -18,11 +18,14 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import torch
 from rich.table import Table
 
 from fedsilo import __version__
 from fedsilo.coordinator.engine import RunHistory
+from fedsilo.ops.plots import pyplot
 from fedsilo.ops.simulate import SimulationResult
+from fedsilo.ops.synthetic import write_synthetic
 from fedsilo.wire.tensors import encode_tensors
 
 
@@ -55,9 +58,15 @@ def write_results(out: Path, results: Mapping[str, SimulationResult]) -> None:
             write_comparison(staging, results)
 
 
-def write_deployment_results(out: Path, name: str, history: RunHistory) -> None:
+def write_deployment_results(
+    out: Path,
+    name: str,
+    history: RunHistory,
+    snapshots: Mapping[int, tuple[torch.Tensor, torch.Tensor]] | None = None,
+) -> None:
     """A deployment's final state (`final_model.safetensors`, with its parameter spec), its
-    per-round history (`history.json`) and the same two plots as a simulation's."""
+    per-round history (`history.json`), the same plots as a simulation's and, for FedEvg, the
+    synthetic set and its snapshots."""
     with atomic_directory(out) as staging:
         state = history.state
         header = {"spec": state.spec.to_json(), "extra": dict(state.extra)}
@@ -70,6 +79,7 @@ def write_deployment_results(out: Path, name: str, history: RunHistory) -> None:
             _plot_final(staging / "final_per_silo.png", {name: history}, silos, metric)
         _plot_mixing(staging / "mixing_weights.png", history)
         _write_lambda_curves(staging, history.final.evaluation or {})
+        write_synthetic(staging, history.state, snapshots or {})
 
 
 def _headline_metric(summary: Mapping[str, Any]) -> str | None:
@@ -112,6 +122,7 @@ def write_run(folder: Path, result: SimulationResult) -> None:
     _plot_final(folder / "final_per_silo.png", histories, silos, metric)
     _plot_mixing(folder / "mixing_weights.png", result.history)
     _write_lambda_curves(folder, final.evaluation or {})
+    write_synthetic(folder, result.history.state, result.snapshots)
 
 
 def write_comparison(folder: Path, results: Mapping[str, SimulationResult]) -> None:
@@ -166,7 +177,7 @@ def comparison_table(results: Mapping[str, SimulationResult]) -> Table:
 
 
 def _plot_rounds(path: Path, histories: Mapping[str, RunHistory], metric: str) -> None:
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
     for name, history in histories.items():
         rounds = [r for r in history.records if r.summary and metric in r.summary]
@@ -191,7 +202,7 @@ def _plot_rounds(path: Path, histories: Mapping[str, RunHistory], metric: str) -
 def _plot_final(
     path: Path, histories: Mapping[str, RunHistory], silos: list[str], metric: str
 ) -> None:
-    plt = _pyplot()
+    plt = pyplot()
     width = 0.8 / len(histories)
     fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(silos)), 4))
     for i, (name, history) in enumerate(histories.items()):
@@ -210,7 +221,7 @@ def _plot_mixing(path: Path, history: RunHistory) -> None:
     rounds = [r for r in history.records if r.mixing]
     if not rounds:
         return
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
     for silo in sorted({s for r in rounds for s in r.mixing or {}}):
         ax.plot(
@@ -260,7 +271,7 @@ def _write_lambda_curves(folder: Path, evaluation: Mapping[str, Mapping[str, flo
             for i, lam in enumerate(curve["lambda"]):
                 writer.writerow([silo, lam, *(curve.get(n, [""] * (i + 1))[i] for n in names)])
     metric = "accuracy" if "accuracy" in names else names[0]
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
     for silo, curve in sorted(curves.items()):
         (line,) = ax.plot(curve["lambda"], curve[metric], label=silo)
@@ -277,16 +288,6 @@ def _write_lambda_curves(folder: Path, evaluation: Mapping[str, Mapping[str, flo
     fig.tight_layout()
     fig.savefig(folder / "lambda_curves.png", dpi=120)
     plt.close(fig)
-
-
-def _pyplot() -> Any:
-    """matplotlib, headless, imported on first plot (services that never plot start faster)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def fmt_metric(value: float | None) -> str:

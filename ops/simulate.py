@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
 from nacl.public import PrivateKey
 from nacl.signing import SigningKey
 
@@ -16,6 +17,7 @@ from fedsilo.coordinator.engine import EngineObserver, RoundEngine, RunHistory
 from fedsilo.coordinator.strategies import make_strategy
 from fedsilo.coordinator.strategies.references import POOLED_SILO, Central
 from fedsilo.coordinator.transport import InProcessTransport
+from fedsilo.ops.synthetic import snapshots_for
 from fedsilo.policies.schema import Policy
 from fedsilo.silo.agent import SiloAgent
 from fedsilo.silo.data import DataError, SiloDataset, load_consortium, pool
@@ -51,6 +53,8 @@ class SimulationResult:
     task: str
     device: str
     seconds: float
+    # FedEvg: the synthetic set (points, labels) every `image_every` rounds, by round
+    snapshots: Mapping[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
 
     @property
     def headline_metric(self) -> str:
@@ -107,12 +111,13 @@ def simulate(
     if isinstance(strategy, Central):
         endpoints[POOLED_SILO] = agent(POOLED_SILO, pool(datasets)).handle_bytes
     transport = InProcessTransport(endpoints, max_parallel=min(4, os.cpu_count() or 1))
+    snapshots = snapshots_for(policy)
     engine = RoundEngine(
         strategy,
         transport,
         policy,
         [d.name for d in datasets],
-        observers,
+        [*observers, *([snapshots] if snapshots else [])],
         handoff_keys={name: bytes(key) for name, key in sealing_roster.items()},
     )
     try:
@@ -126,4 +131,5 @@ def simulate(
         task=datasets[0].task,
         device=device_note,
         seconds=time.perf_counter() - started,
+        snapshots=snapshots.taken if snapshots else {},
     )

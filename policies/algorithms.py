@@ -125,6 +125,42 @@ class SuperFedConfig(PolicyModel):
         return math.floor(self.start_fraction * total_rounds + 1e-9) + 1
 
 
+class FedEvgConfig(PolicyModel):
+    """FedEvg (thesis ch. IV; spec thesis-methods.md §3): silos send energy signals, not models.
+    The coordinator keeps `samples_per_class` synthetic points per class (noise at first) and
+    moves them every round by one Langevin step down the mixture of the silos' energies, step
+    eta_t from `server_step_max` to `server_step_min` (the cosine-beta curve), noise
+    `server_noise` (or `server_noise_scale` * eta_t); each silo trains a fresh energy model
+    (JEM-style: cross-entropy, a contrastive term with `client_sgld_steps` Langevin steps of size
+    `client_sgld_step` and noise `client_sgld_noise` from the synthetic points, and
+    `synthetic_ce_weight` times the cross-entropy on them) and sends, per synthetic point, the
+    input gradient of its energy clipped to `gradient_clip` and exp(-sign of the energy). The
+    classifier the silos evaluate is the policy's model trained on the synthetic set alone
+    (`classifier_epochs` of Adam at `classifier_lr`)."""
+
+    reports: ClassVar[frozenset[str]] = SAMPLE_WEIGHTED
+    averages: ClassVar[bool] = True  # the two sums of the mixture gradient
+    name: Literal["fedevg"]
+    client_fraction: float = Field(default=1.0, gt=0, le=1)
+    samples_per_class: int = Field(default=10, ge=1)
+    energy: Literal["joint", "marginal"] = "joint"
+    server_step_max: float = Field(default=10.0, gt=0)
+    server_step_min: float = Field(default=1.0, gt=0)
+    server_noise: float = Field(default=1e-4, ge=0)
+    server_noise_scale: float | None = Field(default=None, ge=0)
+    client_sgld_steps: int = Field(default=1, ge=0)
+    client_sgld_step: float = Field(default=1.0, ge=0)
+    client_sgld_noise: float = Field(default=0.01, ge=0)
+    gradient_clip: float = Field(default=3.0, gt=0)
+    synthetic_ce_weight: float = Field(default=0.1, ge=0)
+    spectral_norm: bool = True
+    persist_local_model: bool = False
+    classifier_epochs: int = Field(default=100, ge=1)
+    classifier_lr: float = Field(default=1e-3, gt=0)
+    classifier_batch_size: int = Field(default=64, ge=1)
+    image_every: int = Field(default=10, ge=1)
+
+
 class FedDcConfig(PolicyModel):
     """FedDC (Kamp et al. 2023): every round is one local step; every `daisy_period` rounds the
     sampled silos' models move to a random permutation of them, every `aggregation_period`
@@ -172,6 +208,7 @@ AlgorithmConfig = Annotated[
     | FedDcConfig
     | MixingAlgorithmConfig
     | ApproxFedAvgConfig
-    | SuperFedConfig,
+    | SuperFedConfig
+    | FedEvgConfig,
     Field(discriminator="name"),
 ]

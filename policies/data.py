@@ -72,7 +72,8 @@ class DirichletPartition(PolicyModel):
 
 class ShardsPartition(PolicyModel):
     """Pathological label skew (McMahan et al.): rows sorted by label cut into equal shards,
-    `shards_per_silo` per silo at random, so each silo holds that many labels (2 by default)."""
+    `shards_per_silo` per silo at random, so each silo holds about that many labels (2 by
+    default; a shard that straddles two labels gives its silo one more)."""
 
     kind: Literal["shards"]
     silos: int = Field(ge=1)
@@ -148,7 +149,9 @@ class DataConfig(PolicyModel):
     # consortium's mean and variance, aggregated from per-silo moments before training. Under
     # label skew, local statistics erase the class signal (a mostly-positive silo centres on
     # the positive class); federated scaling keeps one feature space for every silo.
-    scaling: Literal["local", "federated"] = "local"
+    # none: features as the source gives them (after local imputation), e.g. pixels in [0, 1]
+    # for FedEvg, whose synthetic images live in [0, 1].
+    scaling: Literal["local", "federated", "none"] = "local"
 
     @model_validator(mode="before")
     @classmethod

@@ -28,13 +28,18 @@ class MlpModel(PolicyModel):
 
 
 class CnnModel(PolicyModel):
-    """1 to 3 conv3x3 + ReLU + max-pool blocks, then one hidden dense layer."""
+    """1 to 3 conv3x3 + activation (+ GroupNorm) + max-pool blocks, then one hidden dense layer
+    (`hidden: 0`: none, the last layer reads the flattened features). `norm: group` normalises
+    each block with GroupNorm (8 groups, or as many as divide its channels), which DP-SGD
+    supports and BatchNorm it would not."""
 
     name: Literal["cnn"]
     channels: list[Annotated[int, Field(ge=1)]] = Field(
         default=[16, 32], min_length=1, max_length=3
     )
-    hidden: int = Field(default=64, ge=1)
+    hidden: int = Field(default=64, ge=0)
+    activation: Literal["relu", "silu"] = "relu"
+    norm: Literal["none", "group"] = "none"
 
 
 ModelConfig = Annotated[LinearModel | MlpModel | CnnModel, Field(discriminator="name")]

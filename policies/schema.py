@@ -101,7 +101,25 @@ class Policy(PolicyModel):
             )
         self._check_secure_aggregation()
         self._check_mixing()
+        self._check_fedevg()
         return self
+
+    def _check_fedevg(self) -> None:
+        algorithm = self.algorithm
+        if algorithm.name != "fedevg":
+            return
+        if self.data.scaling != "none":
+            raise ValueError(
+                "data.scaling: fedevg's synthetic points live in [0, 1], so the silos' features "
+                "must too: use scaling 'none' on data in [0, 1] (e.g. sklearn:digits' pixels)"
+            )
+        if self.data.task == "regression" or self.data.source == "sklearn:diabetes":
+            raise ValueError("algorithm: fedevg's energies come from a classifier's logits")
+        if self.privacy.dp_sgd is not None and algorithm.spectral_norm:  # type: ignore[union-attr]
+            raise ValueError(
+                "algorithm.spectral_norm: DP-SGD clips per-sample gradients of plain layers, and "
+                "a spectrally normalised layer is not one; set spectral_norm: false under DP"
+            )
 
     def _check_mixing(self) -> None:
         name = self.algorithm.name

@@ -86,6 +86,7 @@ HEART_DICTIONARY = DataDictionary(
     not_features=("id", "dataset"),
 )
 HEART_CSV = "datasets/heart/heart_disease_uci.csv"
+DIGITS_INTENSITIES = 16.0  # scikit-learn's 8x8 digits count 0..16 per pixel
 
 
 class _Purpose(IntEnum):
@@ -162,6 +163,8 @@ def _read_sklearn(source: str) -> _RawSource:
     name = source.removeprefix("sklearn:")
     bunch = getattr(datasets, f"load_{name}")()
     frame = pd.DataFrame(bunch.data, columns=[str(column) for column in bunch.feature_names])
+    if name == "digits":  # the data dictionary: pixel intensities 0..16, read as 0..1
+        frame /= DIGITS_INTENSITIES
     frame["target"] = bunch.target
     image_shape = (1, *bunch.images.shape[1:]) if name == "digits" else None
     return _RawSource(frame, DataDictionary("target"), source, KNOWN_TASKS[source], image_shape)
@@ -629,7 +632,13 @@ def _build_silo(
         for positions in _split_positions(labels, sizes, _rng(seed, _Purpose.SPLIT, index))
     ]
     standardiser = _Standardiser.fit(table.x[splits[0]], table.numeric)
-    if config.scaling == "federated":  # impute only; the consortium's scaler comes later
+    if config.scaling == "none":  # impute only: features as the source gives them
+        standardiser = replace(
+            standardiser,
+            mean=np.zeros_like(standardiser.mean),
+            std=np.ones_like(standardiser.std),
+        )
+    elif config.scaling == "federated":  # impute only; the consortium's scaler comes later
         # Columns this silo never observed stay NaN: the federated scaler fills them with the
         # consortium mean, and the silo's moments leave them out.
         standardiser = replace(

@@ -45,6 +45,7 @@ Poisson batch is still a step: noise alone, over the expected batch size.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 from collections.abc import Callable, Iterator, Mapping
@@ -253,10 +254,21 @@ class ClippedSums:
         if held != wanted:
             raise DpSgdError("the optimiser holds parameters that are not the model's")
         self._seen: dict[nn.Module, tuple[list[torch.Tensor], torch.Tensor, int]] = {}
+        self._paused = False
         self._hooks = [m.register_forward_hook(self._capture) for m in self.layers]
 
     def __enter__(self) -> ClippedSums:
         return self
+
+    @contextlib.contextmanager
+    def unwatched(self) -> Iterator[None]:
+        """Forward passes in this block are not the batch's (e.g. on public data): the hooks
+        leave them alone."""
+        self._paused = True
+        try:
+            yield
+        finally:
+            self._paused = False
 
     def __exit__(self, *exc: object) -> None:
         for hook in self._hooks:
@@ -264,7 +276,7 @@ class ClippedSums:
         self._seen.clear()
 
     def _capture(self, module: nn.Module, inputs: tuple[Any, ...], output: Any) -> None:
-        if not torch.is_grad_enabled():
+        if self._paused or not torch.is_grad_enabled():
             return
         if module in self._seen:
             raise DpSgdError(

@@ -7,7 +7,7 @@ gamma ~ Beta(alpha, alpha) per row. Inputs mix linearly, x~ = gamma x[idx] + (1 
 x[idx'], and so do regression targets; a classification row's loss is
 gamma CE(f(x~), y[idx]) + (1 - gamma) CE(f(x~), y[idx']) (soft targets). Mixing happens on the
 inputs (`inputs`: the spec's g is the identity) or on the model's embedding (`embedding`): g is
-every layer but the last (silo/models.py `embedding_and_head`), both rows go through g, and the
+every layer but the last (models/zoo.py `embedding_and_head`), both rows go through g, and the
 last layer reads gamma g(x[idx]) + (1 - gamma) g(x[idx']), so gradients reach g through both.
 
 Partners and ratios come from a `MixupDraws`, a numpy stream seeded by the task and apart from
@@ -30,8 +30,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from fedsilo.models.zoo import embedding_and_head
 from fedsilo.silo.evaluation import per_sample_loss_function
-from fedsilo.silo.models import embedding_and_head
 
 _STREAM = 0x6D69_7875  # "mixu": keeps the mixup stream apart from other uses of the seed
 MIXUP_ON = ("inputs", "embedding")

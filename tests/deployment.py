@@ -78,14 +78,19 @@ class Consortium:
         )
 
     def write_silo_config(
-        self, silo: str, metrics_port: int | None = None, **rules: object
+        self,
+        silo: str,
+        metrics_port: int | None = None,
+        data: dict | None = None,
+        **rules: object,
     ) -> Path:
+        """`data`: the data section (the default policy's when None), this silo selected."""
         folder = self.root / "sites" / silo
         folder.mkdir(parents=True, exist_ok=True)
         document: dict = {
             "version": 1,
             "kit": str(self.kits / "silos" / silo),
-            "data": {"source": policy_document()["data"], "select": silo},
+            "data": {"source": data or policy_document()["data"], "select": silo},
         }
         if metrics_port is not None:
             document["metrics_port"] = metrics_port

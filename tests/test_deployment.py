@@ -192,3 +192,36 @@ def test_feddc_with_sealed_hand_offs_and_ckks_sums_over_processes_equals_the_sim
     expected = simulate(expected_policy, load_silos(expected_policy, None)).history.state.model
     # CKKS decrypts approximately (rounded to 2^-22): the same model within that precision
     assert torch.allclose(tensors["model"], expected, atol=1e-5)
+
+
+def test_fedevg_over_processes_sends_no_model_and_writes_the_simulations_synthetic_set(
+    consortium: Consortium,
+) -> None:
+    data = {"source": "sklearn:digits", "scaling": "none", "partition": {"kind": "iid", "silos": 3}}
+    document = policy_document(
+        rounds=2,
+        algorithm={"name": "fedevg", "samples_per_class": 2, "classifier_epochs": 5},
+        model={"name": "cnn", "channels": [4], "hidden": 0, "activation": "silu", "norm": "group"},
+        training={"epochs": 1, "batch_size": 32, "optimizer": "adam", "lr": 1e-3},
+        data=data,
+        secure_aggregation="masking",
+    )
+    document["algorithm"]["image_every"] = 1
+    policy = consortium.write_policy(document)
+    consortium.start_coordinator(policy, "--out", "results", "--linger-seconds", "2")
+    for silo in SILOS:
+        consortium.start_silo(silo, consortium.write_silo_config(silo, data=data))
+    assert consortium.wait("coordinator", timeout=120) == 0, consortium.log("coordinator")
+
+    results = consortium.root / "results"
+    history = json.loads((results / "history.json").read_text())
+    assert [r["status"] for r in history["rounds"]] == ["completed"] * 2
+    assert sorted(p.name for p in (results / "synthetic").iterdir()) == [
+        "round-0001.png",
+        "round-0002.png",
+    ]
+    synthetic, _ = decode_tensors((results / "synthetic.safetensors").read_bytes())
+    expected_policy = parse_policy(document)
+    expected = simulate(expected_policy, load_silos(expected_policy, None)).history.state
+    assert torch.allclose(synthetic["x"], expected.tensors["synthetic"], atol=1e-5)
+    assert torch.equal(synthetic["y"], expected.tensors["synthetic_labels"])

@@ -1,4 +1,5 @@
-"""Import direction (ARCHITECTURE.md): wire <- policies <- privacy <- coordinator|silo <- ops."""
+"""Import direction (ARCHITECTURE.md, with the model zoo beside privacy):
+wire <- policies <- {privacy, models} <- coordinator|silo <- ops."""
 
 import ast
 import re
@@ -11,8 +12,9 @@ ALLOWED = {
     "wire": {"wire"},
     "policies": {"wire", "policies"},
     "privacy": {"wire", "policies", "privacy"},
-    "coordinator": {"wire", "policies", "privacy", "coordinator", "ops.metrics"},
-    "silo": {"wire", "policies", "privacy", "silo", "ops.metrics"},
+    "models": {"wire", "policies", "models"},
+    "coordinator": {"wire", "policies", "privacy", "models", "coordinator", "ops.metrics"},
+    "silo": {"wire", "policies", "privacy", "models", "silo", "ops.metrics"},
 }
 
 

@@ -1,4 +1,4 @@
-"""Specification of the model zoo (silo/models.py) and the policy's `model:` section."""
+"""Specification of the model zoo (models/zoo.py) and the policy's `model:` section."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import torch
 from pydantic import TypeAdapter, ValidationError
 from torch import nn
 
+from fedsilo.models.zoo import build_model, count_parameters
 from fedsilo.policies.model import CnnModel, LinearModel, MlpModel, ModelConfig
-from fedsilo.silo.models import build_model, count_parameters
 
 MODEL_CONFIG = TypeAdapter(ModelConfig)
 
@@ -131,7 +131,8 @@ def test_model_section_picks_the_class_by_name_with_defaults():
         {"name": "mlp", "activation": "gelu"},
         {"name": "cnn", "channels": []},
         {"name": "cnn", "channels": [8, 8, 8, 8]},
-        {"name": "cnn", "hidden": 0},
+        {"name": "cnn", "hidden": -1},
+        {"name": "cnn", "norm": "batch"},
     ],
 )
 def test_model_section_refuses_invalid_settings(section):
@@ -142,3 +143,18 @@ def test_model_section_refuses_invalid_settings(section):
 def test_model_section_refuses_unknown_keys_with_a_hint():
     with pytest.raises(ValidationError, match="did you mean 'hidden'"):
         MODEL_CONFIG.validate_python({"name": "mlp", "hiden": [8]})
+
+
+def test_a_cnn_can_use_silu_group_norm_and_no_hidden_layer() -> None:
+    config = MODEL_CONFIG.validate_python(
+        {"name": "cnn", "channels": [32, 12], "hidden": 0, "activation": "silu", "norm": "group"}
+    )
+    model = build_model(config, (1, 8, 8), 10, seed=0)
+    kinds = [type(layer).__name__ for layer in model]
+    assert kinds == [
+        "Conv2d", "SiLU", "GroupNorm", "MaxPool2d",
+        "Conv2d", "SiLU", "GroupNorm", "MaxPool2d", "Flatten", "Linear",
+    ]  # fmt: skip
+    assert [m.num_groups for m in model if isinstance(m, torch.nn.GroupNorm)] == [8, 6]
+    assert model(torch.zeros(2, 1, 8, 8)).shape == (2, 10)
+    assert torch.equal(model[2].weight, torch.ones(32))

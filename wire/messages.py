@@ -39,6 +39,29 @@ STATUS_BUDGET_EXHAUSTED = "budget_exhausted"  # the silo's privacy budget cannot
 DOMAIN_LOSS_SUM, DOMAIN_COUNT = "loss_sum", "count"
 
 
+# FedEvg's tensors: the synthetic points and their labels (to the silos), and per point the
+# energy gradient weighted by s = exp(-sign E) and the weight s itself (back).
+SYNTHETIC, SYNTHETIC_LABELS = "synthetic", "synthetic_labels"
+WEIGHTED_GRADIENT, WEIGHT = "weighted_gradient", "weight"
+
+
+def schema_metrics(input_shape: tuple[int, ...], classes: int | None) -> dict[str, float]:
+    """A `schema` task's answer: one input row's shape and the number of classes (0: a
+    regression task)."""
+    metrics = {f"input_shape[{i}]": float(side) for i, side in enumerate(input_shape)}
+    return metrics | {"classes": float(classes or 0)}
+
+
+def schema_of(metrics: Mapping[str, float]) -> tuple[tuple[int, ...], int]:
+    """The input shape and number of classes a `schema` answer reports."""
+    sides = sorted(
+        (int(key[len("input_shape[") : -1]), int(value))
+        for key, value in metrics.items()
+        if key.startswith("input_shape[")
+    )
+    return tuple(side for _, side in sides), int(metrics["classes"])
+
+
 def domain_metric(kind: str, domain: str) -> str:
     """The metric name of `kind` (DOMAIN_LOSS_SUM or DOMAIN_COUNT) for `domain`."""
     return f"{kind}[{domain}]"

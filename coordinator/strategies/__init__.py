@@ -6,6 +6,7 @@ from fedsilo.coordinator.strategies.base import Strategy
 from fedsilo.coordinator.strategies.drfa import Drfa, Drflm
 from fedsilo.coordinator.strategies.fedavg import ApproxFedAvg, FedAvg, FedProx
 from fedsilo.coordinator.strategies.feddc import FedDC
+from fedsilo.coordinator.strategies.fedevg import FedEvg
 from fedsilo.coordinator.strategies.fedopt import FedAdagrad, FedAdam, FedYogi
 from fedsilo.coordinator.strategies.loss_weighted import (
     AAggFF,
@@ -22,7 +23,7 @@ from fedsilo.policies.schema import Policy
 STRATEGIES: dict[str, type[Strategy]] = {
     cls.name: cls
     for cls in (
-        *(FedAvg, FedProx, FedAdam, FedYogi, FedAdagrad, Central, Local, FedDC, SuperFed),
+        *(FedAvg, FedProx, FedAdam, FedYogi, FedAdagrad, Central, Local, FedDC, SuperFed, FedEvg),
         *(Drfa, Drflm, Afl, AgnosticFedAvg, QFedAvg, Term, PropFair, AAggFF, ApproxFedAvg),
     )
 }

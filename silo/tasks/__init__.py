@@ -20,8 +20,9 @@ from fedsilo.silo.tasks.daisy import (
     daisy_train,
     daisy_train_releases,
 )
+from fedsilo.silo.tasks.energy import energy_signals, energy_signals_releases
 from fedsilo.silo.tasks.evaluate import evaluate, evaluate_releases, loss_releases, report_loss
-from fedsilo.silo.tasks.init import initialise, public_release
+from fedsilo.silo.tasks.init import describe, initialise, public_release
 from fedsilo.silo.tasks.scaling import feature_moments, moments_releases, standardise
 from fedsilo.silo.tasks.secure_sum import (
     advertise,
@@ -41,6 +42,7 @@ from fedsilo.silo.tasks.train import train, train_releases
 
 TASK_HANDLERS: dict[str, TaskHandler] = {
     "init": initialise,
+    "schema": describe,
     "train": train,
     "evaluate": evaluate,
     "loss": report_loss,
@@ -60,10 +62,12 @@ TASK_HANDLERS: dict[str, TaskHandler] = {
     "daisy_evaluate": daisy_evaluate,
     "superfed_train": superfed_train,
     "superfed_evaluate": superfed_evaluate,
+    "energy_signals": energy_signals,
 }
 
 TASK_RELEASES: dict[str, ReleasePlan] = {
     "init": public_release,
+    "schema": public_release,
     "train": train_releases,
     "evaluate": evaluate_releases,
     "loss": loss_releases,
@@ -83,4 +87,5 @@ TASK_RELEASES: dict[str, ReleasePlan] = {
     "daisy_evaluate": daisy_evaluate_releases,
     "superfed_train": superfed_train_releases,
     "superfed_evaluate": superfed_evaluate_releases,
+    "energy_signals": energy_signals_releases,
 }

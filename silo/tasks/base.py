@@ -12,12 +12,12 @@ from nacl.public import PrivateKey, PublicKey
 from nacl.signing import SigningKey, VerifyKey
 from torch import nn
 
+from fedsilo.models.zoo import build_model
 from fedsilo.policies.model import ModelConfig
 from fedsilo.policies.privacy import PrivacyConfig
 from fedsilo.policies.secure_aggregation import SecureAggregationConfig
 from fedsilo.privacy.accounting import Mechanism
 from fedsilo.silo.data import SiloDataset
-from fedsilo.silo.models import build_model
 from fedsilo.silo.reports import Reports
 from fedsilo.silo.state import LocalState
 from fedsilo.wire.messages import TaskMessage, TaskResult

@@ -1,12 +1,13 @@
 """`init`: build the policy's model from the run's seed and send its parameters and spec.
+`schema`: the shape of one input row and the number of classes (the data dictionary's facts).
 
-It depends on nothing of the silo's data (not even its size), so it is a public release."""
+Neither depends on the silo's rows (not even their number), so both are public releases."""
 
 from __future__ import annotations
 
 from fedsilo.privacy.accounting import Mechanism
 from fedsilo.silo.tasks.base import MODEL, SiloContext, flat_parameters, parameter_spec
-from fedsilo.wire.messages import TaskMessage, TaskResult
+from fedsilo.wire.messages import TaskMessage, TaskResult, schema_metrics
 
 
 def public_release(message: TaskMessage, ctx: SiloContext) -> list[Mechanism]:
@@ -23,4 +24,14 @@ def initialise(message: TaskMessage, ctx: SiloContext) -> TaskResult:
         kind=message.kind,
         tensors={MODEL: flat_parameters(model, spec)},
         spec=spec,
+    )
+
+
+def describe(message: TaskMessage, ctx: SiloContext) -> TaskResult:
+    data = ctx.data
+    return TaskResult(
+        task_id=message.task_id,
+        silo=ctx.name,
+        kind=message.kind,
+        metrics=schema_metrics(data.input_shape, data.num_classes),
     )

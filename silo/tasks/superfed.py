@@ -20,7 +20,8 @@ the selection split: the validation split, or the training split when validation
 selection loss for regression) as `lambda_star`, the test metrics at lambda* under their plain
 names (the personalised model), at lambda = 0 (`global_...`) and 1 (`local_...`), and the best
 test value of the grid (`oracle_...`, chosen on test data: reported, never used). A silo that
-has not trained a local model yet reports lambda* = 0. Under DP every point of both curves is a
+has not trained a local model yet (before mixing starts, or never sampled since) reports the
+global model's metrics alone, lambda* = 0. Under DP every point of both curves is a
 noisy report (booked); lambda* and the rest are computed from those noisy values, so they are
 post-processing.
 """
@@ -83,10 +84,10 @@ def superfed_train(message: TaskMessage, ctx: SiloContext) -> TaskResult:
                 after_noise=training.add_regulariser_gradient,
             )
         metrics |= plan.public_metrics()
-    if settings.mixing_on:
+    if settings.mixing_on:  # cos^2 only while the local model trains: else it is a fresh one
         ctx.state.save(LOCAL_MODEL, message.round, training.local)
-    with torch.no_grad():
-        metrics["orthogonality"] = float(orthogonality(training.federated, training.local))
+        with torch.no_grad():
+            metrics["orthogonality"] = float(orthogonality(training.federated, training.local))
     count = released_training(ctx, message, schedule, losses, metrics)
     return TaskResult(
         task_id=message.task_id,
@@ -120,9 +121,9 @@ def local_model(
 
 def superfed_evaluate(message: TaskMessage, ctx: SiloContext) -> TaskResult:
     config = message.config
-    model, spec = ctx.load_model(message)
+    model, _ = ctx.load_model(message)
     local, trained = local_model(ctx, message, message.round + 1)
-    grid = lambda_grid(config)
+    grid = _grid(message, ctx)
     test_names, selection_names = _metric_names(ctx)
     selection = _selection_split(ctx, config)
     test, chosen = ctx.split("test"), ctx.split(selection)
@@ -135,23 +136,23 @@ def superfed_evaluate(message: TaskMessage, ctx: SiloContext) -> TaskResult:
         weights = mixed(federated, local, dict.fromkeys(layers, float(lam)), layers)
         _load(model, weights)
         curve.append(measured(ctx.data.task, model, test, test_names, reports))
-        selected.append(measured(ctx.data.task, model, chosen, selection_names, reports))
+        if trained:
+            selected.append(measured(ctx.data.task, model, chosen, selection_names, reports))
     star = _best(selected, ctx.data.task) if trained else 0
-    headline = test_names[0]
-    values = [point[headline] for point in curve]
-    oracle = max(values) if headline == "accuracy" else min(values)
     metrics = {name: curve[star][name] for name in test_names}
     metrics |= {f"global_{name}": curve[0][name] for name in test_names}
-    metrics |= {f"local_{name}": curve[-1][name] for name in test_names}
-    metrics |= {
-        f"oracle_{headline}": oracle,
-        "lambda_star": float(grid[star]),
-        "local_trained": float(trained),
-        "selection_on_validation": float(selection == "val"),
-    }
-    for lam, point, chosen_point in zip(grid, curve, selected, strict=True):
-        metrics |= {f"{name}@{lam:.2f}": value for name, value in point.items()}
-        metrics |= {f"selection_{name}@{lam:.2f}": v for name, v in chosen_point.items()}
+    metrics |= {"lambda_star": float(grid[star]), "local_trained": float(trained)}
+    if trained:
+        headline = test_names[0]
+        values = [point[headline] for point in curve]
+        metrics |= {f"local_{name}": curve[-1][name] for name in test_names}
+        metrics |= {
+            f"oracle_{headline}": max(values) if headline == "accuracy" else min(values),
+            "selection_on_validation": float(selection == "val"),
+        }
+        for lam, point, chosen_point in zip(grid, curve, selected, strict=True):
+            metrics |= {f"{name}@{lam:.2f}": value for name, value in point.items()}
+            metrics |= {f"selection_{name}@{lam:.2f}": v for name, v in chosen_point.items()}
     ctx.released_count("test")
     return TaskResult(
         message.task_id,
@@ -163,10 +164,21 @@ def superfed_evaluate(message: TaskMessage, ctx: SiloContext) -> TaskResult:
 
 
 def superfed_evaluate_releases(message: TaskMessage, ctx: SiloContext) -> list[Mechanism]:
-    """Both curves, every point a report, and the test count once."""
+    """Every point of both curves a report (the global model's metrics alone while the silo has
+    no trained local model), and the test count once."""
     test_names, selection_names = _metric_names(ctx)
-    points = len(lambda_grid(message.config)) * (len(test_names) + len(selection_names))
+    trained = ctx.state.latest(LOCAL_MODEL, message.round + 1) is not None
+    per_point = len(test_names) + (len(selection_names) if trained else 0)
+    points = len(_grid(message, ctx)) * per_point
     return reports_mechanism(ctx.privacy, ctx.unreleased_counts("test") + points)
+
+
+def _grid(message: TaskMessage, ctx: SiloContext) -> np.ndarray:
+    """The lambdas evaluated: the grid once the silo has trained a local model, else only 0
+    (a fresh local model's curve says nothing)."""
+    if ctx.state.latest(LOCAL_MODEL, message.round + 1) is None:
+        return np.zeros(1)
+    return lambda_grid(message.config)
 
 
 def lambda_grid(config: dict) -> np.ndarray:

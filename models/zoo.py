@@ -1,4 +1,5 @@
-"""The model zoo: builds the network a policy's `model:` section names, for one silo's data.
+"""The model zoo: builds the network a policy's `model:` section names, for a data schema (one
+row's input shape, the output size): a silo's model, or FedEvg's classifier at the coordinator.
 
 Initialisation is deterministic in `seed` and never draws from the global torch RNG: the
 layers are laid out on the meta device and then filled from a private `torch.Generator`,
@@ -16,7 +17,8 @@ from torch import nn
 
 from fedsilo.policies.model import CnnModel, LinearModel, MlpModel, ModelConfig
 
-ACTIVATIONS: dict[str, type[nn.Module]] = {"relu": nn.ReLU, "tanh": nn.Tanh}
+ACTIVATIONS: dict[str, type[nn.Module]] = {"relu": nn.ReLU, "tanh": nn.Tanh, "silu": nn.SiLU}
+GROUPS = 8  # GroupNorm's groups (or the largest divisor of the channels below it)
 MIN_IMAGE_SIDE = 4
 
 
@@ -88,18 +90,22 @@ def _mlp(config: MlpModel, input_shape: tuple[int, ...], output_dim: int) -> nn.
 def _cnn(config: CnnModel, input_shape: tuple[int, ...], output_dim: int) -> nn.Sequential:
     channels, height, width = _image_shape(input_shape)
     layers: list[nn.Module] = []
+    activation = ACTIVATIONS[config.activation]
     for out_channels in config.channels:
-        layers += [nn.Conv2d(channels, out_channels, kernel_size=3, padding=1), nn.ReLU()]
+        layers += [nn.Conv2d(channels, out_channels, kernel_size=3, padding=1), activation()]
+        if config.norm == "group":
+            groups = max(g for g in range(1, GROUPS + 1) if out_channels % g == 0)
+            layers.append(nn.GroupNorm(groups, out_channels))
         if height // 2 >= 2 and width // 2 >= 2:
             layers.append(nn.MaxPool2d(2))
             height, width = height // 2, width // 2
         channels = out_channels
-    layers += [
-        nn.Flatten(),
-        nn.Linear(channels * height * width, config.hidden),
-        nn.ReLU(),
-        nn.Linear(config.hidden, output_dim),
-    ]
+    layers.append(nn.Flatten())
+    width = channels * height * width
+    if config.hidden:
+        layers += [nn.Linear(width, config.hidden), activation()]
+        width = config.hidden
+    layers.append(nn.Linear(width, output_dim))
     return nn.Sequential(*layers)
 
 
@@ -122,3 +128,6 @@ def _initialise(model: nn.Module, seed: int) -> None:
                 bound = 1.0 / math.sqrt(module.weight[0].numel())
                 module.weight.uniform_(-bound, bound, generator=generator)
                 module.bias.uniform_(-bound, bound, generator=generator)
+            elif isinstance(module, nn.GroupNorm):  # PyTorch's default: the identity
+                module.weight.fill_(1.0)
+                module.bias.zero_()

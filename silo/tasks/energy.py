@@ -1,0 +1,122 @@
+"""`energy_signals`: FedEvg's task at a silo (the round in silo/energy.py).
+
+The task carries the synthetic points and their labels (`SYNTHETIC`, `SYNTHETIC_LABELS`), the
+local training settings (`epochs` or `steps`, `batch_size`, `optimizer`, `lr`, `weight_decay`,
+`seed`), the energy settings (`energy`, `sgld_steps`, `sgld_step`, `sgld_noise`,
+`gradient_clip`, `synthetic_ce_weight`), `model_seed` (the fresh model of this round),
+`spectral_norm` and `persist_local_model` (start from the silo's model of its last round, kept
+in its state folder, instead of a fresh one). It answers with `WEIGHTED_GRADIENT` (s * g per
+point) and `WEIGHT` (s per point) and the training count, and no model parameters: the model
+never leaves the silo.
+
+Releases: what a `train` task releases (the energy signals are post-processing of the trained
+model: exact without DP, DP-SGD's run under DP, booked as such), refused under client-level DP.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from fedsilo.privacy.accounting import Mechanism
+from fedsilo.silo.energy import EnergySettings, EnergyTraining, with_spectral_norm
+from fedsilo.silo.schedule import LocalSchedule, shuffled_batches
+from fedsilo.silo.tasks.base import SiloContext
+from fedsilo.silo.tasks.train import optimizer_for, released_training, train_releases
+from fedsilo.wire.messages import (
+    SYNTHETIC,
+    SYNTHETIC_LABELS,
+    WEIGHT,
+    WEIGHTED_GRADIENT,
+    TaskMessage,
+    TaskResult,
+)
+
+LOCAL_MODEL = "fedevg-local"  # the persisted energy model's name in the silo's LocalState
+
+
+def energy_signals_releases(message: TaskMessage, ctx: SiloContext) -> list[Mechanism]:
+    if ctx.privacy.client_dp is not None:
+        raise ValueError("fedevg sends no model update for client-level DP to clip")
+    return train_releases(message, ctx)
+
+
+def energy_signals(message: TaskMessage, ctx: SiloContext) -> TaskResult:
+    config = message.config
+    settings = EnergySettings.of(config)
+    synthetic = _synthetic_set(message, ctx)
+    x, y = ctx.split("train")
+    schedule = LocalSchedule.of(config, len(y))
+    seed = int(config["seed"])
+    model = _energy_model(message, ctx)
+    training = EnergyTraining(model, (x, y), synthetic, settings, seed)
+    optimizer = optimizer_for(model.parameters(), config)
+    model.train()
+    metrics: dict[str, float] = {"steps": float(schedule.steps)}
+    if ctx.privacy.dp_sgd is None:
+        batches = shuffled_batches(schedule, torch.Generator().manual_seed(seed))
+        losses: list[float | None] = list(training.train(optimizer, batches))
+    else:
+        # Opacus loads only when a policy asks for DP
+        from fedsilo.silo.dp_training import ClippedSums, check_model, dp_sgd_plan, noisy_steps
+
+        plan = dp_sgd_plan(ctx.privacy, config, len(y), ctx.rounds)
+        check_model(model)
+        params = list(model.parameters())
+        with ClippedSums(model, params, plan.max_grad_norm) as sums:
+            gradients, add_synthetic = training.private_gradients(sums, sums.unwatched)
+            losses = noisy_steps(
+                plan,
+                seed,
+                ctx.private_seed(message.task_id, "dp-sgd"),
+                params,
+                optimizer,
+                gradients,
+                after_noise=add_synthetic,
+            )
+        metrics |= plan.public_metrics()
+    if config.get("persist_local_model"):
+        ctx.state.save(LOCAL_MODEL, message.round, model.state_dict())
+    weighted, weights = training.signals()
+    count = released_training(ctx, message, schedule, losses, metrics)
+    return TaskResult(
+        task_id=message.task_id,
+        silo=ctx.name,
+        kind=message.kind,
+        num_samples=count,
+        metrics=metrics,
+        tensors={WEIGHTED_GRADIENT: weighted.cpu(), WEIGHT: weights.cpu()},
+    )
+
+
+def _synthetic_set(message: TaskMessage, ctx: SiloContext) -> tuple[torch.Tensor, torch.Tensor]:
+    """The synthetic points (float32, on the silo's device) and labels, checked against the
+    silo's data: the same input shape, labels among its classes."""
+    if SYNTHETIC not in message.tensors or SYNTHETIC_LABELS not in message.tensors:
+        raise ValueError("an energy_signals task carries the synthetic points and their labels")
+    x = message.tensors[SYNTHETIC].to(ctx.device, torch.float32)
+    labels = message.tensors[SYNTHETIC_LABELS].to(ctx.device, torch.long)
+    data = ctx.data
+    if tuple(x.shape[1:]) != tuple(data.input_shape) or x.shape[0] != labels.shape[0]:
+        raise ValueError(
+            f"synthetic points of shape {tuple(x.shape)} with {labels.shape[0]} labels do not "
+            f"fit this silo's inputs {tuple(data.input_shape)}"
+        )
+    classes = data.num_classes or 0
+    if labels.numel() and not (int(labels.min()) >= 0 and int(labels.max()) < classes):
+        raise ValueError(f"synthetic labels must lie in 0..{classes - 1}")
+    return x, labels
+
+
+def _energy_model(message: TaskMessage, ctx: SiloContext) -> nn.Module:
+    """This round's energy model: fresh from `model_seed` (spectrally normalised last layer when
+    asked), or, with `persist_local_model`, the silo's model of its last round."""
+    config = message.config
+    model = ctx.new_model(seed=int(config["model_seed"]))
+    if config.get("spectral_norm"):
+        model = with_spectral_norm(model, int(config["model_seed"]))
+    if config.get("persist_local_model"):
+        kept = ctx.state.latest(LOCAL_MODEL, message.round)
+        if kept is not None:
+            model.load_state_dict({k: v.to(ctx.device) for k, v in kept.items()})
+    return model
