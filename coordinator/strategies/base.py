@@ -82,6 +82,7 @@ class SetupError(RuntimeError):
 
 class Strategy:
     name: ClassVar[str]
+    train_kind: ClassVar[str] = "train"  # the silo task that trains (SuPerFed: its own)
 
     def __init__(self, policy: Policy) -> None:
         self.policy = policy
@@ -158,7 +159,8 @@ class Strategy:
         prox_mu: float = 0.0,
         extra: Mapping[str, Any] | None = None,
     ) -> Task:
-        """A `train` task from `model` with the policy's training settings (and `extra`)."""
+        """A `train_kind` task from `model` with the policy's training settings, the strategy's
+        own (`train_settings`) and `extra`."""
         training = self.policy.training
         config = {
             "epochs": training.epochs,
@@ -170,9 +172,14 @@ class Strategy:
             "weight_decay": training.weight_decay,
             "prox_mu": prox_mu,
             "seed": ctx.seed_for("train", silo),
+            **self.train_settings(silo, ctx),
             **(extra or {}),
         }
-        return Task(silo, "train", config, {MODEL: model}, spec)
+        return Task(silo, self.train_kind, config, {MODEL: model}, spec)
+
+    def train_settings(self, silo: str, ctx: RoundContext) -> Mapping[str, Any]:
+        """What the strategy's training tasks carry beyond the policy's training section."""
+        return {}
 
     @staticmethod
     def evaluate_task(

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from fedsilo.coordinator.client_dp import STATE_KEY, ClientDp
-from fedsilo.coordinator.phases import Phase, Task, WeightedMean
+from fedsilo.coordinator.phases import Phase, WeightedMean
 from fedsilo.coordinator.strategies.base import (
     MODEL,
     RoundContext,
@@ -32,7 +32,6 @@ from fedsilo.coordinator.strategies.base import (
     Strategy,
 )
 from fedsilo.policies.algorithms import ApproxFedAvgConfig, FedAvgConfig, FedProxConfig
-from fedsilo.wire.tensors import ParameterSpec
 
 
 class FedAvg(Strategy):
@@ -83,18 +82,9 @@ class ApproxFedAvg(FedAvg):
 
     name = "approx_fedavg"
 
-    def train_task(
-        self,
-        silo: str,
-        model: torch.Tensor,
-        spec: ParameterSpec,
-        ctx: RoundContext,
-        prox_mu: float = 0.0,
-        extra: Mapping[str, Any] | None = None,
-    ) -> Task:
+    def train_settings(self, silo: str, ctx: RoundContext) -> Mapping[str, Any]:
         mixing = self.policy.mixing
-        domains = {
+        return {
             "domain_temperature": mixing.temperature,
             "domain_reduction": mixing.domain_reduction,
         }
-        return super().train_task(silo, model, spec, ctx, prox_mu, {**domains, **(extra or {})})

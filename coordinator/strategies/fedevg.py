@@ -16,7 +16,9 @@ own test split. A round no silo answers leaves the points where they were.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
+from typing import Any
 
 import torch
 
@@ -54,6 +56,7 @@ class FedEvg(Strategy):
     """Energy signals instead of models, a synthetic set at the coordinator (thesis ch. IV)."""
 
     name = "fedevg"
+    train_kind = "energy_signals"
 
     @property
     def config(self) -> FedEvgConfig:
@@ -103,9 +106,9 @@ class FedEvg(Strategy):
             tensors[MODEL] = self.classifier(state, moved, ctx)
         return replace(state, tensors=tensors)
 
-    def energy_task(self, silo: str, state: ServerState, ctx: RoundContext) -> Task:
+    def train_settings(self, silo: str, ctx: RoundContext) -> Mapping[str, Any]:
         config = self.config
-        settings = {
+        return {
             "energy": config.energy,
             "sgld_steps": config.client_sgld_steps,
             "sgld_step": config.client_sgld_step,
@@ -116,12 +119,15 @@ class FedEvg(Strategy):
             "persist_local_model": config.persist_local_model,
             "model_seed": ctx.seed_for("energy-model", silo),
         }
-        task = self.train_task(silo, state.model, state.spec, ctx, extra=settings)
+
+    def energy_task(self, silo: str, state: ServerState, ctx: RoundContext) -> Task:
+        """A training task that carries the synthetic set instead of a model."""
+        task = self.train_task(silo, state.model, state.spec, ctx)
         x, labels = state.tensors[SYNTHETIC], state.tensors[SYNTHETIC_LABELS]
         tensors = {SYNTHETIC: x, SYNTHETIC_LABELS: labels}
         if self.policy.secure_aggregation.enabled:  # what the secure sums are updates to
             tensors |= {WEIGHTED_GRADIENT: torch.zeros_like(x), WEIGHT: torch.zeros(len(labels))}
-        return replace(task, kind="energy_signals", tensors=tensors, spec=None)
+        return replace(task, tensors=tensors, spec=None)
 
     def classifier(self, state: ServerState, x: torch.Tensor, ctx: RoundContext) -> torch.Tensor:
         """The policy's model trained on the synthetic set alone, as a flat parameter vector."""

@@ -16,36 +16,26 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-import torch
-
-from fedsilo.coordinator.phases import Phase, Task
+from fedsilo.coordinator.phases import Phase
 from fedsilo.coordinator.seeding import derive_seed
 from fedsilo.coordinator.strategies.base import EvaluationScript, RoundContext, ServerState
 from fedsilo.coordinator.strategies.fedavg import FedAvg
 from fedsilo.policies.algorithms import SuperFedConfig
-from fedsilo.wire.tensors import ParameterSpec
 
 
 class SuperFed(FedAvg):
     """Personalised FL: a private local model mixed with the federated one (Hahn et al. 2022)."""
 
     name = "superfed"
+    train_kind = "superfed_train"
 
     @property
     def config(self) -> SuperFedConfig:  # type: ignore[override]
         return self.policy.algorithm  # type: ignore[return-value]
 
-    def train_task(
-        self,
-        silo: str,
-        model: torch.Tensor,
-        spec: ParameterSpec,
-        ctx: RoundContext,
-        prox_mu: float = 0.0,
-        extra: Mapping[str, Any] | None = None,
-    ) -> Task:
+    def train_settings(self, silo: str, ctx: RoundContext) -> Mapping[str, Any]:
         config = self.config
-        superfed = {
+        return {
             "mixing": config.mixing,
             "mixing_on": ctx.round >= config.mixing_from(ctx.total_rounds),
             "ortho_nu": config.ortho_nu,
@@ -53,8 +43,6 @@ class SuperFed(FedAvg):
             "prox_form": config.prox_form,
             "local_seed": self.local_seed(silo, ctx),
         }
-        task = super().train_task(silo, model, spec, ctx, 0.0, {**superfed, **(extra or {})})
-        return replace(task, kind="superfed_train")
 
     def evaluate(self, state: ServerState, ctx: RoundContext) -> EvaluationScript:
         settings = {

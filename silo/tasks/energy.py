@@ -15,14 +15,21 @@ model: exact without DP, DP-SGD's run under DP, booked as such), refused under c
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
 from fedsilo.privacy.accounting import Mechanism
 from fedsilo.silo.energy import EnergySettings, EnergyTraining, with_spectral_norm
-from fedsilo.silo.schedule import LocalSchedule, shuffled_batches
+from fedsilo.silo.schedule import LocalSchedule
 from fedsilo.silo.tasks.base import SiloContext
-from fedsilo.silo.tasks.train import optimizer_for, released_training, train_releases
+from fedsilo.silo.tasks.train import (
+    local_steps,
+    optimizer_for,
+    released_training,
+    train_releases,
+)
 from fedsilo.wire.messages import (
     SYNTHETIC,
     SYNTHETIC_LABELS,
@@ -31,6 +38,9 @@ from fedsilo.wire.messages import (
     TaskMessage,
     TaskResult,
 )
+
+if TYPE_CHECKING:  # Opacus loads only on the DP path
+    from fedsilo.silo.dp_training import DpSgdPlan
 
 LOCAL_MODEL = "fedevg-local"  # the persisted energy model's name in the silo's LocalState
 
@@ -52,29 +62,21 @@ def energy_signals(message: TaskMessage, ctx: SiloContext) -> TaskResult:
     training = EnergyTraining(model, (x, y), synthetic, settings, seed)
     optimizer = optimizer_for(model.parameters(), config)
     model.train()
-    metrics: dict[str, float] = {"steps": float(schedule.steps)}
-    if ctx.privacy.dp_sgd is None:
-        batches = shuffled_batches(schedule, torch.Generator().manual_seed(seed))
-        losses: list[float | None] = list(training.train(optimizer, batches))
-    else:
-        # Opacus loads only when a policy asks for DP
-        from fedsilo.silo.dp_training import ClippedSums, check_model, dp_sgd_plan, noisy_steps
 
-        plan = dp_sgd_plan(ctx.privacy, config, len(y), ctx.rounds)
+    def private(plan: DpSgdPlan, private_seed: int) -> list[float | None]:
+        from fedsilo.silo.dp_training import ClippedSums, check_model, noisy_steps
+
         check_model(model)
         params = list(model.parameters())
         with ClippedSums(model, params, plan.max_grad_norm) as sums:
             gradients, add_synthetic = training.private_gradients(sums, sums.unwatched)
-            losses = noisy_steps(
-                plan,
-                seed,
-                ctx.private_seed(message.task_id, "dp-sgd"),
-                params,
-                optimizer,
-                gradients,
-                after_noise=add_synthetic,
+            return noisy_steps(
+                plan, seed, private_seed, params, optimizer, gradients, after_noise=add_synthetic
             )
-        metrics |= plan.public_metrics()
+
+    losses, metrics = local_steps(
+        message, ctx, schedule, lambda batches: training.train(optimizer, batches), private
+    )
     if config.get("persist_local_model"):
         ctx.state.save(LOCAL_MODEL, message.round, model.state_dict())
     weighted, weights = training.signals()

@@ -28,13 +28,15 @@ post-processing.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
 from torch import nn
 
 from fedsilo.privacy.accounting import Mechanism
 from fedsilo.silo.reports import reports_mechanism
-from fedsilo.silo.schedule import LocalSchedule, shuffled_batches
+from fedsilo.silo.schedule import LocalSchedule
 from fedsilo.silo.superfed import (
     LOCAL_MODEL,
     SuperFedRound,
@@ -45,8 +47,16 @@ from fedsilo.silo.superfed import (
 )
 from fedsilo.silo.tasks.base import MODEL, SiloContext, flat_parameters
 from fedsilo.silo.tasks.evaluate import evaluated_metrics, measured
-from fedsilo.silo.tasks.train import optimizer_for, released_training, train_releases
+from fedsilo.silo.tasks.train import (
+    local_steps,
+    optimizer_for,
+    released_training,
+    train_releases,
+)
 from fedsilo.wire.messages import TaskMessage, TaskResult
+
+if TYPE_CHECKING:  # Opacus loads only on the DP path
+    from fedsilo.silo.dp_training import DpSgdPlan
 
 superfed_train_releases = train_releases
 
@@ -62,28 +72,26 @@ def superfed_train(message: TaskMessage, ctx: SiloContext) -> TaskResult:
     training = SuperFedTraining(model, local, settings, seed, (x, y, ctx.data.task))
     optimizer = optimizer_for(training.parameters, config)
     model.train()
-    metrics: dict[str, float] = {"steps": float(schedule.steps)}
-    if ctx.privacy.dp_sgd is None:
-        batches = shuffled_batches(schedule, torch.Generator().manual_seed(seed))
-        losses: list[float | None] = list(training.train(optimizer, batches))
-    else:
-        # Opacus loads only when a policy asks for DP
-        from fedsilo.silo.dp_training import ClippedSums, check_model, dp_sgd_plan, noisy_steps
 
-        plan = dp_sgd_plan(ctx.privacy, config, len(y), ctx.rounds)
+    def private(plan: DpSgdPlan, private_seed: int) -> list[float | None]:
+        from fedsilo.silo.dp_training import ClippedSums, check_model, noisy_steps
+
         skeleton = ctx.new_model(seed=0)
         check_model(skeleton)
         with ClippedSums(skeleton, list(skeleton.parameters()), plan.max_grad_norm) as sums:
-            losses = noisy_steps(
+            return noisy_steps(
                 plan,
                 seed,
-                ctx.private_seed(message.task_id, "dp-sgd"),
+                private_seed,
                 training.parameters,
                 optimizer,
                 training.private_gradients(skeleton, sums),
                 after_noise=training.add_regulariser_gradient,
             )
-        metrics |= plan.public_metrics()
+
+    losses, metrics = local_steps(
+        message, ctx, schedule, lambda batches: training.train(optimizer, batches), private
+    )
     if settings.mixing_on:  # cos^2 only while the local model trains: else it is a fresh one
         ctx.state.save(LOCAL_MODEL, message.round, training.local)
         with torch.no_grad():

@@ -55,8 +55,8 @@ Two options serve AgnosticFedAvg and ApproxFedAvg on silos whose rows belong to 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -69,6 +69,9 @@ from fedsilo.silo.schedule import LocalSchedule, shuffled_batches
 from fedsilo.silo.tasks.base import MODEL, SiloContext, flat_parameters
 from fedsilo.wire.messages import TaskMessage, TaskResult
 from fedsilo.wire.tensors import ParameterSpec
+
+if TYPE_CHECKING:  # Opacus loads only on the DP path
+    from fedsilo.silo.dp_training import DpSgdPlan
 
 PROX_ANCHOR = "prox_anchor"
 CHECKPOINT = "checkpoint"
@@ -194,6 +197,27 @@ def _share_std(message: TaskMessage, ctx: SiloContext) -> float:
     client_dp = ctx.privacy.client_dp
     cohort = max(1, min(int(message.config.get("cohort", 1)), ctx.consortium))
     return client_dp.noise_multiplier * client_dp.clip / math.sqrt(cohort)
+
+
+def local_steps(
+    message: TaskMessage,
+    ctx: SiloContext,
+    schedule: LocalSchedule,
+    plain: Callable[[Iterator[torch.Tensor]], list[float]],
+    private: Callable[[DpSgdPlan, int], list[float | None]],
+) -> tuple[list[float | None], dict[str, float]]:
+    """A training task's steps: `plain(batches)` over the task seed's shuffled batches, or under
+    the silo's DP-SGD `private(plan, private_seed)`; each step's loss, and the metrics (the
+    steps, and the DP plan's public parameters)."""
+    metrics = {"steps": float(schedule.steps)}
+    if ctx.privacy.dp_sgd is None:
+        seed = int(message.config["seed"])
+        return list(plain(shuffled_batches(schedule, torch.Generator().manual_seed(seed)))), metrics
+    from fedsilo.silo.dp_training import dp_sgd_plan  # Opacus loads only on the DP path
+
+    plan = dp_sgd_plan(ctx.privacy, message.config, schedule.n, ctx.rounds)
+    losses = private(plan, ctx.private_seed(message.task_id, "dp-sgd"))
+    return losses, metrics | plan.public_metrics()
 
 
 def released_training(
