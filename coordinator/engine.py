@@ -203,6 +203,9 @@ class RoundEngine:
         except QuorumNotMet as exc:
             raise RunAborted(f"setup failed: {exc}") from exc
         self._save(record, state)
+        for observer in self.observers:
+            if isinstance(observer, StateObserver):
+                observer.on_state(0, state)
         return state, []
 
     def _keep_membership(self, started_with: list[str]) -> None:

@@ -1,5 +1,5 @@
-"""FedEvg's synthetic set as an operator gets it: a PNG grid of the points per class every k
-rounds (`synthetic/round-NNNN.png`, one row per class), and the final set as
+"""FedEvg's synthetic set as an operator gets it: a PNG grid of the points per class at the start
+and every k rounds (`synthetic/round-NNNN.png`, one row per class), and the final set as
 `synthetic.safetensors` (tensors `x` and `y`, loadable with the safetensors package) and
 `synthetic.npz` (arrays `x` and `y`, with numpy, no pickle)."""
 
@@ -21,7 +21,8 @@ from fedsilo.wire.tensors import encode_tensors
 
 
 class SyntheticSnapshots:
-    """An engine observer that keeps the synthetic set every `every` rounds and at the last."""
+    """An engine observer that keeps the synthetic set at setup (round 0), every `every` rounds
+    and at the last."""
 
     def __init__(self, every: int, total_rounds: int) -> None:
         self.every, self.total = every, total_rounds

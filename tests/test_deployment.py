@@ -217,6 +217,7 @@ def test_fedevg_over_processes_sends_no_model_and_writes_the_simulations_synthet
     history = json.loads((results / "history.json").read_text())
     assert [r["status"] for r in history["rounds"]] == ["completed"] * 2
     assert sorted(p.name for p in (results / "synthetic").iterdir()) == [
+        "round-0000.png",
         "round-0001.png",
         "round-0002.png",
     ]

@@ -306,7 +306,8 @@ def test_the_operator_gets_the_synthetic_set_and_its_grids(tmp_path: Path) -> No
     with np.load(out / "synthetic.npz", allow_pickle=False) as arrays:
         assert np.array_equal(arrays["x"], tensors["x"].numpy())
     grids = sorted(p.name for p in (out / "synthetic").iterdir())
-    assert grids == ["round-0002.png", "round-0004.png"]
+    assert grids == ["round-0000.png", "round-0002.png", "round-0004.png"]
+    assert torch.equal(result.snapshots[0][0], engine_setup_points(p))
 
 
 @pytest.mark.parametrize(
