@@ -14,10 +14,7 @@ import pytest
 import torch
 from sklearn.datasets import load_breast_cancer
 
-from fedsilo.coordinator.engine import RoundEngine, RunHistory
-from fedsilo.coordinator.state import StateStore
-from fedsilo.coordinator.strategies import make_strategy
-from fedsilo.coordinator.transport import InProcessTransport
+from fedsilo.coordinator.engine import RunHistory
 from fedsilo.ops.simulate import load_silos, simulate
 from fedsilo.policies.loading import PolicyError, parse_policy
 from fedsilo.policies.model import LinearModel
@@ -31,6 +28,7 @@ from fedsilo.silo.reports import reports_mechanism
 from fedsilo.silo.tasks.base import parameter_spec
 from fedsilo.silo.tasks.evaluate import loss_releases
 from fedsilo.wire.messages import TaskMessage, TaskResult
+from tests.resume import resumed_and_uninterrupted
 
 HEART = {"source": "heart", "domain": "sex"}
 TRAINING = {"steps": 4, "batch_size": 32, "optimizer": "sgd", "lr": 0.1}
@@ -268,21 +266,6 @@ def test_a_restarted_coordinator_resumes_agnostic_fedavg_over_domains(tmp_path: 
             "data": HEART,
         }
     )
-    datasets = load_consortium(p.data, seed=p.seed)
-
-    def engine(rounds: int, store: StateStore) -> RoundEngine:
-        q = p.model_copy(update={"rounds": rounds})
-        agents = {d.name: SiloAgent(d.name, d, q.model) for d in datasets}
-        transport = InProcessTransport({n: a.handle_bytes for n, a in agents.items()})
-        return RoundEngine(
-            make_strategy(q), transport, q, sorted(agents), store=store, policy_digest="pinned"
-        )
-
-    with StateStore(tmp_path / "state.db") as store:
-        engine(2, store).run()
-    with StateStore(tmp_path / "state.db") as store:
-        resumed = engine(4, store).run()
-    with StateStore(tmp_path / "fresh.db") as store:
-        uninterrupted = engine(4, store).run()
+    resumed, uninterrupted = resumed_and_uninterrupted(p, tmp_path, stop_after=2)
     assert torch.equal(resumed.state.model, uninterrupted.state.model)
     assert resumed.state.extra["mixing"] == uninterrupted.state.extra["mixing"]

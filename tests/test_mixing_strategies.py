@@ -16,7 +16,6 @@ import torch
 from prometheus_client import CollectorRegistry
 
 from fedsilo.coordinator.engine import RoundEngine, RunHistory
-from fedsilo.coordinator.state import StateStore
 from fedsilo.coordinator.strategies import make_strategy
 from fedsilo.coordinator.transport import InProcessTransport
 from fedsilo.ops.metrics import CoordinatorMetrics
@@ -26,6 +25,7 @@ from fedsilo.policies.schema import Policy
 from fedsilo.silo.agent import SiloAgent
 from fedsilo.silo.data import load_consortium
 from fedsilo.wire.messages import TaskMessage
+from tests.resume import resumed_and_uninterrupted
 
 SILOS = 4
 NOISY = {"silo_fraction": 0.25, "probability": 0.45}  # one silo of four, labels near random
@@ -105,22 +105,7 @@ def test_the_coefficients_are_exported_as_a_metric() -> None:
 
 def test_a_restarted_coordinator_resumes_the_schedule(tmp_path) -> None:
     p = policy("aaggff", rounds=4, noisy=True)
-    datasets = load_consortium(p.data, seed=p.seed)
-
-    def engine(rounds: int, store: StateStore) -> RoundEngine:
-        q = p.model_copy(update={"rounds": rounds})
-        agents = {d.name: SiloAgent(d.name, d, q.model) for d in datasets}
-        transport = InProcessTransport({n: a.handle_bytes for n, a in agents.items()})
-        return RoundEngine(
-            make_strategy(q), transport, q, sorted(agents), store=store, policy_digest="pinned"
-        )
-
-    with StateStore(tmp_path / "state.db") as store:
-        engine(2, store).run()
-    with StateStore(tmp_path / "state.db") as store:
-        resumed = engine(4, store).run()
-    with StateStore(tmp_path / "fresh.db") as store:
-        uninterrupted = engine(4, store).run()
+    resumed, uninterrupted = resumed_and_uninterrupted(p, tmp_path, stop_after=2)
     assert torch.equal(resumed.state.model, uninterrupted.state.model)
     assert resumed.state.extra["mixing"] == uninterrupted.state.extra["mixing"]
 
