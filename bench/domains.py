@@ -59,7 +59,7 @@ from torch.nn import functional
 from bench.common import write
 from bench.mixing import cell, spread
 from fedsilo.coordinator.engine import RunHistory
-from fedsilo.models.zoo import build_model
+from fedsilo.models.zoo import build_model, load_flat
 from fedsilo.ops.simulate import simulate
 from fedsilo.policies.loading import parse_policy
 from fedsilo.policies.schema import Policy
@@ -122,11 +122,7 @@ def final_model(p: Policy, data: SiloDataset, history: RunHistory) -> nn.Module:
     spec = parameter_spec(model)
     if spec != history.state.spec:
         raise RuntimeError("the server's model does not fit the silos' model")
-    with torch.no_grad():
-        values = spec.unflatten(history.state.model).values()
-        for parameter, value in zip(model.parameters(), values, strict=True):
-            parameter.copy_(value)
-    return model.eval()
+    return load_flat(model, history.state.model).eval()
 
 
 @torch.no_grad()

@@ -84,7 +84,7 @@ from bench.mixing import cell, spread
 from fedsilo.coordinator.engine import RunHistory
 from fedsilo.coordinator.seeding import derive_seed
 from fedsilo.coordinator.synthetic import initial_synthetic_set, step_sizes, train_classifier
-from fedsilo.models.zoo import build_model
+from fedsilo.models.zoo import build_model, load_flat
 from fedsilo.ops.simulate import simulate
 from fedsilo.ops.synthetic import save_grid
 from fedsilo.policies.loading import parse_policy
@@ -256,11 +256,7 @@ def final_model(policy: Policy, history: RunHistory) -> nn.Module:
     spec = parameter_spec(model)
     if spec != history.state.spec:
         raise RuntimeError("the state's model does not fit the policy's model")
-    with torch.no_grad():
-        values = spec.unflatten(history.state.model).values()
-        for parameter, value in zip(model.parameters(), values, strict=True):
-            parameter.copy_(value)
-    return model.eval()
+    return load_flat(model, history.state.model).eval()
 
 
 def trained_classifier(x: torch.Tensor, y: torch.Tensor, seed: int) -> nn.Module:

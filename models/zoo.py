@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from fedsilo.policies.model import CnnModel, LinearModel, MlpModel, ModelConfig
+from fedsilo.wire.tensors import ParameterSpec
 
 ACTIVATIONS: dict[str, type[nn.Module]] = {"relu": nn.ReLU, "tanh": nn.Tanh, "silu": nn.SiLU}
 GROUPS = 8  # GroupNorm's groups (or the largest divisor of the channels below it)
@@ -49,6 +50,16 @@ def embedding_and_head(model: nn.Module) -> tuple[nn.Module, nn.Module]:
             "use a model with hidden layers)"
         )
     return model[:-1], model[-1]
+
+
+@torch.no_grad()
+def load_flat(model: nn.Module, flat: torch.Tensor) -> nn.Module:
+    """`model` with its parameters set from `flat`, a vector in the layout of its own
+    `ParameterSpec` (the wire's), in place."""
+    spec = ParameterSpec.of(dict(model.named_parameters()))
+    for parameter, value in zip(model.parameters(), spec.unflatten(flat).values(), strict=True):
+        parameter.copy_(value)
+    return model
 
 
 def count_parameters(model: nn.Module) -> int:

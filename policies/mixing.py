@@ -94,4 +94,3 @@ READERS: dict[str, frozenset[str]] = {
     "baseline": frozenset({"propfair"}),
     "transform": frozenset({"aaggff"}),
 }
-MIXING_ALGORITHMS = frozenset().union(*READERS.values())

@@ -12,7 +12,7 @@ from nacl.public import PrivateKey, PublicKey
 from nacl.signing import SigningKey, VerifyKey
 from torch import nn
 
-from fedsilo.models.zoo import build_model
+from fedsilo.models.zoo import build_model, load_flat
 from fedsilo.policies.model import ModelConfig
 from fedsilo.policies.privacy import PrivacyConfig
 from fedsilo.policies.secure_aggregation import SecureAggregationConfig
@@ -87,11 +87,7 @@ class SiloContext:
             raise WireError(
                 "the model sent does not fit this silo's model (policy or data schema differ)"
             )
-        with torch.no_grad():
-            received = spec.unflatten(message.tensors[MODEL]).values()
-            for param, value in zip(model.parameters(), received, strict=True):
-                param.copy_(value)
-        return model, spec
+        return load_flat(model, message.tensors[MODEL]), spec
 
     def split(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
         """Features (standardised with the consortium's scaler once received) and labels."""
