@@ -4,16 +4,20 @@ holds the weighted mean of the survivors' models and nothing of any one silo's.
 
 The strategy declares `WeightedMean` as always; when the policy says `secure_aggregation:
 masking` the engine hands that phase to `MaskedMean`, so every averaging strategy runs masked
-without knowing it. Each silo's weight w_k (its share of the sample counts advertised, or of
-the strategy's weights) travels with its masked-input task; a silo sends
+without knowing it. The whole weight vector (each silo's share of the sample counts
+advertised, or of the strategy's weights) travels with every masked-input task, the same for
+all, and each silo checks it against its own policy (`min_group`, `min_weight`); a silo sends
 w_k (model_k - model sent), clipped and encoded (privacy/masking.py), and the mean is the model
 sent plus the decoded sum over survivors divided by their total weight.
 
 The coordinator only relays: silos verify each other's signed keys, so it cannot substitute
-one. Drops: before sharing, a silo is simply left out; after sharing and before its masked
-input, its pairwise masks are removed with its key rebuilt from t shares; after its masked
-input, its self-mask is rebuilt the same way. Fewer than t silos at any step (or fewer than
-the phase's quorum) abandon the round (`QuorumNotMet`).
+one, and before anything is unmasked every survivor signs the survivor set with the view and
+the weights (`secagg_confirm`), and each silo checks t such signatures over its own view
+before it reveals a share (Bonawitz et al.'s consistency check). Drops: before sharing, a
+silo is simply left out; after sharing and before its masked input, its pairwise masks are
+removed with its key rebuilt from t shares; after its masked input, its self-mask is rebuilt
+the same way (a survivor that fails to confirm is still a survivor: its input is in the sum).
+Fewer than t silos at any step (or fewer than the quorum) abandon the round (`QuorumNotMet`).
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from fedsilo.coordinator.secure_mean import (
 from fedsilo.policies.secure_aggregation import SecureAggregationConfig
 from fedsilo.privacy.masking import (
     ADVERTISEMENT,
+    CONFIRMATION,
     REVEALED_KEY,
     REVEALED_SEED,
     SHARE_TO,
@@ -86,7 +91,7 @@ class MaskedMean(SecureMean):
                     {
                         "inner_kind": tasks[v].kind,
                         "inner_config": dict(tasks[v].config),
-                        "weight": weights[v],
+                        "weights": weights,
                         "shares": {
                             u: tensor_bytes(shared[u].result.tensors[SHARE_TO + v]).hex()
                             for u in sorted(shared)
@@ -103,9 +108,21 @@ class MaskedMean(SecureMean):
         )
         self._enough(phase, "mask", len(masked), threshold)
         survivors = sorted(masked)
+        confirmed = self.step(
+            "confirm",
+            [Task(s, "secagg_confirm", {"survivors": survivors}) for s in survivors],
+        )
+        self._enough(phase, "confirm", len(confirmed), threshold)
+        signatures = {
+            silo: tensor_bytes(reply.result.tensors[CONFIRMATION]).hex()
+            for silo, reply in confirmed.items()
+        }
         revealed = self.step(
             "unmask",
-            [Task(s, "secagg_unmask", {"survivors": survivors}) for s in survivors],
+            [
+                Task(s, "secagg_unmask", {"survivors": survivors, "signatures": signatures})
+                for s in sorted(confirmed)
+            ],
         )
         self._enough(phase, "unmask", len(revealed), threshold)
         try:

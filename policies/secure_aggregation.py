@@ -8,9 +8,10 @@ security, SEAL's prime sizes), so a policy with bad parameters is refused when i
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from fedsilo.policies.base import PolicyModel
 
@@ -20,6 +21,17 @@ MAX_COEFF_MODULUS_BITS = {4096: 109, 8192: 218, 16384: 438, 32768: 881}
 MIN_PRIME_BITS = 20  # smaller primes congruent to 1 modulo 2 * degree are scarce or absent
 MAX_PRIME_BITS = 60  # SEAL's limit for one prime
 MIN_SCALE_BITS = 20
+# Masking's 32-bit fixed point keeps bound * 2^f below 2^31: a bound above 2^16 would leave
+# fewer than 15 fractional bits (worse than 3e-5 precision), and 1e300 none at all.
+MAX_MASKING_BOUND = 2.0**16
+
+
+def smallest_safe_threshold(silos: int) -> int:
+    """The smallest t that keeps an active coordinator from rebuilding both secrets of one silo
+    among `silos` (Bonawitz et al. 2017): it needs t seed shares from silos that saw the silo
+    survive and t key shares from silos that saw it drop, and honest silos sign one survivor
+    set only, so 2t > n + c for c colluding silos; with c < n/3, t >= floor(2n/3) + 1."""
+    return 2 * silos // 3 + 1
 
 
 def ckks_parameter_problem(degree: int, bits: tuple[int, ...], scale: int) -> str | None:
@@ -87,13 +99,24 @@ class SecureAggregationConfig(PolicyModel):
     precision follows from the bound and the silos of a round, so overflow cannot happen;
     CKKS: the bound must stay below what the parameters hold). `threshold` (masking): how
     many of a round's silos must stay to the end for the sum to be recovered (t of n); None:
-    a majority of the silos that advertised keys. `key_holder` (ckks): the silo that makes the
-    CKKS keys; None: the first silo by name. `decryptor` (ckks): the silo that decrypts sums;
-    None: the key holder when it took part, else the first survivor by name."""
+    floor(2n/3) + 1 of the n silos that advertised keys, which is also the least a silo accepts
+    (Bonawitz et al.'s bound for an active coordinator), whatever the policy says.
+    `min_group`: the fewest silos whose inputs one secure sum may hold; a silo refuses a smaller
+    aggregation (a sum of one input is that input). `min_weight`: when the coordinator
+    chooses the weights (mixing schedules), at least `min_group` of the silos in a sum must
+    carry a weight of at least this; honest sample-count FedAvg on the bundled four hospitals
+    (smallest share 123/920 = 0.134) passes the default 0.1. With k = `min_group` and f =
+    `min_weight`, the most skewed allowed vector (target 1 - (k-1) f, k - 1 others f) lets the
+    coordinator read the target's update up to an error of (k-1) f / (1 - (k-1) f) times the
+    others' update size (at most (k-1) f bound / (1 - (k-1) f)). `key_holder` (ckks): the silo
+    that makes the CKKS keys; None: the first silo by name. `decryptor` (ckks): the silo that
+    decrypts sums; None: the key holder when it took part, else the first survivor by name."""
 
     method: Literal["none", "masking", "ckks"] = "none"
     bound: float = Field(default=64.0, gt=0)
     threshold: int | None = Field(default=None, ge=2)
+    min_group: int = Field(default=2, ge=2)
+    min_weight: float = Field(default=0.1, ge=0.0, le=0.5)
     key_holder: str | None = None
     decryptor: str | None = None
     ckks: CkksSettings = CkksSettings()
@@ -103,8 +126,20 @@ class SecureAggregationConfig(PolicyModel):
     def _bare_method(cls, data: Any) -> Any:
         return {"method": data} if isinstance(data, str) else data
 
+    @field_validator("bound")
+    @classmethod
+    def _finite_bound(cls, bound: float) -> float:
+        if not math.isfinite(bound):
+            raise ValueError(f"secure_aggregation.bound must be a finite number, not {bound}")
+        return bound
+
     @model_validator(mode="after")
     def _fits_method(self) -> SecureAggregationConfig:
+        if self.method == "masking" and self.bound > MAX_MASKING_BOUND:
+            raise ValueError(
+                f"secure_aggregation.bound {self.bound:g} leaves 32-bit masked sums no "
+                f"precision; use at most {MAX_MASKING_BOUND:g} (updates are clipped to it)"
+            )
         if self.method != "masking" and self.threshold is not None:
             raise ValueError("threshold: only masking recovers sums from t of n silos")
         if self.method != "ckks" and (self.key_holder or self.decryptor):
@@ -121,5 +156,32 @@ class SecureAggregationConfig(PolicyModel):
         return self.method != "none"
 
     def threshold_for(self, advertised: int) -> int:
-        """t for an aggregation among `advertised` silos."""
-        return self.threshold if self.threshold is not None else advertised // 2 + 1
+        """t for an aggregation among `advertised` silos: the policy's, raised to the bound an
+        active coordinator requires (`smallest_safe_threshold`)."""
+        return max(self.threshold or 0, smallest_safe_threshold(advertised))
+
+    def group_problem(self, silos: int) -> str | None:
+        """Why this section cannot aggregate over `silos` silos (a simulation's partition, or a
+        deployment's roster at coordinator start-up), or None when it can."""
+        if not self.enabled:
+            return None
+        if silos < self.min_group:
+            return (
+                f"secure_aggregation.min_group: {self.min_group} silos at least, and the "
+                f"consortium has {silos}"
+            )
+        if self.threshold is None:
+            return None
+        if self.threshold > silos:
+            return (
+                f"secure_aggregation.threshold {self.threshold} exceeds the {silos} silos "
+                "of an aggregation, so no sum could ever be recovered"
+            )
+        safe = smallest_safe_threshold(silos)
+        if self.threshold < safe:
+            return (
+                f"secure_aggregation.threshold {self.threshold} of {silos} silos lets a "
+                f"deviating coordinator rebuild one silo's secrets; use at least {safe} "
+                "(floor(2n/3) + 1, Bonawitz et al. 2017) or leave it out"
+            )
+        return None

@@ -10,6 +10,17 @@ cryptography both ends share. The protocol's four steps live with their parties
   to encrypt its shares to peers, one for pairwise mask agreement), advertised with an Ed25519
   signature by its provisioned identity over the aggregation's context. Peers verify it, so a
   coordinator that substitutes a key is caught (Flower's SecAgg+ relays keys unsigned).
+- `advertisement_digest`: what names one silo's view of an aggregation (the label and every
+  advertised key); shares are encrypted bound to it, so a share made under another view (a
+  coordinator that relayed different key sets to different silos) does not open.
+- `consistency_statement` / `count_confirmations`: Bonawitz et al.'s consistency check. After
+  the masked inputs, every survivor signs the label, its view, the weight vector and the
+  survivor set with its provisioned identity; a silo reveals shares only after verifying t
+  signatures from survivors over exactly its own statement. Honest silos sign one statement
+  per aggregation, so with 2t > n + c a coordinator cannot show two survivor sets (one with a
+  silo, to get its seed, one without, to get its key) to t silos each.
+- `weight_problem`: the rule coordinator-chosen weights must follow (in [0, 1], summing to at
+  most 1, and at least `min_group` silos of the sum carrying `min_weight` or more).
 - `split_secret` / `combine_shares`: t-of-n Shamir sharing of 16-byte blocks over GF(2^128)
   (PyCryptodome's `Shamir`), block by block for longer secrets.
 - `prg`: a mask stream in Z_{2^32}: AES-256-CTR keystream under a key derived with HKDF-SHA256
@@ -25,6 +36,8 @@ results still repeat bit for bit.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -50,6 +63,8 @@ ADVERTISEMENT = "advertisement"
 SHARE_TO = "to/"  # + recipient: a share encrypted to it
 REVEALED_SEED = "seed/"  # + survivor: a share of its self-mask seed
 REVEALED_KEY = "key/"  # + dropped silo: a share of its masking key
+CONFIRMATION = "confirmation"  # a survivor's signature over its consistency statement
+WEIGHT_SLACK = 1e-9  # rounding in weights that are shares of a total
 
 
 def aggregation_label(deployment: str, round_no: int, phase: str) -> bytes:
@@ -208,27 +223,106 @@ def combine_shares(shares: Mapping[int, bytes], threshold: int) -> bytes:
 
 
 def encrypt_share(
-    sender: str, recipient: str, share: bytes, own: PrivateKey, theirs: PublicKey
+    sender: str, recipient: str, share: bytes, own: PrivateKey, theirs: PublicKey, view: bytes
 ) -> bytes:
-    """`share` for `recipient` only (X25519 + XSalsa20-Poly1305), bound to both names."""
-    return bytes(Box(own, theirs).encrypt(_share_label(sender, recipient) + share))
+    """`share` for `recipient` only (X25519 + XSalsa20-Poly1305), bound to both names and to
+    the sender's view of the advertisement set (`advertisement_digest`)."""
+    return bytes(Box(own, theirs).encrypt(_share_label(sender, recipient, view) + share))
 
 
 def decrypt_share(
-    sender: str, recipient: str, ciphertext: bytes, own: PrivateKey, theirs: PublicKey
+    sender: str,
+    recipient: str,
+    ciphertext: bytes,
+    own: PrivateKey,
+    theirs: PublicKey,
+    view: bytes,
 ) -> bytes:
     try:
         plain = Box(own, theirs).decrypt(ciphertext)
     except CryptoError:
         raise MaskingError(f"the share from {sender} does not open with {sender}'s key") from None
-    label = _share_label(sender, recipient)
+    label = _share_label(sender, recipient, view)
     if not plain.startswith(label):
-        raise MaskingError(f"the share from {sender} was not meant for {recipient}")
+        raise MaskingError(
+            f"the share from {sender} was not made for {recipient} under the advertisement set "
+            f"{recipient} saw: refusing it (the coordinator relayed different keys to each)"
+        )
     return plain[len(label) :]
 
 
-def _share_label(sender: str, recipient: str) -> bytes:
-    return f"fedsilo/secagg-share|{sender}|{recipient}|".encode()
+def _share_label(sender: str, recipient: str, view: bytes) -> bytes:
+    return f"fedsilo/secagg-share|{sender}|{recipient}|".encode() + view + b"|"
+
+
+def advertisement_digest(context: bytes, adverts: Mapping[str, Advertisement]) -> bytes:
+    """The digest of one view of an aggregation: its label and every advertisement in it."""
+    digest = hashlib.blake2b(b"fedsilo/secagg-view|" + context + b"|", digest_size=32)
+    for silo, advert in sorted(adverts.items()):
+        digest.update(silo.encode() + b"|" + advert.to_bytes())
+    return digest.digest()
+
+
+# -- the consistency check and the weights ----------------------------------------------------
+
+
+def consistency_statement(
+    context: bytes, view: bytes, weights: Mapping[str, float], survivors: Iterable[str]
+) -> bytes:
+    """What every survivor signs before any share is revealed: the aggregation, the view of its
+    advertisements, the weight vector and the survivor set."""
+    body = json.dumps({"weights": sorted(weights.items()), "survivors": sorted(survivors)})
+    return b"|".join((b"fedsilo/secagg-consistency", context, view, body.encode()))
+
+
+def confirm(identity: SigningKey, statement: bytes) -> bytes:
+    return identity.sign(statement).signature
+
+
+def count_confirmations(
+    statement: bytes, signatures: Mapping[str, bytes], roster: Mapping[str, VerifyKey]
+) -> int:
+    """How many of `signatures` (by silo) are valid signatures of `statement` by that silo's
+    identity in `roster`; a signature by anyone else, or over anything else, counts nothing."""
+    valid = 0
+    for silo, signature in signatures.items():
+        if silo not in roster:
+            continue
+        try:
+            roster[silo].verify(statement, signature)
+        except (BadSignatureError, ValueError):
+            continue
+        valid += 1
+    return valid
+
+
+def weight_problem(
+    weights: Mapping[str, float],
+    me: str,
+    members: Iterable[str],
+    min_group: int,
+    min_weight: float,
+) -> str | None:
+    """Why a weight vector must be refused by `me` for a sum over `members`, or None."""
+    members = sorted(members)
+    missing = [m for m in members if m not in weights]
+    if missing:
+        return f"the weight vector gives no weight to {missing}"
+    values = [float(weights[m]) for m in members]
+    if any(not 0.0 <= w <= 1.0 for w in values):
+        return f"weights must lie in [0, 1], not {sorted(weights.items())}"
+    if sum(float(w) for w in weights.values()) > 1.0 + WEIGHT_SLACK:
+        return "the weights sum to more than 1"
+    if me not in members:
+        return f"{me} is not among the silos the weights are for"
+    carrying = sum(1 for w in values if w >= min_weight)
+    if carrying < min_group:
+        return (
+            f"only {carrying} of the {len(members)} silos in the sum carry a weight of at least "
+            f"secure_aggregation.min_weight {min_weight:g}; the policy needs "
+            f"secure_aggregation.min_group {min_group} (weights that single out a silo)"
+        )
+    return None
 
 
 def new_seed() -> bytes:

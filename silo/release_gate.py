@@ -46,6 +46,7 @@ RELEASE_RULES: Mapping[str, Release] = {
     "secagg_advertise": Release.MASKED,
     "secagg_share": Release.MASKED,
     "secagg_mask": Release.MASKED,
+    "secagg_confirm": Release.MASKED,
     "secagg_unmask": Release.MASKED,
     "ckks_keygen": Release.ENCRYPTED,
     "ckks_join": Release.ENCRYPTED,

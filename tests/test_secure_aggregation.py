@@ -145,7 +145,7 @@ def test_more_drops_than_the_threshold_allows_abandon_the_round_cleanly() -> Non
 
     def three_drop(name: str, endpoint: Endpoint) -> Endpoint:
         inner = endpoint
-        for silo in ("silo-0", "silo-1", "silo-2"):  # 2 of 5 left; a majority is 3
+        for silo in ("silo-0", "silo-1", "silo-2"):  # 2 of 5 left; t = floor(2 * 5 / 3) + 1 = 4
             inner = failing(silo, "secagg_mask")(name, inner)
         return inner
 
@@ -153,7 +153,7 @@ def test_more_drops_than_the_threshold_allows_abandon_the_round_cleanly() -> Non
     (record,) = history.records
     assert record.status == "failed"
     assert "2 silos remain after the mask step" in record.error
-    assert "needs 3" in record.error
+    assert "needs 4" in record.error
 
 
 def test_a_substituted_key_is_refused_by_every_silo() -> None:

@@ -27,6 +27,7 @@ from fedsilo.silo.tasks.scaling import feature_moments, moments_releases, standa
 from fedsilo.silo.tasks.secure_sum import (
     advertise,
     advertise_releases,
+    confirm_survivors,
     masked_input,
     masked_input_releases,
     share,
@@ -51,6 +52,7 @@ TASK_HANDLERS: dict[str, TaskHandler] = {
     "secagg_advertise": advertise,
     "secagg_share": share,
     "secagg_mask": masked_input,
+    "secagg_confirm": confirm_survivors,
     "secagg_unmask": unmask,
     "ckks_keygen": keygen,
     "ckks_join": join,
@@ -76,6 +78,7 @@ TASK_RELEASES: dict[str, ReleasePlan] = {
     "secagg_advertise": advertise_releases,
     "secagg_share": public_release,
     "secagg_mask": masked_input_releases,
+    "secagg_confirm": public_release,
     "secagg_unmask": public_release,
     "ckks_keygen": public_release,
     "ckks_join": join_releases,

@@ -3,20 +3,31 @@
 
 1. `secagg_advertise`: fresh key pairs for this aggregation, their public halves signed with
    the silo's identity; also the silo's training sample count (the weight a sample-weighted
-   mean needs, released as the `train` task would release it).
+   mean needs, released as the `train` task would release it). Once per (deployment, round,
+   phase), persisted (silo/aggregation_log.py): a second aggregation of the same round is
+   refused, so no difference of two sums isolates one silo.
 2. `secagg_share`: check every advertised key's signature against the roster (a key the
-   coordinator substituted is refused), draw a self-mask seed b, and share (masking key, b)
-   t-of-n among the advertised silos, each share encrypted to its recipient.
-3. `secagg_mask`: open the shares addressed to this silo, run the real task (`inner_kind`,
-   e.g. `train`), and send its weighted update (result minus the model received), clipped,
-   fixed-point encoded, plus the self-mask and the pairwise masks with every silo that shared.
-4. `secagg_unmask`: given who sent masked inputs (the survivors), reveal the self-mask share of
-   each survivor and the masking-key share of each silo that dropped after sharing, never
-   both for one silo, and only once per aggregation: a silo declared dropped that turns up
-   late cannot get its input unmasked, nor anyone else's.
+   coordinator substituted is refused) and that the group is at least the policy's
+   `min_group`, draw a self-mask seed b, and share (masking key, b) t-of-n among the advertised
+   silos, each share encrypted to its recipient and bound to this silo's view of the
+   advertisement set.
+3. `secagg_mask`: check the whole weight vector (`weights`, the same for every silo: see step
+   4) against the policy's `min_group` and `min_weight`, open the shares addressed to this
+   silo (made under the same view), run the real task (`inner_kind`, e.g. `train`), and send
+   its update (result minus the model received) times its own weight, clipped, fixed-point
+   encoded, plus the self-mask and the pairwise masks with every silo that shared.
+4. `secagg_confirm`: given the survivors (who sent masked inputs), sign (label, view, weight
+   vector, survivors) with the silo's identity: Bonawitz et al.'s consistency check. One
+   statement per aggregation, persisted.
+5. `secagg_unmask`: given the same survivors and the signatures the coordinator collected,
+   verify at least t valid ones from survivors over exactly this silo's statement, then reveal
+   the self-mask share of each survivor and the masking-key share of each silo that dropped
+   after sharing, never both for one silo, and only once per aggregation (persisted): a silo
+   declared dropped that turns up late cannot get its input unmasked, nor anyone else's.
 
-The threshold t comes from the silo's own policy (`secure_aggregation.threshold`, else a
-majority of the advertised silos), never from the task: a coordinator cannot lower it.
+The threshold t comes from the silo's own policy, never from the task: the policy's
+`secure_aggregation.threshold` raised to floor(2n/3) + 1 for the n advertised silos, the bound
+that keeps an active coordinator from collecting both secrets of one silo.
 """
 
 from __future__ import annotations
@@ -25,10 +36,12 @@ from typing import Any
 
 import numpy as np
 import torch
+from nacl.signing import SigningKey
 
 from fedsilo.privacy.accounting import Mechanism
 from fedsilo.privacy.masking import (
     ADVERTISEMENT,
+    CONFIRMATION,
     REVEALED_KEY,
     REVEALED_SEED,
     SHARE_TO,
@@ -36,14 +49,20 @@ from fedsilo.privacy.masking import (
     FixedPoint,
     MaskingError,
     MaskingKeys,
+    advertisement_digest,
     aggregation_label,
+    confirm,
+    consistency_statement,
+    count_confirmations,
     decrypt_share,
     encrypt_share,
     mask,
     new_seed,
     silo_indices,
     split_secret,
+    weight_problem,
 )
+from fedsilo.silo.aggregation_log import aggregation_log
 from fedsilo.silo.reports import reports_mechanism
 from fedsilo.silo.tasks.base import (
     SiloContext,
@@ -59,12 +78,12 @@ from fedsilo.wire.tensors import bytes_tensor
 
 
 def advertise(message: TaskMessage, ctx: SiloContext) -> TaskResult:
-    if ctx.identity is None:
-        raise MaskingError("secure aggregation needs this silo's signing identity")
+    _identity(ctx)
+    aggregation_log(ctx).claim(_label(message, ctx), "advertise")
     keys = MaskingKeys.generate()
     session = new_session(ctx, "secagg", message)
     session["keys"] = keys
-    advert = keys.advertise(ctx.name, ctx.identity, _label(message, ctx))
+    advert = keys.advertise(ctx.name, _identity(ctx), _label(message, ctx))
     reports = ctx.reports(message.task_id, "train")
     ctx.released_count("train")
     return task_result(
@@ -77,15 +96,17 @@ def advertise(message: TaskMessage, ctx: SiloContext) -> TaskResult:
 
 def share(message: TaskMessage, ctx: SiloContext) -> TaskResult:
     session = _session(message, ctx, "keys")
+    if "seed" in session:
+        raise MaskingError("this silo already shared its secrets for this aggregation")
     adverts = _verified_advertisements(message, ctx, session["keys"])
+    _check_group(len(adverts), "advertised keys", ctx)
     threshold = ctx.secure_aggregation.threshold_for(len(adverts))
-    if len(adverts) < threshold:
-        raise MaskingError(f"{len(adverts)} silos advertised keys; the threshold is {threshold}")
+    view = advertisement_digest(_label(message, ctx), adverts)
     seed = new_seed()
     keys: MaskingKeys = session["keys"]
     shares = split_secret(bytes(keys.masking) + seed, threshold, len(adverts))
     indices = silo_indices(list(adverts))
-    session |= {"adverts": adverts, "seed": seed, "threshold": threshold, "indices": indices}
+    session |= {"adverts": adverts, "seed": seed, "threshold": threshold, "view": view}
     session["received"] = {ctx.name: shares[indices[ctx.name] - 1]}
     sealed = {
         SHARE_TO + peer: bytes_tensor(
@@ -95,6 +116,7 @@ def share(message: TaskMessage, ctx: SiloContext) -> TaskResult:
                 shares[indices[peer] - 1],
                 keys.encryption,
                 advert.encryption_key,
+                view,
             )
         )
         for peer, advert in adverts.items()
@@ -107,24 +129,30 @@ def masked_input(message: TaskMessage, ctx: SiloContext) -> TaskResult:
     from fedsilo.silo.tasks import TASK_HANDLERS
 
     session = _session(message, ctx, "seed")
+    if "sharers" in session:
+        raise MaskingError("this aggregation already has this silo's masked input")
     config = message.config
     sharers = set(config["shares"]) | {ctx.name}
     _check_members(sharers, session, "sent shares")
-    if len(sharers) < session["threshold"]:
-        raise MaskingError(
-            f"{len(sharers)} silos shared their secrets; the threshold is {session['threshold']}"
-        )
+    _check_group(len(sharers), "shared their secrets", ctx, session["threshold"])
+    weights = {str(silo): float(w) for silo, w in dict(config["weights"]).items()}
+    _check_weights(weights, sharers, ctx)
     keys: MaskingKeys = session["keys"]
     for sender, hex_share in config["shares"].items():
         advert: Advertisement = session["adverts"][sender]
         session["received"][sender] = decrypt_share(
-            sender, ctx.name, bytes.fromhex(hex_share), keys.encryption, advert.encryption_key
+            sender,
+            ctx.name,
+            bytes.fromhex(hex_share),
+            keys.encryption,
+            advert.encryption_key,
+            session["view"],
         )
-    session["sharers"] = sorted(sharers)
+    session |= {"sharers": sorted(sharers), "weights": weights}
     inner = inner_message(message)
     result = TASK_HANDLERS[inner.kind](inner, ctx)
     encoding = FixedPoint.for_silos(ctx.secure_aggregation.bound, len(session["adverts"]))
-    weight = float(config["weight"])
+    weight = weights[ctx.name]
     label = _label(message, ctx)
     peers = {p: session["adverts"][p].masking_key for p in sharers if p != ctx.name}
     masked = {}
@@ -138,18 +166,39 @@ def masked_input(message: TaskMessage, ctx: SiloContext) -> TaskResult:
     return with_tensors(message, ctx, result, masked)
 
 
+def confirm_survivors(message: TaskMessage, ctx: SiloContext) -> TaskResult:
+    """Sign this silo's consistency statement: one survivor set per aggregation, ever."""
+    session = _session(message, ctx, "sharers")
+    survivors = _survivors(message, ctx, session)
+    aggregation_log(ctx).claim(_label(message, ctx), "confirm")
+    session["confirmed"] = survivors
+    signature = confirm(_identity(ctx), _statement(message, ctx, session, survivors))
+    return task_result(message, ctx, {CONFIRMATION: bytes_tensor(signature)})
+
+
 def unmask(message: TaskMessage, ctx: SiloContext) -> TaskResult:
     session = _session(message, ctx, "sharers")
     if session.get("unmasked"):
         raise MaskingError("this aggregation was already unmasked; a second request is refused")
-    survivors = set(message.config["survivors"])
-    _check_members(survivors, session, "survived", within="sharers")
-    if ctx.name not in survivors:
-        raise MaskingError(f"{ctx.name} is not among the survivors it is asked to unmask")
-    if len(survivors) < session["threshold"]:
+    survivors = _survivors(message, ctx, session)
+    if session.get("confirmed") != survivors:
         raise MaskingError(
-            f"{len(survivors)} survivors are fewer than the threshold {session['threshold']}"
+            "the survivors to unmask are not the set this silo confirmed: the consistency "
+            "check fails, nothing is revealed"
         )
+    signatures = {
+        str(silo): bytes.fromhex(str(hex_signature))
+        for silo, hex_signature in dict(message.config["signatures"]).items()
+        if silo in survivors
+    }
+    statement = _statement(message, ctx, session, survivors)
+    valid = count_confirmations(statement, signatures, ctx.roster)
+    if valid < session["threshold"]:
+        raise MaskingError(
+            f"the consistency check fails: {valid} survivors signed this silo's view of the "
+            f"aggregation, fewer than the threshold {session['threshold']}; nothing is revealed"
+        )
+    aggregation_log(ctx).claim(_label(message, ctx), "unmask")
     session["unmasked"] = True
     block = len(session["received"][ctx.name]) // 2
     revealed = {}
@@ -192,6 +241,54 @@ def _session(message: TaskMessage, ctx: SiloContext, needs: str) -> dict[str, An
 
 def _label(message: TaskMessage, ctx: SiloContext) -> bytes:
     return aggregation_label(ctx.deployment, message.round, message.phase)
+
+
+def _identity(ctx: SiloContext) -> SigningKey:
+    if ctx.identity is None:
+        raise MaskingError("secure aggregation needs this silo's signing identity")
+    return ctx.identity
+
+
+def _check_group(size: int, what: str, ctx: SiloContext, threshold: int = 0) -> None:
+    """Refuse a group smaller than the policy's `min_group` or than the threshold."""
+    smallest = max(ctx.secure_aggregation.min_group, threshold)
+    if size < smallest:
+        raise MaskingError(
+            f"{size} silos {what}; this silo's policy needs at least {smallest} "
+            f"(secure_aggregation.min_group {ctx.secure_aggregation.min_group}, "
+            f"threshold {threshold or 'n/a'})"
+        )
+
+
+def _check_weights(weights: dict[str, float], members: set[str], ctx: SiloContext) -> None:
+    secure = ctx.secure_aggregation
+    problem = weight_problem(weights, ctx.name, members, secure.min_group, secure.min_weight)
+    if problem:
+        raise MaskingError(f"refusing the weights: {problem}")
+
+
+def _survivors(message: TaskMessage, ctx: SiloContext, session: dict[str, Any]) -> list[str]:
+    """The task's survivors, checked: sharers all, this silo among them, enough of them, and
+    enough of them carrying weight."""
+    survivors = {str(s) for s in message.config["survivors"]}
+    _check_members(survivors, session, "survived", within="sharers")
+    if ctx.name not in survivors:
+        raise MaskingError(f"{ctx.name} is not among the survivors it is asked to unmask")
+    if len(survivors) < session["threshold"]:
+        raise MaskingError(
+            f"{len(survivors)} survivors are fewer than the threshold {session['threshold']}"
+        )
+    _check_group(len(survivors), "survived", ctx, session["threshold"])
+    _check_weights(session["weights"], survivors, ctx)
+    return sorted(survivors)
+
+
+def _statement(
+    message: TaskMessage, ctx: SiloContext, session: dict[str, Any], survivors: list[str]
+) -> bytes:
+    return consistency_statement(
+        _label(message, ctx), session["view"], session["weights"], survivors
+    )
 
 
 def _verified_advertisements(

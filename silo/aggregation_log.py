@@ -1,0 +1,68 @@
+"""Which steps of which secure aggregations this silo has taken part in, kept where a restart
+does not lose them: a silo advertises keys for, confirms, unmasks and decrypts at most one
+aggregation per (deployment, round, phase), whatever tasks a coordinator sends later (a
+second aggregation of the same round over other silos would reveal one silo's update as the
+difference of two sums).
+
+The log is one JSON file in the silo's state folder for the deployment (`aggregations.json`),
+replaced atomically and fsynced (wire/durable.py) when a step is claimed, which is before
+the step's answer is made, let alone sent. Without a state folder (simulations) it lives in
+memory, as long as the agent.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+from fedsilo.silo.tasks.base import SiloContext
+from fedsilo.wire.durable import make_private_folder, write_atomically
+
+FILE = "aggregations.json"
+
+
+class StepAlreadyTaken(ValueError):
+    """A step of an aggregation this silo already took part in."""
+
+
+class AggregationLog:
+    """The (aggregation label, step) pairs claimed so far, on disk under `folder` or in memory."""
+
+    def __init__(self, folder: Path | None) -> None:
+        self.path = None if folder is None else Path(folder) / FILE
+        self._lock = threading.Lock()
+        self._claimed: set[str] = set()
+        if self.path is not None and self.path.exists():
+            try:
+                self._claimed = set(json.loads(self.path.read_text())["claimed"])
+            except (ValueError, KeyError, TypeError) as exc:
+                raise ValueError(
+                    f"{self.path} is not this silo's aggregation log ({exc}); it holds which "
+                    "secure aggregations the silo took part in: restore it rather than delete it"
+                ) from None
+
+    def claim(self, label: bytes, step: str) -> None:
+        """Record that this silo takes `step` of aggregation `label`, durably; raise
+        `StepAlreadyTaken` when it did so before."""
+        entry = f"{label.decode()}|{step}"
+        with self._lock:
+            if entry in self._claimed:
+                raise StepAlreadyTaken(
+                    f"this silo already took the {step} step of aggregation {label.decode()!r}; "
+                    "a second one for the same deployment, round and phase is refused"
+                )
+            claimed = self._claimed | {entry}
+            if self.path is not None:
+                make_private_folder(self.path.parent)
+                document = json.dumps({"claimed": sorted(claimed)}, indent=0).encode()
+                write_atomically(self.path, [document])
+            self._claimed = claimed
+
+
+def aggregation_log(ctx: SiloContext) -> AggregationLog:
+    """The silo's log, read from its state folder the first time it is needed."""
+    log = ctx.store.get("aggregation_log")
+    if log is None:
+        log = ctx.store["aggregation_log"] = AggregationLog(ctx.state.folder)
+    return log

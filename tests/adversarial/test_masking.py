@@ -1,0 +1,370 @@
+"""Pairwise-masked secure aggregation against a deviating coordinator (issue 17, finding 1).
+
+Each test is a coordinator written here that speaks the real protocol (encoded TaskMessages to
+`SiloAgent.handle_bytes`) to five unmodified silo agents with provisioned identities, all under
+a signed policy that says `secure_aggregation: masking`, and tries one attack: collecting
+models in the clear, weights that single out one silo, a group of one, different survivor
+sets for different silos, and a second aggregation of the same round. Each asserts the attack
+fails: the silos refuse, or what the coordinator obtains does not decode the target's update.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+import torch
+from nacl.public import PrivateKey
+from nacl.signing import SigningKey
+
+from fedsilo.policies.loading import parse_policy
+from fedsilo.policies.schema import Policy
+from fedsilo.policies.secure_aggregation import SecureAggregationConfig
+from fedsilo.privacy.masking import (
+    ADVERTISEMENT,
+    CONFIRMATION,
+    REVEALED_KEY,
+    REVEALED_SEED,
+    SHARE_TO,
+    Advertisement,
+    FixedPoint,
+    combine_shares,
+    pairwise_seed,
+    prg,
+    sign,
+    silo_indices,
+)
+from fedsilo.silo.agent import SiloAgent
+from fedsilo.silo.data import SiloDataset, load_consortium
+from fedsilo.silo.tasks.base import flat_parameters, parameter_spec
+from fedsilo.wire.messages import TaskMessage, TaskResult
+from fedsilo.wire.tensors import tensor_bytes
+
+SILOS = [f"silo-{i}" for i in range(5)]
+TARGET = "silo-0"
+DEPLOYMENT = "adversarial"
+PHASE = "train"
+TRAIN = {"epochs": 1, "batch_size": 32, "lr": 0.1, "optimizer": "sgd", "seed": 11}
+
+
+def masking_policy(**section: object) -> Policy:
+    return parse_policy(
+        {
+            "version": 1,
+            "seed": 5,
+            "rounds": 3,
+            "algorithm": {"name": "fedavg"},
+            "model": {"name": "mlp", "hidden": [8]},
+            "training": {"epochs": 1, "batch_size": 32, "lr": 0.1},
+            "participants": {"min_silos": 3, "phase_timeout_s": 60},
+            "data": {
+                "source": "sklearn:breast_cancer",
+                "partition": {"kind": "iid", "silos": len(SILOS)},
+            },
+            "secure_aggregation": {"method": "masking", **section},
+        }
+    )
+
+
+@dataclass
+class Consortium:
+    """Five silo agents as provisioning makes them, and what the coordinator may know."""
+
+    policy: Policy
+    datasets: dict[str, SiloDataset]
+    agents: dict[str, SiloAgent]
+    model: torch.Tensor = field(init=False)
+    spec: object = field(init=False)
+
+    def __post_init__(self) -> None:
+        model = self.agents[TARGET].context.new_model(seed=3)
+        self.spec = parameter_spec(model)
+        self.model = flat_parameters(model, self.spec).detach()
+
+
+def consortium(policy: Policy, secure: SecureAggregationConfig | None = None) -> Consortium:
+    """The silos of `policy`, holding `secure` as their policy's section when given (a
+    section the policy reader would refuse, to show the silo's own checks hold anyway)."""
+    datasets = {d.name: d for d in load_consortium(policy.data, seed=policy.seed)}
+    identities = {name: SigningKey.generate() for name in datasets}
+    sealing = {name: PrivateKey.generate() for name in datasets}
+    agents = {
+        name: SiloAgent(
+            name,
+            data,
+            policy.model,
+            deployment=DEPLOYMENT,
+            consortium=len(datasets),
+            secure_aggregation=secure or policy.secure_aggregation,
+            identity=identities[name],
+            roster={n: k.verify_key for n, k in identities.items()},
+            sealing_key=sealing[name],
+            sealing_roster={n: k.public_key for n, k in sealing.items()},
+        )
+        for name, data in datasets.items()
+    }
+    return Consortium(policy, datasets, agents)
+
+
+def true_update(c: Consortium, silo: str) -> np.ndarray:
+    """What `silo`'s training of the round produces (a fresh agent on the same data, no
+    secure aggregation: training is seeded by the task, so it is the same update)."""
+    plain = SiloAgent(silo, c.datasets[silo], c.policy.model, deployment="reference")
+    result = plain.handle(_message(silo, "train", dict(TRAIN), 1, "reference", c))
+    assert result.ok, result.error
+    return (result.tensors["model"].double() - c.model.double()).numpy()
+
+
+def _message(
+    silo: str, kind: str, config: Mapping, round_no: int, tag: str, c: Consortium
+) -> TaskMessage:
+    carries_model = kind in ("train", "secagg_mask")
+    return TaskMessage(
+        task_id=f"{DEPLOYMENT}/r{round_no}/{PHASE}/{tag}/{silo}",
+        round=round_no,
+        phase=PHASE,
+        kind=kind,
+        silo=silo,
+        config=dict(config),
+        tensors={"model": c.model} if carries_model else {},
+        spec=c.spec if carries_model else None,
+    )
+
+
+class DeviatingCoordinator:
+    """Sends whatever tasks it likes, encoded as the real coordinator encodes them, and keeps
+    every answer; `refusals` gathers what the silos refused, by step."""
+
+    def __init__(self, c: Consortium, round_no: int = 1, tag: str = "") -> None:
+        self.c = c
+        self.round = round_no
+        self.tag = tag
+        self.refusals: dict[str, dict[str, str]] = {}
+
+    def send(self, step: str, configs: Mapping[str, Mapping]) -> dict[str, TaskResult]:
+        kind = step if step == "train" else f"secagg_{step}"
+        answers = {}
+        for silo, config in sorted(configs.items()):
+            message = _message(silo, kind, config, self.round, f"{self.tag}{step}", self.c)
+            reply = TaskResult.decode(self.c.agents[silo].handle_bytes(message.encode()))
+            if reply.ok:
+                answers[silo] = reply
+            else:
+                self.refusals.setdefault(step, {})[silo] = reply.error or ""
+        return answers
+
+    # -- the protocol's steps, each of which the attacks bend ---------------------------------
+
+    def advertise(self, silos: Sequence[str]) -> dict[str, str]:
+        replies = self.send("advertise", dict.fromkeys(silos, {}))
+        self.adverts = {s: tensor_bytes(r.tensors[ADVERTISEMENT]).hex() for s, r in replies.items()}
+        return self.adverts
+
+    def share(self, views: Mapping[str, Mapping[str, str]]) -> dict[str, TaskResult]:
+        self.views = views
+        self.shared = self.send("share", {s: {"advertisements": v} for s, v in views.items()})
+        return self.shared
+
+    def mask(self, weights: Mapping[str, float]) -> dict[str, TaskResult]:
+        configs = {}
+        for v in self.shared:
+            configs[v] = {
+                "inner_kind": "train",
+                "inner_config": dict(TRAIN),
+                "weight": weights[v],
+                "weights": dict(weights),
+                "shares": {
+                    u: tensor_bytes(self.shared[u].tensors[SHARE_TO + v]).hex()
+                    for u in self.shared
+                    if u != v and SHARE_TO + v in self.shared[u].tensors
+                },
+                "tensors": ["model"],
+            }
+        self.weights = dict(weights)
+        self.masked = self.send("mask", configs)
+        return self.masked
+
+    def unmask(self, survivors_seen_by: Mapping[str, Sequence[str]]) -> dict[str, TaskResult]:
+        """Each silo is told its own survivor set; signatures over those sets, for the silos
+        that sign them, are relayed to everyone, as a coordinator relays them."""
+        confirmed = self.send(
+            "confirm",
+            {
+                s: {"survivors": sorted(v), "weights": self.weights}
+                for s, v in survivors_seen_by.items()
+            },
+        )
+        signatures = {s: tensor_bytes(r.tensors[CONFIRMATION]).hex() for s, r in confirmed.items()}
+        return self.send(
+            "unmask",
+            {
+                s: {"survivors": sorted(v), "signatures": signatures, "weights": self.weights}
+                for s, v in survivors_seen_by.items()
+            },
+        )
+
+    # -- what the coordinator can compute from what it collected ------------------------------
+
+    def rebuild(
+        self, revealed: Mapping[str, TaskResult], name: str, threshold: int
+    ) -> bytes | None:
+        members = sorted(self.views[next(iter(revealed))]) if revealed else []
+        indices = silo_indices(members)
+        shares = {
+            indices[holder]: tensor_bytes(reply.tensors[name])
+            for holder, reply in revealed.items()
+            if name in reply.tensors
+        }
+        if len(shares) < threshold or not shares:
+            return None
+        return combine_shares(shares, threshold)
+
+    def decode_alone(
+        self, target: str, seed: bytes, key: PrivateKey, peers: Sequence[str]
+    ) -> np.ndarray:
+        """The target's weighted update from its masked input, its self-mask seed and its
+        masking key: remove PRG(b) and every pairwise mask it added."""
+        label = f"{DEPLOYMENT}/r{self.round}/{PHASE}".encode()
+        total = self.masked[target].tensors["model"].numpy().view(np.uint32).copy()
+        total -= prg(seed, len(total), label)
+        for peer in peers:
+            public = Advertisement.from_bytes(peer, bytes.fromhex(self.adverts[peer])).masking_key
+            stream = prg(pairwise_seed(key, public), len(total), label)
+            total = total - stream if sign(target, peer) > 0 else total + stream
+        encoding = FixedPoint.for_silos(
+            self.c.policy.secure_aggregation.bound, len(self.views[target])
+        )
+        return encoding.decode(total.astype(np.uint32))
+
+    def sum_of(self, revealed: Mapping[str, TaskResult], survivors: Sequence[str]) -> np.ndarray:
+        """The unmasked weighted sum of `survivors`' inputs (every one of them sent its input)."""
+        label = f"{DEPLOYMENT}/r{self.round}/{PHASE}".encode()
+        total = np.zeros_like(self.masked[survivors[0]].tensors["model"].numpy().view(np.uint32))
+        for silo in survivors:
+            total += self.masked[silo].tensors["model"].numpy().view(np.uint32)
+        for silo in survivors:
+            seed = self.rebuild(revealed, REVEALED_SEED + silo, len(revealed))
+            assert seed is not None
+            total -= prg(seed, len(total), label)
+        encoding = FixedPoint.for_silos(self.c.policy.secure_aggregation.bound, len(survivors))
+        return encoding.decode(total)
+
+
+def decodes(estimate: np.ndarray | None, update: np.ndarray, weight: float) -> bool:
+    """Whether `estimate` is the target's weighted update (to the fixed-point precision)."""
+    if estimate is None:
+        return False
+    return bool(np.abs(estimate - weight * update).max() < 1e-3 * max(1.0, np.abs(update).max()))
+
+
+# -- a. plain tasks under a masking policy ------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["train", "superfed_train", "feature_moments"])
+def test_a_silo_under_a_masking_policy_refuses_to_send_its_model_in_the_clear(kind: str) -> None:
+    c = consortium(masking_policy())
+    for silo in SILOS:
+        message = _message(silo, kind, TRAIN, 1, "plain", c)
+        reply = TaskResult.decode(c.agents[silo].handle_bytes(message.encode()))
+        assert not reply.ok, f"{silo} answered a plain {kind} task under a masking policy"
+        assert "secure_aggregation masking" in (reply.error or "")
+        assert not reply.tensors
+
+
+# -- b. weights that single out one silo --------------------------------------------------------
+
+
+def test_weights_that_single_out_one_silo_are_refused() -> None:
+    c = consortium(masking_policy())
+    coordinator = DeviatingCoordinator(c)
+    adverts = coordinator.advertise(SILOS)
+    coordinator.share(dict.fromkeys(SILOS, adverts))
+    weights = {s: 1.0 if s == TARGET else 0.0 for s in SILOS}
+    coordinator.mask(weights)
+    revealed = coordinator.unmask(dict.fromkeys(coordinator.masked, sorted(coordinator.masked)))
+    estimate = None
+    if sorted(coordinator.masked) == SILOS and len(revealed) == len(SILOS):
+        estimate = coordinator.sum_of(revealed, SILOS)  # the others' weight-0 inputs add nothing
+    assert not decodes(estimate, true_update(c, TARGET), 1.0), "the target's update decoded"
+    assert set(coordinator.refusals.get("mask", {})) == set(SILOS)
+    assert "min_weight" in coordinator.refusals["mask"][TARGET]
+
+
+# -- c. a group of one --------------------------------------------------------------------------
+
+
+def test_relaying_only_the_targets_own_keys_is_refused() -> None:
+    c = consortium(masking_policy())
+    coordinator = DeviatingCoordinator(c)
+    adverts = coordinator.advertise(SILOS)
+    coordinator.share({TARGET: {TARGET: adverts[TARGET]}})  # a group of one: threshold 1
+    coordinator.mask({TARGET: 1.0})
+    revealed = coordinator.unmask({TARGET: [TARGET]}) if coordinator.masked else {}
+    estimate = None
+    if revealed:
+        secret = coordinator.rebuild(revealed, REVEALED_SEED + TARGET, 1)
+        if secret is not None:
+            estimate = coordinator.decode_alone(TARGET, secret, PrivateKey.generate(), [])
+    assert not decodes(estimate, true_update(c, TARGET), 1.0), "the target's update decoded"
+    assert "min_group" in coordinator.refusals["share"][TARGET]
+
+
+# -- d. different survivor sets for different silos ---------------------------------------------
+
+
+def test_different_survivor_sets_for_different_silos_reveal_no_silos_two_secrets() -> None:
+    p = masking_policy()
+    c = consortium(p, p.secure_aggregation.model_copy(update={"threshold": 2}))  # 2 of 5
+    coordinator = DeviatingCoordinator(c)
+    adverts = coordinator.advertise(SILOS)
+    coordinator.share(dict.fromkeys(SILOS, adverts))
+    weights = dict.fromkeys(SILOS, 1 / len(SILOS))
+    coordinator.mask(weights)
+    assert sorted(coordinator.masked) == SILOS
+    told_alive = ["silo-1", "silo-2"]  # see the target survive: reveal its seed share
+    told_dropped = ["silo-3", "silo-4"]  # see it drop: reveal its masking-key share
+    views = {s: [TARGET, *told_alive] for s in told_alive} | {
+        s: told_dropped + told_alive for s in told_dropped
+    }
+    revealed = coordinator.unmask(views)
+    seed_holders = {s: r for s, r in revealed.items() if REVEALED_SEED + TARGET in r.tensors}
+    key_holders = {s: r for s, r in revealed.items() if REVEALED_KEY + TARGET in r.tensors}
+    estimate = None
+    secret = coordinator.rebuild(seed_holders, REVEALED_SEED + TARGET, 2) if seed_holders else None
+    key = coordinator.rebuild(key_holders, REVEALED_KEY + TARGET, 2) if key_holders else None
+    if secret is not None and key is not None:
+        peers = [s for s in SILOS if s != TARGET]
+        estimate = coordinator.decode_alone(TARGET, secret, PrivateKey(key), peers)
+    assert not decodes(estimate, true_update(c, TARGET), 1 / len(SILOS)), "decoded"
+    assert not (seed_holders and key_holders), "both kinds of share of one silo were revealed"
+    assert "consistency" in " ".join(coordinator.refusals["unmask"].values())
+
+
+# -- e. a second aggregation of the same round --------------------------------------------------
+
+
+def test_a_second_aggregation_of_the_same_round_is_refused() -> None:
+    c = consortium(masking_policy())
+    weights = dict.fromkeys(SILOS, 1 / len(SILOS))
+    first = DeviatingCoordinator(c)
+    adverts = first.advertise(SILOS)
+    first.share(dict.fromkeys(SILOS, adverts))
+    first.mask(weights)
+    everyone = first.unmask(dict.fromkeys(SILOS, SILOS))
+    assert len(everyone) == len(SILOS), first.refusals  # the honest aggregation completes
+    others = [s for s in SILOS if s != TARGET]
+    second = DeviatingCoordinator(c, tag="again-")  # new task ids, same round and phase
+    adverts = second.advertise(others)
+    second.share(dict.fromkeys(adverts, adverts))
+    second.mask(dict.fromkeys(others, 1 / len(SILOS)))
+    rest = (
+        second.unmask(dict.fromkeys(second.masked, sorted(second.masked))) if second.masked else {}
+    )
+    estimate = None
+    if len(rest) == len(others):
+        estimate = first.sum_of(everyone, SILOS) - second.sum_of(rest, others)
+    assert not decodes(estimate, true_update(c, TARGET), 1 / len(SILOS)), "difference decoded"
+    assert set(second.refusals["advertise"]) == set(others)
+    assert "already" in second.refusals["advertise"]["silo-1"]
