@@ -8,10 +8,13 @@ only) the key-holder silo (the policy's, else the first member by name that answ
 the CKKS context; the coordinator keeps its public part,
 checked to hold no secret key and no Galois keys, and relays each member's sealed copy of the
 secret part, which it cannot open (silo/tasks/ckks_sum.py). Weights are each joined silo's
-share of the sample counts released at join (or of the strategy's weights); a silo sends
-w_k (model_k - model sent), clipped to the policy's bound, and the mean is the model sent
-plus the decrypted sum over survivors divided by their total weight. A silo that drops after
-joining is simply absent from the sum. The decryptor is the policy's, else the key holder,
+share of the sample counts released at join (or of the strategy's weights); every silo gets
+the whole vector and checks it against its own policy (`min_group`, `min_weight`), sends
+w_k (model_k - model sent), clipped to the policy's bound, encrypted and signed, and the mean
+is the model sent plus the decrypted sum over survivors divided by their total weight. The
+decryptor gets every survivor's signed input, not a sum: it checks the signatures and the
+group size itself, adds them and decrypts. A silo that drops after joining is simply absent
+from the sum. The decryptor is the policy's, else the key holder,
 when it sent an input; otherwise the first survivor by name (every member holds the key, so
 the choice changes no one's view). A decryptor that fails is replaced by the next survivor.
 """
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import tenseal as ts
 import torch
@@ -40,11 +44,10 @@ from fedsilo.privacy.ckks import (
     CkksError,
     CkksParameters,
     add_encrypted,
-    chunk_name,
     context_digest,
     load_public_context,
 )
-from fedsilo.wire.tensors import bytes_tensor, tensor_bytes
+from fedsilo.wire.tensors import tensor_bytes
 
 
 @dataclass
@@ -106,7 +109,7 @@ class CkksMean(SecureMean):
                     {
                         "inner_kind": tasks[s].kind,
                         "inner_config": dict(tasks[s].config),
-                        "weight": weights[s],
+                        "weights": weights,
                         "tensors": list(aggregate.tensors),
                     },
                     tasks[s].tensors,
@@ -119,11 +122,17 @@ class CkksMean(SecureMean):
         survivors = sorted(encrypted)
         reference = tasks[survivors[0]].tensors
         length = sum(reference[n].numel() for n in aggregate.tensors)
-        try:
-            summed = add_encrypted(keys.public, [_chunks(encrypted[s]) for s in survivors])
+        try:  # inputs that cannot be added would make every decryptor fail: stop here
+            add_encrypted(keys.public, [_chunks(encrypted[s]) for s in survivors])
         except CkksError as exc:
             raise self.missed(phase, f"the inputs cannot be added: {exc}") from exc
-        total = self._decrypted(phase, keys, survivors, summed, length)
+        inputs = {  # each survivor's signed input as it sent it, under "<silo>/"
+            f"{silo}/{name}": tensor
+            for silo in survivors
+            for name, tensor in encrypted[silo].result.tensors.items()
+        }
+        config = {"length": length, "weights": weights, "contributors": survivors}
+        total = self._decrypted(phase, keys, survivors, inputs, config)
         total_weight = sum(weights[s] for s in survivors)
         if total_weight <= 0:
             raise self.missed(phase, "the surviving silos carry zero total weight")
@@ -181,18 +190,16 @@ class CkksMean(SecureMean):
         phase: Phase,
         keys: CkksKeys,
         survivors: list[str],
-        summed: list[bytes],
-        length: int,
+        inputs: dict[str, torch.Tensor],
+        config: dict[str, Any],
     ) -> torch.Tensor:
-        """The sum, decrypted by the first decryptor that answers with the right length."""
+        """The sum of the signed `inputs`, decrypted by the first decryptor that answers with
+        the right length."""
         preferred = [self.config.decryptor, keys.key_holder]
         order = [s for s in preferred if s in survivors] + survivors
-        chunks = {chunk_name(i): bytes_tensor(c) for i, c in enumerate(summed)}
+        length = int(config["length"])
         for decryptor in dict.fromkeys(order):
-            answered = self.step(
-                "decrypt",
-                [Task(decryptor, "ckks_decrypt", {"length": length}, chunks)],
-            )
+            answered = self.step("decrypt", [Task(decryptor, "ckks_decrypt", config, inputs)])
             total = answered.get(decryptor)
             if total is not None:
                 values = total.result.tensors.get(SUM)

@@ -298,12 +298,13 @@ def count_confirmations(
 
 def weight_problem(
     weights: Mapping[str, float],
-    me: str,
+    me: str | None,
     members: Iterable[str],
     min_group: int,
     min_weight: float,
 ) -> str | None:
-    """Why a weight vector must be refused by `me` for a sum over `members`, or None."""
+    """Why a weight vector must be refused by `me` (a silo of the sum; None: one that only
+    checks it, e.g. a decryptor) for a sum over `members`, or None."""
     members = sorted(members)
     missing = [m for m in members if m not in weights]
     if missing:
@@ -313,7 +314,7 @@ def weight_problem(
         return f"weights must lie in [0, 1], not {sorted(weights.items())}"
     if sum(float(w) for w in weights.values()) > 1.0 + WEIGHT_SLACK:
         return "the weights sum to more than 1"
-    if me not in members:
+    if me is not None and me not in members:
         return f"{me} is not among the silos the weights are for"
     carrying = sum(1 for w in values if w >= min_weight)
     if carrying < min_group:

@@ -9,12 +9,19 @@
   the key holder's signature (the policy's key holder, when it names one) and that it is the
   context the coordinator announces (by the digest of its public part), and release the
   training sample count as the `train` task would release it.
-- `ckks_encrypt`: run the real task (`inner_kind`) and send its weighted update (result minus
-  the model received), clipped to the policy's bound, encrypted in slot-sized chunks.
-- `ckks_decrypt`, at the decryptor: decrypt the coordinator's sum once per aggregation and
-  return it rounded to a grid well above CKKS's approximation error, so the exact decryption
-  (which would let the coordinator solve for the secret key, Li and Micciancio 2021) never
-  leaves the silo.
+  A silo joins at most one aggregation per (deployment, round, phase), persisted
+  (silo/aggregation_log.py): no second sum of the same round over other silos.
+- `ckks_encrypt`: check the whole weight vector (`weights`, the policy's `min_group` and
+  `min_weight`), run the real task (`inner_kind`) and send its update (result minus the model
+  received) times its own weight, clipped to the policy's bound, encrypted in slot-sized
+  chunks, with its signature over (label, context, weights, digest of the chunks).
+- `ckks_decrypt`, at the decryptor: given every contributor's chunks and signature (not a sum
+  the coordinator made, which could hold one input), check each signature against the roster,
+  that at least the policy's `min_group` silos contributed under one weight vector that
+  passes the policy's rule, add them, decrypt the sum once per (deployment, round, phase)
+  (persisted) and return it rounded to a grid well above CKKS's approximation error, so the
+  exact decryption (which would let the coordinator solve for the secret key, Li and
+  Micciancio 2021) never leaves the silo.
 
 A silo's first `ckks_join` carries its sealed copy of the context; later ones only the digest.
 A silo restarted since then holds no context and fails its join, and the coordinator sends
@@ -23,12 +30,15 @@ the sealed copy again with the next.
 
 from __future__ import annotations
 
+import hashlib
+import json
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import tenseal as ts
 import torch
-from nacl.exceptions import CryptoError
+from nacl.exceptions import BadSignatureError, CryptoError
 from nacl.public import PrivateKey
 from nacl.signing import SigningKey
 
@@ -40,6 +50,7 @@ from fedsilo.privacy.ckks import (
     SUM,
     CkksError,
     CkksParameters,
+    add_encrypted,
     chunk_name,
     context_digest,
     decrypt,
@@ -50,6 +61,8 @@ from fedsilo.privacy.ckks import (
     public_context,
     seal_context,
 )
+from fedsilo.privacy.masking import aggregation_label, weight_problem
+from fedsilo.silo.aggregation_log import aggregation_log
 from fedsilo.silo.reports import reports_mechanism
 from fedsilo.silo.tasks.base import (
     SiloContext,
@@ -64,6 +77,7 @@ from fedsilo.wire.messages import TaskMessage, TaskResult
 from fedsilo.wire.tensors import bytes_tensor, tensor_bytes
 
 GRID_BELOW_SCALE_BITS = 18  # the decrypted sum is rounded to 2^-(scale bits - 18)
+CONTRIBUTION = "ckks/signature"  # a contributor's signature over its encrypted input
 
 
 def keygen(message: TaskMessage, ctx: SiloContext) -> TaskResult:
@@ -116,6 +130,7 @@ def join(message: TaskMessage, ctx: SiloContext) -> TaskResult:
             )
         contexts.clear()  # one deployment key at a time
         contexts[digest] = load_secret_context(secret, expected=_parameters(ctx))
+    aggregation_log(ctx).claim(_label(message, ctx), "join")
     new_session(ctx, "ckks", message)["digest"] = digest
     reports = ctx.reports(message.task_id, "train")
     ctx.released_count("train")
@@ -129,9 +144,9 @@ def encrypted_input(message: TaskMessage, ctx: SiloContext) -> TaskResult:
     if session.get("encrypted"):
         raise CkksError("this aggregation already has this silo's input; a second is refused")
     context = _contexts(ctx)[session["digest"]]
-    weight = float(message.config["weight"])
-    if not 0.0 <= weight <= 1.0:
-        raise CkksError(f"a weight must lie in [0, 1], not {weight!r}")
+    weights = _weights(message.config["weights"])
+    _check_weights(weights, ctx, ctx.name)
+    weight = weights[ctx.name]
     inner = inner_message(message)
     result = TASK_HANDLERS[inner.kind](inner, ctx)
     bound = ctx.secure_aggregation.bound
@@ -142,21 +157,24 @@ def encrypted_input(message: TaskMessage, ctx: SiloContext) -> TaskResult:
     flat = torch.cat(updates).clamp_(-bound, bound).mul_(weight) if updates else torch.zeros(0)
     session["encrypted"] = True
     chunks = encrypt(flat.numpy(), context)
-    return with_tensors(
-        message, ctx, result, {chunk_name(i): bytes_tensor(c) for i, c in enumerate(chunks)}
-    )
+    statement = _contribution(message, ctx, session["digest"], weights, chunks)
+    signature = _identity(ctx).sign(statement).signature
+    tensors = {chunk_name(i): bytes_tensor(c) for i, c in enumerate(chunks)}
+    return with_tensors(message, ctx, result, {**tensors, CONTRIBUTION: bytes_tensor(signature)})
 
 
 def decrypted_sum(message: TaskMessage, ctx: SiloContext) -> TaskResult:
     session = _session(message, ctx, "digest")
     if session.get("decrypted"):
         raise CkksError("this aggregation's sum was already decrypted; a second is refused")
-    session["decrypted"] = True
     context = _contexts(ctx)[session["digest"]]
-    names = sorted(n for n in message.tensors if n.startswith(CHUNK))
-    total = decrypt(
-        [tensor_bytes(message.tensors[n]) for n in names], context, int(message.config["length"])
-    )
+    weights = _weights(message.config["weights"])
+    inputs = _signed_inputs(message, ctx, session["digest"], weights)
+    _check_weights(weights, ctx, None, members=list(inputs))
+    aggregation_log(ctx).claim(_label(message, ctx), "decrypt")
+    session["decrypted"] = True
+    summed = add_encrypted(context, [inputs[silo] for silo in sorted(inputs)])
+    total = decrypt(summed, context, int(message.config["length"]))
     grid = 2.0 ** (GRID_BELOW_SCALE_BITS - ctx.secure_aggregation.ckks.global_scale_bits)
     return task_result(message, ctx, {SUM: torch.from_numpy(np.round(total / grid) * grid)})
 
@@ -173,6 +191,75 @@ def encrypted_input_releases(message: TaskMessage, ctx: SiloContext) -> list[Mec
 
     inner = inner_message(message)
     return TASK_RELEASES[inner.kind](inner, ctx)
+
+
+def _signed_inputs(
+    message: TaskMessage, ctx: SiloContext, digest: str, weights: Mapping[str, float]
+) -> dict[str, list[bytes]]:
+    """Each contributor's chunks, after checking its signature over them: at least the
+    policy's `min_group` contributors, each a member that encrypted under this weight vector."""
+    inputs: dict[str, list[bytes]] = {}
+    for silo in sorted({str(s) for s in message.config["contributors"]}):
+        if silo not in ctx.roster:
+            raise CkksError(f"{silo!r} is not a member of this consortium")
+        prefix = f"{silo}/"  # the coordinator relays each input's tensors under its silo
+        names = sorted(n for n in message.tensors if n.startswith(prefix + CHUNK))
+        chunks = [tensor_bytes(message.tensors[n]) for n in names]
+        signature = message.tensors.get(prefix + CONTRIBUTION)
+        statement = _contribution(message, ctx, digest, weights, chunks)
+        try:
+            if signature is None:
+                raise BadSignatureError("no signature")
+            ctx.roster[silo].verify(statement, tensor_bytes(signature))
+        except (BadSignatureError, ValueError):
+            raise CkksError(
+                f"the input said to be {silo}'s is not signed by {silo}'s identity for this "
+                "aggregation and weight vector: refusing to decrypt"
+            ) from None
+        inputs[silo] = chunks
+    smallest = ctx.secure_aggregation.min_group
+    if len(inputs) < smallest:
+        raise CkksError(
+            f"a sum of {len(inputs)} signed inputs; this silo's policy decrypts sums of at "
+            f"least secure_aggregation.min_group {smallest}"
+        )
+    return inputs
+
+
+def _contribution(
+    message: TaskMessage,
+    ctx: SiloContext,
+    digest: str,
+    weights: Mapping[str, float],
+    chunks: list[bytes],
+) -> bytes:
+    """What a contributor signs: the aggregation, the context, the weights and its chunks."""
+    hashed = hashlib.blake2b(digest_size=32)
+    for chunk in chunks:
+        hashed.update(len(chunk).to_bytes(8, "little") + chunk)
+    body = json.dumps({"context": digest, "weights": sorted(weights.items())}).encode()
+    return b"|".join((b"fedsilo/ckks-input", _label(message, ctx), body, hashed.digest()))
+
+
+def _weights(raw: Mapping[str, Any]) -> dict[str, float]:
+    return {str(silo): float(weight) for silo, weight in dict(raw).items()}
+
+
+def _check_weights(
+    weights: Mapping[str, float],
+    ctx: SiloContext,
+    me: str | None,
+    members: list[str] | None = None,
+) -> None:
+    secure = ctx.secure_aggregation
+    chosen = list(weights) if members is None else members
+    problem = weight_problem(weights, me, chosen, secure.min_group, secure.min_weight)
+    if problem:
+        raise CkksError(f"refusing the weights: {problem}")
+
+
+def _label(message: TaskMessage, ctx: SiloContext) -> bytes:
+    return aggregation_label(ctx.deployment, message.round, message.phase)
 
 
 def _parameters(ctx: SiloContext) -> CkksParameters:

@@ -11,7 +11,8 @@ fails: the silos refuse, or what the coordinator obtains does not decode the tar
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -49,7 +50,7 @@ PHASE = "train"
 TRAIN = {"epochs": 1, "batch_size": 32, "lr": 0.1, "optimizer": "sgd", "seed": 11}
 
 
-def masking_policy(**section: object) -> Policy:
+def secure_policy(method: str = "masking", **section: object) -> Policy:
     return parse_policy(
         {
             "version": 1,
@@ -63,7 +64,7 @@ def masking_policy(**section: object) -> Policy:
                 "source": "sklearn:breast_cancer",
                 "partition": {"kind": "iid", "silos": len(SILOS)},
             },
-            "secure_aggregation": {"method": "masking", **section},
+            "secure_aggregation": {"method": method, **section},
         }
     )
 
@@ -75,6 +76,7 @@ class Consortium:
     policy: Policy
     datasets: dict[str, SiloDataset]
     agents: dict[str, SiloAgent]
+    identities: dict[str, SigningKey]
     model: torch.Tensor = field(init=False)
     spec: object = field(init=False)
 
@@ -84,9 +86,12 @@ class Consortium:
         self.model = flat_parameters(model, self.spec).detach()
 
 
-def consortium(policy: Policy, secure: SecureAggregationConfig | None = None) -> Consortium:
+def consortium(
+    policy: Policy, secure: SecureAggregationConfig | None = None, state: Path | None = None
+) -> Consortium:
     """The silos of `policy`, holding `secure` as their policy's section when given (a
-    section the policy reader would refuse, to show the silo's own checks hold anyway)."""
+    section the policy reader would refuse, to show the silo's own checks hold anyway), each
+    with its state folder under `state` when given."""
     datasets = {d.name: d for d in load_consortium(policy.data, seed=policy.seed)}
     identities = {name: SigningKey.generate() for name in datasets}
     sealing = {name: PrivateKey.generate() for name in datasets}
@@ -102,25 +107,26 @@ def consortium(policy: Policy, secure: SecureAggregationConfig | None = None) ->
             roster={n: k.verify_key for n, k in identities.items()},
             sealing_key=sealing[name],
             sealing_roster={n: k.public_key for n, k in sealing.items()},
+            state=None if state is None else state / name,
         )
         for name, data in datasets.items()
     }
-    return Consortium(policy, datasets, agents)
+    return Consortium(policy, datasets, agents, identities)
 
 
 def true_update(c: Consortium, silo: str) -> np.ndarray:
     """What `silo`'s training of the round produces (a fresh agent on the same data, no
     secure aggregation: training is seeded by the task, so it is the same update)."""
     plain = SiloAgent(silo, c.datasets[silo], c.policy.model, deployment="reference")
-    result = plain.handle(_message(silo, "train", dict(TRAIN), 1, "reference", c))
+    result = plain.handle(message_to(silo, "train", dict(TRAIN), 1, "reference", c))
     assert result.ok, result.error
     return (result.tensors["model"].double() - c.model.double()).numpy()
 
 
-def _message(
+def message_to(
     silo: str, kind: str, config: Mapping, round_no: int, tag: str, c: Consortium
 ) -> TaskMessage:
-    carries_model = kind in ("train", "secagg_mask")
+    carries_model = kind in ("train", "secagg_mask", "ckks_encrypt")
     return TaskMessage(
         task_id=f"{DEPLOYMENT}/r{round_no}/{PHASE}/{tag}/{silo}",
         round=round_no,
@@ -147,7 +153,7 @@ class DeviatingCoordinator:
         kind = step if step == "train" else f"secagg_{step}"
         answers = {}
         for silo, config in sorted(configs.items()):
-            message = _message(silo, kind, config, self.round, f"{self.tag}{step}", self.c)
+            message = message_to(silo, kind, config, self.round, f"{self.tag}{step}", self.c)
             reply = TaskResult.decode(self.c.agents[silo].handle_bytes(message.encode()))
             if reply.ok:
                 answers[silo] = reply
@@ -264,9 +270,9 @@ def decodes(estimate: np.ndarray | None, update: np.ndarray, weight: float) -> b
 
 @pytest.mark.parametrize("kind", ["train", "superfed_train", "feature_moments"])
 def test_a_silo_under_a_masking_policy_refuses_to_send_its_model_in_the_clear(kind: str) -> None:
-    c = consortium(masking_policy())
+    c = consortium(secure_policy())
     for silo in SILOS:
-        message = _message(silo, kind, TRAIN, 1, "plain", c)
+        message = message_to(silo, kind, TRAIN, 1, "plain", c)
         reply = TaskResult.decode(c.agents[silo].handle_bytes(message.encode()))
         assert not reply.ok, f"{silo} answered a plain {kind} task under a masking policy"
         assert "secure_aggregation masking" in (reply.error or "")
@@ -277,7 +283,7 @@ def test_a_silo_under_a_masking_policy_refuses_to_send_its_model_in_the_clear(ki
 
 
 def test_weights_that_single_out_one_silo_are_refused() -> None:
-    c = consortium(masking_policy())
+    c = consortium(secure_policy())
     coordinator = DeviatingCoordinator(c)
     adverts = coordinator.advertise(SILOS)
     coordinator.share(dict.fromkeys(SILOS, adverts))
@@ -296,7 +302,7 @@ def test_weights_that_single_out_one_silo_are_refused() -> None:
 
 
 def test_relaying_only_the_targets_own_keys_is_refused() -> None:
-    c = consortium(masking_policy())
+    c = consortium(secure_policy())
     coordinator = DeviatingCoordinator(c)
     adverts = coordinator.advertise(SILOS)
     coordinator.share({TARGET: {TARGET: adverts[TARGET]}})  # a group of one: threshold 1
@@ -315,7 +321,7 @@ def test_relaying_only_the_targets_own_keys_is_refused() -> None:
 
 
 def test_different_survivor_sets_for_different_silos_reveal_no_silos_two_secrets() -> None:
-    p = masking_policy()
+    p = secure_policy()
     c = consortium(p, p.secure_aggregation.model_copy(update={"threshold": 2}))  # 2 of 5
     coordinator = DeviatingCoordinator(c)
     adverts = coordinator.advertise(SILOS)
@@ -346,7 +352,7 @@ def test_different_survivor_sets_for_different_silos_reveal_no_silos_two_secrets
 
 
 def test_a_second_aggregation_of_the_same_round_is_refused() -> None:
-    c = consortium(masking_policy())
+    c = consortium(secure_policy())
     weights = dict.fromkeys(SILOS, 1 / len(SILOS))
     first = DeviatingCoordinator(c)
     adverts = first.advertise(SILOS)
@@ -368,3 +374,35 @@ def test_a_second_aggregation_of_the_same_round_is_refused() -> None:
     assert not decodes(estimate, true_update(c, TARGET), 1 / len(SILOS)), "difference decoded"
     assert set(second.refusals["advertise"]) == set(others)
     assert "already" in second.refusals["advertise"]["silo-1"]
+
+
+def test_a_restarted_silo_still_refuses_a_second_aggregation_of_the_round(tmp_path: Path) -> None:
+    c = consortium(secure_policy(), state=tmp_path)
+    coordinator = DeviatingCoordinator(c)
+    assert len(coordinator.advertise(SILOS)) == len(SILOS)
+    restarted = SiloAgent(
+        TARGET,
+        c.datasets[TARGET],
+        c.policy.model,
+        deployment=DEPLOYMENT,
+        secure_aggregation=c.policy.secure_aggregation,
+        identity=c.identities[TARGET],
+        roster=c.agents[TARGET].context.roster,
+        state=tmp_path / TARGET,
+    )
+    after_restart = DeviatingCoordinator(replace(c, agents={**c.agents, TARGET: restarted}))
+    after_restart.tag = "after-restart-"
+    assert after_restart.advertise([TARGET]) == {}
+    assert "already took the advertise step" in after_restart.refusals["advertise"][TARGET]
+
+
+def test_shares_made_under_another_view_of_the_keys_are_refused() -> None:
+    c = consortium(secure_policy())
+    coordinator = DeviatingCoordinator(c)
+    adverts = coordinator.advertise(SILOS)
+    without_last = {s: a for s, a in adverts.items() if s != "silo-4"}
+    coordinator.share({s: (without_last if s == TARGET else adverts) for s in SILOS})
+    coordinator.mask(dict.fromkeys(SILOS, 1 / len(SILOS)))
+    assert TARGET not in coordinator.masked  # it saw no silo-4: silo-4's share is refused
+    for peer in ("silo-1", "silo-2", "silo-3"):  # the target's shares were made for its view
+        assert "under the advertisement set" in coordinator.refusals["mask"][peer]

@@ -1,0 +1,157 @@
+"""CKKS secure aggregation against a deviating coordinator (issue 17, finding 1): under a
+`secure_aggregation: ckks` policy a silo sends nothing in the clear, a decryptor decrypts only
+a sum of at least the policy's `min_group` inputs, each signed by its silo for this
+aggregation, and no silo joins a second aggregation of the same round.
+
+Same set-up as test_masking.py: five unmodified silo agents with provisioned identities and
+sealing keys, and a coordinator written here that sends encoded TaskMessages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+
+import numpy as np
+import torch
+
+from fedsilo.privacy.ckks import (
+    CHUNK,
+    PUBLIC_CONTEXT,
+    SEALED_CONTEXT,
+    SUM,
+    chunk_name,
+    context_digest,
+)
+from fedsilo.wire.messages import TaskResult
+from fedsilo.wire.tensors import tensor_bytes
+from tests.adversarial.test_masking import (
+    SILOS,
+    TARGET,
+    TRAIN,
+    Consortium,
+    consortium,
+    message_to,
+    secure_policy,
+    true_update,
+)
+
+KEY_HOLDER = "silo-3"
+DECRYPTOR = "silo-1"
+
+
+class CkksCoordinator:
+    """A coordinator that runs CKKS steps as it likes and keeps what the silos refuse."""
+
+    def __init__(self, c: Consortium, tag: str = "") -> None:
+        self.c = c
+        self.tag = tag
+        self.refusals: dict[str, dict[str, str]] = {}
+
+    def send(
+        self,
+        kind: str,
+        configs: Mapping[str, Mapping],
+        tensors: Mapping[str, Mapping[str, torch.Tensor]] | None = None,
+    ) -> dict[str, TaskResult]:
+        answers = {}
+        for silo, config in sorted(configs.items()):
+            message = message_to(silo, kind, config, 1, f"{self.tag}{kind}", self.c)
+            if tensors is not None:
+                message = replace(message, tensors={**message.tensors, **tensors[silo]})
+            reply = TaskResult.decode(self.c.agents[silo].handle_bytes(message.encode()))
+            if reply.ok:
+                answers[silo] = reply
+            else:
+                self.refusals.setdefault(kind, {})[silo] = reply.error or ""
+        return answers
+
+    def keys(self) -> None:
+        (made,) = self.send("ckks_keygen", {KEY_HOLDER: {"recipients": SILOS}}).values()
+        self.digest = context_digest(tensor_bytes(made.tensors[PUBLIC_CONTEXT]))
+        self.sealed = {s: made.tensors[f"{SEALED_CONTEXT}/{s}"] for s in SILOS}
+
+    def join(self, silos: list[str]) -> dict[str, TaskResult]:
+        config = {"key_holder": KEY_HOLDER, "context_digest": self.digest}
+        return self.send(
+            "ckks_join",
+            dict.fromkeys(silos, config),
+            {s: {SEALED_CONTEXT: self.sealed[s]} for s in silos},
+        )
+
+    def encrypt(self, weights: Mapping[str, float]) -> dict[str, TaskResult]:
+        config = {
+            "inner_kind": "train",
+            "inner_config": dict(TRAIN),
+            "weight": 0.0,
+            "weights": dict(weights),
+            "tensors": ["model"],
+        }
+        self.weights = dict(weights)
+        encrypted = {}
+        for silo in weights:
+            one = self.send("ckks_encrypt", {silo: {**config, "weight": weights[silo]}})
+            encrypted |= one
+        return encrypted
+
+    def decrypt(self, inputs: Mapping[str, TaskResult], length: int) -> np.ndarray | None:
+        """Ask the decryptor to decrypt `inputs`, sent as a sum (what a decryptor used to
+        decrypt) and as signed contributions (what it checks now)."""
+        tensors: dict[str, torch.Tensor] = {}
+        if len(inputs) == 1:  # a "sum" of one input is that input's chunks
+            (only,) = inputs.values()
+            names = sorted(n for n in only.tensors if n.startswith(CHUNK))
+            tensors |= {chunk_name(i): only.tensors[n] for i, n in enumerate(names)}
+        for silo, reply in inputs.items():
+            tensors |= {f"{silo}/{name}": t for name, t in reply.tensors.items()}
+        config = {"length": length, "weights": self.weights, "contributors": sorted(inputs)}
+        answer = self.send("ckks_decrypt", {DECRYPTOR: config}, {DECRYPTOR: tensors})
+        return answer[DECRYPTOR].tensors[SUM].double().numpy() if answer else None
+
+
+def test_a_silo_under_a_ckks_policy_refuses_to_send_its_model_in_the_clear() -> None:
+    c = consortium(secure_policy("ckks"))
+    for silo in SILOS:
+        message = message_to(silo, "train", TRAIN, 1, "plain", c)
+        reply = TaskResult.decode(c.agents[silo].handle_bytes(message.encode()))
+        assert not reply.ok, f"{silo} answered a plain train task under a ckks policy"
+        assert "secure_aggregation ckks" in (reply.error or "") and not reply.tensors
+
+
+def test_a_decryptor_refuses_to_decrypt_a_single_silos_input() -> None:
+    c = consortium(secure_policy("ckks"))
+    coordinator = CkksCoordinator(c)
+    coordinator.keys()
+    coordinator.join(SILOS)
+    encrypted = coordinator.encrypt(dict.fromkeys(SILOS, 1 / len(SILOS)))
+    assert sorted(encrypted) == SILOS, coordinator.refusals
+    update = true_update(c, TARGET)
+    decrypted = coordinator.decrypt({TARGET: encrypted[TARGET]}, update.size)
+    leaked = decrypted is not None and np.abs(decrypted - update / len(SILOS)).max() < 1e-4
+    assert not leaked, "the decryptor decrypted the target's update alone"
+    assert "min_group" in coordinator.refusals["ckks_decrypt"][DECRYPTOR]
+
+
+def test_a_decryptor_refuses_inputs_the_coordinator_relabels() -> None:
+    c = consortium(secure_policy("ckks"))
+    coordinator = CkksCoordinator(c)
+    coordinator.keys()
+    coordinator.join(SILOS)
+    encrypted = coordinator.encrypt(dict.fromkeys(SILOS, 1 / len(SILOS)))
+    update = true_update(c, TARGET)
+    # the target's input passed off as silo-2's too, to make a "group" of two
+    disguised = {TARGET: encrypted[TARGET], "silo-2": encrypted[TARGET]}
+    assert coordinator.decrypt(disguised, update.size) is None
+    assert "not signed by silo-2's identity" in coordinator.refusals["ckks_decrypt"][DECRYPTOR]
+
+
+def test_a_second_ckks_aggregation_of_the_same_round_is_refused() -> None:
+    c = consortium(secure_policy("ckks"))
+    first = CkksCoordinator(c)
+    first.keys()
+    assert len(first.join(SILOS)) == len(SILOS)
+    second = CkksCoordinator(c, tag="again-")
+    second.digest, second.sealed = first.digest, first.sealed
+    others = [s for s in SILOS if s != TARGET]
+    assert second.join(others) == {}
+    assert "already took the join step" in second.refusals["ckks_join"]["silo-1"]
