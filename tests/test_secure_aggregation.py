@@ -4,7 +4,10 @@ exact sum; more drops abandon the round cleanly; a silo declared dropped cannot 
 a substituted key is refused by the silos; and nothing the coordinator receives or computes
 is one silo's update. CKKS: the same mean within CKKS's precision; the coordinator holds the
 public context and ciphertexts only; the secret context opens only at its recipients and a
-substituted one is refused; one decryption per aggregation."""
+substituted one is refused; one decryption per aggregation. The policy's rules for a deviating
+coordinator: a finite bound, a threshold of at least floor(2n/3) + 1, a weight rule honest
+FedAvg passes, and a release gate that lets no model leave a silo in the clear (the attacks
+themselves are in tests/adversarial/)."""
 
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ from fedsilo.coordinator.strategies import make_strategy
 from fedsilo.coordinator.transport import InProcessTransport
 from fedsilo.policies.loading import PolicyError, parse_policy
 from fedsilo.policies.schema import Policy
+from fedsilo.policies.secure_aggregation import SecureAggregationConfig
 from fedsilo.privacy.ckks import (
     PUBLIC_CONTEXT,
     SEALED_CONTEXT,
@@ -43,9 +47,13 @@ from fedsilo.privacy.masking import (
     new_seed,
     split_secret,
     unmask_total,
+    weight_problem,
 )
 from fedsilo.silo.agent import SiloAgent
 from fedsilo.silo.data import load_consortium
+from fedsilo.silo.release_gate import RELEASE_RULES, refusal
+from fedsilo.silo.tasks import TASK_HANDLERS
+from fedsilo.silo.tasks.base import SiloContext
 from fedsilo.silo.tasks.ckks_sum import GRID_BELOW_SCALE_BITS
 from fedsilo.wire.messages import STATUS_ERROR, TaskMessage, TaskResult
 
@@ -481,3 +489,85 @@ def test_a_second_decryption_is_refused() -> None:
 def test_ckks_settings_that_cannot_work_are_refused(section: dict, message: str) -> None:
     with pytest.raises(PolicyError, match=message):
         parse_policy({**policy().model_dump(), "secure_aggregation": section})
+
+
+# -- the policy's rules for a deviating coordinator ------------------------------------------
+
+
+@pytest.mark.parametrize("bound", [1e300, float("inf"), float("nan")])
+def test_a_bound_that_leaves_no_precision_is_refused_naming_the_field(bound: float) -> None:
+    with pytest.raises(PolicyError, match=r"secure_aggregation\.bound"):
+        parse_policy(
+            {**policy().model_dump(), "secure_aggregation": {"method": "masking", "bound": bound}}
+        )
+
+
+@pytest.mark.parametrize(
+    ("silos", "threshold", "problem"),
+    [
+        (5, 2, "use at least 4"),  # floor(2 * 5 / 3) + 1
+        (5, 6, "exceeds the 5 silos"),
+        (1, None, "min_group: 2 silos at least"),
+        (5, 4, None),
+        (9, None, None),
+    ],
+)
+def test_a_threshold_below_the_active_coordinator_bound_is_a_policy_problem(
+    silos: int, threshold: int | None, problem: str | None
+) -> None:
+    section = SecureAggregationConfig(method="masking", threshold=threshold)
+    found = section.group_problem(silos)
+    assert found is None if problem is None else problem in (found or "")
+
+
+def test_silos_use_at_least_two_thirds_of_the_group_as_threshold_whatever_the_policy_says() -> None:
+    lenient = SecureAggregationConfig(method="masking").model_copy(update={"threshold": 2})
+    assert [lenient.threshold_for(n) for n in (2, 3, 4, 5, 9)] == [2, 3, 3, 4, 7]
+
+
+def test_honest_sample_count_weights_on_the_four_hospitals_pass_the_default_weight_rule() -> None:
+    section = SecureAggregationConfig(method="masking")
+    counts = {"cleveland": 303, "hungarian": 294, "switzerland": 123, "va": 200}
+    weights = {s: n / sum(counts.values()) for s, n in counts.items()}
+    for silo in counts:
+        assert weight_problem(weights, silo, counts, section.min_group, section.min_weight) is None
+    skewed = {s: (0.95 if s == "va" else 0.05 / 3) for s in counts}
+    assert "min_weight" in (
+        weight_problem(skewed, "va", counts, section.min_group, section.min_weight) or ""
+    )
+
+
+@pytest.mark.parametrize("method", ["masking", "ckks"])
+def test_the_release_gate_lets_no_model_leave_in_the_clear_under_secure_aggregation(
+    method: str,
+) -> None:
+    ctx = SiloContext(
+        "silo-0",
+        load_consortium(policy().data, seed=5)[0],
+        policy().model,
+        torch.device("cpu"),
+        secure_aggregation=SecureAggregationConfig(method=method),
+    )
+
+    def refused(kind: str, **config: object) -> str | None:
+        return refusal(TaskMessage("t", 1, "train", kind, "silo-0", config), ctx)
+
+    assert set(RELEASE_RULES) == set(TASK_HANDLERS)  # every handler is classified
+    for kind in ("train", "superfed_train", "energy_signals", "feature_moments"):
+        assert f"secure_aggregation {method}" in (refused(kind) or "")
+    assert refused("daisy_train", send=True)
+    assert refused("daisy_train", handoff={})  # unsealed hand-off
+    assert refused("daisy_train", handoff={"seal_to": "ab"}) is None
+    assert (
+        refused("daisy_reseal", handoff={})
+        and refused("daisy_reseal", handoff={"seal_to": "a"}) is None
+    )
+    for kind in ("init", "evaluate", "loss", "daisy_evaluate", "superfed_evaluate"):
+        assert refused(kind) is None
+    own, other = ("secagg", "ckks") if method == "masking" else ("ckks", "secagg")
+    wrapper = "secagg_mask" if method == "masking" else "ckks_encrypt"
+    assert refused(wrapper, inner_kind="train") is None
+    assert refused(wrapper, inner_kind="evaluate")  # nothing to mask: a wrapper of no update
+    assert all(refused(k) for k in TASK_HANDLERS if k.startswith(other + "_"))
+    assert not any(refused(k) for k in TASK_HANDLERS if k.startswith(own + "_") and k != wrapper)
+    assert refused("no_such_kind")
