@@ -1,15 +1,18 @@
 """The `fedsilo` command line: validate policies, list algorithms, run simulations.
 
-Every user error (policy, data, device, a run that cannot go on) is printed as one clear
-message and exits non-zero before anything is written.
+Every user error (policy, data, device, an option out of range, a run that cannot go on or
+whose every round failed) is printed as one clear message naming the field, option or file,
+and exits with status 1 before anything is written; an output folder is never deleted.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import signal
 import tempfile
 import threading
+from collections.abc import Callable
 from importlib.resources import as_file, files
 from pathlib import Path
 from typing import Any
@@ -36,13 +39,20 @@ from fedsilo.ops.privacy_cli import privacy_group
 from fedsilo.ops.provision import KitError, load_coordinator_kit
 from fedsilo.ops.provision_cli import policy_sign as sign_command
 from fedsilo.ops.provision_cli import provision_command
-from fedsilo.ops.report import comparison_table, fmt_metric, write_results
+from fedsilo.ops.report import (
+    OutputFolderError,
+    check_output_folder,
+    clear_output_folder,
+    comparison_table,
+    fmt_metric,
+    write_results,
+)
 from fedsilo.ops.silo_process import run_silo
 from fedsilo.ops.silo_setup import write_silo_config
 from fedsilo.ops.simulate import SimulationResult, load_silos, simulate
 from fedsilo.ops.status import deployment_status
-from fedsilo.policies.loading import PolicyError, load_policy
-from fedsilo.policies.schema import Policy
+from fedsilo.policies.loading import PolicyError, load_policy, with_algorithm, with_overrides
+from fedsilo.policies.schema import MAX_SEED, Policy
 from fedsilo.privacy.identity import IdentityError
 from fedsilo.privacy.policy_signing import PolicySignatureError
 from fedsilo.silo.client import PolicyRefused, SiloRefused
@@ -50,9 +60,10 @@ from fedsilo.silo.data import DataError
 from fedsilo.silo.device import DeviceError
 
 DEFAULT_POLICY = "examples/heart-fedavg.yaml"
-USER_ERRORS = (PolicyError, DataError, DeviceError, RunAborted, SetupError)
+USER_ERRORS = (PolicyError, DataError, DeviceError, RunAborted, SetupError, OutputFolderError)
 DEPLOYMENT_ERRORS = (
     *USER_ERRORS,
+    StateError,
     DeploymentError,
     KitError,
     IdentityError,
@@ -61,7 +72,39 @@ DEPLOYMENT_ERRORS = (
     SiloRefused,
 )
 
+SQLITE_HEADER = b"SQLite format 3\x00"
+MAX_SECONDS = 7 * 24 * 3600.0
+OVERWRITE_HELP = "Replace an --out folder of earlier fedsilo results (nothing else is deleted)."
+
 console = Console()
+
+
+def within(low: float, high: float) -> Callable[[click.Context, click.Parameter, Any], Any]:
+    """An option callback refusing a value outside [low, high] (or not finite) with one message
+    naming the option and exit status 1."""
+
+    def check(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+        if value is not None and not (math.isfinite(value) and low <= value <= high):
+            raise click.ClickException(
+                f"{param.opts[0]}: {value} is out of range; give a number from {low:g} to {high:g}"
+            )
+        return value
+
+    return check
+
+
+def check_state_file(path: Path) -> None:
+    """Refuse a --state path that exists but is not a SQLite file (a new path is fine)."""
+    if path.exists() and not path.is_file():
+        raise click.ClickException(f"--state {path}: not a file")
+    if path.is_file() and path.stat().st_size:
+        with path.open("rb") as handle:
+            header = handle.read(len(SQLITE_HEADER))
+        if header != SQLITE_HEADER:
+            raise click.ClickException(
+                f"--state {path}: not a fedsilo state file (not an SQLite database); give the "
+                "coordinator's state file, or a new path for a new deployment"
+            )
 
 
 @click.group()
@@ -103,11 +146,17 @@ def algorithms() -> None:
     type=click.Path(path_type=Path),
     help="Policy YAML (default: FedAvg on the bundled four-hospital heart data).",
 )
-@click.option("--silos", type=int, help="Override the number of silos (simulated partitions only).")
-@click.option("--seed", type=int, help="Override the policy's seed.")
+@click.option(
+    "--silos",
+    type=int,
+    callback=within(1, 10_000),
+    help="Override the number of silos (simulated partitions only).",
+)
+@click.option("--seed", type=int, callback=within(0, MAX_SEED), help="Override the policy's seed.")
 @click.option(
     "--out", type=click.Path(path_type=Path), help="Output folder (default: runs/<policy name>)."
 )
+@click.option("--overwrite", is_flag=True, help=OVERWRITE_HELP)
 @click.option(
     "--compare",
     "compare",
@@ -120,24 +169,24 @@ def simulate_command(
     silos: int | None,
     seed: int | None,
     out: Path | None,
+    overwrite: bool,
     compare: tuple[str, ...],
 ) -> None:
     """Run a consortium in this process and write results, tables and plots."""
     base = _load(policy_file) if policy_file else _default_policy()
-    try:
-        base = base.with_overrides(seed=seed, silos=silos)
-    except ValueError as exc:
-        raise click.ClickException(str(exc)) from None
-    variants = {base.algorithm.name: base}
-    variants.update({name: base.with_algorithm(name) for name in compare if name not in variants})
     base_dir = policy_file.parent if policy_file else None
+    out = out or Path("runs") / base.name
     try:
+        base = with_overrides(base, seed, silos)
+        variants = {base.algorithm.name: base}
+        variants.update({n: with_algorithm(base, n) for n in compare if n not in variants})
+        check_output_folder(out, overwrite)
         datasets = load_silos(base, base_dir)
         results = _run_all(variants, datasets)
+        _require_an_evaluated_round(results)
+        write_results(out, results, overwrite)
     except USER_ERRORS as exc:
         raise click.ClickException(str(exc)) from None
-    out = out or Path("runs") / base.name
-    write_results(out, results)
     first = next(iter(results.values()))
     console.print(f"device: {first.device}")
     console.print(comparison_table(results))
@@ -154,6 +203,23 @@ def _run_all(variants: dict[str, Policy], datasets: list) -> dict[str, Simulatio
                 variant, datasets, observers=[_ProgressObserver(progress, bar)]
             )
     return results
+
+
+def _require_an_evaluated_round(results: dict[str, SimulationResult]) -> None:
+    """A run with no round that trained and evaluated (every round failed, or left a model
+    that cannot be evaluated) has no result to write: its first error is the message."""
+    for name, result in results.items():
+        history = result.history
+        rounds = [r for r in history.records if r.round > 0]  # round 0: the setup
+        if any(r.status == "completed" and r.evaluation for r in rounds) or (
+            history.final.evaluation
+        ):
+            continue
+        first = next((r for r in rounds if r.error), None)
+        cause = f"; round {first.round}: {first.error}" if first else ""
+        raise RunAborted(
+            f"{name}: every round failed (none trained and evaluated), nothing written{cause}"
+        )
 
 
 def _progress_columns() -> tuple:
@@ -239,7 +305,12 @@ def silo() -> None:
 @click.option(
     "--device", help="Override the policy's compute device at this site (cpu, cuda:0, ...)."
 )
-@click.option("--metrics-port", type=int, help="Serve Prometheus metrics on 127.0.0.1:PORT.")
+@click.option(
+    "--metrics-port",
+    type=int,
+    callback=within(1, 65535),
+    help="Serve Prometheus metrics on 127.0.0.1:PORT.",
+)
 @click.option(
     "--allow-algorithm",
     "allowed",
@@ -320,19 +391,42 @@ def coordinator() -> None:
     type=click.Path(path_type=Path),
     help="SQLite state file; an interrupted deployment resumes from it.",
 )
-@click.option("--metrics-port", type=int, help="Serve Prometheus metrics on 127.0.0.1:PORT.")
 @click.option(
-    "--join-timeout", default=600.0, show_default=True, help="Seconds to wait for silos to join."
+    "--metrics-port",
+    type=int,
+    callback=within(1, 65535),
+    help="Serve Prometheus metrics on 127.0.0.1:PORT.",
 )
-@click.option("--poll-seconds", default=5.0, show_default=True, help="Long-poll window for silos.")
-@click.option("--max-payload-mb", default=1024, show_default=True, help="Largest message accepted.")
+@click.option(
+    "--join-timeout",
+    default=600.0,
+    show_default=True,
+    callback=within(0.01, MAX_SECONDS),
+    help="Seconds to wait for silos to join.",
+)
+@click.option(
+    "--poll-seconds",
+    default=5.0,
+    show_default=True,
+    callback=within(0.01, 3600),
+    help="Long-poll window for silos.",
+)
+@click.option(
+    "--max-payload-mb",
+    default=1024,
+    show_default=True,
+    callback=within(1, 1 << 20),
+    help="Largest message accepted.",
+)
 @click.option(
     "--out", type=click.Path(path_type=Path), help="Write the final model and history here."
 )
+@click.option("--overwrite", is_flag=True, help=OVERWRITE_HELP)
 @click.option(
     "--linger-seconds",
     default=0.0,
     show_default=True,
+    callback=within(0, MAX_SECONDS),
     help="Keep serving metrics this long after the last round.",
 )
 @click.option("--log-json", is_flag=True, help="Log JSON lines instead of key=value lines.")
@@ -345,10 +439,20 @@ def coordinator_start(
     poll_seconds: float,
     max_payload_mb: int,
     out: Path | None,
+    overwrite: bool,
     linger_seconds: float,
     log_json: bool,
 ) -> None:
     """Serve the consortium and run the policy's rounds to completion."""
+    _load(policy_file)  # its fields checked here, before anything starts
+    check_state_file(state_file)
+    if out is not None:
+        try:
+            check_output_folder(out, overwrite)
+            if overwrite:
+                clear_output_folder(out)
+        except OutputFolderError as exc:
+            raise click.ClickException(str(exc)) from None
     configure_logging(log_json)
     options = CoordinatorOptions(
         kit_dir,
@@ -387,6 +491,7 @@ def coordinator_start(
 @click.option("--reason", default="revoked by the operator", show_default=True)
 def coordinator_revoke(silo_name: str, kit_dir: Path, state_file: Path, reason: str) -> None:
     """Remove SILO from the consortium: its messages are refused from now on."""
+    check_state_file(state_file)
     try:
         kit = load_coordinator_kit(kit_dir)
         if silo_name not in kit.silos:
@@ -464,10 +569,11 @@ def demo(folder: Path | None, rounds: int | None) -> None:
 )
 def status(kit_dir: Path, state_file: Path) -> None:
     """Show a deployment's round, participants, last metrics and dropouts."""
+    check_state_file(state_file)
     try:
         kit = load_coordinator_kit(kit_dir)
         report = deployment_status(state_file, kit.consortium)
-    except (*DEPLOYMENT_ERRORS, StateError) as exc:
+    except DEPLOYMENT_ERRORS as exc:
         raise click.ClickException(str(exc)) from None
     planned = f" of {report.rounds_planned}" if report.rounds_planned else ""
     console.print(

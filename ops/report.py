@@ -2,18 +2,24 @@
 side-by-side comparison when several algorithms ran on the same consortium.
 
 Everything goes into a temporary sibling of the output folder first and is moved into place
-only when complete, so an interrupted or failed run never leaves a half-written folder.
+only when complete, so an interrupted or failed run never leaves a half-written folder. Nothing
+of the user's is ever deleted: fedsilo marks its result folders (`MARKER`, with a hash of every
+file it wrote), refuses a non-empty folder without the marker or an existing file, and replaces
+a marked folder only when asked to (`overwrite`) and only if it holds nothing else.
 """
 
 from __future__ import annotations
 
 import contextlib
 import csv
+import hashlib
 import json
+import logging
 import math
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -28,28 +34,146 @@ from fedsilo.ops.simulate import SimulationResult
 from fedsilo.ops.synthetic import write_synthetic
 from fedsilo.wire.tensors import encode_tensors
 
+MARKER = ".fedsilo-results.json"
+log = logging.getLogger("fedsilo.report")
+
+
+class OutputFolderError(ValueError):
+    """An output folder that fedsilo may not write (it would destroy something of the user's)."""
+
+
+def check_output_folder(target: Path, overwrite: bool = False) -> None:
+    """Raise OutputFolderError unless results can go to `target` without deleting anything
+    fedsilo did not write: `target` is new, an empty folder, or (with `overwrite`) a folder of
+    fedsilo's results holding nothing else; and its parent can be created and written."""
+    target = Path(target)
+    if target.is_symlink() or (target.exists() and not target.is_dir()):
+        raise OutputFolderError(f"--out {target}: exists and is not a folder; fedsilo leaves it be")
+    if target.is_dir():
+        if not any(target.iterdir()):
+            return
+        if not (target / MARKER).is_file():
+            raise OutputFolderError(
+                f"--out {target}: a folder that fedsilo did not write (it has no {MARKER}) and "
+                "that is not empty; choose a new or empty folder"
+            )
+        if not overwrite:
+            raise OutputFolderError(
+                f"--out {target}: holds earlier fedsilo results; pass --overwrite to replace "
+                "them, or choose another folder"
+            )
+        foreign = _foreign_entries(target)
+        if foreign:
+            raise OutputFolderError(
+                f"--out {target}: holds fedsilo results but also {', '.join(foreign[:5])}, which "
+                "fedsilo did not write; move them out first (--overwrite replaces only "
+                "fedsilo's own files)"
+            )
+        return
+    ancestor = next(p for p in target.parents if p.exists() or p == p.parent)
+    if not ancestor.is_dir():
+        raise OutputFolderError(f"--out {target}: cannot create it, {ancestor} is not a folder")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise OutputFolderError(f"--out {target}: cannot create it, {ancestor} is not writable")
+
 
 @contextlib.contextmanager
-def atomic_directory(target: Path) -> Iterator[Path]:
-    """Yield an empty temporary folder that replaces `target` only if the block succeeds."""
+def atomic_directory(target: Path, overwrite: bool = False) -> Iterator[Path]:
+    """Yield an empty temporary folder that takes the place of `target` only if the block
+    succeeds, with a marker listing what it holds. `target` must pass `check_output_folder`
+    first; whatever is at `target` at the end is moved aside, and deleted only if it then holds
+    exactly the files its marker lists (else it is kept beside `target`, and logged), so a file
+    written into it while the block ran is never lost."""
     target = Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    check_output_folder(target, overwrite)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    except OSError as exc:
+        raise OutputFolderError(f"--out {target}: cannot write there: {exc.strerror}") from None
     try:
         yield staging
+        _write_marker(staging)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    previous = target.with_name(f".{target.name}.previous-{os.getpid()}")
-    if target.exists():
-        target.rename(previous)
-    staging.rename(target)
-    shutil.rmtree(previous, ignore_errors=True)
+    if not (target.exists() or target.is_symlink()):
+        staging.rename(target)
+    elif target.is_dir() and not target.is_symlink() and not any(target.iterdir()):
+        target.rmdir()
+        staging.rename(target)
+    else:
+        aside = _set_aside(target)
+        staging.rename(target)
+        _delete_if_only_ours(aside, target)
 
 
-def write_results(out: Path, results: Mapping[str, SimulationResult]) -> None:
+def clear_output_folder(target: Path) -> None:
+    """Remove a folder of earlier fedsilo results that `check_output_folder(target, True)`
+    accepted, ahead of a run that writes `target` anew (a coordinator's deployment)."""
+    target = Path(target)
+    if target.is_dir() and any(target.iterdir()):
+        _delete_if_only_ours(_set_aside(target), target)
+
+
+def _set_aside(target: Path) -> Path:
+    aside = target.with_name(f"{target.name}.replaced-{time.strftime('%Y%m%dT%H%M%S')}")
+    target.rename(aside)
+    return aside
+
+
+def _delete_if_only_ours(aside: Path, target: Path) -> None:
+    """Delete `aside` (the replaced `target`) if it holds only what its marker lists; else keep
+    it, and say where. Checked after the move, so a file written meanwhile is never lost."""
+    if _foreign_entries(aside):
+        log.warning("kept %s as %s: it held files fedsilo did not write", target, aside)
+    else:
+        shutil.rmtree(aside)
+
+
+def _write_marker(folder: Path) -> None:
+    """`MARKER`: who wrote the folder, and the SHA-256 of every file it holds."""
+    files = {
+        path.relative_to(folder).as_posix(): _sha256(path)
+        for path in sorted(folder.rglob("*"))
+        if path.is_file()
+    }
+    document = {"written_by": f"fedsilo {__version__}", "files": files}
+    (folder / MARKER).write_text(json.dumps(document, indent=2))
+
+
+def _foreign_entries(folder: Path) -> list[str]:
+    """What `folder` holds beyond the files its marker lists with their exact contents
+    (everything but the marker, when the marker is unreadable; itself, when not a folder)."""
+    if folder.is_symlink() or not folder.is_dir():
+        return [folder.name]
+    try:
+        listed = json.loads((folder / MARKER).read_text())["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        listed = {}
+    foreign = []
+    for path in sorted(folder.rglob("*")):
+        name = path.relative_to(folder).as_posix()
+        if name == MARKER or (path.is_dir() and not path.is_symlink()):
+            continue
+        if path.is_symlink() or listed.get(name) != _sha256(path):
+            foreign.append(name)
+    return foreign
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_results(
+    out: Path, results: Mapping[str, SimulationResult], overwrite: bool = False
+) -> None:
     """One subfolder per algorithm, plus a comparison when there are several."""
-    with atomic_directory(out) as staging:
+    with atomic_directory(out, overwrite) as staging:
         for name, result in results.items():
             folder = staging / name if len(results) > 1 else staging
             folder.mkdir(exist_ok=True)
@@ -63,11 +187,12 @@ def write_deployment_results(
     name: str,
     history: RunHistory,
     snapshots: Mapping[int, tuple[torch.Tensor, torch.Tensor]] | None = None,
+    overwrite: bool = False,
 ) -> None:
     """A deployment's final state (`final_model.safetensors`, with its parameter spec), its
     per-round history (`history.json`), the same plots as a simulation's and, for FedEvg, the
     synthetic set and its snapshots."""
-    with atomic_directory(out) as staging:
+    with atomic_directory(out, overwrite) as staging:
         state = history.state
         header = {"spec": state.spec.to_json(), "extra": dict(state.extra)}
         (staging / "final_model.safetensors").write_bytes(encode_tensors(state.tensors, header))

@@ -1,7 +1,8 @@
 """`fedsilo silo init`: a site's silo.yaml and a systemd unit, written by its IT team.
 
-The configuration is validated exactly as `fedsilo silo start` will read it, so a mistake is
-reported now, not when the consortium starts.
+The configuration is validated exactly as `fedsilo silo start` will read it, and the data it
+points at is loaded once, so a mistake (a missing file, a missing option, a bad column) is
+reported now, naming the option, not when the consortium starts.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ from typing import Any
 import yaml
 
 from fedsilo.ops.provision import load_silo_kit
-from fedsilo.silo.config import SiloConfig
+from fedsilo.policies.data import FILE_SOURCES
+from fedsilo.silo.config import parse_silo_config
+from fedsilo.silo.data import DataError
 
 UNIT = """[Unit]
 Description=fedsilo silo agent ({name})
@@ -54,7 +57,13 @@ def write_silo_config(
     out = out.resolve()
     data: dict = {"source": {"source": source}}
     if data_path is not None:
+        if not data_path.is_file():
+            raise DataError(f"--data {data_path}: file not found")
         data["source"]["path"] = str(data_path.resolve())
+    elif source in FILE_SOURCES:
+        raise DataError(f"--data: a {source} source needs the data file (--data FILE)")
+    if source in FILE_SOURCES and select is None:  # a site's own file is one silo
+        data["source"]["partition"] = {"kind": "iid", "silos": 1}
     if target is not None:
         data["source"]["target"] = target
     if select is not None:
@@ -66,7 +75,8 @@ def write_silo_config(
         document["metrics_port"] = metrics_port
     if rules:
         document["rules"] = dict(rules)
-    SiloConfig.model_validate(document)
+    config = parse_silo_config(document, "silo init")
+    config.data.load(seed=0, base_dir=None)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(yaml.safe_dump(document, sort_keys=False))
     unit = out.with_name(f"fedsilo-silo-{kit.name}.service")

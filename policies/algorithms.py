@@ -8,6 +8,7 @@ from typing import Annotated, ClassVar, Literal
 from pydantic import Field
 
 from fedsilo.policies.base import PolicyModel
+from fedsilo.policies.training import MAX_LR
 
 # Every algorithm evaluates on the silos' held-out data, and weights silos by sample counts.
 SAMPLE_WEIGHTED: frozenset[str] = frozenset({"counts", "metrics"})
@@ -44,7 +45,7 @@ class FedOptConfig(PolicyModel):
     name: Literal["fedadam", "fedyogi", "fedadagrad"]
     client_fraction: float = Field(default=1.0, gt=0, le=1)
     prox_mu: float = Field(default=0.0, ge=0)
-    server_lr: float = Field(default=0.1, gt=0)
+    server_lr: float = Field(default=0.1, gt=0, le=MAX_LR)
     beta1: float = Field(default=0.9, ge=0, lt=1)
     beta2: float = Field(default=0.99, ge=0, lt=1)
     tau: float = Field(default=1e-3, gt=0)
@@ -156,7 +157,7 @@ class FedEvgConfig(PolicyModel):
     spectral_norm: bool = True
     persist_local_model: bool = False
     classifier_epochs: int = Field(default=100, ge=1)
-    classifier_lr: float = Field(default=1e-3, gt=0)
+    classifier_lr: float = Field(default=1e-3, gt=0, le=MAX_LR)
     classifier_batch_size: int = Field(default=64, ge=1)
     image_every: int = Field(default=10, ge=1)
 

@@ -1,15 +1,22 @@
-"""The base every policy section derives from: frozen, and strict about unknown keys.
+"""The base every policy section derives from: frozen, and strict about unknown keys and
+numbers.
 
 An unknown key is refused with the closest allowed name, so `lrr: 0.1` reads
-"unknown field 'lrr' (did you mean 'lr'?)" instead of being silently ignored.
+"unknown field 'lrr' (did you mean 'lr'?)" instead of being silently ignored. A number is a
+finite number: `.inf` and `.nan` are refused, and so is `true` where a number belongs (YAML's
+booleans would otherwise read as 1 and 0).
 """
 
 from __future__ import annotations
 
 import difflib
-from typing import Any
+import types
+import typing
+from typing import Annotated, Any, Union
 
 from pydantic import BaseModel, ConfigDict, model_validator
+
+NUMBER_TYPES = (int, float)
 
 
 def closest(name: str, allowed: list[str]) -> str | None:
@@ -25,16 +32,31 @@ def unknown_key_message(key: str, allowed: list[str]) -> str:
 
 
 class PolicyModel(BaseModel):
-    """A policy section: immutable, and every key must be one it declares."""
+    """A policy section: immutable, every key one it declares, every number a finite number."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     @model_validator(mode="before")
     @classmethod
-    def _refuse_unknown_keys(cls, data: Any) -> Any:
+    def _refuse_unknown_keys_and_booleans_as_numbers(cls, data: Any) -> Any:
         if isinstance(data, dict):
             allowed = list(cls.model_fields)
-            for key in data:
+            for key, value in data.items():
                 if key not in allowed:
                     raise ValueError(unknown_key_message(str(key), allowed))
+                if isinstance(value, bool) and _is_number(cls.model_fields[key].annotation):
+                    raise ValueError(f"{key}: expected a number, got {str(value).lower()}")
         return data
+
+
+def _is_number(annotation: Any) -> bool:
+    """Whether a field's type is a number (int or float, possibly optional or constrained)."""
+    if annotation in NUMBER_TYPES:
+        return True
+    origin = typing.get_origin(annotation)
+    if origin is Annotated:
+        return _is_number(typing.get_args(annotation)[0])
+    if origin in (Union, types.UnionType):
+        members = [a for a in typing.get_args(annotation) if a is not type(None)]
+        return bool(members) and all(_is_number(a) for a in members)
+    return False

@@ -18,11 +18,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any
 
-import yaml
 from pydantic import AfterValidator, Field, ValidationError, field_validator, model_validator
 
 from fedsilo.policies.base import PolicyModel
-from fedsilo.policies.loading import PolicyError, describe_errors
+from fedsilo.policies.loading import PolicyError, describe_errors, read_text_file, read_yaml
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 DNS_LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
@@ -126,12 +125,7 @@ def split_address(address: str) -> tuple[str, int]:
 def load_consortium_file(path: str | Path) -> ConsortiumConfig:
     """Read and validate consortium.yaml; every problem is reported in one `PolicyError`."""
     path = Path(path)
-    if not path.is_file():
-        raise PolicyError(f"{path}: consortium file not found")
-    try:
-        document = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise PolicyError(f"{path}: not valid YAML: {exc}") from exc
+    document = read_yaml(read_text_file(path, "consortium file"), str(path))
     return parse_consortium(document, source=str(path))
 
 

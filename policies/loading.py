@@ -1,5 +1,7 @@
 """Reading a policy file: YAML in, a validated `Policy` out, or one `PolicyError` that names
-the file, each offending field, and the allowed values."""
+the file, each offending field, and the allowed values. Also the one place pydantic's errors
+become messages for people (`describe_errors`), and the policy variants the command line
+derives (another algorithm, another seed or number of silos), refused the same way."""
 
 from __future__ import annotations
 
@@ -12,6 +14,9 @@ from pydantic import ValidationError
 
 from fedsilo.policies.base import closest
 from fedsilo.policies.schema import Policy
+from fedsilo.policies.strict_yaml import load_yaml
+
+MAX_SHOWN_INPUT = 60  # characters of an offending value quoted in a message
 
 
 class PolicyError(ValueError):
@@ -20,17 +25,34 @@ class PolicyError(ValueError):
 
 def load_policy(path: str | Path) -> Policy:
     path = Path(path)
+    return parse_policy_text(read_text_file(path, "policy file"), source=str(path))
+
+
+def read_text_file(path: Path, what: str) -> str:
+    """The UTF-8 text of `path`, or a PolicyError naming it (missing, unreadable, binary)."""
     if not path.is_file():
-        raise PolicyError(f"{path}: policy file not found")
-    return parse_policy_text(path.read_text(), source=str(path))
+        raise PolicyError(f"{path}: {what} not found")
+    try:
+        return path.read_bytes().decode("utf-8")
+    except OSError as exc:
+        raise PolicyError(f"{path}: cannot read the {what}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise PolicyError(
+            f"{path}: not a text {what} (byte {exc.start} is not UTF-8); a {what} is YAML text"
+        ) from None
 
 
 def parse_policy_text(text: str, source: str = "<policy>") -> Policy:
+    return parse_policy(read_yaml(text, source), source=source)
+
+
+def read_yaml(text: str, source: str) -> Any:
+    """The YAML document in `text` (a key set twice is an error), or a PolicyError naming
+    `source`."""
     try:
-        document = yaml.safe_load(text)
+        return load_yaml(text)
     except yaml.YAMLError as exc:
-        raise PolicyError(f"{source}: not valid YAML: {exc}") from exc
-    return parse_policy(document, source=source)
+        raise PolicyError(f"{source}: not valid YAML: {exc}") from None
 
 
 def parse_policy(document: Any, source: str = "<policy>") -> Policy:
@@ -42,6 +64,30 @@ def parse_policy(document: Any, source: str = "<policy>") -> Policy:
         return Policy.model_validate(dict(document))
     except ValidationError as exc:
         raise PolicyError(describe_errors(exc, document, source)) from None
+
+
+def with_algorithm(policy: Policy, name: str) -> Policy:
+    """`policy` with algorithm `name` (`Policy.with_algorithm`), or a PolicyError naming
+    `--compare NAME` and the field that does not fit it."""
+    try:
+        return policy.with_algorithm(name)
+    except ValidationError as exc:
+        raise PolicyError(describe_errors(exc, policy.model_dump(), f"--compare {name}")) from None
+
+
+def with_overrides(policy: Policy, seed: int | None, silos: int | None) -> Policy:
+    """`policy` with the command line's `--seed` and `--silos`, or a PolicyError naming them."""
+    try:
+        return policy.with_overrides(seed=seed, silos=silos)
+    except ValidationError as exc:
+        given = " ".join(
+            f"{option} {value}"
+            for option, value in (("--seed", seed), ("--silos", silos))
+            if value is not None
+        )
+        raise PolicyError(describe_errors(exc, policy.model_dump(), given)) from None
+    except ValueError as exc:
+        raise PolicyError(str(exc)) from None
 
 
 def describe_errors(exc: ValidationError, document: Any, source: str) -> str:
@@ -64,8 +110,13 @@ def _describe(error: Mapping[str, Any], document: Mapping) -> str:
     elif error["type"] == "union_tag_not_found":
         message = f"missing '{error['ctx']['discriminator'].strip(chr(39))}'"
     elif error["type"] not in ("missing", "value_error") and "input" in error:
-        message += f" (got {error['input']!r})"
+        message += f" (got {_shown(error['input'])})"
     return f"{where}: {message}" if where else message
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= MAX_SHOWN_INPUT else text[: MAX_SHOWN_INPUT - 3] + "..."
 
 
 def _field_path(loc: tuple, document: Any) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from pydantic import Field, model_validator
+from pydantic import Field, TypeAdapter, model_validator
 
 from fedsilo.policies.algorithms import AlgorithmConfig, FedAvgConfig
 from fedsilo.policies.base import PolicyModel
@@ -20,21 +20,24 @@ from fedsilo.policies.secure_aggregation import SecureAggregationConfig
 from fedsilo.policies.training import TrainingConfig
 
 SUPPORTED_VERSIONS = (1,)
+MAX_SEED = 2**32 - 1  # every generator a silo seeds (NumPy, torch) takes it
+MAX_PHASE_TIMEOUT_S = 7 * 24 * 3600.0
+MAX_ROUNDS = 1_000_000
 
 
 class ParticipantsConfig(PolicyModel):
     """Quorum and deadlines: a phase needs `min_silos` answers within `phase_timeout_s`."""
 
     min_silos: int = Field(default=1, ge=1)
-    phase_timeout_s: float = Field(default=600.0, gt=0)
+    phase_timeout_s: float = Field(default=600.0, gt=0, le=MAX_PHASE_TIMEOUT_S)
     max_consecutive_failed_rounds: int = Field(default=3, ge=1)
 
 
 class Policy(PolicyModel):
     version: int
     name: str = Field(default="fedsilo-run", min_length=1)
-    seed: int = Field(default=0, ge=0)
-    rounds: int = Field(default=20, ge=1)
+    seed: int = Field(default=0, ge=0, le=MAX_SEED)
+    rounds: int = Field(default=20, ge=1, le=MAX_ROUNDS)
     eval_every: int = Field(default=1, ge=1)
     algorithm: AlgorithmConfig = FedAvgConfig(name="fedavg")
     model: ModelConfig = LinearModel(name="linear")
@@ -99,10 +102,29 @@ class Policy(PolicyModel):
                 "updates, so client-level DP does not apply; use a FedAvg-family algorithm "
                 "(fedavg, fedprox, fedadam, fedyogi, fedadagrad) or drop client_dp"
             )
+        self._check_dp_noise()
+        self._check_federated_scaling()
         self._check_secure_aggregation()
         self._check_mixing()
         self._check_fedevg()
         return self
+
+    def _check_dp_noise(self) -> None:
+        dp_sgd = self.privacy.dp_sgd
+        if dp_sgd is not None and dp_sgd.noise_multiplier == 0:
+            raise ValueError(
+                "privacy.dp_sgd.noise_multiplier: 0 adds no noise, so the models would leave "
+                "the silos without any DP guarantee; set a positive noise_multiplier or a "
+                "target_epsilon (or drop privacy.dp_sgd for a deployment without DP)"
+            )
+
+    def _check_federated_scaling(self) -> None:
+        if self.data.scaling == "federated" and self.data.split.val == 0:
+            raise ValueError(
+                "data.split.val: scaling 'federated' standardises every split of every silo "
+                "with the consortium's scaler, which needs a validation split; set split.val "
+                "above 0 or use scaling 'local'"
+            )
 
     def _check_fedevg(self) -> None:
         algorithm = self.algorithm
@@ -200,17 +222,19 @@ class Policy(PolicyModel):
         document["mixing"] = {
             k: v for k, v in self.mixing.model_dump().items() if name in READERS[k]
         }
-        other = Policy.model_validate({"version": self.version, "algorithm": {"name": name}})
+        algorithm = TypeAdapter(AlgorithmConfig).validate_python({"name": name})
         if name != "feddc":
             document["channel"] = ChannelConfig().model_dump()
-        if not other.algorithm.averages:
+        if not algorithm.averages:
             document["secure_aggregation"] = SecureAggregationConfig().model_dump()
         return Policy.model_validate(document)
 
     def with_overrides(self, *, seed: int | None = None, silos: int | None = None) -> Policy:
-        update: dict[str, Any] = {}
+        """This policy with another seed or number of silos, validated as a whole (a ValueError
+        for a natural partition, which has no number of silos)."""
+        document = self.model_dump()
         if seed is not None:
-            update["seed"] = seed
+            document["seed"] = seed
         if silos is not None:
-            update["data"] = self.data.with_silos(silos)
-        return self.model_copy(update=update)
+            document["data"] = self.data.with_silos(silos).model_dump()
+        return Policy.model_validate(document)

@@ -9,6 +9,10 @@ from pydantic import Field, model_validator
 
 from fedsilo.policies.base import PolicyModel
 
+# The largest learning rate a policy may set: far beyond any useful one (models diverge long
+# before), but small enough that a typo such as 1e300 is refused instead of failing every round.
+MAX_LR = 10.0
+
 
 class ConstantLr(PolicyModel):
     kind: Literal["constant"] = "constant"
@@ -33,7 +37,7 @@ class CosineLr(PolicyModel):
     """Cosine decay from lr to min_lr over the run's rounds."""
 
     kind: Literal["cosine"]
-    min_lr: float = Field(default=0.0, ge=0)
+    min_lr: float = Field(default=0.0, ge=0, le=MAX_LR)
 
 
 LrSchedule = Annotated[ConstantLr | ExponentialLr | StepLr | CosineLr, Field(discriminator="kind")]
@@ -46,7 +50,7 @@ class TrainingConfig(PolicyModel):
     steps: int | None = Field(default=None, ge=1)
     batch_size: int = Field(default=32, ge=1)
     optimizer: Literal["sgd", "adam"] = "sgd"
-    lr: float = Field(default=0.05, gt=0)
+    lr: float = Field(default=0.05, gt=0, le=MAX_LR)
     momentum: float = Field(default=0.0, ge=0, lt=1)
     weight_decay: float = Field(default=0.0, ge=0)
     lr_schedule: LrSchedule = ConstantLr()

@@ -9,14 +9,14 @@ naming the rule, and the coordinator shows that reason for this silo.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-import yaml
 from pydantic import Field, ValidationError
 
 from fedsilo.policies.base import PolicyModel
 from fedsilo.policies.compute import ComputeConfig
 from fedsilo.policies.data import DataConfig
-from fedsilo.policies.loading import PolicyError, describe_errors
+from fedsilo.policies.loading import PolicyError, describe_errors, read_text_file, read_yaml
 from fedsilo.policies.privacy import REPORT_KINDS, ReportKind
 from fedsilo.policies.schema import Policy
 from fedsilo.silo.data import DataError, SiloDataset, load_consortium
@@ -96,7 +96,7 @@ class SiloConfig(PolicyModel):
     kit: str
     data: SiloData
     compute: ComputeConfig | None = None  # overrides the policy's placement at this site
-    metrics_port: int | None = Field(default=None, ge=0, le=65535)
+    metrics_port: int | None = Field(default=None, ge=1, le=65535)
     rules: LocalRules = LocalRules()
     ledger: str = "privacy-ledger.jsonl"  # this site's privacy ledger, beside this file
     state: str = "silo-state"  # what outlives the agent (SuPerFed's local models), beside it
@@ -112,12 +112,13 @@ class SiloConfig(PolicyModel):
 
 
 def load_silo_config(path: Path) -> SiloConfig:
-    if not path.is_file():
-        raise PolicyError(f"{path}: silo configuration not found")
+    document = read_yaml(read_text_file(path, "silo configuration"), str(path))
+    return parse_silo_config(document, str(path))
+
+
+def parse_silo_config(document: Any, source: str) -> SiloConfig:
+    """A validated silo configuration, or a PolicyError naming `source` and each field."""
     try:
-        document = yaml.safe_load(path.read_text())
         return SiloConfig.model_validate(document)
-    except yaml.YAMLError as exc:
-        raise PolicyError(f"{path}: not valid YAML: {exc}") from exc
     except ValidationError as exc:
-        raise PolicyError(describe_errors(exc, document, str(path))) from None
+        raise PolicyError(describe_errors(exc, document, source)) from None

@@ -17,7 +17,9 @@ so a seed reproduces a consortium exactly and the uses do not disturb one anothe
 
 from __future__ import annotations
 
+import csv
 import zipfile
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import IntEnum
@@ -172,12 +174,25 @@ def _read_sklearn(source: str) -> _RawSource:
 
 def _read_csv(path: Path, config: DataConfig) -> _RawSource:
     try:
+        _check_header(path)
         frame = pd.read_csv(path)
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as error:
+    except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as error:
         raise DataError(f"cannot read CSV file {path}: {error}") from error
     assert config.target is not None  # the policy requires it for csv
     dictionary = DataDictionary(config.target, config.categorical, config.missing_values)
     return _RawSource(frame, dictionary, str(path))
+
+
+def _check_header(path: Path) -> None:
+    """Refuse a header naming a column twice (pandas would silently rename it `a.1`)."""
+    with path.open(newline="", encoding="utf-8") as handle:
+        header = next(csv.reader(handle), [])
+    repeated = sorted(name for name, count in Counter(header).items() if count > 1)
+    if repeated:
+        raise DataError(
+            f"CSV file {path}: the header names column(s) {', '.join(map(repr, repeated))} "
+            "twice; every column needs its own name"
+        )
 
 
 def _read_npz(path: Path) -> _RawSource:

@@ -136,13 +136,15 @@ def test_silos_override_on_natural_partition_is_refused(tmp_path: Path) -> None:
     assert result.exit_code != 0 and "natural partition" in result.output
 
 
-def test_a_rerun_replaces_the_previous_results_whole(tmp_path: Path) -> None:
+def test_a_rerun_with_overwrite_replaces_the_previous_results_whole(tmp_path: Path) -> None:
     write_csv(tmp_path)
     out = tmp_path / "out"
-    (out / "stale").mkdir(parents=True)
     policy = write_policy(tmp_path, data=csv_data())
-    assert invoke("simulate", "--policy", str(policy), "--out", str(out)).exit_code == 0
-    assert not (out / "stale").exists() and (out / "results.json").exists()
+    args = ("simulate", "--policy", str(policy), "--out", str(out))
+    assert invoke(*args, "--compare", "local").exit_code == 0 and (out / "local").is_dir()
+    assert invoke(*args, "--overwrite").exit_code == 0
+    assert not (out / "local").exists() and (out / "results.json").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "policy.yaml", "records.csv"]
 
 
 def test_algorithms_lists_every_strategy() -> None:
