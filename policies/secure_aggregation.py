@@ -102,21 +102,23 @@ class SecureAggregationConfig(PolicyModel):
     floor(2n/3) + 1 of the n silos that advertised keys, which is also the least a silo accepts
     (Bonawitz et al.'s bound for an active coordinator), whatever the policy says.
     `min_group`: the fewest silos whose inputs one secure sum may hold; a silo refuses a smaller
-    aggregation (a sum of one input is that input). `min_weight`: when the coordinator
-    chooses the weights (mixing schedules), at least `min_group` of the silos in a sum must
-    carry a weight of at least this; honest sample-count FedAvg on the bundled four hospitals
-    (smallest share 123/920 = 0.134) passes the default 0.1. With k = `min_group` and f =
-    `min_weight`, the most skewed allowed vector (target 1 - (k-1) f, k - 1 others f) lets the
-    coordinator read the target's update up to an error of (k-1) f / (1 - (k-1) f) times the
-    others' update size (at most (k-1) f bound / (1 - (k-1) f)). `key_holder` (ckks): the silo
-    that makes the CKKS keys; None: the first silo by name. `decryptor` (ckks): the silo that
-    decrypts sums; None: the key holder when it took part, else the first survivor by name."""
+    aggregation (a sum of one input is that input). `min_weight`: the weights are the
+    coordinator's (sample counts it was told, or a mixing schedule's), so at least `min_group`
+    of the n silos in a sum must carry a weight of at least this; None: 1/(2n), half the
+    uniform weight (honest sample-count FedAvg on the bundled four hospitals, smallest share
+    123/920 = 0.134 against 1/8, passes). With k = `min_group` and f the floor, the most skewed
+    allowed vector (target 1 - (k-1) f, k - 1 others f, the rest 0) lets the coordinator read
+    the target's update up to an error of (k-1) f / (1 - (k-1) f) times the others' update size
+    (at most (k-1) f bound / (1 - (k-1) f)): with the defaults, 1/(2n-1), 11% at n = 5.
+    `key_holder` (ckks): the silo that makes the CKKS keys; None: the first silo by name.
+    `decryptor` (ckks): the silo that decrypts sums; None: the key holder when it took part,
+    else the first survivor by name."""
 
     method: Literal["none", "masking", "ckks"] = "none"
     bound: float = Field(default=64.0, gt=0)
     threshold: int | None = Field(default=None, ge=2)
     min_group: int = Field(default=2, ge=2)
-    min_weight: float = Field(default=0.1, ge=0.0, le=0.5)
+    min_weight: float | None = Field(default=None, gt=0.0, le=0.5)
     key_holder: str | None = None
     decryptor: str | None = None
     ckks: CkksSettings = CkksSettings()
@@ -160,6 +162,10 @@ class SecureAggregationConfig(PolicyModel):
         active coordinator requires (`smallest_safe_threshold`)."""
         return max(self.threshold or 0, smallest_safe_threshold(advertised))
 
+    def weight_floor(self, silos: int) -> float:
+        """The weight at least `min_group` of a sum's `silos` silos must carry."""
+        return self.min_weight if self.min_weight is not None else 1 / (2 * silos)
+
     def group_problem(self, silos: int) -> str | None:
         """Why this section cannot aggregate over `silos` silos (a simulation's partition, or a
         deployment's roster at coordinator start-up), or None when it can."""
@@ -169,6 +175,11 @@ class SecureAggregationConfig(PolicyModel):
             return (
                 f"secure_aggregation.min_group: {self.min_group} silos at least, and the "
                 f"consortium has {silos}"
+            )
+        if self.min_weight is not None and self.min_weight > 1 / silos:
+            return (
+                f"secure_aggregation.min_weight {self.min_weight:g} is above the uniform weight "
+                f"1/{silos}: no weights of {silos} silos could pass it"
             )
         if self.threshold is None:
             return None

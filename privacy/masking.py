@@ -320,7 +320,7 @@ def weight_problem(
     if carrying < min_group:
         return (
             f"only {carrying} of the {len(members)} silos in the sum carry a weight of at least "
-            f"secure_aggregation.min_weight {min_weight:g}; the policy needs "
+            f"{min_weight:g} (secure_aggregation.min_weight); the policy needs "
             f"secure_aggregation.min_group {min_group} (weights that single out a silo)"
         )
     return None

@@ -520,6 +520,12 @@ def test_a_threshold_below_the_active_coordinator_bound_is_a_policy_problem(
     assert found is None if problem is None else problem in (found or "")
 
 
+def test_a_weight_floor_no_weights_could_pass_is_a_policy_problem() -> None:
+    section = SecureAggregationConfig(method="masking", min_weight=0.3)
+    assert "above the uniform weight 1/4" in (section.group_problem(4) or "")
+    assert section.group_problem(3) is None
+
+
 def test_silos_use_at_least_two_thirds_of_the_group_as_threshold_whatever_the_policy_says() -> None:
     lenient = SecureAggregationConfig(method="masking").model_copy(update={"threshold": 2})
     assert [lenient.threshold_for(n) for n in (2, 3, 4, 5, 9)] == [2, 3, 3, 4, 7]
@@ -529,12 +535,12 @@ def test_honest_sample_count_weights_on_the_four_hospitals_pass_the_default_weig
     section = SecureAggregationConfig(method="masking")
     counts = {"cleveland": 303, "hungarian": 294, "switzerland": 123, "va": 200}
     weights = {s: n / sum(counts.values()) for s, n in counts.items()}
+    floor = section.weight_floor(len(counts))
+    assert floor == 1 / 8
     for silo in counts:
-        assert weight_problem(weights, silo, counts, section.min_group, section.min_weight) is None
+        assert weight_problem(weights, silo, counts, section.min_group, floor) is None
     skewed = {s: (0.95 if s == "va" else 0.05 / 3) for s in counts}
-    assert "min_weight" in (
-        weight_problem(skewed, "va", counts, section.min_group, section.min_weight) or ""
-    )
+    assert "min_weight" in (weight_problem(skewed, "va", counts, section.min_group, floor) or "")
 
 
 @pytest.mark.parametrize("method", ["masking", "ckks"])

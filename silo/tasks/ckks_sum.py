@@ -253,7 +253,8 @@ def _check_weights(
 ) -> None:
     secure = ctx.secure_aggregation
     chosen = list(weights) if members is None else members
-    problem = weight_problem(weights, me, chosen, secure.min_group, secure.min_weight)
+    floor = secure.weight_floor(len(chosen))
+    problem = weight_problem(weights, me, chosen, secure.min_group, floor)
     if problem:
         raise CkksError(f"refusing the weights: {problem}")
 

@@ -262,7 +262,8 @@ def _check_group(size: int, what: str, ctx: SiloContext, threshold: int = 0) -> 
 
 def _check_weights(weights: dict[str, float], members: set[str], ctx: SiloContext) -> None:
     secure = ctx.secure_aggregation
-    problem = weight_problem(weights, ctx.name, members, secure.min_group, secure.min_weight)
+    floor = secure.weight_floor(len(members))
+    problem = weight_problem(weights, ctx.name, members, secure.min_group, floor)
     if problem:
         raise MaskingError(f"refusing the weights: {problem}")
 
