@@ -6,6 +6,14 @@ A round whose phase misses its quorum is abandoned: the strategy's state stays a
 before the round, the round is recorded as failed, and the run stops after
 `max_consecutive_failed_rounds` such rounds in a row.
 
+The quorum is never lowered below `participants.min_silos`: not by asking fewer silos, nor by
+retirements or revocations. A consortium smaller than `min_silos` is refused before round 1; a
+round with fewer active silos fails; a phase that aggregates (a weighted mean, plain or
+secure) or hands models on needs `min_silos` answers, and one that asks fewer silos fails
+before anything is sent. Only a phase whose answers reach the strategy one by one (evaluation,
+loss probes, the local training of silos outside a round's cohort) may need fewer: the quorum
+it states, else min(`min_silos`, silos asked); such answers are per-silo whatever the quorum.
+
 A silo that answers `budget_exhausted` (its privacy budget cannot pay for the task) is a
 dropout in that phase and is retired: no later round or evaluation of the deployment asks it
 again. Rounds record each silo's reported epsilon and ledger head (`privacy`), and, with
@@ -158,6 +166,13 @@ class RoundEngine:
     # -- the run ----------------------------------------------------------------------------
 
     def run(self) -> RunHistory:
+        min_silos = self.policy.participants.min_silos
+        if len(self.silos) < min_silos:
+            raise RunAborted(
+                f"participants.min_silos is {min_silos}, but the consortium has "
+                f"{len(self.silos)} silo(s) ({', '.join(self.silos)}): no round could reach "
+                "its quorum; lower participants.min_silos or add silos"
+            )
         total = self.policy.rounds
         state, records = self._start()
         failures_in_a_row = sum(1 for _ in takewhile(_failed, reversed(records)))
@@ -230,10 +245,14 @@ class RoundEngine:
     def _run_round(self, state: ServerState, round_no: int) -> tuple[RoundRecord, ServerState]:
         started = time.perf_counter()
         record = RoundRecord(round_no, "completed", 0.0)
+        context = self._context(round_no)
         try:
-            state = self._drive(
-                self.strategy.round(state, self._context(round_no)), round_no, record
-            )
+            if len(context.silos) < context.min_silos:
+                raise QuorumNotMet(
+                    f"{len(context.silos)} silo(s) remain active, participants.min_silos is "
+                    f"{context.min_silos} (retired: {sorted(self.retired) or 'none'})"
+                )
+            state = self._drive(self.strategy.round(state, context), round_no, record)
             record.client_epsilon = published_epsilon(state.extra)
             record.mixing = mixing_weights(state.extra)
         except QuorumNotMet as exc:
@@ -302,11 +321,13 @@ class RoundEngine:
         silos = [task.silo for task in phase.tasks]
         if len(set(silos)) != len(silos):
             raise ValueError(f"phase {phase.name!r} gives one silo two tasks; fold them into one")
-        quorum = (
-            phase.quorum
-            if phase.quorum is not None
-            else min(self.policy.participants.min_silos, len(phase.tasks))
-        )
+        quorum = self._quorum(phase)
+        if len(phase.tasks) < quorum:
+            raise QuorumNotMet(
+                f"phase {phase.name!r} asks {len(phase.tasks)} silo(s), its quorum is {quorum} "
+                f"(participants.min_silos {self.policy.participants.min_silos}): nothing was sent",
+                phase.name,
+            )
         if phase.route is not None:
             router = HandoffRouter(
                 lambda step, tasks: self.collect(phase.name, tasks, round_no, None, record, step),
@@ -365,6 +386,14 @@ class RoundEngine:
                 dropped,
             )
         return PhaseOutcome(phase.name, reports, dropped, mean=mean, total_weight=total, spec=spec)
+
+    def _quorum(self, phase: Phase) -> int:
+        """The answers `phase` needs: at least `min_silos` when it aggregates or hands models
+        on, whatever it states or asks; otherwise what it states, else min(`min_silos`, asked)."""
+        min_silos = self.policy.participants.min_silos
+        if isinstance(phase.aggregate, WeightedMean) or phase.route is not None:
+            return max(min_silos, phase.quorum or 0)
+        return phase.quorum if phase.quorum is not None else min(min_silos, len(phase.tasks))
 
     def collect(
         self,

@@ -3,8 +3,11 @@
 It verifies the operator's signature on the policy, opens the state store (resuming a
 deployment that was interrupted), serves mTLS gRPC on the kit's address (no insecure port),
 waits for the silos to join and accept the policy, runs the rounds, and tells the silos when
-the deployment is complete. Revocations written to the state store by `fedsilo coordinator
-revoke` take effect within a second, also in a running coordinator.
+the deployment is complete. Messages it accepted are remembered in the state file, so a
+restarted coordinator refuses their replay. A consortium (less revoked silos) smaller than
+`participants.min_silos` is refused before serving, and a run in which every round failed is
+an error (nothing is written to `--out`). Revocations written to the state store by
+`fedsilo coordinator revoke` take effect within a second, also in a running coordinator.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import grpc
 from fedsilo.coordinator.engine import RoundEngine, RoundRecord, RunHistory
 from fedsilo.coordinator.grpc_transport import GrpcTransport
 from fedsilo.coordinator.hub import SiloHub
+from fedsilo.coordinator.replay_store import ReplayStore
 from fedsilo.coordinator.service import CoordinatorService, SignedPolicy, handler
 from fedsilo.coordinator.state import StateStore
 from fedsilo.coordinator.strategies import make_strategy
@@ -32,7 +36,7 @@ from fedsilo.ops.synthetic import snapshots_for
 from fedsilo.policies.loading import parse_policy_text
 from fedsilo.privacy.identity import noise_secret
 from fedsilo.privacy.policy_signing import signature_path, verify_policy
-from fedsilo.wire.envelope import EnvelopeVerifier
+from fedsilo.wire.envelope import MAX_AGE_S, EnvelopeVerifier
 
 log = logging.getLogger("fedsilo.coordinator")
 
@@ -60,8 +64,8 @@ def run_coordinator(options: CoordinatorOptions, stop: threading.Event | None = 
     stop = stop or threading.Event()
     return_freed_memory()
     kit = load_coordinator_kit(options.kit)
-    policy_text, digest = _signed_policy(options.policy, kit)
-    policy = parse_policy_text(policy_text, source=str(options.policy))
+    signed = signed_policy(options.policy, kit)
+    policy = parse_policy_text(signed.text, source=str(options.policy))
     strategy = make_strategy(policy)
     if isinstance(strategy, Central):
         raise DeploymentError(
@@ -74,28 +78,38 @@ def run_coordinator(options: CoordinatorOptions, stop: threading.Event | None = 
         else None
     )
     store = StateStore(options.state)
+    replays = ReplayStore(options.state, MAX_AGE_S)
     deployment = kit.consortium
     hub = SiloHub(sorted(kit.silos))
     verifier = EnvelopeVerifier(
         deployment,
         {name: silo.verify_key for name, silo in kit.silos.items()},
+        max_age_s=MAX_AGE_S,
         max_payload_bytes=options.max_payload_bytes,
+        memory=replays,
     )
     service = CoordinatorService(
         deployment,
         hub,
         verifier,
         kit.signing_key,
-        SignedPolicy(policy_text, _signature(options.policy), digest),
+        signed,
         metrics,
         options.max_payload_bytes,
         options.poll_seconds,
     )
-    server = _grpc_server(kit, service, workers=2 * len(kit.silos) + 8)
+    server = grpc_server(kit, service, workers=2 * len(kit.silos) + 8)
     revocations = RevocationWatcher(store, deployment, hub, verifier, kit, metrics)
     try:
-        store.open_deployment(deployment, digest, policy.model_dump_json())
+        store.open_deployment(deployment, signed.digest, policy.model_dump_json())
         revocations.sync()
+        members_left = sorted(set(kit.silos) - hub.revoked)
+        if len(members_left) < policy.participants.min_silos:
+            raise DeploymentError(
+                f"participants.min_silos is {policy.participants.min_silos}, but the consortium "
+                f"has {len(members_left)} silo(s) not revoked ({', '.join(members_left)}): no "
+                "round could reach its quorum; lower participants.min_silos or provision more"
+            )
         threading.Thread(
             target=revocations.run, args=(stop,), daemon=True, name="revocations"
         ).start()
@@ -104,7 +118,7 @@ def run_coordinator(options: CoordinatorOptions, stop: threading.Event | None = 
             "coordinator of %s serving mTLS gRPC on %s (policy %s)",
             deployment,
             kit.address,
-            digest[:12],
+            signed.digest[:12],
         )
         wanted = len(kit.silos) - len(hub.revoked)
         members = hub.wait_for_members(wanted, options.join_timeout_s)
@@ -134,12 +148,13 @@ def run_coordinator(options: CoordinatorOptions, stop: threading.Event | None = 
             observers=[metrics, _RoundLog(hub, metrics), *([snapshots] if snapshots else [])],
             deployment=deployment,
             store=store,
-            policy_digest=digest,
+            policy_digest=signed.digest,
             secret=noise_secret(kit.signing_key),
             handoff_keys={name: bytes(silo.sealing_public_key) for name, silo in kit.silos.items()},
         )
         history = engine.run()
         hub.finish()
+        require_a_completed_round(history)
         if options.out is not None:
             taken = snapshots.taken if snapshots else {}
             write_deployment_results(options.out, policy.algorithm.name, history, taken)
@@ -150,9 +165,20 @@ def run_coordinator(options: CoordinatorOptions, stop: threading.Event | None = 
         stop.set()
         hub.finish()
         server.stop(grace=1.0).wait()
+        replays.close()
         store.close()
         if metrics_server is not None:
             metrics_server.close()
+
+
+def require_a_completed_round(history: RunHistory) -> None:
+    """Refuse a run in which no round was applied: its "final model" is the initial one, so
+    nothing is written to `--out` (the state store keeps every failed round's record)."""
+    if history.records and all(r.status == "failed" for r in history.records):
+        raise DeploymentError(
+            f"every round failed ({len(history.records)} of them), so no model was trained and "
+            f"nothing was written to --out; the last failure: {history.records[-1].error}"
+        )
 
 
 class _RoundLog:
@@ -177,11 +203,13 @@ class _RoundLog:
         )
 
 
-def _signed_policy(path: Path, kit: CoordinatorKit) -> tuple[str, str]:
+def signed_policy(path: Path, kit: CoordinatorKit) -> SignedPolicy:
+    """The policy at `path` with its signature, after checking the operator signed it."""
     if not path.is_file():
         raise DeploymentError(f"{path}: policy file not found")
-    data = path.read_bytes()
-    return data.decode(), verify_policy(data, _signature(path), kit.operator_verify_key)
+    data, signature = path.read_bytes(), _signature(path)
+    digest = verify_policy(data, signature, kit.operator_verify_key)
+    return SignedPolicy(data.decode(), signature, digest)
 
 
 def _signature(policy: Path) -> str:
@@ -193,7 +221,7 @@ def _signature(policy: Path) -> str:
     return sig.read_text().strip()
 
 
-def _grpc_server(kit: CoordinatorKit, service: CoordinatorService, workers: int) -> grpc.Server:
+def grpc_server(kit: CoordinatorKit, service: CoordinatorService, workers: int) -> grpc.Server:
     credentials = grpc.ssl_server_credentials(
         [(kit.tls.private_key.read_bytes(), kit.tls.certificate.read_bytes())],
         root_certificates=kit.tls.ca_certificate.read_bytes(),

@@ -297,6 +297,46 @@ def test_the_replay_window_evicts_by_send_time_not_arrival() -> None:
     check.verify(sealed("later", sent_at=NOW - 4), PAYLOAD)
 
 
+class ListMemory:
+    """A `ReplayMemory` in a list; `broken` makes every write fail (a full disk)."""
+
+    def __init__(self, *remembered: tuple[float, str, str], broken: bool = False) -> None:
+        self.remembered = list(remembered)
+        self.broken = broken
+        self.asked_since: float | None = None
+
+    def recall(self, since: float) -> list[tuple[float, str, str]]:
+        self.asked_since = since
+        return [r for r in self.remembered if r[0] >= since]
+
+    def remember(self, sent_at: float, sender: str, task_id: str) -> None:
+        if self.broken:
+            raise OSError("disk full")
+        self.remembered.append((sent_at, sender, task_id))
+
+
+def test_a_verifier_with_a_memory_refuses_what_it_remembers_from_within_max_age() -> None:
+    memory = ListMemory((NOW - 10, "silo-a", "task-1"), (NOW - 301, "silo-a", "old"))
+    check = verifier(memory=memory)
+    assert memory.asked_since == NOW - 300
+    assert rejection(check, sealed("task-1", sent_at=NOW - 10)) == REPLAY
+    assert rejection(check, sealed("old", sent_at=NOW - 301)) == STALE
+
+
+def test_a_verifier_writes_to_its_memory_before_accepting() -> None:
+    memory = ListMemory()
+    verifier(memory=memory).verify(sealed(), PAYLOAD)
+    assert memory.remembered == [(NOW, "silo-a", "task-1")]
+    assert rejection(verifier(memory=memory), sealed()) == REPLAY
+
+
+def test_a_message_the_memory_cannot_store_is_not_accepted() -> None:
+    check = verifier(memory=ListMemory(broken=True))
+    with pytest.raises(OSError, match="disk full"):
+        check.verify(sealed(), PAYLOAD)
+    check.check_header(sealed())  # not recorded as accepted either
+
+
 def test_the_rejection_names_sender_task_and_a_metric_label() -> None:
     with pytest.raises(EnvelopeRejected, match=r"'silo-a'.*'task-9'.*bad_signature") as info:
         verifier().verify(sealed("task-9", key=INTRUDER), PAYLOAD)

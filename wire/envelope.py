@@ -4,7 +4,9 @@ Every payload between coordinator and silos (tasks, results, joins) travels with
 `Envelope`: deployment, round, task id, sender, a random nonce, the BLAKE2b-256 digest and size
 of the payload, the send time, and the sender's Ed25519 signature over all of these. `seal`
 makes one; `EnvelopeVerifier` accepts it or raises `EnvelopeRejected`, whose `reason` is one
-of the stable label values in `REJECTION_REASONS` (for metrics).
+of the stable label values in `REJECTION_REASONS` (for metrics). A verifier given a
+`ReplayMemory` writes every accepted message to it before accepting, and recalls the ones still
+fresh when it is made, so replay protection survives a restart.
 """
 
 from __future__ import annotations
@@ -17,8 +19,9 @@ import os
 import struct
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 from nacl.exceptions import BadSignatureError
 from nacl.signing import SigningKey, VerifyKey
@@ -27,6 +30,7 @@ from fedsilo.wire.payload import DIGEST_BYTES, AnyPayload, as_payload
 from fedsilo.wire.tensors import WireError
 
 SIGNATURE_DOMAIN = b"fedsilo-envelope-v1"
+MAX_AGE_S = 300.0  # how old (or how far ahead of the receiver's clock) a message may be
 NONCE_BYTES = 16
 SIGNATURE_BYTES = 64
 
@@ -163,6 +167,18 @@ def seal(
     return dataclasses.replace(unsigned, signature=signature)
 
 
+class ReplayMemory(Protocol):
+    """Durable storage of accepted messages' (sent_at, sender, task_id), for a verifier."""
+
+    def recall(self, since: float) -> Iterable[tuple[float, str, str]]:
+        """Every message remembered that was sent at or after `since`."""
+        ...
+
+    def remember(self, sent_at: float, sender: str, task_id: str) -> None:
+        """Store one accepted message durably before returning."""
+        ...
+
+
 class EnvelopeRejected(Exception):
     """A message refused by `EnvelopeVerifier`; `reason` is one of `REJECTION_REASONS`."""
 
@@ -193,6 +209,10 @@ class EnvelopeVerifier:
     forward. With a window well above the number of messages accepted per `max_age_s`, the
     horizon stays behind the freshness limit and rejects nothing that STALE would not.
 
+    With a `memory`, every accepted pair is also written to it (durably, before `verify`
+    returns), and a new verifier recalls every pair sent within `max_age_s` of now: a message
+    accepted before a restart is a REPLAY after it, and older ones are STALE anyway.
+
     Thread-safe: the roster and the replay memory are guarded by one lock; signatures are
     checked outside it. A revocation applies to every check that starts after it returns.
     """
@@ -201,10 +221,11 @@ class EnvelopeVerifier:
         self,
         deployment: str,
         roster: Mapping[str, VerifyKey],
-        max_age_s: float = 300.0,
+        max_age_s: float = MAX_AGE_S,
         max_payload_bytes: int = 2**31,
         clock: Clock = time.time,
         replay_window: int = 100_000,
+        memory: ReplayMemory | None = None,
     ) -> None:
         if max_age_s < 0 or max_payload_bytes < 0 or replay_window < 1:
             raise ValueError(
@@ -220,6 +241,10 @@ class EnvelopeVerifier:
         self._accepted: set[tuple[str, str]] = set()
         self._accepted_by_age: list[tuple[float, str, str]] = []
         self._replay_horizon = -math.inf
+        self._memory = memory
+        if memory is not None:
+            for sent_at, sender, task_id in memory.recall(since=clock() - max_age_s):
+                self._remember_in_memory(sent_at, sender, task_id)
 
     def set_roster(self, roster: Mapping[str, VerifyKey]) -> None:
         """Replace the roster; the replay memory is kept, so re-admitted senders cannot replay."""
@@ -310,13 +335,19 @@ class EnvelopeVerifier:
             )
 
     def _remember(self, envelope: Envelope) -> None:
-        """Call with the lock held."""
-        self._accepted.add((envelope.sender, envelope.task_id))
-        heapq.heappush(self._accepted_by_age, (envelope.sent_at, envelope.sender, envelope.task_id))
+        """Call with the lock held: the durable memory first, so nothing is accepted that a
+        restart would forget."""
+        if self._memory is not None:
+            self._memory.remember(envelope.sent_at, envelope.sender, envelope.task_id)
+        self._remember_in_memory(envelope.sent_at, envelope.sender, envelope.task_id)
+
+    def _remember_in_memory(self, sent_at: float, sender: str, task_id: str) -> None:
+        self._accepted.add((sender, task_id))
+        heapq.heappush(self._accepted_by_age, (sent_at, sender, task_id))
         while len(self._accepted_by_age) > self._replay_window:
-            sent_at, sender, task_id = heapq.heappop(self._accepted_by_age)
-            self._accepted.discard((sender, task_id))
-            self._replay_horizon = max(self._replay_horizon, sent_at)
+            oldest, forgotten_sender, forgotten_task = heapq.heappop(self._accepted_by_age)
+            self._accepted.discard((forgotten_sender, forgotten_task))
+            self._replay_horizon = max(self._replay_horizon, oldest)
 
 
 def _digest(payload: bytes | AnyPayload) -> bytes:

@@ -1,0 +1,129 @@
+"""The deviating coordinator against real processes (issue 17): unmodified `fedsilo silo start`
+processes answering hand-crafted tasks over mutual TLS, and a real `fedsilo coordinator start`
+process that is restarted and sent a replayed envelope. Each test is bounded in time and kills
+its processes at the end."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from fedsilo.ops.coordinator_process import signed_policy
+from fedsilo.ops.provision import load_coordinator_kit, load_silo_kit
+from fedsilo.wire import fedsilo_pb2_grpc as pb_grpc
+from fedsilo.wire.control import ACCEPT, ACK, Control, decode_control
+from fedsilo.wire.envelope import EnvelopeVerifier, seal
+from fedsilo.wire.framing import read_message, to_frames
+from fedsilo.wire.messages import TaskResult
+from tests.adversarial.deviating import DeviatingCoordinator
+from tests.deployment import Consortium, policy_document, provision
+
+SILO = "silo-0"
+DP = {"delta": 1e-5, "dp_sgd": {"noise_multiplier": 1.0, "max_grad_norm": 1.0}}
+
+
+@pytest.fixture
+def consortium(tmp_path: Path) -> Iterator[Consortium]:
+    consortium = provision(tmp_path)
+    yield consortium
+    consortium.stop_all()
+
+
+def start_silo(consortium: Consortium, document: dict) -> None:
+    consortium.start_silo(SILO, consortium.write_silo_config(SILO, data=document["data"]))
+
+
+def shifted(answer: TaskResult, by: float) -> TaskResult:
+    return TaskResult(
+        answer.task_id,
+        answer.silo,
+        answer.kind,
+        tensors={"model": answer.tensors["model"] + by},
+        spec=answer.spec,
+    )
+
+
+def test_a_real_silo_under_a_masking_policy_answers_a_plain_train_task_with_no_model(
+    consortium: Consortium,
+) -> None:
+    document = policy_document(secure_aggregation="masking")
+    policy = consortium.write_policy(document)
+    with DeviatingCoordinator(consortium, policy) as coordinator:
+        start_silo(consortium, document)
+        coordinator.wait_until_accepted(SILO, consortium)
+        initial = coordinator.ask(coordinator.task(SILO, "init", round_no=0, config={"seed": 0}))
+        answer = coordinator.ask(coordinator.train_task(SILO, initial.result)).result
+    assert not answer.ok, "the silo released its trained model in the clear"
+    assert "model" not in answer.tensors
+    assert "masking" in (answer.error or "")
+
+
+def test_a_real_silo_restarted_answers_a_reposted_task_id_with_the_same_bytes(
+    consortium: Consortium,
+) -> None:
+    """Finding 2 over processes: a task id re-posted with another model after the silo
+    restarted (its in-memory answer cache gone) must not train again with the same noise."""
+    document = policy_document(privacy=DP)
+    policy = consortium.write_policy(document)
+    with DeviatingCoordinator(consortium, policy) as coordinator:
+        start_silo(consortium, document)
+        coordinator.wait_until_accepted(SILO, consortium)
+        initial = coordinator.ask(coordinator.task(SILO, "init", round_no=0, config={"seed": 0}))
+        first = coordinator.ask(coordinator.train_task(SILO, initial.result))
+        assert first.result.ok, first.result.error
+        consortium.kill(SILO)
+        start_silo(consortium, document)  # joins again; the re-posted task waits for its poll
+        again = coordinator.ask(coordinator.train_task(SILO, shifted(initial.result, 0.5)))
+    assert again.raw == first.raw, (
+        "the restarted silo trained the re-posted task id again: "
+        f"{again.result.status}, {again.result.error or 'a fresh model'}"
+    )
+
+
+def exchange(consortium: Consortium, envelope, payload: bytes) -> bytes:
+    """Send one message to the coordinator as silo-0 (its TLS identity) and return the reply."""
+    silo = load_silo_kit(consortium.kits / "silos" / SILO)
+    credentials = grpc.ssl_channel_credentials(
+        silo.tls.ca_certificate.read_bytes(),
+        silo.tls.private_key.read_bytes(),
+        silo.tls.certificate.read_bytes(),
+    )
+    verifier = EnvelopeVerifier(silo.consortium, {"coordinator": silo.coordinator_verify_key})
+    with grpc.secure_channel(silo.coordinator_address, credentials) as channel:
+        replies = pb_grpc.CoordinatorStub(channel).Exchange(
+            to_frames(envelope, payload), timeout=30
+        )
+        return read_message(replies, verifier, 1 << 20)[1].to_bytes()
+
+
+def test_an_envelope_replayed_to_a_restarted_coordinator_is_refused(
+    consortium: Consortium,
+) -> None:
+    policy = consortium.write_policy(policy_document())
+    digest = signed_policy(policy, load_coordinator_kit(consortium.kits / "coordinator")).digest
+    silo = load_silo_kit(consortium.kits / "silos" / SILO)
+    payload = Control(ACCEPT, {"policy_digest": digest}).encode()
+    captured = seal(
+        payload,
+        signing_key=silo.signing_key,
+        sender=SILO,
+        deployment=silo.consortium,
+        round=0,
+        task_id="accept/captured",
+    )
+    consortium.start_coordinator(policy, join_timeout_s=120)
+    consortium.wait_for_log("coordinator", "serving mTLS gRPC")
+    first = decode_control(exchange(consortium, captured, payload))
+    assert (first.type, first.get("accepted")) == (ACK, True)
+
+    consortium.kill("coordinator")
+    consortium.start_coordinator(policy, join_timeout_s=120, name="restarted")
+    consortium.wait_for_log("restarted", "serving mTLS gRPC")
+    with pytest.raises(grpc.RpcError) as refused:
+        reply = decode_control(exchange(consortium, captured, payload))
+        pytest.fail(f"the restarted coordinator took the replayed envelope: {reply}")
+    assert "replay" in (refused.value.details() or "")
+    consortium.wait_for_log("restarted", "replay")
