@@ -21,9 +21,9 @@ client-level DP, the epsilon of the model published after the round (`client_eps
 mixing schedule, each silo's coefficient after the round (`mixing`).
 
 With a `StateStore` the engine saves the setup and every finished round (its state and
-record); a run started again on the same store goes on after the last saved round. Every
-random choice derives from (seed, round, phase), so a resumed run ends exactly where an
-uninterrupted one would have.
+record), and every silo's signed receipt of a booked release as it arrives; a run started
+again on the same store goes on after the last saved round. Every random choice derives from
+(seed, round, phase), so a resumed run ends exactly where an uninterrupted one would have.
 """
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ from fedsilo.coordinator.replies import (
     Accepted,
     Dropout,
     accept,
+    keep_receipt,
     raw_weights,
     reports_of,
 )
@@ -434,6 +435,7 @@ class RoundEngine:
                 dropped[silo] = reply.failure or "empty reply"
             else:
                 checked = accept(reply.payload, message, aggregate)
+                keep_receipt(self.store, self.deployment, silo, checked)
                 if isinstance(checked, Dropout):
                     dropped[silo] = checked.reason
                     if checked.retire:

@@ -1,17 +1,21 @@
 """A silo's reply as the coordinator checks it: `accept` decodes it and turns anything wrong
 (malformed, for another task, failed, budget exhausted, non-finite, missing or misshapen
 tensors) into a `Dropout` with its reason; an `Accepted` reply keeps an aggregated phase's
-tensors unread in the payload, to be read slice by slice."""
+tensors unread in the payload, to be read slice by slice. Either keeps the silo's signed receipt
+of the booking (a receipt for another task or silo, or malformed, drops the reply), for the
+engine to store: it is what a privacy officer audits the silo's ledger against."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from fedsilo.coordinator.phases import Identical, SiloReport, WeightedMean
+from fedsilo.coordinator.state import StateStore
+from fedsilo.privacy.receipts import Receipt, ReceiptError
 from fedsilo.wire.messages import STATUS_BUDGET_EXHAUSTED, TaskMessage, TaskResult
 from fedsilo.wire.payload import AnyPayload
 from fedsilo.wire.tensors import LazyTensor, WireError
@@ -47,6 +51,7 @@ class Accepted:
 
     result: TaskResult
     lazy: Mapping[str, LazyTensor] = field(default_factory=dict)
+    receipt: Receipt | None = None
 
 
 @dataclass(frozen=True)
@@ -55,6 +60,15 @@ class Dropout:
 
     reason: str
     retire: bool = False
+    receipt: Receipt | None = None
+
+
+def keep_receipt(
+    store: StateStore | None, deployment: str, silo: str, checked: Accepted | Dropout
+) -> None:
+    """Store the reply's receipt, if it has one and there is a store."""
+    if store is not None and checked.receipt is not None:
+        store.save_receipt(deployment, silo, checked.receipt.to_json())
 
 
 def accept(
@@ -78,6 +92,22 @@ def accept(
         return Dropout(
             f"reply is for task {result.task_id!r} of silo {result.silo!r}, not this task"
         )
+    try:
+        receipt = None if result.receipt is None else Receipt.from_json(result.receipt)
+    except ReceiptError as exc:
+        return Dropout(f"malformed receipt: {exc}")
+    if receipt is not None and (receipt.task_id, receipt.silo) != (sent.task_id, sent.silo):
+        return Dropout(f"the receipt is for task {receipt.task_id!r} of silo {receipt.silo!r}")
+    return replace(_checked(accepted, tensors, sent, aggregate), receipt=receipt)
+
+
+def _checked(
+    accepted: Accepted,
+    tensors: Mapping[str, torch.Tensor | LazyTensor],
+    sent: TaskMessage,
+    aggregate: WeightedMean | Identical | None,
+) -> Accepted | Dropout:
+    result = accepted.result
     if result.status == STATUS_BUDGET_EXHAUSTED:
         return Dropout(f"{STATUS_BUDGET_EXHAUSTED}: {result.error}", retire=True)
     if not result.ok:

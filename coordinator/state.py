@@ -1,5 +1,6 @@
-"""The coordinator's durable state: deployments, finished rounds, participants and the message
-audit in one SQLite file, and the server states' tensors as content-addressed checkpoints.
+"""The coordinator's durable state: deployments, finished rounds, participants, the message
+audit and the silos' signed release receipts in one SQLite file, and the server states' tensors
+as content-addressed checkpoints.
 
 Layout: `<name>.db` (WAL journal, `synchronous=FULL`, foreign keys on) and beside it the folder
 `<name>.checkpoints/`, one safetensors file per distinct state, named by the BLAKE2b-256 of its
@@ -85,6 +86,16 @@ _SCHEMA = (
     )""",
     "CREATE INDEX message_audit_by_round ON message_audit (deployment_id, round)",
 )
+# Added after version 1 shipped: created in older files too when they are opened.
+_RECEIPTS = """CREATE TABLE IF NOT EXISTS receipts (
+    deployment_id TEXT NOT NULL REFERENCES deployments(deployment_id),
+    silo TEXT NOT NULL,
+    task_id TEXT NOT NULL,
+    ledger_head TEXT NOT NULL,
+    receipt_json TEXT NOT NULL,
+    received_at TEXT NOT NULL,
+    PRIMARY KEY (deployment_id, silo, task_id, ledger_head)
+)"""
 
 
 class StateError(RuntimeError):
@@ -338,6 +349,37 @@ class StateStore:
             ).fetchall()
         return [dict(row) for row in rows]
 
+    # -- release receipts -------------------------------------------------------------------
+
+    def save_receipt(self, deployment_id: str, silo: str, receipt: Mapping[str, Any]) -> None:
+        """Keep a silo's signed receipt of a booked release (`privacy/receipts.py`), once: the
+        same answer sent again (a retry, a resumed round) carries the same receipt."""
+        with self._transaction() as db:
+            self._require_deployment(db, deployment_id)
+            db.execute(
+                "INSERT OR IGNORE INTO receipts VALUES (?, ?, ?, ?, ?, ?)",
+                (
+                    deployment_id,
+                    silo,
+                    str(receipt["task_id"]),
+                    str(receipt["ledger_head"]),
+                    json.dumps(dict(receipt), sort_keys=True),
+                    _now(),
+                ),
+            )
+
+    def receipts(
+        self, deployment_id: str | None = None, silo: str | None = None
+    ) -> list[dict[str, Any]]:
+        """The kept receipts (of one deployment or silo, if given), in the order received."""
+        with self._transaction("DEFERRED") as db:
+            rows = db.execute(
+                "SELECT receipt_json FROM receipts WHERE (?1 IS NULL OR deployment_id = ?1) "
+                "AND (?2 IS NULL OR silo = ?2) ORDER BY rowid",
+                (deployment_id, silo),
+            ).fetchall()
+        return [json.loads(row["receipt_json"]) for row in rows]
+
     # -- plumbing ---------------------------------------------------------------------------
 
     @contextmanager
@@ -384,6 +426,7 @@ def _create_or_check_schema(db: sqlite3.Connection, path: Path) -> None:
             for statement in _SCHEMA:
                 db.execute(statement)
             db.execute("INSERT INTO schema_version VALUES (?)", (SCHEMA_VERSION,))
+            db.execute(_RECEIPTS)
         elif "schema_version" not in tables:
             raise StateError(
                 f"{path} is an SQLite database but not a fedsilo state file "
@@ -396,6 +439,7 @@ def _create_or_check_schema(db: sqlite3.Connection, path: Path) -> None:
                     f"{path} holds state schema version {versions}; this fedsilo reads version "
                     f"{SCHEMA_VERSION} only"
                 )
+            db.execute(_RECEIPTS)
 
 
 @contextmanager

@@ -7,9 +7,21 @@ privacy officer can read it and every byte matters: a record's `hash` is BLAKE2b
 canonical JSON of all its other fields, and its `prev` is the hash of the record before it
 (`GENESIS` for the first). `verify` re-encodes every record it parses and compares bytes, so
 any edit is caught even where the JSON would parse to the same values; a deleted or swapped
-record breaks `seq` and `prev`. Only the deletion of the last records leaves an intact chain;
-the coordinator is shown `head()` with every result, and `verify(anchor=...)` fails unless the
-chain still holds that record.
+record breaks `seq` and `prev`. The chain is unkeyed, so it proves internal consistency only: a
+ledger cut after its last records, or rewritten whole with its hashes recomputed, is a valid
+chain. What proves it against the releases themselves are the signed receipts the coordinator
+keeps (`receipts.py`, `receipt_audit.py`); `verify(anchor=...)` checks one head the coordinator
+was shown and says, when it is missing, that it cannot tell a deletion from a rewrite.
+
+A record names the job it was booked for (`job`: the digest of the signed policy the silo
+accepted; absent in records written before jobs were booked, and where no policy is pinned):
+`booking(deployment, job, task_id)` is how a silo finds that a task was already answered.
+
+A torn last line (the silo was killed while booking: the line was never fsynced, so its answer
+never left) is repaired when a `PrivacyLedger` opens the file: the torn bytes are moved aside to
+`<ledger>.torn-<time>` (never deleted), the file is cut back to its intact records, and a repair
+record is booked in the `REPAIRS` deployment (public, no epsilon; its task names the file the
+bytes went to), which the audit lists. A damaged line anywhere else is an error the audit names.
 
 Epsilon is booked per deployment, under the delta and accountant of its first record:
 `epsilon_cumulative` is what all of that deployment's releases compose to (`accounting.epsilon`)
@@ -36,7 +48,7 @@ import re
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO, Any
@@ -49,7 +61,7 @@ from fedsilo.privacy.accounting import (
     check_accounting,
     epsilon,
 )
-from fedsilo.wire.durable import fsync_folder
+from fedsilo.wire.durable import fsync_folder, write_atomically
 
 DIGEST_BYTES = 32
 GENESIS = "0" * (2 * DIGEST_BYTES)
@@ -58,6 +70,9 @@ EDITED = "edited"
 DELETED = "deleted or reordered"
 NOT_JSON = "not JSON"
 TRUNCATED = "truncated tail"
+ANCHOR_MISSING = "anchor not held"
+REPAIRS = "ledger-repairs"  # the deployment repair records are booked in
+REPAIR_TASK = "repair/"  # a repair record's task id: this, then the file the torn bytes went to
 _HEX_DIGEST = re.compile(f"[0-9a-f]{{{2 * DIGEST_BYTES}}}")
 
 
@@ -87,15 +102,19 @@ class LedgerRecord:
     payload_digest: str
     prev: str
     hash: str
+    job: str | None = None  # the accepted policy's digest; None in records without a job
 
     def body(self) -> dict[str, Any]:
-        """Every field but `hash`, JSON-ready, in the order they are written."""
+        """Every field but `hash`, JSON-ready, in the order they are written (`job` only where
+        the record has one)."""
+        job = {} if self.job is None else {"job": self.job}
         return {
             "seq": self.seq,
             "time": self.time,
             "deployment": self.deployment,
             "round": self.round,
             "task_id": self.task_id,
+            **job,
             "mechanism": self.mechanism.to_json(),
             "delta": self.delta,
             "accountant": self.accountant,
@@ -120,8 +139,11 @@ class LedgerRecord:
     def from_json(cls, data: Mapping[str, Any]) -> LedgerRecord:
         """The inverse of `to_json`; raises `LedgerError` naming the first field that is wrong."""
         expected = [*_BODY_FIELDS, "hash"]
-        if list(data) != expected:
-            raise LedgerError(f"fields {list(data)}, expected {expected}")
+        with_job = [*expected[:5], "job", *expected[5:]]
+        if list(data) not in (expected, with_job):
+            raise LedgerError(f"fields {list(data)}, expected {with_job}")
+        job = data.get("job")
+        _require(job is None or (isinstance(job, str) and job != ""), "job must be a text")
         _require(_is_int(data["seq"]) and data["seq"] >= 1, "seq must be an integer >= 1")
         _require(_is_int(data["round"]) and data["round"] >= 0, "round must be an integer >= 0")
         for name in ("time", "deployment", "task_id"):
@@ -152,6 +174,7 @@ class LedgerRecord:
             payload_digest=data["payload_digest"],
             prev=data["prev"],
             hash=data["hash"],
+            job=job,
         )
 
 
@@ -200,6 +223,7 @@ class DeploymentAudit:
     recomputed: float | None
     cap: float | None  # the audit's cap; None without one, or where no DP is booked
     problem: str | None  # the first record whose booking does not hold, or None
+    epsilon_at: Mapping[int, float | None] = field(default_factory=dict)  # seq -> recomputed
 
     @property
     def remaining(self) -> float | None:
@@ -241,6 +265,18 @@ class AuditReport:
         return self.reason is None
 
     @property
+    def repairs(self) -> tuple[LedgerRecord, ...]:
+        """The repair records: each says where the bytes of a torn last line were kept."""
+        return tuple(r for r in self.records if r.deployment == REPAIRS)
+
+    def epsilon_at(self, record: LedgerRecord) -> float | None:
+        """The epsilon recomputed for `record`'s deployment up to and including `record`."""
+        for audit in self.deployments:
+            if audit.deployment == record.deployment:
+                return audit.epsilon_at.get(record.seq)
+        return None
+
+    @property
     def reason(self) -> str | None:
         """Why the audit fails, in one line, or None."""
         if self.problem is not None:
@@ -259,6 +295,10 @@ class AuditReport:
             "head": self.head,
             "problem": self.problem.to_json() if self.problem else None,
             "deployments": [audit.to_json() for audit in self.deployments],
+            "repairs": [
+                {"seq": r.seq, "time": r.time, "torn_bytes_kept_in": r.task_id[len(REPAIR_TASK) :]}
+                for r in self.repairs
+            ],
         }
 
 
@@ -289,17 +329,20 @@ def verify(path: Path | str, anchor: str | None = None, cap: float | None = None
 
 class PrivacyLedger:
     """A silo's ledger file: books releases and answers what a deployment has spent and would
-    reach. Opening an existing file verifies its chain and refuses a broken one."""
+    reach. Opening an existing file repairs a torn last line, verifies the chain and refuses a
+    broken one."""
 
     def __init__(self, path: Path | str) -> None:
         self.path = Path(path)
         self._lock = threading.Lock()
         self._records: list[LedgerRecord] = []
         self._deployments: dict[str, list[LedgerRecord]] = {}
+        self._bookings: dict[tuple[str, str | None, str], LedgerRecord] = {}
         self._size = 0
         if not self.path.parent.is_dir():
             raise LedgerError(f"{self.path}: folder {self.path.parent} does not exist")
         with self._lock:
+            self._repair_torn_tail()
             self._refresh()
 
     def append(
@@ -312,10 +355,14 @@ class PrivacyLedger:
         payload_digest: str,
         delta: float | None,
         accountant: Accountant = "rdp",
+        job: str | None = None,
     ) -> LedgerRecord:
         """Book one release and return its record once it is on disk (fsynced): only then may
-        the payload with this digest be sent. `delta` None books a deployment without DP."""
+        the payload with this digest be sent. `delta` None books a deployment without DP;
+        `job`: the digest of the policy the release was made under."""
         _check_booking(deployment, round, task_id, mechanism, payload_digest)
+        if job is not None and (not isinstance(job, str) or not job):
+            raise LedgerError(f"job must be a non-empty text, not {job!r}")
         if delta is not None:
             _checked_accounting(delta, accountant)
         with self._lock, self._appending() as handle:
@@ -335,16 +382,16 @@ class PrivacyLedger:
                 epsilon_cumulative=cumulative,
                 payload_digest=payload_digest,
                 prev=self._head(),
+                job=job,
             )
-            line = record.line()
-            handle.write(line)
-            handle.flush()
-            os.fsync(handle.fileno())
-            if self._size == 0:
-                fsync_folder(self.path.parent)
-            self._size += len(line)
-            self._add(record)
+            self._write(handle, record)
         return record
+
+    def booking(self, deployment: str, job: str | None, task_id: str) -> LedgerRecord | None:
+        """The last record booked for `task_id` of `job` in `deployment`, or None."""
+        with self._lock:
+            self._refresh()
+            return self._bookings.get((deployment, job, task_id))
 
     def spent(self, deployment: str) -> float | None:
         """The deployment's booked cumulative epsilon: 0.0 before its first record, None for a
@@ -410,6 +457,56 @@ class PrivacyLedger:
     def _add(self, record: LedgerRecord) -> None:
         self._records.append(record)
         self._deployments.setdefault(record.deployment, []).append(record)
+        self._bookings[(record.deployment, record.job, record.task_id)] = record
+
+    def _write(self, handle: IO[bytes], record: LedgerRecord) -> None:
+        """Append `record`'s line at the end of `handle` (flocked) and fsync it."""
+        line = record.line()
+        handle.seek(0, os.SEEK_END)
+        handle.write(line)
+        handle.flush()
+        os.fsync(handle.fileno())
+        if self._size == 0:
+            fsync_folder(self.path.parent)
+        self._size += len(line)
+        self._add(record)
+
+    def _repair_torn_tail(self) -> None:
+        """Set a torn last line aside and book the repair (see the module docstring). A file
+        with any other damage is left as it is, for `_refresh` to refuse. Call with `_lock`."""
+        if not self.path.exists():
+            return
+        with open(self.path, "r+b") as handle:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+            data = handle.read()
+            records, problem = _read_chain(data)
+            if problem is None or problem.problem != TRUNCATED:
+                return
+            intact = data.rfind(b"\n") + 1
+            now = datetime.now(timezone.utc)
+            aside = self.path.with_name(f"{self.path.name}.torn-{now:%Y%m%dT%H%M%S%fZ}")
+            write_atomically(aside, [data[intact:]])
+            handle.truncate(intact)
+            handle.flush()
+            os.fsync(handle.fileno())
+            for record in records:
+                self._add(record)
+            self._size = intact
+            repair = _sealed(
+                seq=len(records) + 1,
+                time=now.isoformat(timespec="microseconds"),
+                deployment=REPAIRS,
+                round=0,
+                task_id=f"{REPAIR_TASK}{aside.name}",
+                mechanism=Mechanism.public(),
+                delta=None,
+                accountant=None,
+                epsilon_increment=None,
+                epsilon_cumulative=None,
+                payload_digest=payload_digest(data[intact:]),
+                prev=records[-1].hash if records else GENESIS,
+            )
+            self._write(handle, repair)
 
     def _refresh(self) -> None:
         """Catch up with records another process appended. Call with `_lock` held."""
@@ -502,10 +599,11 @@ def _anchor_problem(records: Sequence[LedgerRecord], anchor: str) -> ChainProble
         return None
     last = records[-1].seq if records else 0
     detail = (
-        f"no record has the anchored hash {anchor}: the ledger ends at seq {last}, "
-        f"so records from seq {last + 1} on were deleted"
+        f"no record has the anchored hash {anchor} (the ledger ends at seq {last}): the "
+        "record the coordinator was shown was deleted, or rewritten with its hashes "
+        "recomputed; a bare hash cannot tell which (audit with --receipts to find out)"
     )
-    return ChainProblem(len(records) + 1, last + 1, DELETED, detail)
+    return ChainProblem(len(records) + 1, None, ANCHOR_MISSING, detail)
 
 
 def _audit_deployment(
@@ -514,6 +612,7 @@ def _audit_deployment(
     delta, accountant = booked[0].delta, booked[0].accountant
     recomputed = None if delta is None else 0.0
     problems: list[str] = []
+    epsilon_at: dict[int, float | None] = {}
     for count, record in enumerate(booked, start=1):
         if (record.delta, record.accountant) != (delta, accountant):
             problems.append(
@@ -532,6 +631,7 @@ def _audit_deployment(
                 f"seq {record.seq} books epsilon +{record.epsilon_increment} = "
                 f"{record.epsilon_cumulative}, recomputed +{increment} = {recomputed}"
             )
+        epsilon_at[record.seq] = recomputed
         if cap is not None and before <= cap < recomputed:
             problems.append(f"seq {record.seq} takes epsilon to {recomputed}, over the cap {cap}")
     return DeploymentAudit(
@@ -543,6 +643,7 @@ def _audit_deployment(
         recomputed=recomputed,
         cap=cap if delta is not None else None,
         problem=problems[0] if problems else None,
+        epsilon_at=epsilon_at,
     )
 
 

@@ -6,16 +6,24 @@ With a privacy ledger, the agent books every answer it sends. Before running a t
 what the task would release (`TASK_RELEASES`) and what epsilon the deployment would reach with
 it; above the cap (the stricter of the policy's and the silo's own) it refuses with a
 `budget_exhausted` result instead, and the coordinator retires the silo for the deployment.
-An answer carries that epsilon and the ledger head before its booking (the anchor a privacy
-officer audits against); it is booked, fsynced, before it is returned for sending.
+An answer carries that epsilon and the ledger head before its booking; it is booked, fsynced,
+before it is returned for sending, and with the silo's identity it carries a signed receipt of
+its booking (`privacy/receipts.py`: the head after it), which the coordinator keeps for audits.
+
+No DP release is ever made twice from the same noise. With a ledger or a DP policy, every
+answer to a task of the accepted job is kept (`AnswerStore`, in the state folder, written
+durably before it leaves): the same task id gets the same bytes whatever the new message
+carries, and a task the ledger booked (or the store answered) whose bytes are gone is refused.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import torch
 from nacl.public import PrivateKey, PublicKey
@@ -25,7 +33,10 @@ from fedsilo.policies.model import ModelConfig
 from fedsilo.policies.privacy import PrivacyConfig
 from fedsilo.policies.secure_aggregation import SecureAggregationConfig
 from fedsilo.privacy.accounting import Mechanism
-from fedsilo.privacy.ledger import PrivacyLedger, payload_digest
+from fedsilo.privacy.ledger import LedgerRecord, PrivacyLedger, payload_digest
+from fedsilo.privacy.receipts import Receipt
+from fedsilo.silo import release_gate
+from fedsilo.silo.answers import FOLDER, AnswerStore
 from fedsilo.silo.data import SiloDataset
 from fedsilo.silo.state import LocalState
 from fedsilo.silo.tasks import TASK_HANDLERS, TASK_RELEASES
@@ -73,7 +84,9 @@ class SiloAgent:
         and `roster` (every member's verify key) checks its peers'. `sealing_key` opens what
         members seal to this silo (CKKS keys, daisy-chain hand-offs) and `sealing_roster` holds
         every member's public sealing key, as provisioning pinned it. `state`: the folder where
-        the silo keeps what must outlive its process (SuPerFed's local model; None: memory)."""
+        the silo keeps what must outlive its process (SuPerFed's local model, its answers;
+        None: memory)."""
+        local_state = LocalState(state, deployment)
         self.context = SiloContext(
             name,
             data,
@@ -84,18 +97,23 @@ class SiloAgent:
             secret=secret,
             consortium=consortium,
             deployment=deployment,
+            job=policy_digest or "",
             secure_aggregation=secure_aggregation or SecureAggregationConfig(),
             identity=identity,
             roster=dict(roster or {}),
             sealing_key=sealing_key,
             sealing_roster=dict(sealing_roster or {}),
-            state=LocalState(state, deployment),
+            state=local_state,
         )
         self.policy_digest = policy_digest
         self.ledger = ledger
         self.deployment = deployment
         caps = [c for c in (self.context.privacy.epsilon_cap, epsilon_cap) if c is not None]
         self.epsilon_cap = min(caps) if caps else None
+        keeps_answers = ledger is not None or self.context.privacy.differentially_private
+        folder = None if local_state.folder is None else local_state.folder / FOLDER
+        self.answers = AnswerStore(folder) if keeps_answers else None
+        self._lock = threading.Lock()  # one task at a time: checked, run, booked, kept
 
     @property
     def name(self) -> str:
@@ -106,11 +124,22 @@ class SiloAgent:
 
     def respond(self, message: TaskMessage) -> tuple[TaskResult, bytes]:
         """Run `message` and return its result and the encoded answer, booked when there is a
-        ledger: the encoded bytes are exactly what the ledger's digest covers."""
+        ledger (the digest booked covers the encoded answer without its receipt), or the
+        answer already given to its task id."""
+        with self._lock:
+            return self._respond(message)
+
+    def _respond(self, message: TaskMessage) -> tuple[TaskResult, bytes]:
         started = time.perf_counter()
         problem = self._refusal(message)
         if problem is not None:
-            return self._refuse(message, STATUS_ERROR, problem)
+            refusal = TaskResult(
+                message.task_id, self.name, message.kind, STATUS_ERROR, error=problem
+            )
+            return self._send(message, refusal, [Mechanism.public()], message.policy_digest)
+        given = self._given(message)
+        if given is not None:
+            return given
         try:
             releases = TASK_RELEASES[message.kind](message, self.context)
         except Exception as exc:  # e.g. a DP plan that cannot be calibrated
@@ -129,7 +158,7 @@ class SiloAgent:
         except Exception as exc:  # reported to the coordinator as this task's failure
             return self._refuse(message, STATUS_ERROR, _describe(exc))
         result = replace(result, compute_seconds=time.perf_counter() - started, epsilon=epsilon)
-        return self._send(message, result, releases)
+        return self._send(message, result, releases, self.policy_digest)
 
     def handle_bytes(self, payload: bytes) -> bytes:
         try:
@@ -150,30 +179,90 @@ class SiloAgent:
             )
         if message.kind not in TASK_HANDLERS:
             return f"unknown task kind {message.kind!r}; known: {sorted(TASK_HANDLERS)}"
-        return None
+        return release_gate.refusal(message, self.context)
+
+    def _given(self, message: TaskMessage) -> tuple[TaskResult, bytes] | None:
+        """The answer this task id already got (the same bytes), a refusal where that answer
+        is gone, or None for a task never answered."""
+        if self.answers is None:
+            return None
+        job, task = self.context.job, message.task_id
+        kept = self.answers.answer(job, task)
+        if kept is not None:
+            return TaskResult.decode(kept), kept
+        booked = None
+        if self.ledger is not None:
+            booked = self.ledger.booking(self.deployment, self.policy_digest, task)
+        if booked is None and not self.answers.answered(job, task):
+            return None
+        where = f" (ledger seq {booked.seq})" if booked is not None else ""
+        why = (
+            f"task {task} is already booked{where} and its answer is no longer kept; "
+            "answering it again would release from the same noise a second time"
+        )
+        refusal = TaskResult(task, self.name, message.kind, STATUS_ERROR, error=why)
+        return refusal, refusal.encode()
 
     def _send(
-        self, message: TaskMessage, result: TaskResult, releases: list[Mechanism]
+        self,
+        message: TaskMessage,
+        result: TaskResult,
+        releases: list[Mechanism],
+        job: str | None,
     ) -> tuple[TaskResult, bytes]:
-        """Encode `result` with the ledger head, and book each of its releases."""
-        if self.ledger is None:
-            return result, result.encode()
-        result = replace(result, ledger_head=self.ledger.head())
+        """Book each of `result`'s releases under `job`, sign the receipt of the booking, and
+        keep the answer when it answers a task of this silo's job."""
+        if self.ledger is not None:
+            result = replace(result, ledger_head=self.ledger.head())
+            body = payload_digest(result.encode())
+            record = self._book(message, body, releases or [Mechanism.public()], job or None)
+            result = replace(result, receipt=self._receipt(message, body, record))
         encoded = result.encode()
-        digest = payload_digest(encoded)
+        if self.answers is not None and job == self.policy_digest:
+            self.answers.keep(self.context.job, message.task_id, message.round, encoded)
+        return result, encoded
+
+    def _book(
+        self, message: TaskMessage, digest: str, releases: list[Mechanism], job: str | None
+    ) -> LedgerRecord:
+        assert self.ledger is not None
         privacy = self.context.privacy
         delta = privacy.delta if privacy.differentially_private else None
-        for mechanism in releases:
+        records = [
             self.ledger.append(
                 deployment=self.deployment,
                 round=message.round,
-                task_id=result.task_id,
+                task_id=message.task_id,
                 mechanism=mechanism,
                 payload_digest=digest,
                 delta=delta,
                 accountant=privacy.accountant,
+                job=job,
             )
-        return result, encoded
+            for mechanism in releases
+        ]
+        return records[-1]
+
+    def _receipt(
+        self, message: TaskMessage, digest: str, record: LedgerRecord
+    ) -> dict[str, Any] | None:
+        """The signed receipt of a booking (None without an identity to sign it)."""
+        if self.context.identity is None:
+            return None
+        return (
+            Receipt(
+                silo=self.name,
+                deployment=self.deployment,
+                job=record.job or "",
+                task_id=message.task_id,
+                payload_digest=digest,
+                seq=record.seq,
+                ledger_head=record.hash,
+                epsilon=record.epsilon_cumulative,
+            )
+            .signed(self.context.identity)
+            .to_json()
+        )
 
     def _would_reach(self, releases: list[Mechanism]) -> float | None:
         if self.ledger is None or not self.context.privacy.differentially_private:
@@ -191,7 +280,7 @@ class SiloAgent:
         refusal = TaskResult(
             message.task_id, self.name, message.kind, status, error=why, epsilon=epsilon
         )
-        return self._send(message, refusal, [Mechanism.public()])
+        return self._send(message, refusal, [Mechanism.public()], self.policy_digest)
 
 
 def _describe(exc: Exception) -> str:

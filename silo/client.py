@@ -4,7 +4,8 @@ It joins, receives the deployment policy and checks the operator's signature on 
 the site's local rules, and accepts (pinning the policy digest) or refuses naming the rule.
 Then it long-polls for tasks, runs each with the agent, and pushes the result. A lost
 connection is retried with exponential backoff and jitter; a task it has already answered
-(the coordinator restarted, or an acknowledgement was lost) is answered again from a cache, so
+(the coordinator restarted, or an acknowledgement was lost) gets the very bytes it got before
+from the agent's answer store (kept in the silo's state folder, so across restarts too), so
 result delivery is idempotent. A coordinator that refuses this silo (revoked, or not on its
 roster) ends the agent with `SiloRefused`: retrying cannot help.
 """
@@ -15,7 +16,6 @@ import logging
 import random
 import threading
 import uuid
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -46,7 +46,6 @@ from fedsilo.wire.messages import TaskMessage
 log = logging.getLogger("fedsilo.silo")
 
 RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
-ANSWERED_CACHE = 64
 
 
 class PolicyRefused(RuntimeError):
@@ -154,7 +153,6 @@ class SiloClient:
         self.operator_key = operator_key
         self.check_policy = check_policy
         self.start_agent = start_agent
-        self._answered: OrderedDict[str, bytes] = OrderedDict()
 
     def run(self) -> str:
         """Take part until the deployment finishes; returns why it ended."""
@@ -220,12 +218,7 @@ class SiloClient:
 
     def _answer(self, payload: bytes, endpoint: Callable[[bytes], bytes]) -> None:
         task = TaskMessage.decode(payload)
-        result = self._answered.get(task.task_id)
-        if result is None:
-            result = endpoint(payload)
-            self._answered[task.task_id] = result
-            if len(self._answered) > ANSWERED_CACHE:
-                self._answered.popitem(last=False)
+        result = endpoint(payload)  # the agent answers a task id it answered with the same bytes
         ack = decode_control(self.connection.exchange(result, task.task_id, task.round))
         if ack.type == ACK and not ack.get("accepted"):
             log.warning("result for %s not taken: %s", task.task_id, ack.get("reason"))

@@ -10,9 +10,11 @@ bounded sensitivity (AUROC, RMSE, MAE) and the training loss (its rows overlap a
 batches) are withheld. k reports at one noise multiplier compose exactly as one Gaussian release
 at sigma / sqrt(k) (`reports_mechanism`), which is how a task's reports are booked.
 
-A split's sample count is released once: its noise is drawn from the silo's secret and the
-split alone, so every later report of it repeats the same value, which costs nothing more
-(`SiloContext` remembers which counts it released; a restarted silo books them once again).
+A split's sample count is released once per job: its noise is drawn from the silo's secret,
+the job and the split alone, so every later report of it repeats the same value, which costs
+nothing more (`SiloContext` remembers which counts it released; a restarted silo books them
+once again). Another job (another signed policy, perhaps another noise multiplier) draws other
+noise: two values of one count under one noise draw at two scales would reveal it.
 
 In a deployment without DP the reports are exact, and booked as releases without noise.
 """

@@ -94,7 +94,7 @@ def test_audit_with_the_coordinators_anchor_catches_a_deleted_last_record(
     assert invoke("audit", "--ledger", str(ledger_file)).exit_code == 0
     result = invoke("audit", "--ledger", str(ledger_file), "--anchor", anchor)
     assert result.exit_code == 1
-    assert "deleted or reordered" in result.stderr and "from seq 4 on" in result.stderr
+    assert "anchor not held" in result.stderr and "the ledger ends at seq 3" in result.stderr
 
 
 def test_audit_fails_where_a_deployment_went_over_the_cap(ledger_file: Path) -> None:
@@ -156,3 +156,30 @@ def test_report_needs_a_deployment_that_books_epsilon(tmp_path: Path) -> None:
     result = invoke("report", "--ledger", str(path), "--out", str(tmp_path / "e.png"))
     assert result.exit_code == 1
     assert "no deployment in these ledgers books epsilon" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--receipts", "r.json"), "--receipts and --verify-key go together"),
+        (("--receipts", "missing.json", "--verify-key", "ab" * 32), "missing.json: cannot read"),
+        (("--receipts", "r.json", "--verify-key", "xyz"), "--verify-key: not a hex-encoded key"),
+    ],
+)
+def test_audit_with_receipts_errors_are_one_clear_line(
+    ledger_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args, message: str
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "r.json").write_text(json.dumps({"receipts": []}))
+    result = invoke("audit", "--ledger", str(ledger_file), *args)
+    assert result.exit_code == 1
+    (line,) = result.stderr.strip().splitlines()
+    assert message in line
+
+
+def test_receipts_export_refuses_a_missing_state_file_in_one_line(tmp_path: Path) -> None:
+    missing = tmp_path / "state.db"
+    result = invoke("receipts", "--state", str(missing), "--out", str(tmp_path / "r.json"))
+    assert result.exit_code == 1
+    assert result.stderr.strip() == f"Error: {missing}: no such state file"
+    assert not missing.exists() and not (tmp_path / "r.json").exists()

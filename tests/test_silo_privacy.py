@@ -5,9 +5,11 @@ deployment goes on, scalar reports are clipped and noised, and forbidden reports
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
+from nacl.signing import SigningKey
 
 from fedsilo.coordinator.engine import RoundEngine
 from fedsilo.coordinator.strategies import make_strategy
@@ -17,6 +19,7 @@ from fedsilo.policies.loading import PolicyError, parse_policy
 from fedsilo.policies.privacy import PrivacyConfig
 from fedsilo.privacy.accounting import Mechanism, epsilon
 from fedsilo.privacy.ledger import GENESIS, PrivacyLedger, payload_digest, verify
+from fedsilo.privacy.receipts import Receipt
 from fedsilo.silo.agent import SiloAgent
 from fedsilo.silo.config import LocalRules
 from fedsilo.silo.reports import Reports
@@ -50,10 +53,12 @@ def silo(tmp_path, name: str = "a", cap: float | None = None, **section: object)
     )
 
 
-def answer(agent: SiloAgent, kind: str, config: dict, model: TaskResult | None = None):
+def answer(
+    agent: SiloAgent, kind: str, config: dict, model: TaskResult | None = None, round: int = 1
+):
     message = TaskMessage(
-        f"d/r1/{kind}/{agent.name}",
-        1,
+        f"d/r{round}/{kind}/{agent.name}",
+        round,
         kind,
         kind,
         agent.name,
@@ -236,7 +241,35 @@ def test_a_splits_count_is_released_once_and_repeated_for_free(tmp_path) -> None
     agent = silo(tmp_path)
     init, _ = answer(agent, "init", {"seed": 0})
     first, _ = answer(agent, "train", train_config(), init)
-    second, _ = answer(agent, "train", train_config(seed=4), init)
+    second, _ = answer(agent, "train", train_config(seed=4), init, round=2)
     assert first.num_samples == second.num_samples  # the same noisy value, not a new draw
     kinds = [r.mechanism.kind for r in agent.ledger.records()]
     assert kinds == ["public", "dp_sgd", "gaussian", "dp_sgd"]
+
+
+def test_every_answer_carries_a_signed_receipt_of_its_own_booking(tmp_path) -> None:
+    identity = SigningKey(b"\x05" * 32)
+    agent = SiloAgent(
+        "a",
+        separable(),
+        LINEAR,
+        privacy=privacy(),
+        rounds=10,
+        ledger=PrivacyLedger(tmp_path / "a.jsonl"),
+        deployment="d",
+        identity=identity,
+    )
+    init, _ = answer(agent, "init", {"seed": 0})
+    trained, sent = answer(agent, "train", train_config(), init)
+    receipt = Receipt.from_json(TaskResult.decode(sent).receipt)
+    last = agent.ledger.records()[-1]  # the answer's last record: the head AFTER its booking
+    body = replace(TaskResult.decode(sent), receipt=None).encode()
+    assert (receipt.seq, receipt.ledger_head, receipt.epsilon) == (
+        last.seq,
+        last.hash,
+        last.epsilon_cumulative,
+    )
+    assert receipt.payload_digest == last.payload_digest == payload_digest(body)
+    assert trained.ok and (receipt.task_id, receipt.silo) == ("d/r1/train/a", "a")
+    assert receipt.signed_by(identity.verify_key)
+    assert not replace(receipt, epsilon=receipt.epsilon / 2).signed_by(identity.verify_key)

@@ -68,7 +68,14 @@ def test_a_new_state_file_has_the_documented_tables_and_schema_version(store_pat
         versions = db.execute("SELECT version FROM schema_version").fetchall()
         (journal,) = db.execute("PRAGMA journal_mode").fetchone()
     db.close()
-    assert tables == {"schema_version", "deployments", "rounds", "participants", "message_audit"}
+    assert tables == {
+        "schema_version",
+        "deployments",
+        "rounds",
+        "participants",
+        "message_audit",
+        "receipts",
+    }
     assert versions == [(1,)] and journal == "wal"
     assert store_path.stat().st_mode & 0o077 == 0  # the consortium's state is the owner's only
 

@@ -143,6 +143,9 @@ class TaskResult:
     compute_seconds: float = 0.0
     epsilon: float | None = None  # the silo's epsilon for the deployment once this is released
     ledger_head: str | None = None  # the silo's ledger head before this release was booked
+    # The silo's signed receipt of the booking (privacy/receipts.py), JSON; it is not part of
+    # the body the ledger books (the result encoded with `receipt` None).
+    receipt: Mapping[str, Any] | None = None
 
     @property
     def ok(self) -> bool:
@@ -163,6 +166,7 @@ class TaskResult:
             "compute_seconds": self.compute_seconds,
             "epsilon": _epsilon_to_json(self.epsilon),
             "ledger_head": self.ledger_head,
+            "receipt": None if self.receipt is None else dict(self.receipt),
         }
         return encode_tensors(self.tensors, header)
 
@@ -194,6 +198,7 @@ class TaskResult:
                 compute_seconds=float(h["compute_seconds"]),
                 epsilon=None if h.get("epsilon") is None else float(h["epsilon"]),
                 ledger_head=None if h.get("ledger_head") is None else str(h["ledger_head"]),
+                receipt=_receipt(h.get("receipt")),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise WireError(f"malformed result header: {exc}") from exc
@@ -202,6 +207,12 @@ class TaskResult:
 def _epsilon_to_json(epsilon: float | None) -> float | str | None:
     """Infinity as the string "inf" (float() reads it back), so the header stays standard JSON."""
     return "inf" if epsilon == math.inf else epsilon
+
+
+def _receipt(value: Any) -> Mapping[str, Any] | None:
+    if value is not None and not isinstance(value, dict):
+        raise TypeError(f"receipt must be a JSON object, not {type(value).__name__}")
+    return value
 
 
 def _checked(header: Mapping[str, Any], expected_type: str) -> Mapping[str, Any]:

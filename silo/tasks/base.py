@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -39,6 +40,7 @@ class SiloContext:
     secret: bytes = b""  # key material only this silo holds: it seeds every noise draw
     consortium: int = 1  # silos in the deployment, as this silo knows it (bounds a round's)
     deployment: str = "simulation"
+    job: str = ""  # the digest of the signed policy the silo accepted ("": none pinned)
     secure_aggregation: SecureAggregationConfig = SecureAggregationConfig()
     identity: SigningKey | None = field(default=None, repr=False)  # signs its masking keys
     roster: Mapping[str, VerifyKey] = field(default_factory=dict)  # every member's identity
@@ -47,18 +49,19 @@ class SiloContext:
 
     def private_seed(self, task_id: str, purpose: str) -> int:
         """A seed for one task's noise (DP-SGD's noise and Poisson draws, noisy reports): from
-        the silo's secret and the task, so a run repeats bit for bit while the coordinator,
-        which chose the task and its seed, cannot predict the noise and subtract it."""
-        digest = hashlib.blake2b(
-            f"{task_id}/{purpose}".encode(), key=self.secret[:64], digest_size=8
-        ).digest()
+        the silo's secret, the job and the task, so a run repeats bit for bit while the
+        coordinator, which chose the task and its seed, cannot predict the noise and subtract
+        it. A task id is answered once per job (the agent's answer store), and another job
+        (another signed policy, even with the same task ids) draws other noise."""
+        key = json.dumps([self.job, task_id, purpose]).encode()
+        digest = hashlib.blake2b(key, key=self.secret[:64], digest_size=8).digest()
         return int.from_bytes(digest, "little") >> 1
 
     def noise_generator(self, task_id: str, purpose: str) -> torch.Generator:
         return torch.Generator().manual_seed(self.private_seed(task_id, purpose))
 
     def reports(self, task_id: str, split: str) -> Reports:
-        """The reports of one task on `split` (its count's noise fixed per split)."""
+        """The reports of one task on `split` (its count's noise fixed per split and job)."""
         return Reports(
             self.privacy,
             self.noise_generator(task_id, "reports"),

@@ -1,0 +1,92 @@
+"""The silo's answer store: the exact bytes it sent for each task of a job, so that a task id
+sent again (a retry, a restarted coordinator, or a coordinator that sends another model under a
+task id already answered, to difference two releases of the same noise away) gets the same
+bytes, whatever the new message carries.
+
+Keyed by (job, task id), the job being the digest of the signed policy the silo accepted (a new
+job with a new policy has a fresh namespace, and fresh noise: `SiloContext.private_seed` is
+keyed the same way). On disk each answer is one file in `answers/` of the silo's state folder
+for the deployment, named by the BLAKE2b of the key and the round it was sent in, written
+durably (`write_atomically`) before the answer leaves; without a folder the answers live in
+memory. Answers from more than `KEEP_ROUNDS` rounds before the newest are emptied: the name
+stays as a tombstone, so the silo still knows the task was answered and refuses it (as it does
+a task its ledger holds but whose answer is gone).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import threading
+from pathlib import Path
+
+from fedsilo.wire.durable import make_private_folder, write_atomically
+
+KEEP_ROUNDS = 2
+FOLDER = "answers"
+_FILE = re.compile(r"^(?P<key>[0-9a-f]{32})\.r(?P<round>\d+)\.answer$")
+
+
+class AnswerStore:
+    """The answers of one deployment's tasks, on disk under `folder` or in memory (None)."""
+
+    def __init__(self, folder: Path | None) -> None:
+        self.folder = folder
+        self._lock = threading.Lock()
+        self._rounds: dict[str, int] = {}  # key -> round it was answered in
+        self._live: set[str] = set()  # keys whose bytes are still kept
+        self._memory: dict[str, bytes] = {}  # without a folder
+        if folder is not None and folder.is_dir():
+            for path in folder.iterdir():
+                match = _FILE.match(path.name)
+                if match is not None:
+                    self._rounds[match["key"]] = int(match["round"])
+                    if path.stat().st_size:
+                        self._live.add(match["key"])
+
+    def answer(self, job: str, task_id: str) -> bytes | None:
+        """The bytes sent for `task_id` of `job`, or None (never answered, or emptied)."""
+        key = _key(job, task_id)
+        with self._lock:
+            if key not in self._live:
+                return None
+            return self._memory[key] if self.folder is None else self._path(key).read_bytes()
+
+    def answered(self, job: str, task_id: str) -> bool:
+        """Whether `task_id` of `job` was answered, even if its bytes were emptied since."""
+        with self._lock:
+            return _key(job, task_id) in self._rounds
+
+    def keep(self, job: str, task_id: str, round: int, answer: bytes) -> None:
+        """Store `answer` durably (return only then send it), and empty old rounds' answers."""
+        key = _key(job, task_id)
+        with self._lock:
+            if self.folder is None:
+                self._memory[key] = answer
+            else:
+                make_private_folder(self.folder)
+                write_atomically(self._path_for(key, round), [answer])
+            self._rounds[key] = round
+            self._live.add(key)
+            newest = max(self._rounds[k] for k in self._live)
+            for old in [k for k in self._live if self._rounds[k] < newest - KEEP_ROUNDS]:
+                self._empty(old)
+
+    def _empty(self, key: str) -> None:
+        self._live.discard(key)
+        if self.folder is None:
+            del self._memory[key]
+        else:
+            os.truncate(self._path(key), 0)
+
+    def _path(self, key: str) -> Path:
+        return self._path_for(key, self._rounds[key])
+
+    def _path_for(self, key: str, round: int) -> Path:
+        assert self.folder is not None
+        return self.folder / f"{key}.r{round}.answer"
+
+
+def _key(job: str, task_id: str) -> str:
+    return hashlib.blake2b(f"{job}\x00{task_id}".encode(), digest_size=16).hexdigest()
