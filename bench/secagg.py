@@ -251,7 +251,7 @@ def deployment(
             n,
             silo_data(n, i),
             policy.model,
-            secure_aggregation=policy.secure_aggregation,
+            secure_aggregation=policy.silo_secure_aggregation,
             identity=identities[n],
             roster={m: key.verify_key for m, key in identities.items()},
             sealing_key=sealing[n],

@@ -68,7 +68,9 @@ class Phase:
     name: str
     tasks: tuple[Task, ...]
     aggregate: WeightedMean | Identical | None = None
-    quorum: int | None = None  # answers needed; default min(policy min_silos, len(tasks))
+    # answers needed: an aggregating or routed phase needs at least the policy's min_silos
+    # whatever it states; another the stated quorum, else min(min_silos, len(tasks))
+    quorum: int | None = None
     # sender -> recipient: each sender's model is handed to its recipient (daisy chaining);
     # sealed to the recipient when the policy says so, and never seen by the strategy
     route: Mapping[str, str] | None = None

@@ -42,7 +42,6 @@ from fedsilo.ops.provision_cli import provision_command
 from fedsilo.ops.report import (
     OutputFolderError,
     check_output_folder,
-    clear_output_folder,
     comparison_table,
     fmt_metric,
     write_results,
@@ -449,8 +448,6 @@ def coordinator_start(
     if out is not None:
         try:
             check_output_folder(out, overwrite)
-            if overwrite:
-                clear_output_folder(out)
         except OutputFolderError as exc:
             raise click.ClickException(str(exc)) from None
     configure_logging(log_json)
@@ -464,6 +461,7 @@ def coordinator_start(
         max_payload_mb << 20,
         linger_seconds,
         out,
+        overwrite,
     )
     try:
         history = run_coordinator(options, _stop_on_signals())

@@ -58,6 +58,7 @@ class CoordinatorOptions:
     max_payload_bytes: int = 1 << 30
     linger_s: float = 0.0  # keep serving (metrics, "finished" to silos) after the last round
     out: Path | None = None  # where the final model and history are written
+    overwrite: bool = False  # replace earlier fedsilo results in `out` (never anything else)
 
 
 def run_coordinator(options: CoordinatorOptions, stop: threading.Event | None = None) -> RunHistory:
@@ -110,6 +111,9 @@ def run_coordinator(options: CoordinatorOptions, stop: threading.Event | None = 
                 f"has {len(members_left)} silo(s) not revoked ({', '.join(members_left)}): no "
                 "round could reach its quorum; lower participants.min_silos or provision more"
             )
+        problem = policy.secure_aggregation_problem(len(members_left))
+        if problem:
+            raise DeploymentError(problem)
         threading.Thread(
             target=revocations.run, args=(stop,), daemon=True, name="revocations"
         ).start()
@@ -157,7 +161,9 @@ def run_coordinator(options: CoordinatorOptions, stop: threading.Event | None = 
         require_a_completed_round(history)
         if options.out is not None:
             taken = snapshots.taken if snapshots else {}
-            write_deployment_results(options.out, policy.algorithm.name, history, taken)
+            write_deployment_results(
+                options.out, policy.algorithm.name, history, taken, options.overwrite
+            )
         log.info("deployment %s complete at round %d", deployment, history.final.round)
         stop.wait(max(options.poll_seconds + 1.0, options.linger_s))  # silos hear "finished"
         return history

@@ -108,14 +108,6 @@ def atomic_directory(target: Path, overwrite: bool = False) -> Iterator[Path]:
         _delete_if_only_ours(aside, target)
 
 
-def clear_output_folder(target: Path) -> None:
-    """Remove a folder of earlier fedsilo results that `check_output_folder(target, True)`
-    accepted, ahead of a run that writes `target` anew (a coordinator's deployment)."""
-    target = Path(target)
-    if target.is_dir() and any(target.iterdir()):
-        _delete_if_only_ours(_set_aside(target), target)
-
-
 def _set_aside(target: Path) -> Path:
     aside = target.with_name(f"{target.name}.replaced-{time.strftime('%Y%m%dT%H%M%S')}")
     target.rename(aside)

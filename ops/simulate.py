@@ -99,7 +99,7 @@ def simulate(
             privacy=policy.privacy,
             rounds=policy.rounds,
             consortium=len(datasets),
-            secure_aggregation=policy.secure_aggregation,
+            secure_aggregation=policy.silo_secure_aggregation,
             identity=identities.get(name),
             roster=roster,
             sealing_key=sealing.get(name),

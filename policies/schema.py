@@ -165,6 +165,13 @@ class Policy(PolicyModel):
                 f"training.steps: {name} needs a fixed number of local steps tau per round "
                 "(its checkpoint is drawn from 1..tau); set steps instead of epochs"
             )
+        per_round = self.mixing.silos_per_round
+        quorum = self.participants.min_silos
+        if name in ("drfa", "drflm") and per_round is not None and per_round < quorum:
+            raise ValueError(
+                f"mixing.silos_per_round: {per_round} silos a round cannot make a mean of "
+                f"participants.min_silos {quorum} silos; raise it or lower min_silos"
+            )
         if self.mixing.variant == "fedtorch" and (self.training.steps or 0) < 2:
             raise ValueError(
                 "training.steps: the fedtorch variant draws its checkpoint before step "
@@ -198,14 +205,32 @@ class Policy(PolicyModel):
                 "secure_aggregation: data.scaling 'federated' sums raw feature moments, which "
                 "have no bound to clip them to; use scaling 'local' (or 'none')"
             )
+        if self.algorithm.name == "feddc" and not self.channel.sealed_handoffs:
+            raise ValueError(
+                f"channel.sealed_handoffs: feddc under secure_aggregation {secure.method} hands "
+                "single silos' models on between aggregations, which silos refuse to send in "
+                "the clear; set channel.sealed_handoffs: true"
+            )
         partition = self.data.partition
-        if partition is not None and secure.threshold is not None:
-            cohort = self.cohort_size(partition.silos)
-            if cohort < secure.threshold:
-                raise ValueError(
-                    f"secure_aggregation.threshold: a round asks {cohort} silos, fewer than the "
-                    f"threshold {secure.threshold}, so no sum could ever be recovered"
-                )
+        if partition is not None:
+            problem = self.secure_aggregation_problem(partition.silos)
+            if problem:
+                raise ValueError(problem)
+
+    def secure_aggregation_problem(self, consortium: int) -> str | None:
+        """Why this policy's secure aggregation cannot run in a consortium of `consortium`
+        silos (a simulation's partition, or a deployment's roster at coordinator start-up)."""
+        return self.silo_secure_aggregation.group_problem(self.cohort_size(consortium))
+
+    @property
+    def silo_secure_aggregation(self) -> SecureAggregationConfig:
+        """The section as every silo enforces it: no secure sum over fewer silos than the
+        policy's quorum (`participants.min_silos`) or its `min_group`, whichever is larger."""
+        secure = self.secure_aggregation
+        group = max(secure.min_group, self.participants.min_silos)
+        return (
+            secure if group == secure.min_group else secure.model_copy(update={"min_group": group})
+        )
 
     def cohort_size(self, consortium: int) -> int:
         """How many of `consortium` silos a round asks to train: max(min_silos,

@@ -17,7 +17,6 @@ from fedsilo.ops.report import (
     OutputFolderError,
     atomic_directory,
     check_output_folder,
-    clear_output_folder,
 )
 
 
@@ -140,18 +139,3 @@ def test_an_out_below_a_file_is_refused_before_anything_is_written(tmp_path: Pat
     (tmp_path / "blocker").write_text("x")
     with pytest.raises(OutputFolderError, match="blocker is not a folder"):
         check_output_folder(tmp_path / "blocker" / "deeper" / "out")
-
-
-def test_clearing_earlier_results_ahead_of_a_deployment_keeps_a_file_of_the_users(
-    tmp_path: Path,
-) -> None:
-    ours, mixed = tmp_path / "ours", tmp_path / "mixed"
-    for folder in (ours, mixed):
-        with atomic_directory(folder) as staging:
-            (staging / "history.json").write_text("{}")
-    (mixed / "notes.txt").write_text("mine")
-    clear_output_folder(ours)
-    clear_output_folder(mixed)
-    kept = [p for p in tmp_path.iterdir() if p.name.startswith("mixed.replaced-")]
-    assert siblings(tmp_path) == sorted(p.name for p in kept)
-    assert (kept[0] / "notes.txt").read_text() == "mine"

@@ -186,8 +186,8 @@ def test_fedavg_sampling_a_small_fraction_still_asks_min_silos_and_completes() -
 
 
 def test_a_consortium_smaller_than_min_silos_is_refused_before_round_1() -> None:
-    policy = masking_policy(silos=1, min_silos=3)
-    agents = real_agents(policy)
+    policy = masking_policy(silos=3, min_silos=3)
+    agents = dict(sorted(real_agents(policy).items())[:1])  # the others were never provisioned
     transport = CountingTransport({n: a.handle_bytes for n, a in agents.items()})
     engine = RoundEngine(make_strategy(policy), transport, policy, sorted(agents))
     with pytest.raises(RunAborted, match=r"participants.min_silos is 3, but the consortium has 1"):

@@ -314,7 +314,15 @@ def test_masks_cancel_and_any_t_shares_rebuild_a_secret() -> None:
         ({"data": {"source": "sklearn:breast_cancer", "scaling": "federated"}}, "no bound"),
         (
             {"secure_aggregation": {"method": "masking", "threshold": 6}},
-            "fewer than the threshold 6",
+            "exceeds the 5 silos",
+        ),
+        (
+            {"secure_aggregation": {"method": "masking", "threshold": 2}},
+            "threshold 2 of 5 silos lets a deviating coordinator",
+        ),
+        (
+            {"algorithm": {"name": "feddc"}, "secure_aggregation": "masking"},
+            "channel.sealed_handoffs",
         ),
         ({"secure_aggregation": "mask"}, "masking"),
     ],

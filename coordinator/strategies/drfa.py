@@ -157,7 +157,9 @@ class Drfa(Strategy):
         weights = mix_with_uniform(weights / weights.sum(), settings.uniform_mix)
         weights = np.where(on, weights, 0.0)
         weights /= weights.sum()
-        needed = min(settings.min_contributors, int(on.sum()))
+        # a mean of fewer than the quorum is never applied (the engine refuses it)
+        wanted = max(settings.min_contributors, self.policy.participants.min_silos)
+        needed = min(wanted, int(on.sum()))
         for _ in range(DRAW_TRIES):
             counts = np.bincount(rng.choice(len(lam), size=draws, p=weights), minlength=len(lam))
             if needed < 2 or meets_contributor_minimum(counts, needed):
