@@ -1,6 +1,7 @@
 """The coordinator's durable state: deployments, finished rounds, participants, the message
 audit and the silos' signed release receipts in one SQLite file, and the server states' tensors
-as content-addressed checkpoints.
+as content-addressed checkpoints. The same file also holds the envelope verifier's replay
+window (table `accepted_envelopes`, owned by coordinator/replay_store.py).
 
 Layout: `<name>.db` (WAL journal, `synchronous=FULL`, foreign keys on) and beside it the folder
 `<name>.checkpoints/`, one safetensors file per distinct state, named by the BLAKE2b-256 of its

@@ -39,8 +39,8 @@ from fedsilo.wire.control import (
     decode_control,
     payload_type,
 )
-from fedsilo.wire.envelope import EnvelopeVerifier, seal
-from fedsilo.wire.framing import read_message, to_frames
+from fedsilo.wire.envelope import REPLAY, Envelope, EnvelopeVerifier, seal
+from fedsilo.wire.framing import MessageRejected, read_message, to_frames
 from fedsilo.wire.messages import TaskMessage
 
 log = logging.getLogger("fedsilo.silo")
@@ -121,7 +121,10 @@ class CoordinatorConnection:
                 replies = self.stub.Exchange(
                     to_frames(envelope, payload), timeout=self.settings.poll_seconds + 60
                 )
-                _, reply = read_message(replies, self.verifier, self.settings.max_payload_bytes)
+                answered, reply = read_message(
+                    replies, self.verifier, self.settings.max_payload_bytes
+                )
+                check_answers(answered, envelope)
                 return reply.to_bytes()
             except grpc.RpcError as exc:
                 if exc.code() == grpc.StatusCode.PERMISSION_DENIED:
@@ -137,6 +140,16 @@ class CoordinatorConnection:
 
     def close(self) -> None:
         self.channel.close()
+
+
+def check_answers(reply: Envelope, request: Envelope) -> None:
+    """A reply must name the request it answers: each request carries a fresh random id, so a
+    reply recorded earlier (before a restart of either side too) can never be passed off as
+    the answer to a new one."""
+    if reply.task_id != f"{request.sender}/{request.task_id}" or reply.round != request.round:
+        raise MessageRejected(
+            REPLAY, f"the reply answers {reply.task_id!r}, not this silo's {request.task_id!r}"
+        )
 
 
 class SiloClient:

@@ -12,7 +12,9 @@ from nacl.signing import SigningKey
 
 from fedsilo.coordinator.replay_store import ReplayStore
 from fedsilo.coordinator.state import StateStore
+from fedsilo.silo.client import check_answers
 from fedsilo.wire.envelope import REPLAY, STALE, EnvelopeRejected, EnvelopeVerifier, seal
+from fedsilo.wire.framing import MessageRejected
 
 SILO = SigningKey(bytes([9]) * 32)
 NOW = 1_700_000_000.0
@@ -80,3 +82,24 @@ def test_the_state_store_still_opens_its_file_beside_the_replay_memory(tmp_path:
     with StateStore(state) as reopened:
         reopened.open_deployment("study", "digest", "{}")
         assert reopened.last_round("study") is None
+
+
+def test_a_silo_refuses_a_recorded_reply_passed_off_as_the_answer_to_a_new_request() -> None:
+    """The silo's side: each request carries a fresh random id and the coordinator's reply
+    names it, so a reply captured earlier (before either side restarted) answers nothing new."""
+    coordinator = SigningKey(bytes([7]) * 32)
+    first, second = (
+        seal(b"pull", signing_key=SILO, sender="silo-a", deployment="study", round=0, task_id=t)
+        for t in ("pull/aaaa", "pull/bbbb")
+    )
+    reply = seal(
+        b"a task",
+        signing_key=coordinator,
+        sender="coordinator",
+        deployment="study",
+        round=0,
+        task_id=f"silo-a/{first.task_id}",
+    )
+    check_answers(reply, first)
+    with pytest.raises(MessageRejected, match="replay: the reply answers 'silo-a/pull/aaaa'"):
+        check_answers(reply, second)
