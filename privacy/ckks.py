@@ -2,28 +2,27 @@
 sealed distribution, chunked encryption, the coordinator's homomorphic sum, decryption).
 The protocol's steps live with their parties; this module owns the pieces.
 
-Who holds what. A designated key-holder silo generates the CKKS context with `new_secret_context`
-(secret key and public key; no Galois keys, since sums need no rotations). It seals the secret
-context to every other silo's X25519 key and signs it with its Ed25519 identity
-(`seal_context`); the coordinator forwards those bytes without being able to open them, and a
-coordinator that substitutes a context of its own is caught by the signature
+Who holds what. A designated key-holder silo generates the CKKS context with
+`new_secret_context` (secret key and public key; no Galois keys, since sums need no rotations).
+It seals the secret context to every other silo's X25519 key and signs it with its Ed25519
+identity (`seal_context`); the coordinator forwards those bytes without being able to open them,
+and a coordinator that substitutes a context of its own is caught by the signature
 (`open_sealed_context`). The coordinator only ever holds the public context (`public_context`,
 checked by `load_public_context`: no secret key, no Galois keys). Each silo encrypts its
-weighted update in slot-sized chunks (`encrypt`), the coordinator adds the silos' chunk lists
-(`add_encrypted`), and the silos, or a designated decryptor silo, decrypt the total
-(`decrypt`). Compare NVFLARE, whose provisioning admin generates one secret key and ships it
-in every client kit.
+weighted update in slot-sized chunks (`encrypt`) and signs them; a designated decryptor silo
+checks the signed inputs the coordinator relays, adds them itself (`add_encrypted`) and decrypts
+the total (`decrypt`), so it never decrypts a "sum" the coordinator made of one input. Compare
+NVFLARE, whose provisioning admin generates one secret key and ships it in every client kit.
 
-Collusion model. Every silo holds the same secret key, so the coordinator together with any
-one silo can decrypt any single silo's update: the coordinator sees each silo's ciphertexts.
-Without collusion the coordinator learns only sizes and timing, and a silo learns only
-aggregates. A decryptor that returns whatever it decrypts to the coordinator is a decryption
-oracle for single updates, and so is a colluder. CKKS decryption is approximate, and an exact
-decrypted value of a ciphertext the coordinator knows lets it solve for the secret key (Li and
-Micciancio, Eurocrypt 2021): a decrypted aggregate that goes back to the coordinator should be
-rounded or noised well above the precision error first. The ciphertexts carry no
-authentication: a coordinator can alter or replace the sum (its integrity is the engine's
-business, as with plaintext aggregation).
+Collusion model. Every silo holds the same secret key, so the coordinator together with any one
+silo can decrypt any single silo's update: the coordinator sees each silo's ciphertexts. Without
+collusion the coordinator learns only sizes and timing; the decryptor receives every input
+encrypted under a key it holds, so a curious decryptor can read them (masking has no such
+party). A colluder is a decryption oracle for single updates. CKKS decryption is approximate,
+and an exact decrypted value of a ciphertext the coordinator knows lets it solve for the secret
+key (Li and Micciancio, Eurocrypt 2021): a decrypted aggregate that goes back to the coordinator
+should be rounded or noised well above the precision error first. The ciphertexts are
+authenticated by their silos' signatures (silo/tasks/ckks_sum.py), not by CKKS itself.
 
 Precision. A fresh ciphertext at scale 2^40 (the default) decrypts with an absolute error of
 about 1e-8 for values in [-1, 1] at degree 8192; sums add the errors. Values, and every sum of
@@ -242,7 +241,8 @@ def encrypt(values: np.ndarray | torch.Tensor, context: ts.Context) -> list[byte
 
 def add_encrypted(context: ts.Context, summands: Sequence[Sequence[bytes]]) -> list[bytes]:
     """The chunk-wise homomorphic sum of several silos' chunk lists, serialized: what the
-    coordinator computes, with its public context. One chunk position at a time, so memory
+    decryptor computes from the signed inputs it checked (and the coordinator, with its public
+    context, to refuse inputs that cannot be added). One chunk position at a time, so memory
     holds one sum and one summand, not every silo's update.
 
     Refused when there are no summands, when the lists differ in length or a chunk differs in

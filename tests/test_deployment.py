@@ -18,6 +18,7 @@ from fedsilo.wire.tensors import decode_tensors
 from tests.deployment import (
     SILOS,
     Consortium,
+    fedsilo,
     free_port,
     policy_document,
     provision,
@@ -158,6 +159,21 @@ def test_a_dp_deployment_with_masked_sums_books_every_answer_and_retires_a_silo_
     assert booked["recomputed"] == booked["booked"] >= spent["silo-0"]
     refusals = (consortium.root / "sites" / "silo-2" / "privacy-ledger.jsonl").read_text()
     assert '"kind":"dp_sgd"' not in refusals  # silo-2 never trained
+
+    # The coordinator kept silo-0's signed receipts: its ledger books every release it received,
+    # including the last one (the final evaluation), and one record deleted is named.
+    receipts = consortium.root / "receipts.json"
+    fedsilo("privacy", "receipts", "--state", str(consortium.root / "state.db"),
+            "--silo", "silo-0", "--out", str(receipts))  # fmt: skip
+    kit = str(consortium.kits / "silos" / "silo-0")
+    audited = ["privacy", "audit", "--receipts", str(receipts), "--verify-key", kit]
+    whole = CliRunner().invoke(main, [*audited, "--ledger", str(ledger)])
+    assert whole.exit_code == 0, whole.output
+    cut = consortium.root / "cut-ledger.jsonl"
+    cut.write_bytes(b"".join(ledger.read_bytes().splitlines(keepends=True)[:-1]))
+    deleted = CliRunner().invoke(main, [*audited, "--ledger", str(cut)])
+    assert deleted.exit_code == 1, deleted.output
+    assert "deleted" in deleted.output
 
 
 def test_feddc_with_sealed_hand_offs_and_ckks_sums_over_processes_equals_the_simulation(
