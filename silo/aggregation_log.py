@@ -1,8 +1,9 @@
 """Which steps of which secure aggregations this silo has taken part in, kept where a restart
 does not lose them: a silo advertises keys for, confirms, unmasks and decrypts at most one
-aggregation per (deployment, round, phase), whatever tasks a coordinator sends later (a
+aggregation per (job, deployment, round, phase), whatever tasks a coordinator sends later (a
 second aggregation of the same round over other silos would reveal one silo's update as the
-difference of two sums).
+difference of two sums). The job is the digest of the signed policy the silo accepted: only
+the operator's signature makes a new one, never the coordinator.
 
 The log is one JSON file in the silo's state folder for the deployment (`aggregations.json`),
 replaced atomically and fsynced (wire/durable.py) when a step is claimed, which is before
@@ -27,10 +28,12 @@ class StepAlreadyTaken(ValueError):
 
 
 class AggregationLog:
-    """The (aggregation label, step) pairs claimed so far, on disk under `folder` or in memory."""
+    """The (job, aggregation label, step) triples claimed so far, on disk under `folder` or in
+    memory."""
 
-    def __init__(self, folder: Path | None) -> None:
+    def __init__(self, folder: Path | None, job: str = "") -> None:
         self.path = None if folder is None else Path(folder) / FILE
+        self.job = job
         self._lock = threading.Lock()
         self._claimed: set[str] = set()
         if self.path is not None and self.path.exists():
@@ -45,12 +48,12 @@ class AggregationLog:
     def claim(self, label: bytes, step: str) -> None:
         """Record that this silo takes `step` of aggregation `label`, durably; raise
         `StepAlreadyTaken` when it did so before."""
-        entry = f"{label.decode()}|{step}"
+        entry = f"{self.job}|{label.decode()}|{step}"
         with self._lock:
             if entry in self._claimed:
                 raise StepAlreadyTaken(
                     f"this silo already took the {step} step of aggregation {label.decode()!r}; "
-                    "a second one for the same deployment, round and phase is refused"
+                    "a second one for the same job, deployment, round and phase is refused"
                 )
             claimed = self._claimed | {entry}
             if self.path is not None:
@@ -64,5 +67,5 @@ def aggregation_log(ctx: SiloContext) -> AggregationLog:
     """The silo's log, read from its state folder the first time it is needed."""
     log = ctx.store.get("aggregation_log")
     if log is None:
-        log = ctx.store["aggregation_log"] = AggregationLog(ctx.state.folder)
+        log = ctx.store["aggregation_log"] = AggregationLog(ctx.state.folder, ctx.job)
     return log

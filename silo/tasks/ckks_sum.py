@@ -9,7 +9,7 @@
   the key holder's signature (the policy's key holder, when it names one) and that it is the
   context the coordinator announces (by the digest of its public part), and release the
   training sample count as the `train` task would release it.
-  A silo joins at most one aggregation per (deployment, round, phase), persisted
+  A silo joins at most one aggregation per (job, round, phase), persisted
   (silo/aggregation_log.py): no second sum of the same round over other silos.
 - `ckks_encrypt`: check the whole weight vector (`weights`, the policy's `min_group` and
   `min_weight`), run the real task (`inner_kind`) and send its update (result minus the model
@@ -18,7 +18,7 @@
 - `ckks_decrypt`, at the decryptor: given every contributor's chunks and signature (not a sum
   the coordinator made, which could hold one input), check each signature against the roster,
   that at least the policy's `min_group` silos contributed under one weight vector that
-  passes the policy's rule, add them, decrypt the sum once per (deployment, round, phase)
+  passes the policy's rule, add them, decrypt the sum once per (job, round, phase)
   (persisted) and return it rounded to a grid well above CKKS's approximation error, so the
   exact decryption (which would let the coordinator solve for the secret key, Li and
   Micciancio 2021) never leaves the silo.

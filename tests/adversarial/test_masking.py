@@ -38,6 +38,7 @@ from fedsilo.privacy.masking import (
     silo_indices,
 )
 from fedsilo.silo.agent import SiloAgent
+from fedsilo.silo.aggregation_log import AggregationLog, StepAlreadyTaken
 from fedsilo.silo.data import SiloDataset, load_consortium
 from fedsilo.silo.tasks.base import flat_parameters, parameter_spec
 from fedsilo.wire.messages import TaskMessage, TaskResult
@@ -406,3 +407,15 @@ def test_shares_made_under_another_view_of_the_keys_are_refused() -> None:
     assert TARGET not in coordinator.masked  # it saw no silo-4: silo-4's share is refused
     for peer in ("silo-1", "silo-2", "silo-3"):  # the target's shares were made for its view
         assert "under the advertisement set" in coordinator.refusals["mask"][peer]
+
+
+def test_a_new_job_aggregates_its_own_rounds_while_the_old_jobs_stay_claimed(
+    tmp_path: Path,
+) -> None:
+    """A job is a policy the operator signed: the coordinator cannot make one, so a second
+    job of the consortium starts its rounds afresh, and the first job's stay taken."""
+    label = f"{DEPLOYMENT}/r1/{PHASE}".encode()
+    AggregationLog(tmp_path, job="job-a").claim(label, "advertise")
+    AggregationLog(tmp_path, job="job-b").claim(label, "advertise")
+    with pytest.raises(StepAlreadyTaken, match="already took the advertise step"):
+        AggregationLog(tmp_path, job="job-a").claim(label, "advertise")
