@@ -1,4 +1,5 @@
-"""The runner convention shared by benchmarks: machine facts and writing JSON + PNG results."""
+"""The runner convention shared by benchmarks: machine facts, model sizes and writing JSON + PNG
+results."""
 
 from __future__ import annotations
 
@@ -29,6 +30,11 @@ def machine() -> dict[str, Any]:
         "processor": platform.processor() or platform.machine(),
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
     }
+
+
+def count_parameters(model: torch.nn.Module) -> int:
+    """Total number of scalar parameters in `model`."""
+    return sum(parameter.numel() for parameter in model.parameters())
 
 
 def write(name: str, document: dict[str, Any], figure: plt.Figure) -> Path:

@@ -17,11 +17,11 @@ import numpy as np
 import torch
 from sklearn.datasets import make_classification
 
-from bench.common import write
+from bench.common import count_parameters, write
 from fedsilo.coordinator.engine import RoundEngine, RoundRecord
 from fedsilo.coordinator.strategies import make_strategy
 from fedsilo.coordinator.transport import InProcessTransport
-from fedsilo.models.zoo import build_model, count_parameters
+from fedsilo.models.zoo import build_model
 from fedsilo.policies.loading import parse_policy
 from fedsilo.silo.agent import SiloAgent
 from fedsilo.silo.data import SiloDataset

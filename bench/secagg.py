@@ -53,7 +53,7 @@ from nacl.public import PrivateKey
 from nacl.signing import SigningKey
 from sklearn.datasets import make_classification
 
-from bench.common import write
+from bench.common import count_parameters, write
 from fedsilo.coordinator.engine import RoundEngine, RoundRecord
 from fedsilo.coordinator.strategies import make_strategy
 from fedsilo.coordinator.strategies.base import (
@@ -64,7 +64,7 @@ from fedsilo.coordinator.strategies.base import (
     Strategy,
 )
 from fedsilo.coordinator.transport import InProcessTransport
-from fedsilo.models.zoo import build_model, count_parameters
+from fedsilo.models.zoo import build_model
 from fedsilo.policies.loading import parse_policy
 from fedsilo.policies.schema import Policy
 from fedsilo.privacy.ckks import FP32_BYTES, CkksParameters, measure

@@ -85,30 +85,6 @@ def project_simplex(v: Any) -> np.ndarray:
     return np.maximum(values - theta, 0.0)
 
 
-def project_capped_simplex(v: Any, cap: float) -> np.ndarray:
-    """The Euclidean projection of `v` onto {x : 0 <= x_k <= cap, sum x = 1} (the lambda_max
-    mitigation of spec §4.8: no silo may hold more than `cap` of the mass).
-
-    The projection is clip(v - theta, 0, cap) for the theta at which it sums to 1; the mass is
-    monotone in theta, so bisection finds theta to adjacent floats. Needs 1/K <= cap (else the
-    set is empty); cap >= 1 is `project_simplex`.
-    """
-    values = _vector(v, "v")
-    if values.size * cap < 1.0 - 1e-12:
-        raise ValueError(f"cap {cap} leaves no point on the simplex for {values.size} entries")
-
-    def mass(theta: float) -> float:
-        return float(np.clip(values - theta, 0.0, cap).sum())
-
-    low, high = float(values.min()) - cap, float(values.max())  # mass(low) = K cap, mass(high) = 0
-    while True:
-        middle = 0.5 * (low + high)
-        if middle in (low, high):
-            break
-        low, high = (middle, high) if mass(middle) >= 1.0 else (low, middle)
-    return np.clip(values - low, 0.0, cap)
-
-
 def restrict_and_renormalise(weights: Any, mask: Any) -> np.ndarray:
     """`weights` restricted to the silos in `mask` and renormalised over them; 0 elsewhere
     (thesis §2.8: aggregate over the silos that actually returned updates).
@@ -358,11 +334,6 @@ def cdf_responses(losses: Any, transform: str, upper: float, lower: float = 0.0)
     mean = values.mean()
     centred = values / mean if mean > _TINY else np.ones_like(values)
     return lower + (upper - lower) * RESPONSE_TRANSFORMS[transform](centred)
-
-
-def decision_loss(p: Any, responses: Any) -> float:
-    """AAggFF's decision loss -log(1 + <p, r>) (thesis §2.5, Def. 3.3)."""
-    return -math.log1p(float(np.dot(_vector(p, "p"), _vector(responses, "responses"))))
 
 
 def decision_gradient(p: Any, responses: Any) -> np.ndarray:

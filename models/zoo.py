@@ -62,11 +62,6 @@ def load_flat(model: nn.Module, flat: torch.Tensor) -> nn.Module:
     return model
 
 
-def count_parameters(model: nn.Module) -> int:
-    """Total number of scalar parameters in `model`."""
-    return sum(parameter.numel() for parameter in model.parameters())
-
-
 def _check_dimensions(input_shape: tuple[int, ...], output_dim: int) -> None:
     if not input_shape or any(side < 1 for side in input_shape):
         raise ValueError(f"input shape {tuple(input_shape)} must be non-empty and all sides >= 1")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import random
 import tracemalloc
+from collections.abc import Iterable
 
 import pytest
 from nacl.signing import SigningKey
@@ -16,10 +17,9 @@ from fedsilo.wire.chunks import (
     TRUNCATED,
     ChunkAssembler,
     ChunkError,
-    assemble,
 )
 from fedsilo.wire.envelope import EnvelopeVerifier, seal
-from fedsilo.wire.payload import Payload, SpooledPayload
+from fedsilo.wire.payload import AnyPayload, Payload, SpooledPayload
 
 MIB = 1 << 20
 SMALL_CHUNK = 1024
@@ -32,6 +32,16 @@ def payload_of(size: int) -> bytes:
 
 def digest(payload: bytes) -> bytes:
     return hashlib.blake2b(payload, digest_size=32).digest()
+
+
+def assemble(
+    chunks: Iterable[bytes | memoryview], expected_size: int, expected_digest: bytes, max_bytes: int
+) -> AnyPayload:
+    """A whole chunk stream through one `ChunkAssembler`, as a receiver runs it."""
+    assembler = ChunkAssembler(expected_size, expected_digest, max_bytes)
+    for chunk in chunks:
+        assembler.add(chunk)
+    return assembler.finish()
 
 
 def iter_chunks(payload: bytes | bytearray, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> list:

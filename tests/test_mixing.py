@@ -21,7 +21,6 @@ from fedsilo.coordinator.mixing import (
     cdf_responses,
     clip_losses,
     decision_gradient,
-    decision_loss,
     default_loss_cap,
     doubly_robust_responses,
     exponentiated_gradient,
@@ -29,7 +28,6 @@ from fedsilo.coordinator.mixing import (
     linearised_gradient,
     meets_contributor_minimum,
     mix_with_uniform,
-    project_capped_simplex,
     project_simplex,
     projected_loss_ascent,
     propfair_weights,
@@ -41,8 +39,8 @@ from fedsilo.coordinator.mixing import (
 )
 
 
-def scipy_simplex_qp(quadratic: np.ndarray, linear: np.ndarray, cap: float = 1.0) -> np.ndarray:
-    """min (1/2) p^T Q p + c^T p over {0 <= p <= cap, sum p = 1}, by scipy's SLSQP."""
+def scipy_simplex_qp(quadratic: np.ndarray, linear: np.ndarray) -> np.ndarray:
+    """min (1/2) p^T Q p + c^T p over the probability simplex, by scipy's SLSQP."""
     optimize = pytest.importorskip("scipy.optimize")
     size = linear.size
     result = optimize.minimize(
@@ -50,7 +48,7 @@ def scipy_simplex_qp(quadratic: np.ndarray, linear: np.ndarray, cap: float = 1.0
         np.full(size, 1.0 / size),
         jac=lambda p: quadratic @ p + linear,
         method="SLSQP",
-        bounds=[(0.0, cap)] * size,
+        bounds=[(0.0, 1.0)] * size,
         constraints=[
             {"type": "eq", "fun": lambda p: p.sum() - 1.0, "jac": lambda p: np.ones(size)}
         ],
@@ -60,9 +58,9 @@ def scipy_simplex_qp(quadratic: np.ndarray, linear: np.ndarray, cap: float = 1.0
     return result.x
 
 
-def brute_force_projection(v: np.ndarray, cap: float = 1.0) -> np.ndarray:
-    """argmin ||x - v||^2 over the (capped) simplex = the QP with Q = I, c = -v."""
-    return scipy_simplex_qp(np.eye(v.size), -v, cap)
+def brute_force_projection(v: np.ndarray) -> np.ndarray:
+    """argmin ||x - v||^2 over the simplex = the QP with Q = I, c = -v."""
+    return scipy_simplex_qp(np.eye(v.size), -v)
 
 
 def all_draws(size: int, drawn: int) -> list[np.ndarray]:
@@ -131,29 +129,6 @@ def test_the_projection_is_idempotent_and_ignores_a_common_shift() -> None:
 def test_the_projection_rejects_non_finite_input() -> None:
     with pytest.raises(ValueError, match="non-finite"):
         project_simplex([0.5, np.nan, 0.5])
-
-
-@pytest.mark.parametrize("seed", range(4))
-def test_the_capped_projection_is_the_nearest_point_with_no_entry_above_the_cap(seed: int) -> None:
-    v = np.random.default_rng(seed).normal(scale=2.0, size=6)
-
-    projected = project_capped_simplex(v, 0.3)
-
-    assert projected.max() <= 0.3 + 1e-15
-    assert projected.sum() == pytest.approx(1.0, abs=1e-12)
-    np.testing.assert_allclose(projected, brute_force_projection(v, cap=0.3), atol=1e-8)
-
-
-def test_the_capped_projection_with_a_cap_of_one_is_the_plain_projection() -> None:
-    v = np.random.default_rng(2).normal(size=7)
-
-    np.testing.assert_allclose(project_capped_simplex(v, 1.0), project_simplex(v), atol=1e-14)
-
-
-def test_a_cap_below_one_over_k_leaves_nothing_to_project_onto() -> None:
-    np.testing.assert_allclose(project_capped_simplex([5.0, 0.0, 0.0], 1 / 3), [1 / 3] * 3)
-    with pytest.raises(ValueError, match="no point"):
-        project_capped_simplex([1.0, 0.0, 0.0], 0.3)
 
 
 # --- loss guards (§1.5) and collapse guards (§1.3, §4.2, §4.8) -----------------------------------
@@ -402,6 +377,11 @@ def test_all_zero_losses_put_every_input_at_one() -> None:
 def test_an_unknown_transform_is_rejected() -> None:
     with pytest.raises(ValueError, match="unknown transform"):
         cdf_responses(EXAMPLE_LOSSES, "cauchy", upper=1.0)
+
+
+def decision_loss(p: np.ndarray, responses: np.ndarray) -> float:
+    """AAggFF's decision loss -log(1 + <p, r>), the function `decision_gradient` differentiates."""
+    return -math.log1p(float(np.dot(p, responses)))
 
 
 def test_the_decision_gradient_is_the_gradient_of_the_decision_loss() -> None:

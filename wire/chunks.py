@@ -12,7 +12,6 @@ hold more than it announced.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
 
 from fedsilo.wire.payload import DIGEST_BYTES, AnyPayload, Payload, SpooledPayload
 
@@ -97,13 +96,3 @@ class ChunkAssembler:
             OVERSIZED,
             f"stream reached {self._received} bytes, {self._expected_size} were announced",
         )
-
-
-def assemble(
-    chunks: Iterable[bytes | memoryview], expected_size: int, expected_digest: bytes, max_bytes: int
-) -> AnyPayload:
-    """Reassemble a whole chunk stream; raise `ChunkError` at the first chunk past the size."""
-    assembler = ChunkAssembler(expected_size, expected_digest, max_bytes)
-    for chunk in chunks:
-        assembler.add(chunk)
-    return assembler.finish()
