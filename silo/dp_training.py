@@ -61,10 +61,8 @@ from torch import nn
 
 from fedsilo.policies.privacy import PrivacyConfig
 from fedsilo.privacy.accounting import Mechanism
+from fedsilo.silo.objectives import PerSampleLoss
 from fedsilo.silo.schedule import LocalSchedule, shuffled_batches
-
-# The losses of one minibatch, one per row (shape (len(rows),)), given the rows it holds.
-PerSampleLoss = Callable[[torch.Tensor], torch.Tensor]
 
 # The layer types Opacus has a per-sample gradient function for.
 _SAMPLED_TYPES = tuple(GradSampleModule.GRAD_SAMPLERS)

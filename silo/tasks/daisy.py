@@ -31,13 +31,14 @@ from fedsilo.privacy.handoff import (
     seal,
     unpack,
 )
+from fedsilo.silo.proximal import PROX_ANCHOR
 from fedsilo.silo.tasks.base import (
     MODEL,
     SiloContext,
     with_tensors,
 )
 from fedsilo.silo.tasks.evaluate import evaluate, evaluate_releases
-from fedsilo.silo.tasks.train import PROX_ANCHOR, train, train_releases
+from fedsilo.silo.tasks.train import train, train_releases
 from fedsilo.wire.messages import TaskMessage, TaskResult
 from fedsilo.wire.tensors import bytes_tensor, tensor_bytes
 

@@ -22,14 +22,10 @@ from torch import nn
 
 from fedsilo.privacy.accounting import Mechanism
 from fedsilo.silo.energy import EnergySettings, EnergyTraining, with_spectral_norm
+from fedsilo.silo.local_loop import local_steps, optimizer_for, released_training
 from fedsilo.silo.schedule import LocalSchedule
 from fedsilo.silo.tasks.base import SiloContext
-from fedsilo.silo.tasks.train import (
-    local_steps,
-    optimizer_for,
-    released_training,
-    train_releases,
-)
+from fedsilo.silo.tasks.train import train_releases
 from fedsilo.wire.messages import (
     SYNTHETIC,
     SYNTHETIC_LABELS,

@@ -35,6 +35,7 @@ import torch
 from torch import nn
 
 from fedsilo.privacy.accounting import Mechanism
+from fedsilo.silo.local_loop import local_steps, optimizer_for, released_training
 from fedsilo.silo.reports import reports_mechanism
 from fedsilo.silo.schedule import LocalSchedule
 from fedsilo.silo.superfed import (
@@ -47,12 +48,7 @@ from fedsilo.silo.superfed import (
 )
 from fedsilo.silo.tasks.base import MODEL, SiloContext, flat_parameters
 from fedsilo.silo.tasks.evaluate import evaluated_metrics, measured
-from fedsilo.silo.tasks.train import (
-    local_steps,
-    optimizer_for,
-    released_training,
-    train_releases,
-)
+from fedsilo.silo.tasks.train import train_releases
 from fedsilo.wire.messages import TaskMessage, TaskResult
 
 if TYPE_CHECKING:  # Opacus loads only on the DP path
