@@ -21,7 +21,7 @@ point reported (a sweep, not tuning):
   and 1.0, count_window 5;
 - AgnosticFedAvg, `mixing.domains: silo` (each hospital one domain), step 0.1, for contrast;
 - ApproxFedAvg, `domain_reduction: sum` (the survey's form), temperature mu in {1, 10, 100};
-- ApproxFedAvg, `domain_reduction: mean` at the same mu (the spec's option, added beside the
+- ApproxFedAvg, `domain_reduction: mean` at the same mu (our option, added beside the
   survey's form: with sums a domain's batch loss grows with its share of the batch, so the
   soft maximum leans toward the majority sex; with means it does not).
 

@@ -1,4 +1,4 @@
-"""FedEvg (thesis ch. IV) on sklearn digits: the CPU test of thesis-methods.md §3.7.
+"""FedEvg (Hahn 2024, thesis ch. IV; docs/algorithms/fedevg.md) on sklearn digits, on CPU.
 
 What it measures: how good a synthetic set the coordinator distils from the silos' energy
 signals alone. A fresh CNN trained only on the final synthetic set (X~_T, y~) is tested on the
@@ -16,12 +16,12 @@ training):
   splits pooled (about 360 rows).
 - FedEvg: spc 10 (N = 100 synthetic points, X~_0 ~ N(0, I), balanced labels), T = 200 rounds,
   every silo every round, E = 1 epoch, B = 32, Adam lr 1e-3, weight decay 1e-4, lr x 0.9 every
-  50 rounds (spec §3.3 step 7 and §3.5), client SGLD alpha 1, sigma 0.01, K_c 1, clip tau 3,
+  50 rounds (the reference code's schedule), client SGLD alpha 1, sigma 0.01, K_c 1, clip tau 3,
   lambda_ce 0.1, joint energy, spectral norm on the last layer, fresh local model every round;
-  server step eta_max -> 1 on the cosine-beta curve, eta_max in {10, 1} (the spec's sweep),
+  server step eta_max -> 1 on the cosine-beta curve, eta_max in {10, 1} (a sweep),
   sigma_s 1e-4. Model: the library's small CNN {name: cnn, channels: [32, 64], hidden: 0,
   activation: silu, norm: group} (3x3 conv, SiLU, GroupNorm, 2x2 max-pool, twice, then one
-  Linear: the zoo pools where the spec's sketch uses a stride-2 convolution).
+  Linear: the zoo pools where the reference code uses a stride-2 convolution).
 - Evaluation: the strategy's own, every 20 rounds and at T: the same CNN, fresh, trained on the
   synthetic set alone for 100 epochs (Adam lr 1e-3, batch 64), evaluated by every silo on its
   test split (`silo_mean`: the mean over the 10 silos); `pooled`: the state's final classifier
@@ -616,7 +616,7 @@ def accuracy_bars(axis: plt.Axes, rows: dict[str, Any], refs: dict[str, Any]) ->
     axis.bar(positions, values, yerr=errors, capsize=3, color=colours)
     for x, y in zip(positions, values, strict=True):
         axis.text(x, y + 2, f"{y:.0f}", ha="center", fontsize=7)
-    axis.axhline(TARGET, color="k", linestyle=":", linewidth=1, label="60% (spec's target)")
+    axis.axhline(TARGET, color="k", linestyle=":", linewidth=1, label="60% (target)")
     axis.axhline(10, color="gray", linestyle="--", linewidth=1, label="chance")
     colours_of = ("tab:blue", "tab:cyan", *COLOURS.values())
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colours_of]

@@ -11,7 +11,7 @@
    tau = 5 local SGD steps per round, batch 32, lr 0.01, 100 rounds; FedAvg, DRFA, DRFLM
    (mixup alpha 1.0), every mixing setting at its default. Reported: worst-silo and mean test
    RMSE of the final model.
-2. AAggFF-S as thesis-methods.md §2.13a: sklearn breast_cancer standardised, k-means (k = 7)
+2. AAggFF-S (docs/algorithms/aaggff.md): sklearn breast_cancer standardised, k-means (k = 7)
    on the standardised features gives 7 silos of unequal size (4 to 33 test rows) and shifted
    covariates; run twice: with 15% of the training labels of one silo (drawn per seed)
    flipped, and without; 80/20 stratified split per silo (plain where a silo has fewer than 2
@@ -90,7 +90,7 @@ DRFLM_METHODS: dict[str, dict[str, Any]] = {
 LABEL_FLIP_PROBABILITY = 0.3
 LABEL_FLIP_ROUNDS = 400
 LABEL_FLIP_CLUSTERS = 3
-# DRFLM Table 2, worst-silo accuracy (%), as spec §12.2 transcribes it
+# DRFLM Table 2 (Wu et al. 2022), worst-silo accuracy (%)
 PAPER_TABLE_2: dict[str, dict[str, dict[str, float]]] = {
     "FMNIST": {
         "clean": {"FedAvg": 70.64, "DRFA": 71.04, "DRFLM": 70.89},
@@ -186,8 +186,8 @@ def breast_cancer_rows(seed: int, clusters: int) -> Split:
 
 
 def breast_cancer_silos(seed: int, flip: bool) -> list[SiloDataset]:
-    """§2.13a: k-means silos on standardised breast_cancer; with `flip`, 15% of one silo's
-    training labels flipped."""
+    """The AAggFF-S comparison: k-means silos on standardised breast_cancer; with `flip`, 15% of
+    one silo's training labels flipped."""
     x, y, splits = breast_cancer_rows(seed, CLUSTERS)
     rng = np.random.default_rng(seed + 1)
     flipped = flipped_silo(seed) if flip else None
@@ -358,8 +358,8 @@ def fairness(seeds: tuple[int, ...], rounds: int, flip: bool) -> list[dict[str, 
 
 
 def cross_device(seeds: tuple[int, ...], rounds: int) -> list[dict[str, Any]]:
-    """§2.13b: AAggFF-D on digits over 50 Dirichlet(0.3) silos, 20% sampled per round, softmax
-    regression, against the same baselines with the same sampling."""
+    """The AAggFF-D comparison: AAggFF-D on digits over 50 Dirichlet(0.3) silos, 20% sampled
+    per round, softmax regression, against the same baselines with the same sampling."""
     rows = []
     for label, method in FAIRNESS_METHODS.items():
         found: dict[str, list[float]] = {}
@@ -647,7 +647,7 @@ def main() -> None:
     parser.add_argument(
         "--cross-device",
         action="store_true",
-        help="only §2.13b: AAggFF-D on digits, 50 silos, 20%% sampled (mixing_cross_device.json)",
+        help="only AAggFF-D on digits, 50 silos, 20%% sampled (mixing_cross_device.json)",
     )
     parser.add_argument(
         "--label-flip",

@@ -1,17 +1,17 @@
-"""SuPerFed (Hahn et al. KDD 2022) against FedAvg, FedProx and local-only training: the CPU test
-of thesis-methods.md §1.9 on sklearn digits, and the four heart-disease hospitals.
+"""SuPerFed (Hahn et al. KDD 2022) against FedAvg, FedProx and local-only training: the thesis'
+digits set-up (ch. II) on sklearn digits, and the four heart-disease hospitals.
 
 What it measures: the mean over silos of the personalised model's test accuracy (SuPerFed: the
 global model mixed with the silo's local model at the lambda* its own selection split chooses
 from the 11-point grid), against the one model FedAvg/FedProx publish and each silo's model
 trained alone; and SuPerFed's accuracy-vs-lambda curve, with and without the orthogonality term.
 
-1. Digits (§1.9), seeds 0, 1, 2 (the seed changes the shards, the splits and the training).
+1. Digits, seeds 0, 1, 2 (the seed changes the shards, the splits and the training).
    `sklearn:digits` (1,797 rows of 8x8 pixels, raw values 0..16) dealt into 20 silos by
    `partition: {kind: shards, silos: 20, shards_per_silo: 2}` (40 label-sorted shards, 2 per
    silo at random; a shard that straddles two labels gives its silo a third label: 3 to 7 of
    the 20 silos per seed), each silo's rows split 70/10/20 into train/val/test (63/9/18 rows).
-   Scaling: the spec's [0,1] pixels, one feature space for every silo: `scaling: none` (the
+   Scaling: [0,1] pixels, one feature space for every silo: `scaling: none` (the
    loader reads digits' intensities 0..16 as 0..1). The loader's default, `local` (each silo
    standardises with its own two or three classes' statistics), gives every silo a different
    input space; a sensitivity block reruns FedAvg, SuPerFed-MM/LM and local-only under it.
@@ -19,7 +19,7 @@ trained alone; and SuPerFed's accuracy-vs-lambda curve, with and without the ort
    round (client_fraction 0.25), E = 5 epochs, B = 10, SGD lr 0.05, momentum 0.9, weight
    decay 1e-4, lr x 0.99 per round; one evaluation, after the last round. Methods:
    SuPerFed-MM (model mixing, L = 0.4, nu = 1, mu = 0.01), SuPerFed-LM (layer mixing, L = 0.6,
-   nu = 2, mu = 0.01), both again with nu = 0; FedProx with the spec's prox (SuPerFed with
+   nu = 2, mu = 0.01), both again with nu = 0; FedProx with SuPerFed's prox (SuPerFed with
    L = 1: mixing never starts, so it is FedAvg plus mu = 0.01 times the sum of per-layer L2
    norms); the library's `fedprox` (squared prox at its default mu) for contrast; FedAvg (its
    global model on each silo's test split); local-only (every silo, every round, the same
@@ -106,7 +106,7 @@ PROX_MU = 0.01
 HEART_EXAMPLE = Path(__file__).resolve().parents[1] / "policies/examples/heart-superfed.yaml"
 LIBRARY_FEDPROX_MU = FedProxConfig.model_fields["prox_mu"].default
 POINTS = 100.0  # accuracies are fractions; tables and claims speak in points
-FLAT_TOLERANCE = 2.0  # points: the spec's "within about 2 points"
+FLAT_TOLERANCE = 2.0  # points: "within about 2 points" of the best lambda
 FEDAVG_MARGIN = 10.0  # points: claim (a)
 ORTHOGONAL = 1e-3  # claim (d)
 

@@ -3,21 +3,23 @@ AgnosticFedAvg, q-FedAvg, TERM, PropFair, AAggFF-S and AAggFF-D.
 
 This module owns the pure numerical primitives those strategies share, in float64 numpy:
 
-* simplex geometry: the sort-based Euclidean projection and a capped variant
-  (robust-and-daisy-chain.md §1.2, §4.8);
+* simplex geometry: the sort-based Euclidean projection;
 * the loss guards and the collapse guards: loss clipping, the lambda floor, sampling with a
-  uniform share, the minimum number of distinct contributors (§1.3, §1.5, §4.2, §4.8);
-* the lambda updates: projected loss ascent (AFL §3, DRFA/DRFLM §4.3) and the exponentiated-
-  gradient step (AgnosticFedAvg §6.2, §6.5);
-* AAggFF (thesis-methods.md §2): the CDF response transforms, the decision loss, the
-  dependency-free simplex QP solver, the AAggFF-S (ONS as FTRL-QP) and AAggFF-D (entropic FTRL
-  with a doubly-robust, linearised gradient) steps, and the stateless unified-table weights of
-  q-FedAvg, TERM and PropFair (§2.3).
+  uniform share, the minimum number of distinct contributors;
+* the lambda updates: projected loss ascent (AFL, DRFA/DRFLM) and the exponentiated-gradient
+  step (AgnosticFedAvg);
+* AAggFF: the CDF response transforms, the decision gradient, the dependency-free simplex QP
+  solver, the AAggFF-S (ONS as FTRL-QP) and AAggFF-D (entropic FTRL with a doubly-robust,
+  linearised gradient) steps, and the stateless unified-table weights of q-FedAvg, TERM and
+  PropFair.
+
+docs/algorithms/README.md ("Shared mixing machinery") and docs/algorithms/aaggff.md state the
+formulas and why each guard is there.
 
 Every function is pure: arrays in, new arrays out. Strategies hold the state; where an update
 needs one (AAggFF), it is a frozen dataclass with `to_json`/`from_json` for the coordinator's
 state store and a `..._step(state, losses, ...) -> (new_state, aggregation_weights)` function.
-A non-finite loss marks a silo that did not report (a dropout, §1.5): the steps accept such
+A non-finite loss marks a silo that did not report (a dropout): the steps accept such
 entries and treat them as absent; everything else rejects non-finite input.
 """
 
@@ -66,15 +68,15 @@ def _log(values: np.ndarray) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------------------------
-# Simplex geometry (robust-and-daisy-chain.md §1.2, §4.8)
+# Simplex geometry (docs/algorithms/README.md, "Simplex projection")
 
 
 def project_simplex(v: Any) -> np.ndarray:
-    """The Euclidean projection of `v` onto the probability simplex (spec §1.2, Duchi et al.
-    2008; the same as R-FedTorch `projection_simplex_sort`).
+    """The Euclidean projection of `v` onto the probability simplex (Duchi et al. 2008; the
+    same as R-FedTorch `projection_simplex_sort`).
 
     Sort-based and O(K log K). Ties need no special care: the threshold theta is a function of
-    the sorted values only. Rejects non-finite input (spec §1.2: one NaN corrupts the sort).
+    the sorted values only. Rejects non-finite input (one NaN corrupts the sort).
     """
     values = _vector(v, "v")
     ordered = np.sort(values)[::-1]
@@ -87,9 +89,10 @@ def project_simplex(v: Any) -> np.ndarray:
 
 def restrict_and_renormalise(weights: Any, mask: Any) -> np.ndarray:
     """`weights` restricted to the silos in `mask` and renormalised over them; 0 elsewhere
-    (thesis §2.8: aggregate over the silos that actually returned updates).
+    (aggregate over the silos that actually returned updates: docs/algorithms/aaggff.md,
+    "Aggregating with p").
 
-    Negative entries count as 0 (thesis §2.6: clamp at 0 and renormalise). If the selected
+    Negative entries count as 0 (clamp at 0 and renormalise). If the selected
     silos hold no mass at all, they share it uniformly: there is then no preference among them
     to preserve. `mask` must select at least one silo.
     """
@@ -104,11 +107,11 @@ def restrict_and_renormalise(weights: Any, mask: Any) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------------------------
-# Robustness guards (robust-and-daisy-chain.md §1.3, §1.5, §4.2, §4.8)
+# Robustness guards (docs/algorithms/README.md, "Loss guards" and "Collapse guards")
 
 
 def clip_losses(losses: Any, loss_cap: float) -> np.ndarray:
-    """Losses clipped to [0, L_max] before they feed a mixture-weight update (spec §1.5).
+    """Losses clipped to [0, L_max] before they feed a mixture-weight update.
 
     Non-finite entries come back as NaN: a non-finite payload is a dropout, not a huge loss.
     """
@@ -119,7 +122,7 @@ def clip_losses(losses: Any, loss_cap: float) -> np.ndarray:
 
 
 def default_loss_cap(first_round_losses: Any, factor: float = 10.0) -> float:
-    """The default L_max of spec §1.5: `factor` (10) times the median finite first-round loss."""
+    """The default L_max: `factor` (10) times the median finite first-round loss."""
     values = _vector(first_round_losses, "first_round_losses", allow_missing=True)
     finite = values[np.isfinite(values)]
     cap = factor * float(np.median(finite)) if finite.size else 0.0
@@ -129,10 +132,10 @@ def default_loss_cap(first_round_losses: Any, factor: float = 10.0) -> float:
 
 
 def floor_and_renormalise(lam: Any, floor: float) -> np.ndarray:
-    """The lambda floor of spec §4.2/§4.3 (R-FedTorch): lambda <- max(lambda, floor), then
+    """The lambda floor of DRFA's reference code (FedTorch): lambda <- max(lambda, floor), then
     lambda <- lambda / sum(lambda).
 
-    Exactly as specified, the floor applies before the renormalisation, so afterwards every
+    As there, the floor applies before the renormalisation, so afterwards every
     entry is at least floor / (1 + K floor): no silo's weight reaches 0 and lambda cannot
     collapse onto one silo. `floor` = 0 only renormalises.
     """
@@ -143,7 +146,7 @@ def floor_and_renormalise(lam: Any, floor: float) -> np.ndarray:
 
 def mix_with_uniform(lam: Any, epsilon: float) -> np.ndarray:
     """(1 - epsilon) lambda + epsilon / K: the distribution DRFA draws its training silos from
-    under the collapse mitigation of spec §4.8 (epsilon = 0.1 there); every silo keeps at
+    under the collapse mitigation (epsilon = 0.1 by default); every silo keeps at
     least epsilon / K."""
     if not 0 <= epsilon <= 1:
         raise ValueError(f"epsilon must lie in [0, 1], got {epsilon}")
@@ -152,11 +155,11 @@ def mix_with_uniform(lam: Any, epsilon: float) -> np.ndarray:
 
 
 def meets_contributor_minimum(multiplicities: Any, t_min: int = 3) -> bool:
-    """Whether at least `t_min` distinct silos have a positive weight or multiplicity (spec
-    §1.3: aggregating fewer than t_min >= 2 distinct silos, 3 recommended, protects nothing;
+    """Whether at least `t_min` distinct silos have a positive weight or multiplicity
+    (aggregating fewer than t_min >= 2 distinct silos, 3 recommended, protects nothing;
     the coordinator must re-sample or skip the round instead)."""
     if t_min < 2:
-        raise ValueError(f"t_min must be at least 2 (spec §1.3), got {t_min}")
+        raise ValueError(f"t_min must be at least 2, got {t_min}")
     return int(np.count_nonzero(_vector(multiplicities, "multiplicities") > 0)) >= t_min
 
 
@@ -165,8 +168,9 @@ def meets_contributor_minimum(multiplicities: Any, t_min: int = 3) -> bool:
 
 
 def unbiased_loss_vector(losses: Any, loss_cap: float) -> np.ndarray:
-    """DRFA's v (spec §4.3, §4.5; AFL's partial-observation unbiasing, §3): for the silos that
-    reported a finite loss (U'), v_k = (K / |U'|) clip(loss_k, 0, L_max); 0 for the others.
+    """DRFA's v, and AFL's partial-observation unbiasing (docs/algorithms/README.md): for the
+    silos that reported a finite loss (U'), v_k = (K / |U'|) clip(loss_k, 0, L_max); 0 for the
+    others.
 
     With U' a uniform draw of fixed size, E[v_k] = clip(loss_k): an unbiased estimate of the
     lambda-gradient (f_1, ..., f_K). Needs at least one finite loss.
@@ -181,12 +185,12 @@ def unbiased_loss_vector(losses: Any, loss_cap: float) -> np.ndarray:
 def projected_loss_ascent(
     lam: Any, losses: Any, step: float, loss_cap: float, floor: float = 0.0
 ) -> np.ndarray:
-    """One lambda step of AFL (spec §3) and DRFA/DRFLM (spec §4.3):
+    """One lambda step of AFL and DRFA/DRFLM (docs/algorithms/afl.md, drfa.md):
     lambda <- proj_simplex(lambda + step v), v = `unbiased_loss_vector`, then the floor.
 
     Ascent: lambda moves toward the silos with the larger losses. DRFA passes
-    step = gamma_s tau and floor = 1e-3 (§4.2); AFL passes gamma_lambda and no floor. Absent
-    silos carry a non-finite loss; if none reported, lambda is returned unchanged (§4.8).
+    step = gamma_s tau and floor = 1e-3; AFL passes gamma_lambda and no floor. Absent
+    silos carry a non-finite loss; if none reported, lambda is returned unchanged.
     """
     weights = _vector(lam, "lam")
     if not np.any(np.isfinite(_vector(losses, "losses", allow_missing=True))):
@@ -199,12 +203,12 @@ def exponentiated_gradient(
     lam: Any, gradient: Any, step: float, observed: Any | None = None
 ) -> np.ndarray:
     """The exponentiated-gradient (multiplicative-weights) ascent step of AgnosticFedAvg
-    (spec §6.2) and of the unified table (thesis §2.3):
+    and of the unified table (docs/algorithms/aaggff.md, "The unified table"):
     lambda_i <- lambda_i exp(step g_i) / sum_j lambda_j exp(step g_j).
 
-    The sign is that of the specs: a positive step moves mass toward the larger entries of
+    A positive step moves mass toward the larger entries of
     `gradient` (the losses). Computed in log space (log-sum-exp), so large step g cannot
-    overflow; a zero entry of lambda stays 0. With `observed` (spec §6.5), only the observed
+    overflow; a zero entry of lambda stays 0. With `observed`, only the observed
     entries move: they are reweighted among themselves and keep their total mass, the others
     are unchanged and their gradient entries are ignored (they may be NaN).
     """
@@ -226,12 +230,12 @@ def exponentiated_gradient(
 
 
 # ---------------------------------------------------------------------------------------------
-# Unified table of stateless fair aggregators (thesis-methods.md §2.3)
+# Unified table of stateless fair aggregators (docs/algorithms/aaggff.md, "The unified table")
 
 
 def qfedavg_weights(losses: Any, sizes: Any, q: float) -> np.ndarray:
-    """q-FedAvg's mixing coefficients, p_i proportional to (n_i/n) F_i^q (thesis §2.3): EG from
-    the prior n_i/n with response log F_i and step q. q = 0 gives FedAvg's n_i/n.
+    """q-FedAvg's mixing coefficients, p_i proportional to (n_i/n) F_i^q (the unified table):
+    EG from the prior n_i/n with response log F_i and step q. q = 0 gives FedAvg's n_i/n.
 
     A zero loss gets weight 0 when q > 0; if every loss is 0 the silos are equal and the
     weights are n_i/n (the limit of equal losses).
@@ -250,7 +254,7 @@ def qfedavg_weights(losses: Any, sizes: Any, q: float) -> np.ndarray:
 
 
 def term_weights(losses: Any, sizes: Any, tilt: float) -> np.ndarray:
-    """TERM's mixing coefficients, p_i proportional to (n_i/n) exp(tau F_i) (thesis §2.3): EG
+    """TERM's mixing coefficients, p_i proportional to (n_i/n) exp(tau F_i) (the unified table): EG
     from n_i/n with response F_i and step tau. tau = 0 gives FedAvg; tau < 0 down-weights
     the high-loss silos (TERM's outlier-robust tilt)."""
     prior = _distribution(sizes, "sizes")
@@ -258,7 +262,7 @@ def term_weights(losses: Any, sizes: Any, tilt: float) -> np.ndarray:
 
 
 def propfair_weights(losses: Any, sizes: Any, baseline: float) -> np.ndarray:
-    """PropFair's mixing coefficients, p_i proportional to (n_i/n) / (M - F_i) (thesis §2.3):
+    """PropFair's mixing coefficients, p_i proportional to (n_i/n) / (M - F_i) (the unified table):
     EG from n_i/n with response -log(M - F_i) and step 1. Needs every F_i < M; as M grows the
     weights tend to n_i/n, and equal losses give n_i/n exactly."""
     prior = _distribution(sizes, "sizes")
@@ -269,9 +273,9 @@ def propfair_weights(losses: Any, sizes: Any, baseline: float) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------------------------
-# AAggFF responses and decision loss (thesis-methods.md §2.4, §2.5)
+# AAggFF responses and decision loss (docs/algorithms/aaggff.md, "Responses", "Decision loss")
 
-_TINY = 1e-12  # thesis §2.12: the floor of the mean loss and of the Fréchet input
+_TINY = 1e-12  # the floor of the mean loss and of the Fréchet input
 _erf = np.vectorize(math.erf, otypes=[np.float64])
 
 
@@ -312,19 +316,19 @@ RESPONSE_TRANSFORMS: Mapping[str, Callable[[np.ndarray], np.ndarray]] = MappingP
         "gumbel": _gumbel,  # Gumbel(1, 1): exp(-exp(-(x - 1)))              (--fair_const 4)
         "logistic": _logistic,  # Logistic(1, 1): 1 / (1 + exp(-(x - 1)))   (--fair_const 5)
         # The reference code's Normal (erfc for erf): 1.5 - Phi(x - 1), decreasing in the loss
-        # and in [0.5, 1.5]. Bit-reproduction only (thesis §2.4 [R] normal_cdf_compat).
+        # and in [0.5, 1.5]. Bit-reproduction only.
         "normal_erfc_compat": _normal_erfc_compat,
     }
 )
-"""The CDF response transforms of thesis §2.4 (Def. 3.4), by name; inputs centred at 1."""
+"""The CDF response transforms (Hahn 2024, Def. 3.4), by name; inputs centred at 1."""
 
 
 def cdf_responses(losses: Any, transform: str, upper: float, lower: float = 0.0) -> np.ndarray:
-    """AAggFF's responses (thesis §2.4): x_i = loss_i / mean(losses), u_i = F(x_i) with F the
+    """AAggFF's responses: x_i = loss_i / mean(losses), u_i = F(x_i) with F the
     named CDF, r_i = lower + (upper - lower) u_i. AAggFF-S uses [0, 1/K], AAggFF-D [0, q].
 
     `losses` are the observed silos' losses only. If their mean is at most 1e-12 (all zero),
-    every x_i is 1 (§2.12).
+    every x_i is 1.
     """
     if transform not in RESPONSE_TRANSFORMS:
         raise ValueError(f"unknown transform {transform!r}; known: {sorted(RESPONSE_TRANSFORMS)}")
@@ -337,13 +341,13 @@ def cdf_responses(losses: Any, transform: str, upper: float, lower: float = 0.0)
 
 
 def decision_gradient(p: Any, responses: Any) -> np.ndarray:
-    """The gradient of the decision loss in p: -r / (1 + <p, r>) (thesis §2.5)."""
+    """The gradient of the decision loss in p: -r / (1 + <p, r>)."""
     weights, values = _vector(p, "p"), _vector(responses, "responses")
     return -values / (1.0 + float(np.dot(weights, values)))
 
 
 # ---------------------------------------------------------------------------------------------
-# The simplex QP and AAggFF-S (thesis-methods.md §2.6, §2.9, §2.12)
+# The simplex QP and AAggFF-S (docs/algorithms/aaggff.md, "AAggFF-S")
 
 
 class QPSolution(NamedTuple):
@@ -360,7 +364,7 @@ def solve_simplex_qp(
     tolerance: float = 1e-12,
 ) -> QPSolution:
     """argmin over the simplex of (1/2) p^T Q p + c^T p, for symmetric positive-definite Q
-    (thesis §2.6, the dependency-free solver): FISTA with step 1/lambda_max(Q), warm-started at
+    (the dependency-free solver): FISTA with step 1/lambda_max(Q), warm-started at
     `start` (projected; uniform if absent), stopping when an iterate moves less than
     `tolerance` in L1. The result is clamped at 0 and renormalised.
     """
@@ -396,7 +400,7 @@ def _frozen(values: Any, name: str, size: int | None = None, ndim: int = 1) -> n
 
 @dataclass(frozen=True, eq=False)
 class AAggFFSState:
-    """AAggFF-S's server state (thesis §2.2, §2.6): the decision p, G = sum of the decision
+    """AAggFF-S's server state: the decision p, G = sum of the decision
     gradients, H = alpha I + sum g g^T, and the ONS constants alpha and beta. Read-only arrays.
     """
 
@@ -418,7 +422,7 @@ class AAggFFSState:
 
     @classmethod
     def initial(cls, num_silos: int) -> AAggFFSState:
-        """p uniform, G = 0, H = alpha I, with the reference constants of thesis §2.6:
+        """p uniform, G = 0, H = alpha I, with the reference code's constants:
         L = 1/K, alpha = 4 K L = 4, beta = 1/(4 L) = K/4."""
         if num_silos < 1:
             raise ValueError("AAggFF-S needs at least one silo")
@@ -458,14 +462,14 @@ def _responders(losses: np.ndarray) -> np.ndarray:
 def aaggff_s_step(
     state: AAggFFSState, losses: Any, transform: str
 ) -> tuple[AAggFFSState, np.ndarray]:
-    """One AAggFF-S round (thesis §2.6, §2.9): from this round's losses (one per silo,
+    """One AAggFF-S round: from this round's losses (one per silo,
     evaluated on theta_t; non-finite = did not respond) to the next state and the weights that
-    aggregate this round's updates (p_{t+1} renormalised over the responders, §2.8).
+    aggregate this round's updates (p_{t+1} renormalised over the responders).
 
     r = `cdf_responses` in [0, 1/K] over the responders; a missing silo's response is the
-    responders' mean (§2.12). Then g = -r / (1 + <p, r>), G += g, H += g g^T and
+    responders' mean. Then g = -r / (1 + <p, r>), G += g, H += g g^T and
     p_{t+1} = argmin_simplex <G, p> + (1/2) p^T (alpha I + beta H) p. With fewer than two
-    responders, or K = 1, or if the solver does not converge, p is kept (§2.12).
+    responders, or K = 1, or if the solver does not converge, p is kept.
     """
     values = _vector(losses, "losses", allow_missing=True)
     size = state.weights.size
@@ -489,20 +493,20 @@ def aaggff_s_step(
 
 
 # ---------------------------------------------------------------------------------------------
-# AAggFF-D (thesis-methods.md §2.7, §2.9)
+# AAggFF-D (docs/algorithms/aaggff.md, "AAggFF-D")
 
 
 def doubly_robust_responses(
     responses: Any, observed: Any, probability: float, imputation: float, compat: bool = False
 ) -> np.ndarray:
-    """The doubly-robust response estimate (thesis §2.7, Lemma 3.2):
+    """The doubly-robust response estimate (Hahn 2024, Lemma 3.2):
     r_hat_j = m + 1[j observed] (r_j - m) / q, with m the imputation and q = P(j observed).
 
     Unbiased, E[r_hat] = r over the sampling, when m does not depend on which silos were drawn.
     AAggFF-D passes m = the observed mean (the thesis' choice), which does depend on the draw:
     then E[r_hat_j] = r_j + (K - m_size)(mean(r) - r_j) / (m_size (K - 1)) for uniform draws of
     m_size silos without replacement. `compat` reproduces the reference code: (r_j - m) / q on
-    observed entries, m elsewhere (biased, §2.7 [R] dr_compat). Unobserved entries of
+    observed entries, m elsewhere (biased). Unobserved entries of
     `responses` are ignored (they may be NaN).
     """
     if not 0 < probability <= 1:
@@ -519,7 +523,7 @@ def doubly_robust_responses(
 
 def linearised_gradient(p: Any, responses: Any, reference: Any) -> np.ndarray:
     """The decision gradient -r / (1 + <p, r>) linearised in r around `reference` r0
-    (thesis §2.7, Lemma 3.3): -r / a + r0 <p, r - r0> / a^2 with a = 1 + <p, r0>.
+    (Hahn 2024, Lemma 3.3): -r / a + r0 <p, r - r0> / a^2 with a = 1 + <p, r0>.
 
     AAggFF-D uses r0 = r_bar 1 (then r0 <p, .> is the thesis' 1 r_bar <p, .>). Being linear in
     r, it is unbiased for the linearised gradient wherever r is (for a fixed reference).
@@ -531,7 +535,7 @@ def linearised_gradient(p: Any, responses: Any, reference: Any) -> np.ndarray:
 
 
 def aaggff_d_step_size(round_index: int, num_clients: int, sampling_fraction: float) -> float:
-    """AAggFF-D's FTRL step in round t (1-based), thesis §2.7 (reference code):
+    """AAggFF-D's FTRL step in round t (1-based), as the reference code:
     eta_t = sqrt(ln K) / (L_inf sqrt(t + 1)) with L_inf = 2 + q."""
     if round_index < 1:
         raise ValueError("rounds are 1-based")
@@ -541,7 +545,7 @@ def aaggff_d_step_size(round_index: int, num_clients: int, sampling_fraction: fl
 
 @dataclass(frozen=True, eq=False)
 class AAggFFDState:
-    """AAggFF-D's server state (thesis §2.2, §2.7): the decision p, G = sum of the linearised
+    """AAggFF-D's server state: the decision p, G = sum of the linearised
     gradients, the number of rounds applied, and q = P(a client is sampled in a round)."""
 
     weights: np.ndarray
@@ -559,7 +563,7 @@ class AAggFFDState:
 
     @classmethod
     def initial(cls, num_clients: int, sampling_fraction: float) -> AAggFFDState:
-        """p uniform (thesis §2.9 [R]), G = 0, no rounds yet."""
+        """p uniform, G = 0, no rounds yet."""
         if num_clients < 1:
             raise ValueError("AAggFF-D needs at least one client")
         uniform = np.full(num_clients, 1.0 / num_clients)
@@ -582,9 +586,9 @@ class AAggFFDState:
 def aaggff_d_step(
     state: AAggFFDState, losses: Any, transform: str, dr_compat: bool = False
 ) -> tuple[AAggFFDState, np.ndarray]:
-    """One AAggFF-D round (thesis §2.7, §2.9): from the sampled clients' losses (one entry per
+    """One AAggFF-D round: from the sampled clients' losses (one entry per
     client; non-finite = not sampled or did not respond) to the next state and the weights
-    that aggregate this round's updates (p_{t+1} renormalised over the responders, §2.8).
+    that aggregate this round's updates (p_{t+1} renormalised over the responders).
 
     r = `cdf_responses` in [0, q] over the responders, r_bar their mean,
     r_hat = `doubly_robust_responses`(r, q, imputation r_bar),

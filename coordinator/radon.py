@@ -1,12 +1,12 @@
-"""The Radon machine's aggregate (FedDC, spec §9.11; Kamp et al. 2017, S2 App. A.2): the Radon
-point of r = d + 2 parameter vectors in R^d, the iterated Radon point of many, and
+"""The Radon machine's aggregate (FedDC, docs/algorithms/feddc.md "Radon point"; Kamp et al.
+2017): the Radon point of r = d + 2 parameter vectors in R^d, the iterated Radon point of many, and
 `RadonAggregator`, which applies the iterated Radon point to model state dicts.
 
 A Radon point of r points lies in the convex hulls of both parts of a partition of them, so it
 is a centre of depth at least 2: one arbitrarily bad point per group cannot pull it out of the
 hull of the others, and the iterated Radon point of height h tolerates fewer than 2^h bad
 models wherever they sit. The Radon point needs every individual model, so it cannot run under
-secure aggregation or HE (spec §9.10); it is computed in float64 on the coordinator.
+secure aggregation or HE; it is computed in float64 on the coordinator.
 """
 
 from __future__ import annotations
@@ -84,11 +84,11 @@ def _radon_coefficients(points: np.ndarray) -> np.ndarray:
 def iterated_radon_point(models: np.ndarray, iterations: int) -> np.ndarray:
     """The iterated Radon point of height h of the rows of `models` (shape (m, d)).
 
-    Rule for m != r^h (r = d + 2), following spec §9.11: the height is
+    Rule for m != r^h (r = d + 2): the height is
     h = min(iterations, radon_height(m, d)), i.e. the requested height, lowered while fewer than
     r^h models are given; exactly the first r^h models in the given order are used and the rest
     are dropped. Each level replaces consecutive groups of r points by their Radon point, so h
-    levels end in one point. The rule is deterministic; callers that want the spec's random
+    levels end in one point. The rule is deterministic; callers that want FedDC's random
     choice and grouping pass the models in a seeded random order, and the dropped ones are the
     rows from r^h on.
     """

@@ -1,6 +1,6 @@
-"""FedEvg's synthetic data at the coordinator (spec thesis-methods.md §3.3): the balanced labelled
-set that starts as noise, the server's Langevin (SGLD) step on the mixture of the silos'
-energies, its step-size schedule, and the classifier trained on the set.
+"""FedEvg's synthetic data at the coordinator (docs/algorithms/fedevg.md, "Coordinator"): the
+balanced labelled set that starts as noise, the server's Langevin (SGLD) step on the mixture of
+the silos' energies, its step-size schedule, and the classifier trained on the set.
 
 The mixture gradient at synthetic point j is sum_i w_i s_ij g_ij / sum_i w_i s_ij (w_i the
 silos' sample shares, s_ij = exp(-sign E_i(x_j)), g_ij the clipped input gradient of silo i's

@@ -2,17 +2,17 @@
 domain, and the two training objectives that weight domains (the per-domain loss totals that
 AgnosticFedAvg's probe reports leave through silo/reports.py).
 
-- AgnosticFedAvg (spec robust-and-daisy-chain.md §6.2): row j's loss counts omega of its domain,
+- AgnosticFedAvg (docs/algorithms/agnostic_fedavg.md): row j's loss counts omega of its domain,
   the weights the coordinator sends (`domain_weights`); the objective is a mean over the batch of
   weighted per-row losses, so DP-SGD clips each weighted row as a sample.
-- ApproxFedAvg (§7.2): the batch loss is (1/mu) log sum_i exp(mu F_i) over the domains i present
-  in the batch (`domain_temperature` mu), F_i the sum of the domain's row losses divided by the
-  batch size (`sum`: the survey's sums, at the scale of a mean loss, so one domain is the plain
-  mean loss and mu keeps its meaning across batch sizes; a domain with more rows in the batch
-  has the larger F_i) or their mean (`mean`). Autograd of the log-sum-exp is
-  sum_i softmax(mu F)_i grad F_i, the survey's update: a softmax-weighted average of the
-  domains' terms where the plain mean loss's gradient is their sum (with `sum`), so at small mu
-  and p domains in the batch the step is 1/p of FedAvg's at the same learning rate.
+- ApproxFedAvg (docs/algorithms/approx_fedavg.md): the batch loss is (1/mu) log sum_i exp(mu F_i)
+  over the domains i present in the batch (`domain_temperature` mu), F_i the sum of the domain's row
+  losses divided by the batch size (`sum`: the survey's sums, at the scale of a mean loss, so one
+  domain is the plain mean loss and mu keeps its meaning across batch sizes; a domain with more rows
+  in the batch has the larger F_i) or their mean (`mean`). Autograd of the log-sum-exp is sum_i
+  softmax(mu F)_i grad F_i, the survey's update: a softmax-weighted average of the domains' terms
+  where the plain mean loss's gradient is their sum (with `sum`), so at small mu and p domains in
+  the batch the step is 1/p of FedAvg's at the same learning rate.
 
 Domain names are the categories the consortium declared for the column; a domain a silo does not
 hold simply has no rows there.
@@ -36,10 +36,7 @@ DOMAIN_REDUCTIONS = ("sum", "mean")
 
 def needs_domains(policy: Policy) -> bool:
     """Whether the policy's algorithm trains or probes per domain of `data.domain`."""
-    name = policy.algorithm.name
-    return name == "approx_fedavg" or (
-        name == "agnostic_fedavg" and policy.mixing.domains == "data"
-    )
+    return policy.algorithm.needs_domains
 
 
 def check_domains(policy: Policy, data: SiloDataset) -> None:

@@ -1,5 +1,5 @@
-"""FedEvg at a silo (spec thesis-methods.md §3.4): a classifier f read as an energy-based model
-(JEM), its local training against Langevin samples started at the coordinator's synthetic
+"""FedEvg at a silo (docs/algorithms/fedevg.md, "Silo"): a classifier f read as an energy-based
+model (JEM), its local training against Langevin samples started at the coordinator's synthetic
 points, and the energy signals the silo sends back.
 
 Energies: joint E(x, y) = -f(x)[y] (the reference's), or marginal E(x) = -log sum_y exp f(x)[y]

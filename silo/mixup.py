@@ -1,4 +1,4 @@
-"""Local mixup for DRFLM (spec robust-and-daisy-chain.md §5.2-5.3): the draws and the maths of
+"""Local mixup for DRFLM (docs/algorithms/drflm.md, "Mixup"): the draws and the maths of
 training and evaluating on a silo's mixup distribution.
 
 A batch of rows idx is paired with partners idx' drawn uniformly with replacement from the
@@ -6,7 +6,7 @@ same split (so (idx, idx') is uniform over all ordered pairs, j = l included), w
 gamma ~ Beta(alpha, alpha) per row. Inputs mix linearly, x~ = gamma x[idx] + (1 - gamma)
 x[idx'], and so do regression targets; a classification row's loss is
 gamma CE(f(x~), y[idx]) + (1 - gamma) CE(f(x~), y[idx']) (soft targets). Mixing happens on the
-inputs (`inputs`: the spec's g is the identity) or on the model's embedding (`embedding`): g is
+inputs (`inputs`: the embedding g is the identity) or on the model's embedding (`embedding`): g is
 every layer but the last (models/zoo.py `embedding_and_head`), both rows go through g, and the
 last layer reads gamma g(x[idx]) + (1 - gamma) g(x[idx']), so gradients reach g through both.
 

@@ -1,12 +1,12 @@
-"""SuPerFed's local training at a silo (spec thesis-methods.md §1.3-1.5): the mixture of the
+"""SuPerFed's local training at a silo (docs/algorithms/superfed.md): the mixture of the
 federated and the local model, the proximity and orthogonality terms, and one round of training
 of both models, with or without DP-SGD.
 
-Every weight and bias of the zoo's dense and convolutional layers is mixable (the spec's
-corrected form: biases too). Layer m's weights in the forward pass are (1 - lambda_m) w_f +
-lambda_m w_l; `model` mixing draws one lambda ~ U(0, 1) per minibatch for every layer, `layer`
-mixing one per layer and minibatch. One backward pass gives both models their gradients:
-(1 - lambda_m) g and lambda_m g, g the gradient at the mixed weights.
+Every weight and bias of the zoo's dense and convolutional layers is mixable (biases too, unlike the
+reference code's models, which have none). Layer m's weights in the forward pass are
+(1 - lambda_m) w_f + lambda_m w_l; `model` mixing draws one lambda ~ U(0, 1) per minibatch for
+every layer, `layer` mixing one per layer and minibatch. One backward pass gives both models
+their gradients: (1 - lambda_m) g and lambda_m g, g the gradient at the mixed weights.
 
 - R_prox = sum over the layers' tensors of ||w_f - w_global|| (`layer_l2`, the reference's
   non-squared norms; PyTorch's norm has a zero subgradient at 0, where every round starts) or

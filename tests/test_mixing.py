@@ -73,7 +73,7 @@ def all_draws(size: int, drawn: int) -> list[np.ndarray]:
     return masks
 
 
-# --- the simplex projection (robust-and-daisy-chain.md §1.2) -----------------------------------
+# --- the simplex projection (docs/algorithms/README.md) -----------------------------------------
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -131,7 +131,7 @@ def test_the_projection_rejects_non_finite_input() -> None:
         project_simplex([0.5, np.nan, 0.5])
 
 
-# --- loss guards (§1.5) and collapse guards (§1.3, §4.2, §4.8) -----------------------------------
+# --- loss guards and collapse guards (docs/algorithms/README.md) ---------------------------------
 
 
 def test_losses_are_clipped_to_zero_and_the_cap_and_non_finite_ones_become_absent() -> None:
@@ -191,7 +191,7 @@ def test_weights_restricted_to_the_responders_are_renormalised_over_them() -> No
     )
 
 
-# --- lambda updates: projected ascent (AFL §3, DRFA §4.3) and EG (AgnosticFedAvg §6.2) -----------
+# --- lambda updates: projected ascent (AFL, DRFA) and EG (AgnosticFedAvg) ------------------------
 
 
 def test_the_drfa_step_is_the_projection_of_lambda_plus_the_scaled_loss_vector() -> None:
@@ -202,7 +202,7 @@ def test_the_drfa_step_is_the_projection_of_lambda_plus_the_scaled_loss_vector()
 
 
 def test_the_loss_vector_over_a_uniform_probe_set_is_unbiased() -> None:
-    # Spec §4.5 and §13.15: E over U of v_k = f_k, exactly, for |U'| = M drawn uniformly.
+    # E over U of v_k = f_k, exactly, for |U'| = M drawn uniformly.
     losses = np.array([0.3, 1.2, 0.7, 2.0, 0.1])
 
     mean = np.mean(
@@ -255,7 +255,7 @@ def test_eg_with_a_zero_step_changes_nothing_and_a_huge_step_does_not_overflow()
 
 
 def test_eg_moves_only_the_observed_domains_and_keeps_their_total_mass() -> None:
-    # Spec §6.5: absent domains keep their lambda; the observed ones share their old mass.
+    # Absent domains keep their lambda; the observed ones share their old mass.
     lam = np.array([0.4, 0.1, 0.3, 0.2])
     observed = np.array([True, False, True, False])
 
@@ -266,7 +266,7 @@ def test_eg_moves_only_the_observed_domains_and_keeps_their_total_mass() -> None
     np.testing.assert_allclose(stepped[observed], 0.7 * moved / moved.sum())
 
 
-# --- the unified table: q-FedAvg, TERM, PropFair (thesis §2.3) ---------------------------------
+# --- the unified table: q-FedAvg, TERM, PropFair (docs/algorithms/aaggff.md) --------------------
 
 LOSSES = np.array([0.3, 1.5, 0.8, 0.05])
 SIZES = np.array([100.0, 20.0, 50.0, 30.0])
@@ -322,7 +322,7 @@ def test_propfair_needs_every_loss_below_the_baseline() -> None:
         propfair_weights(LOSSES, SIZES, 1.5)
 
 
-# --- AAggFF responses (thesis §2.4) and decision loss (§2.5) ------------------------------------
+# --- AAggFF responses and decision loss (docs/algorithms/aaggff.md) -----------------------------
 
 EXAMPLE_LOSSES = [0.01, 0.10, 0.02]
 # thesis Table 3.3 (two decimals); the third Normal response is printed as 0.29-0.30.
@@ -333,7 +333,7 @@ EXAMPLE_RESPONSES = {
     "exponential": [[0.21], [0.90], [0.37]],
     "logistic": [[0.32], [0.79], [0.37]],
     "normal": [[0.22], [0.90], [0.29, 0.30]],
-    "normal_erfc_compat": [[1.28], [0.60], [1.20]],  # the reference code's erfc (§2.4)
+    "normal_erfc_compat": [[1.28], [0.60], [1.20]],  # the reference code's erfc
 }
 
 
@@ -395,7 +395,7 @@ def test_the_decision_gradient_is_the_gradient_of_the_decision_loss() -> None:
     np.testing.assert_allclose(decision_gradient(p, r), numeric, atol=1e-9)
 
 
-# --- the simplex QP and AAggFF-S (thesis §2.6) ----------------------------------------------------
+# --- the simplex QP and AAggFF-S (docs/algorithms/aaggff.md) ------------------------------------
 
 
 def random_problem(seed: int, size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -439,8 +439,8 @@ def test_the_initial_aaggff_s_state_uses_the_reference_constants() -> None:
 
 
 def test_aaggff_s_solves_the_ftrl_qp_of_its_accumulated_gradients() -> None:
-    # Rebuild the problem of thesis §2.6 independently and solve it with scipy; round 3 has a
-    # dropout, whose response is the responders' mean (§2.12).
+    # Rebuild AAggFF-S's problem independently and solve it with scipy; round 3 has a
+    # dropout, whose response is the responders' mean.
     rounds = [[0.4, 0.9, 0.2, 0.5], [0.6, 1.1, 0.1, 0.3], [0.5, np.nan, 0.3, 0.2]]
     state = AAggFFSState.initial(4)
     p, gradients = np.full(4, 0.25), []
@@ -523,7 +523,7 @@ def test_aaggff_states_survive_a_json_round_trip_and_steps_leave_their_input_alo
             state.weights[0] = 1.0
 
 
-# --- AAggFF-D (thesis §2.7) --------------------------------------------------------------------
+# --- AAggFF-D (docs/algorithms/aaggff.md) -------------------------------------------------------
 
 
 def test_the_doubly_robust_estimate_adds_the_inverse_probability_weighted_residual() -> None:

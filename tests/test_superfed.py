@@ -1,8 +1,9 @@
 """SuPerFed: with mixing never on and no proximity it is FedAvg bit for bit; for a fixed lambda
 the gradient splits between the models as (1 - lambda) and lambda; the silo sends what FedAvg
 sends and keeps its local model, which persists across rounds, restarts of the agent and re-runs
-of a round; the regularisers are the spec's; evaluation reports the lambda curve and the lambda
-the validation split chooses; DP-SGD clips the two models as one vector."""
+of a round; the regularisers are those of docs/algorithms/superfed.md; evaluation reports the
+lambda curve and the lambda the validation split chooses; DP-SGD clips the two models as one
+vector."""
 
 from __future__ import annotations
 

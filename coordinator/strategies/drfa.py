@@ -1,5 +1,5 @@
-"""DRFA (Deng et al. 2021) and DRFLM (DRFA with local mixup), as the spec's "paper" variant
-(robust-and-daisy-chain.md §4.3, §5): min over w, max over lambda in the simplex of
+"""DRFA (Deng et al. 2020) and DRFLM (DRFA with local mixup), the "paper" variant
+(docs/algorithms/drfa.md, drflm.md): min over w, max over lambda in the simplex of
 sum_k lambda_k f_k(w).
 
 A round: draw M silos from lambda with replacement (mixed with `uniform_mix` of the uniform
@@ -12,12 +12,12 @@ lambda takes a projected ascent step gamma_s tau v, v the losses clipped to the 
 by K/|U'| (unbiased), then the floor. DRFLM trains every local step on Beta(alpha, alpha)
 mixup of the silo's data and, with `probe: mixup`, reports the loss on mixed data too.
 
-With `variant: fedtorch` the round is the R-FedTorch reference code's (spec §4.6): M silos
-drawn uniformly without replacement, the new model w-bar + sum_k (lambda_k K / M)(w_k - w-bar)
-(importance weights that need not sum to one: each silo scales its own update by lambda_k K,
-the `update_scale` of its task, and the mean of the scaled models is that sum), the checkpoint
-taken before local step k' ~ U{1..tau-1} (after k' - 1 steps) and averaged uniformly, and the
-step decayed by `step_decay` (0.9 unless set). A trained silo learns its own lambda_k K there.
+With `variant: fedtorch` the round is the R-FedTorch reference code's (drfa.md, "The fedtorch
+variant"): M silos drawn uniformly without replacement, the new model w-bar + sum_k (lambda_k K /
+M)(w_k - w-bar) (importance weights that need not sum to one: each silo scales its own update by
+lambda_k K, the `update_scale` of its task, and the mean of the scaled models is that sum), the
+checkpoint taken before local step k' ~ U{1..tau-1} (after k' - 1 steps) and averaged uniformly, and
+the step decayed by `step_decay` (0.9 unless set). A trained silo learns its own lambda_k K there.
 
 lambda starts uniform and, with `init: counts`, is set proportional to the sample counts the
 silos released after the first round's probe. The losses are noisy reports of the silo's
@@ -49,6 +49,7 @@ from fedsilo.coordinator.strategies.base import (
     ServerState,
     Strategy,
 )
+from fedsilo.policies.algorithms.drfa import DrfaConfig, DrflmConfig
 
 log = logging.getLogger(__name__)
 
@@ -63,8 +64,12 @@ class Drfa(Strategy):
     name = "drfa"
     mixup = False
 
+    @property
+    def config(self) -> DrfaConfig | DrflmConfig:
+        return self.policy.algorithm  # type: ignore[return-value]
+
     def round(self, state: ServerState, ctx: RoundContext) -> RoundScript:
-        settings = self.policy.mixing
+        settings = self.config
         mixing: dict[str, Any] = dict(state.extra.get(MIXING, {}))
         silos: list[str] = mixing.setdefault("silos", sorted(ctx.silos))
         active = [s in ctx.silos for s in silos]
@@ -87,7 +92,10 @@ class Drfa(Strategy):
             out = yield Phase(
                 "train",
                 self._train_tasks(state, ctx, sorted(chosen), checkpoint, scales),
-                aggregate=WeightedMean((MODEL, CHECKPOINT), chosen),
+                # the checkpoint, like the model, is summed relative to the model sent
+                aggregate=WeightedMean(
+                    (MODEL, CHECKPOINT), chosen, references={CHECKPOINT: state.model}
+                ),
             )
             model, averaged = out.mean[MODEL], out.mean[CHECKPOINT]
         reachable = [s for s, on in zip(silos, active, strict=True) if on]
@@ -128,16 +136,13 @@ class Drfa(Strategy):
         extra: dict[str, Any] = {"checkpoint_step": checkpoint}
         if self.mixup:
             extra |= {
-                "mixup_alpha": self.policy.mixing.mixup_alpha,
-                "mixup_on": self.policy.mixing.mixup_on,
+                "mixup_alpha": self.config.mixup_alpha,
+                "mixup_on": self.config.mixup_on,
             }
         tasks = []
         for silo in silos:
             scale = {"update_scale": scales[silo]} if silo in scales else {}
-            task = self.train_task(silo, state.model, state.spec, ctx, extra=extra | scale)
-            if self.policy.secure_aggregation.enabled:  # the reference of the checkpoint's update
-                task = replace(task, tensors={**task.tensors, CHECKPOINT: state.model})
-            tasks.append(task)
+            tasks.append(self.train_task(silo, state.model, state.spec, ctx, extra=extra | scale))
         return tuple(tasks)
 
     def _draw_from_lambda(
@@ -151,7 +156,7 @@ class Drfa(Strategy):
         """The paper: M draws from lambda (among the active silos) with replacement, as each
         drawn silo's multiplicity (its weight in the mean); None when no draw reaches the
         minimum of distinct contributors."""
-        settings = self.policy.mixing
+        settings = self.config
         on = np.array(active)
         weights = np.where(on, lam, 0.0)
         weights = mix_with_uniform(weights / weights.sum(), settings.uniform_mix)
@@ -184,8 +189,8 @@ class Drfa(Strategy):
 
     def _probe_config(self, silo: str, ctx: RoundContext) -> dict[str, Any]:
         config: dict[str, Any] = {"split": "train"}
-        if self.mixup and self.policy.mixing.probe == "mixup":
-            config |= {"mixup_alpha": self.policy.mixing.mixup_alpha}
+        if self.mixup and self.config.probe == "mixup":
+            config |= {"mixup_alpha": self.config.mixup_alpha}
             config["seed"] = ctx.seed_for("probe", silo)
         return config
 

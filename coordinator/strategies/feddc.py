@@ -1,4 +1,4 @@
-"""FedDC: federated daisy chaining (Kamp, Fischer and Wolff, ICLR 2023; spec section 9).
+"""FedDC: federated daisy chaining (Kamp, Fischer and Vreeken, ICLR 2023; docs/algorithms/feddc.md).
 
 Every round is one round of local training (`training.steps`; the paper's one minibatch step)
 on the model each silo hosts. When round t (0-based) ends an aggregation period
@@ -68,8 +68,10 @@ class FedDC(Strategy):
                 adopt -= set(out.answered)
             tasks = tuple(self._task(s, state, ctx, adopt, send=True) for s in sampled)
             if self.config.aggregator == "mean":
-                weights = dict.fromkeys(sampled, 1.0)  # unweighted, as the paper (spec 9.7)
-                out = yield Phase("aggregate", tasks, aggregate=WeightedMean((MODEL,), weights))
+                weights = dict.fromkeys(sampled, 1.0)  # unweighted, as the paper
+                # each hosted model is summed relative to the last aggregate
+                mean = WeightedMean((MODEL,), weights, references={MODEL: state.model})
+                out = yield Phase("aggregate", tasks, aggregate=mean)
                 model = out.mean[MODEL]
             else:
                 out = yield Phase("aggregate", tasks)
@@ -119,13 +121,11 @@ class FedDC(Strategy):
         send: bool = False,
     ) -> Task:
         """One round of local training of what `silo` hosts (after adopting the aggregate
-        when it must); `send`: the result goes to the coordinator. Under secure aggregation
-        the aggregate also travels as the reference each update is taken against."""
+        when it must); `send`: the result goes to the coordinator."""
         base = self.train_task(silo, state.model, state.spec, ctx, self.config.prox_mu)
         adopting = silo in adopt
         config = {**base.config, "adopt": adopting, "send": send}
-        reference = send and self.policy.secure_aggregation.enabled
-        tensors = {MODEL: state.model} if adopting or reference else {}
+        tensors = {MODEL: state.model} if adopting else {}
         return Task(silo, "daisy_train", config, tensors, state.spec)
 
     def _permutation(
@@ -152,7 +152,7 @@ class FedDC(Strategy):
         return not any(r in lineage.get(s, []) for s, r in route.items())
 
     def _radon(self, out: PhaseOutcome, ctx: RoundContext) -> torch.Tensor:
-        """The iterated Radon point of r^h of the models, drawn at random (spec 9.11)."""
+        """The iterated Radon point of r^h of the models, drawn at random."""
         models = {s: t[MODEL] for s, t in out.tensors.items()}
         dim = next(iter(models.values())).numel()
         r = radon_number(dim)

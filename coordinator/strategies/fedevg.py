@@ -1,12 +1,12 @@
-"""FedEvg (thesis ch. IV; spec thesis-methods.md §3): silos send energy signals instead of
-models, and the coordinator refines a synthetic dataset.
+"""FedEvg (Hahn 2024, thesis ch. IV; docs/algorithms/fedevg.md): silos send energy signals instead
+of models, and the coordinator refines a synthetic dataset.
 
 Setup: the silos' common classifier (the policy's model, `init`) and their data schema (`schema`:
 one input row's shape, the classes), then the synthetic set: `samples_per_class` points per
 class drawn from N(0, I), balanced labels. A round: the sampled silos get the synthetic points
 (and labels) and answer `energy_signals`; the engine takes the sample-weighted means of s * g and
-of s (secure aggregation applies to both: under it the tasks also carry zero tensors of their
-shapes, the reference every secure sum is an update to), their ratio is the mixture energy's
+of s (both relative to zero tensors of their shapes, so secure aggregation applies), their
+ratio is the mixture energy's
 gradient, and the points take one Langevin step with the round's step eta_t (the cosine-beta
 curve) and noise, clipped to [0, 1]. No model travels to or from a silo in a round. On each
 evaluation round the coordinator trains the policy's model on the synthetic set alone (Adam,
@@ -88,9 +88,9 @@ class FedEvg(Strategy):
         x = state.tensors[SYNTHETIC]
         tasks = tuple(self.energy_task(s, state, ctx) for s in self.sample_silos(ctx))
         shapes = {WEIGHTED_GRADIENT: tuple(x.shape), WEIGHT: (x.shape[0],)}
-        out = yield Phase(
-            "energy", tasks, aggregate=WeightedMean((WEIGHTED_GRADIENT, WEIGHT), shapes=shapes)
-        )
+        references = {WEIGHTED_GRADIENT: torch.zeros_like(x), WEIGHT: torch.zeros(x.shape[0])}
+        mean = WeightedMean((WEIGHTED_GRADIENT, WEIGHT), shapes=shapes, references=references)
+        out = yield Phase("energy", tasks, aggregate=mean)
         gradient = mixture_gradient(out.mean[WEIGHTED_GRADIENT].float(), out.mean[WEIGHT].float())
         step = float(step_sizes(ctx.total_rounds, config.server_step_max, config.server_step_min)[
             ctx.round - 1
@@ -124,10 +124,7 @@ class FedEvg(Strategy):
         """A training task that carries the synthetic set instead of a model."""
         task = self.train_task(silo, state.model, state.spec, ctx)
         x, labels = state.tensors[SYNTHETIC], state.tensors[SYNTHETIC_LABELS]
-        tensors = {SYNTHETIC: x, SYNTHETIC_LABELS: labels}
-        if self.policy.secure_aggregation.enabled:  # what the secure sums are updates to
-            tensors |= {WEIGHTED_GRADIENT: torch.zeros_like(x), WEIGHT: torch.zeros(len(labels))}
-        return replace(task, tensors=tensors, spec=None)
+        return replace(task, tensors={SYNTHETIC: x, SYNTHETIC_LABELS: labels}, spec=None)
 
     def classifier(self, state: ServerState, x: torch.Tensor, ctx: RoundContext) -> torch.Tensor:
         """The policy's model trained on the synthetic set alone, as a flat parameter vector."""

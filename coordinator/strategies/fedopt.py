@@ -2,7 +2,7 @@
 
 The silos run the FedAvg round (FedOpt extends FedAvg); the server treats
 Delta = mean(models) - x as a pseudo-gradient and takes a per-coordinate adaptive step
-(spec robust-and-daisy-chain.md §2.3):
+(docs/algorithms/fedadam.md):
 
     m  = beta1 m + (1 - beta1) Delta
     v  = v + Delta^2                                   (Adagrad)

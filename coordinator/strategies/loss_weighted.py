@@ -9,24 +9,24 @@ coefficients (a silo that drops out of training leaves the others renormalised).
 probe is a round trip of its own, not a scalar riding with the update as in the AAggFF
 paper, because secure aggregation needs each silo's weight before its update is masked.
 
-- q-FedAvg, TERM, PropFair: the stateless rows of the AAggFF thesis' unified table (§2.3):
-  p_i proportional to (n_i/n) F_i^q, (n_i/n) exp(t F_i), (n_i/n) / (M - F_i).
+- q-FedAvg, TERM, PropFair: the stateless rows of AAggFF's unified table
+  (docs/algorithms/aaggff.md): p_i proportional to (n_i/n) F_i^q, (n_i/n) exp(t F_i),
+  (n_i/n) / (M - F_i).
 - AFL (Mohri et al. 2019) as the AAggFF reference code's baseline runs it: lambda weights the
-  round's mean, then moves by projected ascent on the losses (spec §3; local training instead
-  of AFL's single gradient step, so it runs like every other averaging strategy).
-- AgnosticFedAvg (Ro et al. 2021, spec §6.2). With `mixing.domains: silo` each silo is one
-  domain (§6.3): the weight of silo k is beta_k = lambda_k n_k / N-bar_k (N-bar: its released
-  counts averaged over the last `count_window` rounds), and lambda takes an exponentiated-
-  gradient step on the mean losses. With `domains: data` lambda is over the values of the
-  silos' `data.domain` column: the probe asks every silo for its domains' loss sums L^k and
-  counts N^k at the received model, alpha = lambda / max(N-bar, 1) (N-bar: the consortium's
-  domain totals over the window), beta_k = sum_i alpha_i N_i^k weights silo k's model, each
-  silo trains on row losses weighted omega_i = alpha_i N / sum_j alpha_j N_j (alpha normalised
-  by the consortium's totals, so equal alphas are the plain loss and the weights use no
-  silo's own counts, which DP-SGD would not cover), and lambda takes the EG step on the
-  domain mean losses L-bar_i = sum_k L_i^k / N_i (domains no silo reported keep their mass).
-  The probe runs before training (the survey's silos send L and N with the update), so the
-  window includes this round's counts.
+  round's mean, then moves by projected ascent on the losses (docs/algorithms/afl.md; local training
+  instead of AFL's single gradient step, so it runs like every other averaging strategy).
+- AgnosticFedAvg (Ro et al. 2021, docs/algorithms/agnostic_fedavg.md). With `domains: silo` each
+  silo is one domain: the weight of silo k is beta_k = lambda_k n_k / N-bar_k (N-bar: its released
+  counts averaged over the last `count_window` rounds), and lambda takes an exponentiated-gradient
+  step on the mean losses. With `domains: data` lambda is over the values of the silos'
+  `data.domain` column: the probe asks every silo for its domains' loss sums L^k and counts N^k at
+  the received model, alpha = lambda / max(N-bar, 1) (N-bar: the consortium's domain totals over the
+  window), beta_k = sum_i alpha_i N_i^k weights silo k's model, each silo trains on row losses
+  weighted omega_i = alpha_i N / sum_j alpha_j N_j (alpha normalised by the consortium's totals, so
+  equal alphas are the plain loss and the weights use no silo's own counts, which DP-SGD would not
+  cover), and lambda takes the EG step on the domain mean losses L-bar_i = sum_k L_i^k / N_i
+  (domains no silo reported keep their mass). The probe runs before training (the survey's silos
+  send L and N with the update), so the window includes this round's counts.
 - AAggFF (Hahn et al. 2024): AAggFF-S (online Newton step) when every silo takes part,
   AAggFF-D (FTRL with doubly-robust responses) when `client_fraction` < 1.
 
@@ -65,7 +65,16 @@ from fedsilo.coordinator.strategies.base import (
     ServerState,
     Strategy,
 )
-from fedsilo.policies.algorithms import MixingAlgorithmConfig
+from fedsilo.policies.algorithms.loss_weighted import (
+    AAggFFConfig,
+    AflConfig,
+    AgnosticFedAvgConfig,
+    LambdaConfig,
+    LossWeightedConfig,
+    PropFairConfig,
+    QFedAvgConfig,
+    TermConfig,
+)
 from fedsilo.wire.messages import DOMAIN_COUNT, DOMAIN_LOSS_SUM, domain_metric, domains_in
 
 log = logging.getLogger(__name__)
@@ -78,7 +87,7 @@ class LossWeighted(Strategy):
     """A round: probe the sampled silos' losses, decide the coefficients, train, mix."""
 
     @property
-    def config(self) -> MixingAlgorithmConfig:
+    def config(self) -> LossWeightedConfig:
         return self.policy.algorithm  # type: ignore[return-value]
 
     probe_config: Mapping[str, Any] = {"split": "train"}
@@ -149,8 +158,12 @@ class QFedAvg(TableRule):
 
     name = "qfedavg"
 
+    @property
+    def config(self) -> QFedAvgConfig:  # type: ignore[override]
+        return self.policy.algorithm  # type: ignore[return-value]
+
     def weights(self, losses: np.ndarray, sizes: np.ndarray) -> np.ndarray:
-        return qfedavg_weights(losses, sizes, self.policy.mixing.q)
+        return qfedavg_weights(losses, sizes, self.config.q)
 
 
 class Term(TableRule):
@@ -158,8 +171,12 @@ class Term(TableRule):
 
     name = "term"
 
+    @property
+    def config(self) -> TermConfig:  # type: ignore[override]
+        return self.policy.algorithm  # type: ignore[return-value]
+
     def weights(self, losses: np.ndarray, sizes: np.ndarray) -> np.ndarray:
-        return term_weights(losses, sizes, self.policy.mixing.tilt)
+        return term_weights(losses, sizes, self.config.tilt)
 
 
 class PropFair(TableRule):
@@ -167,8 +184,12 @@ class PropFair(TableRule):
 
     name = "propfair"
 
+    @property
+    def config(self) -> PropFairConfig:  # type: ignore[override]
+        return self.policy.algorithm  # type: ignore[return-value]
+
     def weights(self, losses: np.ndarray, sizes: np.ndarray) -> np.ndarray:
-        baseline = self.policy.mixing.baseline
+        baseline = self.config.baseline
         if np.any(losses >= baseline):
             log.warning("propfair: losses %s reach the baseline M = %g; clipped", losses, baseline)
             losses = np.minimum(losses, baseline * (1 - 1e-6))
@@ -178,11 +199,15 @@ class PropFair(TableRule):
 class LambdaSchedule(LossWeighted):
     """A schedule with a lambda over the deployment's silos, kept in the state."""
 
+    @property
+    def config(self) -> LambdaConfig:  # type: ignore[override]
+        return self.policy.algorithm  # type: ignore[return-value]
+
     def lam(self, mixing: dict[str, Any], reported: Reported) -> np.ndarray:
         if "lam" in mixing:
             return np.array(mixing["lam"])
         silos = mixing["silos"]
-        if self.policy.mixing.init == "uniform":
+        if self.config.init == "uniform":
             return np.full(len(silos), 1.0 / len(silos))
         counts = np.array([reported.get(s, (0.0, 0.0))[1] for s in silos])
         counts = np.where(counts > 0, counts, counts[counts > 0].mean() if counts.any() else 1.0)
@@ -192,7 +217,7 @@ class LambdaSchedule(LossWeighted):
         """Every silo's loss (NaN if it did not report), and the cap (fixed at first sight)."""
         losses = np.array([reported.get(s, (math.nan, 0.0))[0] for s in mixing["silos"]])
         if "loss_cap" not in mixing:
-            cap = self.policy.mixing.loss_cap
+            cap = self.config.loss_cap
             mixing["loss_cap"] = cap if cap is not None else default_loss_cap(losses)
         return losses
 
@@ -202,12 +227,16 @@ class Afl(LambdaSchedule):
 
     name = "afl"
 
+    @property
+    def config(self) -> AflConfig:  # type: ignore[override]
+        return self.policy.algorithm  # type: ignore[return-value]
+
     def decide(self, reported: Reported, mixing: dict[str, Any], ctx: RoundContext) -> Decision:
         lam = self.lam(mixing, reported)
         losses = self.loss_vector(mixing, reported)
         silos = mixing["silos"]
         weights = {s: float(lam[i]) for i, s in enumerate(silos) if s in reported}
-        settings = self.policy.mixing
+        settings = self.config
         lam = projected_loss_ascent(
             lam, losses, settings.step, mixing["loss_cap"], floor=settings.floor
         )
@@ -221,8 +250,12 @@ class AgnosticFedAvg(LambdaSchedule):
     name = "agnostic_fedavg"
 
     @property
+    def config(self) -> AgnosticFedAvgConfig:  # type: ignore[override]
+        return self.policy.algorithm  # type: ignore[return-value]
+
+    @property
     def by_domain(self) -> bool:
-        return self.policy.mixing.domains == "data"
+        return self.config.domains == "data"
 
     @property
     def probe_config(self) -> Mapping[str, Any]:  # type: ignore[override]
@@ -245,13 +278,11 @@ class AgnosticFedAvg(LambdaSchedule):
         sums = np.array([totals[s][0] for s in sorted(totals)])
         counts = np.clip(np.array([totals[s][1] for s in sorted(totals)]), 0.0, None)
         consortium = counts.sum(axis=0)
-        window = [*mixing.get("counts", []), consortium.tolist()][
-            -self.policy.mixing.count_window :
-        ]
+        window = [*mixing.get("counts", []), consortium.tolist()][-self.config.count_window :]
         mixing["counts"] = window
         if "lam" in mixing:
             lam = np.array(mixing["lam"])
-        elif self.policy.mixing.init == "uniform" or not consortium.any():
+        elif self.config.init == "uniform" or not consortium.any():
             lam = np.full(len(domains), 1.0 / len(domains))
         else:
             lam = np.maximum(consortium, 1.0) / np.maximum(consortium, 1.0).sum()
@@ -263,11 +294,11 @@ class AgnosticFedAvg(LambdaSchedule):
         observed = consortium > 0
         means = np.where(observed, sums.sum(axis=0) / np.maximum(consortium, 1e-12), np.nan)
         if "loss_cap" not in mixing:
-            cap = self.policy.mixing.loss_cap
+            cap = self.config.loss_cap
             mixing["loss_cap"] = cap if cap is not None else default_loss_cap(means)
         if observed.any():
             clipped = np.clip(np.where(observed, means, 0.0), 0.0, mixing["loss_cap"])
-            lam = exponentiated_gradient(lam, clipped, self.policy.mixing.step, observed)
+            lam = exponentiated_gradient(lam, clipped, self.config.step, observed)
         mixing["lam"] = lam.tolist()
         return dict(zip(sorted(totals), betas.tolist(), strict=True)), mixing
 
@@ -279,7 +310,7 @@ class AgnosticFedAvg(LambdaSchedule):
         lam = self.lam(mixing, reported)
         losses = np.clip(self.loss_vector(mixing, reported), 0.0, mixing["loss_cap"])
         counts = [reported.get(s, (0.0, math.nan))[1] for s in silos]
-        window = [*mixing.get("counts", []), counts][-self.policy.mixing.count_window :]
+        window = [*mixing.get("counts", []), counts][-self.config.count_window :]
         mixing["counts"] = window
         history = np.array(window, dtype=float)
         seen = np.isfinite(history)
@@ -291,7 +322,7 @@ class AgnosticFedAvg(LambdaSchedule):
         }
         observed = np.isfinite(losses)
         if observed.any():
-            lam = exponentiated_gradient(lam, losses, self.policy.mixing.step, observed)
+            lam = exponentiated_gradient(lam, losses, self.config.step, observed)
         mixing["lam"] = lam.tolist()
         return weights, mixing
 
@@ -300,7 +331,7 @@ def _domain_totals(
     report: SiloReport, domains: list[str]
 ) -> tuple[list[float], list[float]] | None:
     """A silo's per-domain loss sums and counts, in `domains` order (a domain it did not report
-    counts 0); None when a value is not finite (the whole reply is dropped, spec §6.5)."""
+    counts 0); None when a value is not finite (the whole reply is dropped)."""
     metrics = report.metrics
     sums = [float(metrics.get(domain_metric(DOMAIN_LOSS_SUM, d), 0.0)) for d in domains]
     counts = [float(metrics.get(domain_metric(DOMAIN_COUNT, d), 0.0)) for d in domains]
@@ -314,10 +345,14 @@ class AAggFF(LossWeighted):
 
     name = "aaggff"
 
+    @property
+    def config(self) -> AAggFFConfig:  # type: ignore[override]
+        return self.policy.algorithm  # type: ignore[return-value]
+
     def decide(self, reported: Reported, mixing: dict[str, Any], ctx: RoundContext) -> Decision:
         silos = mixing["silos"]
         losses = np.array([reported.get(s, (math.nan, 0.0))[0] for s in silos])
-        transform = self.policy.mixing.transform
+        transform = self.config.transform
         if self.config.client_fraction >= 1.0:
             state = (
                 AAggFFSState.from_json(mixing["aaggff"])

@@ -1,9 +1,9 @@
-"""SuPerFed (Hahn et al. 2022; spec thesis-methods.md §1.5): personalised federated learning
+"""SuPerFed (Hahn et al. 2022; docs/algorithms/superfed.md): personalised federated learning
 through a connected low-loss subspace.
 
-The coordinator runs FedAvg's round, every federated tensor sample-weighted (the spec's
-correction: biases too), so secure aggregation and DP-SGD apply unchanged; only the task
-differs: `superfed_train` with the round's mixing settings, mixing on from round
+The coordinator runs FedAvg's round, every federated tensor sample-weighted (biases
+too, which the reference code leaves out), so secure aggregation and DP-SGD apply unchanged;
+only the task differs: `superfed_train` with the round's mixing settings, mixing on from round
 floor(L T) + 1. Each silo keeps its local model itself (silo/tasks/superfed.py); the
 coordinator never sees it. Evaluation asks every silo for `superfed_evaluate`: the global
 model mixed with its local model over the lambda grid, reported at the lambda the silo's
