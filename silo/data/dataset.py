@@ -1,0 +1,38 @@
+"""What the data pipeline hands a silo: its `SiloDataset` (splits as tensors, task, schema,
+domains), and `DataError`, the pipeline's one error for unusable input."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import torch
+
+
+class DataError(ValueError):
+    """Data that cannot make a consortium; the message names the file, column or silo."""
+
+
+@dataclass(frozen=True, eq=False)
+class SiloDataset:
+    """One silo's data, split and preprocessed locally, ready for training."""
+
+    name: str
+    x_train: torch.Tensor
+    y_train: torch.Tensor
+    x_val: torch.Tensor
+    y_val: torch.Tensor
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+    task: str
+    num_classes: int | None
+    feature_names: tuple[str, ...]
+    input_shape: tuple[int, ...]
+    # With `data.domain`: the domain names, and each split's rows' domain codes (int64, indices
+    # into `domains`). Without: no domains (the silo is one domain).
+    domains: tuple[str, ...] = ()
+    domain_codes: Mapping[str, torch.Tensor] = field(default_factory=dict)
+
+    @property
+    def output_dim(self) -> int:
+        return self.num_classes if self.num_classes is not None else 1

@@ -1,0 +1,265 @@
+"""Validation and row-wise encoding of a raw table: features (numeric columns as floats,
+booleans as 0/1, declared categoricals one-hot, missing-value markers as NaN), the target (class
+codes from the whole source's sorted label set, or regression targets), the natural-partition
+column and the domain column. No statistics: the same at every silo."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from fedsilo.policies.data import DataConfig, NaturalPartition, Partition
+from fedsilo.silo.data.dataset import DataError
+from fedsilo.silo.data.sources import RawSource
+
+# A csv/npz target is a classification label when it is not numeric, or when it is an integer
+# with at most this many distinct values.
+MAX_INFERRED_CLASSES = 20
+
+
+@dataclass(frozen=True)
+class Table:
+    """The validated source: features encoded row by row, NaN where a value is missing."""
+
+    x: np.ndarray  # (n, F) float64: numeric columns raw, categoricals one-hot
+    numeric: np.ndarray  # (F,) bool: the columns each silo imputes and standardises
+    feature_names: tuple[str, ...]
+    input_shape: tuple[int, ...]
+    y: np.ndarray  # class codes 0..C-1 (int64) or regression targets (float64)
+    task: str
+    num_classes: int | None
+    groups: np.ndarray | None  # the natural-partition column, when there is one
+    domains: tuple[str, ...] = ()  # with data.domain: its categories
+    domain_codes: np.ndarray | None = None  # and each row's index into them
+
+
+def _columns_listing(frame: pd.DataFrame) -> str:
+    return ", ".join(str(column) for column in frame.columns)
+
+
+def _require_column(frame: pd.DataFrame, column: str, role: str, origin: str) -> None:
+    if column not in frame.columns:
+        raise DataError(
+            f"{role} column '{column}' not found in {origin}; columns: {_columns_listing(frame)}"
+        )
+
+
+def _is_number_dtype(series: pd.Series) -> bool:
+    return pd.api.types.is_numeric_dtype(series) or pd.api.types.is_bool_dtype(series)
+
+
+def _infer_task(target: pd.Series) -> str:
+    if not pd.api.types.is_numeric_dtype(target) or pd.api.types.is_bool_dtype(target):
+        return "classification"
+    is_integer = pd.api.types.is_integer_dtype(target)
+    if is_integer and target.nunique() <= MAX_INFERRED_CLASSES:
+        return "classification"
+    return "regression"
+
+
+def _encode_target(
+    target: pd.Series, task: str | None, origin: str
+) -> tuple[np.ndarray, str, int | None]:
+    """Class codes from the sorted label set of the whole source, or float targets."""
+    name = target.name
+    if target.isna().any():
+        raise DataError(
+            f"target column '{name}' in {origin} has {int(target.isna().sum())} missing values"
+        )
+    task = task or _infer_task(target)
+    if task == "classification":
+        values = target.to_numpy()
+        if not _is_number_dtype(target):
+            values = values.astype(str)
+        classes, codes = np.unique(values, return_inverse=True)
+        if len(classes) < 2:
+            raise DataError(f"target column '{name}' in {origin} holds a single class")
+        return codes.astype(np.int64), task, len(classes)
+    if not _is_number_dtype(target):
+        raise DataError(
+            f"target column '{name}' in {origin} is not numeric, so it cannot be a regression "
+            "target"
+        )
+    y = target.to_numpy(dtype=np.float64)
+    if np.isinf(y).any():
+        raise DataError(f"target column '{name}' in {origin} contains inf")
+    return y, task, None
+
+
+_BOOLEANS = {"true": 1.0, "false": 0.0}
+
+
+def _as_booleans(series: pd.Series) -> np.ndarray | None:
+    """0/1 (NaN where missing) when every present value is a bool or TRUE/FALSE, else None."""
+    present = series.dropna()
+    words = present.map(lambda value: str(value).lower())
+    if present.empty or not words.isin(_BOOLEANS.keys()).all():
+        return None
+    return series.map(lambda value: _BOOLEANS[str(value).lower()], na_action="ignore").to_numpy(
+        dtype=np.float64, na_value=np.nan
+    )
+
+
+def _parsed_numbers(series: pd.Series, origin: str) -> np.ndarray:
+    numbers = pd.to_numeric(series, errors="coerce")
+    unparsed = series.notna() & numbers.isna()
+    if unparsed.any():
+        raise DataError(
+            f"column '{series.name}' in {origin} is not numeric (e.g. value "
+            f"'{series[unparsed].iloc[0]}'); declare its categories under data.categorical "
+            f"(e.g. categorical: {{{series.name}: [...]}}) or drop it with data.drop_columns"
+        )
+    return numbers.to_numpy(dtype=np.float64, na_value=np.nan)
+
+
+def _numeric_column(series: pd.Series, origin: str) -> np.ndarray:
+    """Numbers as floats, booleans as 0/1; NaN where missing; inf is refused."""
+    if _is_number_dtype(series):
+        values = series.to_numpy(dtype=np.float64, na_value=np.nan)
+    else:
+        booleans = _as_booleans(series)
+        values = _parsed_numbers(series, origin) if booleans is None else booleans
+    if np.isinf(values).any():
+        raise DataError(
+            f"column '{series.name}' in {origin} contains inf in {int(np.isinf(values).sum())} rows"
+        )
+    return values
+
+
+def _category_label(value: object) -> str:
+    """How a cell is compared with the declared categories: 2.0 reads as '2'."""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def _one_hot(series: pd.Series, categories: Sequence[str], origin: str) -> np.ndarray:
+    """One 0/1 column per declared category; a missing value is an all-zero row."""
+    labels = series.map(_category_label, na_action="ignore")
+    unknown = labels.dropna()[~labels.dropna().isin(categories)]
+    if not unknown.empty:
+        raise DataError(
+            f"column '{series.name}' in {origin} has value '{unknown.iloc[0]}' "
+            f"({len(unknown)} rows), not among its declared categories: {list(categories)}"
+        )
+    return np.stack(
+        [(labels == category).to_numpy(dtype=np.float64) for category in categories], axis=1
+    )
+
+
+def _replace_markers(series: pd.Series, markers: Sequence[float]) -> pd.Series:
+    return series.mask(series.isin(list(markers))) if markers else series
+
+
+def _check_missing(series: pd.Series, config: DataConfig, origin: str) -> None:
+    count = int(series.isna().sum())
+    if count and config.missing == "error":
+        raise DataError(
+            f"column '{series.name}' in {origin} has missing values in {count} rows; set "
+            "data.missing: impute to impute them locally at each silo, or drop the column"
+        )
+
+
+def _feature_columns(source: RawSource, config: DataConfig, partition: Partition) -> list[str]:
+    frame = source.frame
+    for column in config.drop_columns:
+        _require_column(frame, column, "drop", source.origin)
+    excluded = {source.dictionary.target, *source.dictionary.not_features, *config.drop_columns}
+    if isinstance(partition, NaturalPartition):
+        excluded.add(partition.column)
+    features = [str(column) for column in frame.columns if column not in excluded]
+    if not features:
+        raise DataError(f"{source.origin} has no feature columns left")
+    return features
+
+
+def _encode_features(
+    source: RawSource, features: list[str], config: DataConfig
+) -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]:
+    dictionary = source.dictionary
+    markers = dict(dictionary.missing_values)
+    for column, extra in config.missing_values.items():
+        markers[column] = (*markers.get(column, ()), *extra)
+    for column in [*markers, *dictionary.categorical]:
+        _require_column(source.frame, column, "declared", source.origin)
+    blocks: list[np.ndarray] = []
+    numeric: list[bool] = []
+    names: list[str] = []
+    for column in features:
+        series = _replace_markers(source.frame[column], markers.get(column, ()))
+        _check_missing(series, config, source.origin)
+        categories = dictionary.categorical.get(column)
+        if categories is None:
+            blocks.append(_numeric_column(series, source.origin)[:, None])
+            numeric.append(True)
+            names.append(column)
+        else:
+            blocks.append(_one_hot(series, categories, source.origin))
+            numeric.extend([False] * len(categories))
+            names.extend(f"{column}={category}" for category in categories)
+    return np.concatenate(blocks, axis=1), np.array(numeric), tuple(names)
+
+
+def _natural_groups(source: RawSource, column: str) -> np.ndarray:
+    _require_column(source.frame, column, "partition", source.origin)
+    if column == source.dictionary.target:
+        raise DataError(f"partition column '{column}' is the target; pick another column")
+    values = source.frame[column]
+    if values.isna().any():
+        raise DataError(
+            f"partition column '{column}' in {source.origin} has {int(values.isna().sum())} "
+            "missing values; every row needs a silo"
+        )
+    return values.to_numpy()
+
+
+def tabulate(source: RawSource, config: DataConfig, partition: Partition) -> Table:
+    target = source.dictionary.target
+    _require_column(source.frame, target, "target", source.origin)
+    if source.image_shape is not None and config.drop_columns:
+        raise DataError(f"drop_columns does not apply to image rows ({source.origin})")
+    features = _feature_columns(source, config, partition)
+    x, numeric, names = _encode_features(source, features, config)
+    y, task, num_classes = _encode_target(
+        source.frame[target], config.task or source.task, source.origin
+    )
+    groups = None
+    if isinstance(partition, NaturalPartition):
+        groups = _natural_groups(source, partition.column)
+    domains, codes = _domain_codes(source, config)
+    return Table(
+        x,
+        numeric,
+        names,
+        source.image_shape or (x.shape[1],),
+        y,
+        task,
+        num_classes,
+        groups,
+        domains,
+        codes,
+    )
+
+
+def _domain_codes(
+    source: RawSource, config: DataConfig
+) -> tuple[tuple[str, ...], np.ndarray | None]:
+    """`data.domain`'s declared categories and each row's index into them (none without)."""
+    if config.domain is None:
+        return (), None
+    column = config.domain
+    _require_column(source.frame, column, "domain", source.origin)
+    categories = source.dictionary.categorical.get(column) or config.categorical.get(column)
+    if not categories:
+        raise DataError(f"domain column '{column}' in {source.origin} declares no categories")
+    one_hot = _one_hot(source.frame[column], categories, source.origin)
+    missing = int((one_hot.sum(axis=1) == 0).sum())
+    if missing:
+        raise DataError(
+            f"domain column '{column}' in {source.origin} is missing in {missing} rows; every "
+            "row needs a domain"
+        )
+    return tuple(categories), one_hot.argmax(axis=1).astype(np.int64)

@@ -1,0 +1,146 @@
+"""Source readers: the bundled heart table, scikit-learn's datasets, a CSV or an npz file, each
+read into a raw table with what is known about it (its data dictionary, its task, its image
+shape)."""
+
+from __future__ import annotations
+
+import csv
+import zipfile
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from importlib.resources import files
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from fedsilo.policies.data import KNOWN_TASKS, DataConfig
+from fedsilo.silo.data.dataset import DataError
+
+
+@dataclass(frozen=True)
+class DataDictionary:
+    """What a consortium agrees on about a table before any row is seen."""
+
+    target: str
+    categorical: Mapping[str, Sequence[str]] = field(default_factory=dict)
+    missing_values: Mapping[str, Sequence[float]] = field(default_factory=dict)
+    not_features: tuple[str, ...] = ()
+
+
+# The bundled UCI heart-disease table (silo/datasets/heart/README.md). The target `num` (0-4)
+# becomes the usual binary task num > 0. `dataset` names the hospital (the natural silo) and
+# `id` the record; neither is a feature. fbs and exang are booleans (0/1); age, trestbps, chol,
+# thalch, oldpeak and ca are numeric. A recorded 0 for chol or trestbps means "not measured".
+HEART_DICTIONARY = DataDictionary(
+    target="num",
+    categorical={
+        "sex": ("Male", "Female"),
+        "cp": ("typical angina", "atypical angina", "non-anginal", "asymptomatic"),
+        "restecg": ("normal", "st-t abnormality", "lv hypertrophy"),
+        "slope": ("upsloping", "flat", "downsloping"),
+        "thal": ("normal", "fixed defect", "reversable defect"),
+    },
+    missing_values={"chol": (0.0,), "trestbps": (0.0,)},
+    not_features=("id", "dataset"),
+)
+HEART_CSV = "datasets/heart/heart_disease_uci.csv"
+DIGITS_INTENSITIES = 16.0  # scikit-learn's 8x8 digits count 0..16 per pixel
+
+
+@dataclass(frozen=True)
+class RawSource:
+    frame: pd.DataFrame
+    dictionary: DataDictionary
+    origin: str  # how messages name the source: a file path or the source name
+    task: str | None = None  # known task, or None to infer from the target
+    image_shape: tuple[int, ...] | None = None  # per-row shape when the rows are images
+
+
+def _resolve_path(path: str, base_dir: Path | None) -> Path:
+    resolved = Path(path).expanduser()
+    if not resolved.is_absolute() and base_dir is not None:
+        resolved = base_dir / resolved
+    if not resolved.is_file():
+        raise DataError(f"data file not found: {resolved}")
+    return resolved
+
+
+def _read_heart() -> RawSource:
+    with (files("fedsilo.silo") / HEART_CSV).open("rb") as handle:
+        frame = pd.read_csv(handle)
+    frame[HEART_DICTIONARY.target] = frame[HEART_DICTIONARY.target] > 0
+    return RawSource(frame, HEART_DICTIONARY, "the bundled heart data", KNOWN_TASKS["heart"])
+
+
+def _read_sklearn(source: str) -> RawSource:
+    from sklearn import datasets  # only here: keeps every process's start-up ~1 s faster
+
+    name = source.removeprefix("sklearn:")
+    bunch = getattr(datasets, f"load_{name}")()
+    frame = pd.DataFrame(bunch.data, columns=[str(column) for column in bunch.feature_names])
+    if name == "digits":  # the data dictionary: pixel intensities 0..16, read as 0..1
+        frame /= DIGITS_INTENSITIES
+    frame["target"] = bunch.target
+    image_shape = (1, *bunch.images.shape[1:]) if name == "digits" else None
+    return RawSource(frame, DataDictionary("target"), source, KNOWN_TASKS[source], image_shape)
+
+
+def _read_csv(path: Path, config: DataConfig) -> RawSource:
+    try:
+        _check_header(path)
+        frame = pd.read_csv(path)
+    except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as error:
+        raise DataError(f"cannot read CSV file {path}: {error}") from error
+    assert config.target is not None  # the policy requires it for csv
+    dictionary = DataDictionary(config.target, config.categorical, config.missing_values)
+    return RawSource(frame, dictionary, str(path))
+
+
+def _check_header(path: Path) -> None:
+    """Refuse a header naming a column twice (pandas would silently rename it `a.1`)."""
+    with path.open(newline="", encoding="utf-8") as handle:
+        header = next(csv.reader(handle), [])
+    repeated = sorted(name for name, count in Counter(header).items() if count > 1)
+    if repeated:
+        raise DataError(
+            f"CSV file {path}: the header names column(s) {', '.join(map(repr, repeated))} "
+            "twice; every column needs its own name"
+        )
+
+
+def _read_npz(path: Path) -> RawSource:
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            arrays = {name: archive[name] for name in archive.files}
+    except (OSError, ValueError, zipfile.BadZipFile) as error:
+        raise DataError(f"cannot read npz file {path}: {error}") from error
+    missing = [name for name in ("x", "y") if name not in arrays]
+    if missing:
+        raise DataError(
+            f"npz file {path} lacks array(s) {', '.join(missing)}; it holds: "
+            f"{', '.join(sorted(arrays)) or 'nothing'} (expected 'x' features and 'y' labels)"
+        )
+    x, y = arrays["x"], arrays["y"]
+    if x.ndim < 2 or y.ndim != 1 or len(x) != len(y):
+        raise DataError(
+            f"npz file {path}: 'x' must have shape (n, ...) and 'y' shape (n,), got "
+            f"{x.shape} and {y.shape}"
+        )
+    frame = pd.DataFrame(x.reshape(len(x), -1), columns=[f"x{i}" for i in range(x[0].size)])
+    frame["y"] = y
+    image_shape = tuple(x.shape[1:]) if x.ndim > 2 else None
+    return RawSource(frame, DataDictionary("y"), str(path), image_shape=image_shape)
+
+
+def read_source(config: DataConfig, base_dir: Path | None) -> RawSource:
+    if config.source == "heart":
+        return _read_heart()
+    if config.source == "csv":
+        assert config.path is not None  # the policy requires it for csv
+        return _read_csv(_resolve_path(config.path, base_dir), config)
+    if config.source == "npz":
+        assert config.path is not None  # the policy requires it for npz
+        return _read_npz(_resolve_path(config.path, base_dir))
+    return _read_sklearn(config.source)
