@@ -10,8 +10,9 @@ checked to hold no secret key and no Galois keys, and relays each member's seale
 secret part, which it cannot open (silo/tasks/ckks_sum.py). Weights are each joined silo's
 share of the sample counts released at join (or of the strategy's weights); every silo gets
 the whole vector and checks it against its own policy (`min_group`, `min_weight`), sends
-w_k (model_k - model sent), clipped to the policy's bound, encrypted and signed, and the mean
-is the model sent plus the decrypted sum over survivors divided by their total weight. The
+w_k (model_k - reference), clipped to the policy's bound, encrypted and signed, and the mean
+is the reference (as in secure_sum.py) plus the decrypted sum over survivors divided by their
+total weight. The
 decryptor gets every survivor's signed input, not a sum: it checks the signatures and the
 group size itself, adds them and decrypts. A silo that drops after joining is simply absent
 from the sum. The decryptor is the policy's, else the key holder,
@@ -81,8 +82,7 @@ class CkksMean(SecureMean):
         self.keys = keys
 
     def run(self, phase: Phase) -> PhaseOutcome:
-        aggregate = self.check_tasks(phase, "CKKS")
-        tasks = {task.silo: task for task in phase.tasks}
+        aggregate, tasks = self.referenced(phase, "CKKS")
         keys = self._keys(phase)
         joined = self.step(
             "join",

@@ -14,6 +14,12 @@ before anything is sent. Only a phase whose answers reach the strategy one by on
 loss probes, the local training of silos outside a round's cohort) may need fewer: the quorum
 it states, else min(`min_silos`, silos asked); such answers are per-silo whatever the quorum.
 
+A phase's `WeightedMean` says what it sums; the policy says how: in the clear, or with
+`secure_aggregation` masked (secure_sum.py) or under CKKS (ckks_sum.py), each silo then sending
+only its update to the mean's reference tensors, which the engine adds to the tasks. With
+`privacy.client_dp` every weighted mean of a round is DP-FedAvg's (client_dp.py): equal weights,
+clipped updates, the noise made whole, the round booked in the state's accounting.
+
 A silo that answers `budget_exhausted` (its privacy budget cannot pay for the task) is a
 dropout in that phase and is retired: no later round or evaluation of the deployment asks it
 again. Rounds record each silo's reported epsilon and ledger head (`privacy`), and, with
@@ -39,7 +45,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from fedsilo.coordinator.ckks_sum import CkksKeys, CkksMean
-from fedsilo.coordinator.client_dp import published_epsilon
+from fedsilo.coordinator.client_dp import ClientDpRound, published_epsilon
 from fedsilo.coordinator.phases import (
     Identical,
     Phase,
@@ -253,7 +259,10 @@ class RoundEngine:
                     f"{len(context.silos)} silo(s) remain active, participants.min_silos is "
                     f"{context.min_silos} (retired: {sorted(self.retired) or 'none'})"
                 )
-            state = self._drive(self.strategy.round(state, context), round_no, record)
+            client_dp = ClientDpRound.of(self.policy, context)
+            state = self._drive(self.strategy.round(state, context), round_no, record, client_dp)
+            if client_dp is not None:
+                state = client_dp.booked(state)
             record.client_epsilon = published_epsilon(state.extra)
             record.mixing = mixing_weights(state.extra)
         except QuorumNotMet as exc:
@@ -285,14 +294,19 @@ class RoundEngine:
         )
 
     def _drive(
-        self, script: Generator[Phase, PhaseOutcome, Any], round_no: int, record: RoundRecord
+        self,
+        script: Generator[Phase, PhaseOutcome, Any],
+        round_no: int,
+        record: RoundRecord,
+        client_dp: ClientDpRound | None = None,
     ) -> Any:
-        """Run one round script to its end, executing every phase it yields."""
+        """Run one script (setup, a round, an evaluation) to its end, executing every phase it
+        yields; `client_dp`: a round's, which its weighted means run under."""
         try:
             phase = next(script)
             while True:
                 try:
-                    outcome = self.execute(phase, round_no, record)
+                    outcome = self.execute(phase, round_no, record, client_dp)
                 except QuorumNotMet as missed:
                     _record_phase(record, phase.name, missed.answered, missed.dropped)
                     raise
@@ -317,8 +331,20 @@ class RoundEngine:
     # -- one phase --------------------------------------------------------------------------
 
     def execute(
-        self, phase: Phase, round_no: int, record: RoundRecord | None = None
+        self,
+        phase: Phase,
+        round_no: int,
+        record: RoundRecord | None = None,
+        client_dp: ClientDpRound | None = None,
     ) -> PhaseOutcome:
+        """Run `phase`: its tasks dispatched, its answers checked, its aggregate taken (a weighted
+        mean in the clear or by the policy's secure aggregation, under `client_dp` if given)."""
+        if client_dp is not None and isinstance(phase.aggregate, WeightedMean):
+            phase = client_dp.phase(phase)
+            return client_dp.noised(phase, self._execute(phase, round_no, record))
+        return self._execute(phase, round_no, record)
+
+    def _execute(self, phase: Phase, round_no: int, record: RoundRecord | None) -> PhaseOutcome:
         silos = [task.silo for task in phase.tasks]
         if len(set(silos)) != len(silos):
             raise ValueError(f"phase {phase.name!r} gives one silo two tasks; fold them into one")

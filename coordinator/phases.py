@@ -36,6 +36,13 @@ class WeightedMean:
 
     a_k is the silo's reported sample count, or `weights[silo]` when given (a strategy's
     mixing coefficients); a silo missing from `weights` counts with weight 0.
+
+    Each summed tensor is taken relative to a reference, the tensor of the same name its task
+    sends (e.g. the model a silo trains from); `references` supplies it for tasks that send no
+    such tensor (e.g. zeros for a gradient). The strategy declares this whatever the policy;
+    the engine decides from the policy how the mean is taken (in the clear, masked or under
+    CKKS, where each silo sends only its update to the reference) and applies client-level DP
+    (coordinator/engine.py).
     """
 
     tensors: tuple[str, ...] = ("model",)
@@ -43,6 +50,7 @@ class WeightedMean:
     # the shape each reply's tensor must have, for tensors that are not the model (whose shape
     # the task's parameter spec fixes); a reply of another shape is that silo's dropout
     shapes: Mapping[str, tuple[int, ...]] | None = None
+    references: Mapping[str, torch.Tensor] | None = None
 
     def flattened(self) -> WeightedMean:
         """The same aggregate over flat tensors (what a secure protocol's replies carry)."""

@@ -1,12 +1,14 @@
 """What the coordinator's secure-aggregation protocols share (pairwise masking in
 secure_sum.py, CKKS in ckks_sum.py): a `WeightedMean` phase run as several steps, each a
 round trip to the silos; dropouts gathered with the step they happened at; the weights each
-silo is told to apply; and the `QuorumNotMet` that abandons the round when too few remain.
+silo is told to apply; each task's reference tensors (what the silos send updates to); and the
+`QuorumNotMet` that abandons the round when too few remain.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 
 from fedsilo.coordinator.phases import Phase, QuorumNotMet, Task, WeightedMean
 from fedsilo.coordinator.replies import Accepted, raw_weights
@@ -24,17 +26,25 @@ class SecureMean:
         self.dropped: dict[str, str] = {}
 
     @staticmethod
-    def check_tasks(phase: Phase, method: str) -> WeightedMean:
-        """The phase's aggregate, after checking every task sends the tensors it averages."""
-        assert isinstance(phase.aggregate, WeightedMean)
+    def referenced(phase: Phase, method: str) -> tuple[WeightedMean, dict[str, Task]]:
+        """The phase's aggregate and its tasks by silo, each sending the reference of every
+        tensor it sums (a silo sends its update to it): the task's own tensor of that name,
+        else the aggregate's `references` one."""
+        aggregate = phase.aggregate
+        assert isinstance(aggregate, WeightedMean)
+        references = aggregate.references or {}
+        tasks = {}
         for task in phase.tasks:
-            missing = [n for n in phase.aggregate.tensors if n not in task.tensors]
+            absent = [n for n in aggregate.tensors if n not in task.tensors]
+            missing = [n for n in absent if n not in references]
             if missing:
                 raise ValueError(
-                    f"phase {phase.name!r}: {method} sums updates to the tensors a task sends, "
-                    f"and {task.silo}'s task sends no {missing}"
+                    f"phase {phase.name!r}: {method} sums updates to reference tensors, and "
+                    f"{task.silo}'s task sends no {missing} nor does the aggregate declare them"
                 )
-        return phase.aggregate
+            added = {n: references[n] for n in absent}
+            tasks[task.silo] = replace(task, tensors={**task.tensors, **added}) if added else task
+        return aggregate, tasks
 
     def step(
         self, step: str, tasks: Sequence[Task], aggregate: WeightedMean | None = None

@@ -7,8 +7,9 @@ masking` the engine hands that phase to `MaskedMean`, so every averaging strateg
 without knowing it. The whole weight vector (each silo's share of the sample counts
 advertised, or of the strategy's weights) travels with every masked-input task, the same for
 all, and each silo checks it against its own policy (`min_group`, `min_weight`); a silo sends
-w_k (model_k - model sent), clipped and encoded (privacy/masking.py), and the mean is the model
-sent plus the decoded sum over survivors divided by their total weight.
+w_k (model_k - reference), clipped and encoded (privacy/masking.py), and the mean is the
+reference plus the decoded sum over survivors divided by their total weight (the reference: the
+tensor sent, e.g. the model, or the `WeightedMean`'s reference for it; secure_mean.py).
 
 The coordinator only relays: silos verify each other's signed keys, so it cannot substitute
 one, and before anything is unmasked every survivor signs the survivor set with the view and
@@ -66,8 +67,7 @@ class MaskedMean(SecureMean):
         self.label = label
 
     def run(self, phase: Phase) -> PhaseOutcome:
-        aggregate = self.check_tasks(phase, "masking")
-        tasks = {task.silo: task for task in phase.tasks}
+        aggregate, tasks = self.referenced(phase, "masking")
         advertised = self.step("advertise", [Task(s, "secagg_advertise") for s in sorted(tasks)])
         adverts = {
             silo: Advertisement.from_bytes(silo, tensor_bytes(reply.result.tensors[ADVERTISEMENT]))
