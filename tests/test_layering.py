@@ -1,4 +1,4 @@
-"""Import direction (ARCHITECTURE.md, with the model zoo beside privacy):
+"""Import direction (docs/architecture.md, "Import layering"; the model zoo beside privacy):
 wire <- policies <- {privacy, models} <- coordinator|silo <- ops."""
 
 import ast
