@@ -17,9 +17,9 @@ seed changes every hospital's split and the training). The grid, fixed before an
 point reported (a sweep, not tuning):
 
 - FedAvg;
-- AgnosticFedAvg, `mixing.domains: data` (lambda over Male/Female), EG step 0.1 (the default)
+- AgnosticFedAvg, `domains: data` (lambda over Male/Female), EG step 0.1 (the default)
   and 1.0, count_window 5;
-- AgnosticFedAvg, `mixing.domains: silo` (each hospital one domain), step 0.1, for contrast;
+- AgnosticFedAvg, `domains: silo` (each hospital one domain), step 0.1, for contrast;
 - ApproxFedAvg, `domain_reduction: sum` (the survey's form), temperature mu in {1, 10, 100};
 - ApproxFedAvg, `domain_reduction: mean` at the same mu (our option, added beside the
   survey's form: with sums a domain's batch loss grows with its share of the batch, so the
@@ -78,19 +78,25 @@ METHODS: dict[str, dict[str, Any]] = {
     BASELINE: {"algorithm": {"name": "fedavg"}},
     **{
         f"AFA sex step {step:g}": {
-            "algorithm": {"name": "agnostic_fedavg"},
-            "mixing": {"domains": "data", "step": step, "count_window": 5},
+            "algorithm": {
+                "name": "agnostic_fedavg",
+                "domains": "data",
+                "step": step,
+                "count_window": 5,
+            },
         }
         for step in (0.1, 1.0)
     },
     "AFA hospital step 0.1": {
-        "algorithm": {"name": "agnostic_fedavg"},
-        "mixing": {"domains": "silo", "step": 0.1, "count_window": 5},
+        "algorithm": {"name": "agnostic_fedavg", "domains": "silo", "step": 0.1, "count_window": 5},
     },
     **{
         f"Approx {reduction} mu {mu:g}": {
-            "algorithm": {"name": "approx_fedavg"},
-            "mixing": {"temperature": mu, "domain_reduction": reduction},
+            "algorithm": {
+                "name": "approx_fedavg",
+                "temperature": mu,
+                "domain_reduction": reduction,
+            },
         }
         for reduction in ("sum", "mean")
         for mu in (1.0, 10.0, 100.0)

@@ -85,7 +85,7 @@ DRFLM_TRAINING = {"steps": 5, "batch_size": 32, "optimizer": "sgd", "lr": 0.01}
 DRFLM_METHODS: dict[str, dict[str, Any]] = {
     "FedAvg": {"algorithm": {"name": "fedavg"}},
     "DRFA": {"algorithm": {"name": "drfa"}},
-    "DRFLM": {"algorithm": {"name": "drflm"}, "mixing": {"mixup_alpha": 1.0}},
+    "DRFLM": {"algorithm": {"name": "drflm", "mixup_alpha": 1.0}},
 }
 LABEL_FLIP_PROBABILITY = 0.3
 LABEL_FLIP_ROUNDS = 400
@@ -116,11 +116,11 @@ CROSS_DEVICE_ROUNDS = 300
 CROSS_DEVICE_TRAINING = {"epochs": 1, "batch_size": 20, "optimizer": "sgd", "lr": 0.1}
 FAIRNESS_METHODS: dict[str, dict[str, Any]] = {
     "FedAvg": {"algorithm": {"name": "fedavg"}},
-    "q-FedAvg": {"algorithm": {"name": "qfedavg"}, "mixing": {"q": 1.0}},
-    "TERM": {"algorithm": {"name": "term"}, "mixing": {"tilt": 1.0}},
-    "PropFair": {"algorithm": {"name": "propfair"}, "mixing": {"baseline": 3.0}},
-    "AFL": {"algorithm": {"name": "afl"}, "mixing": {"step": 0.1}},
-    "AAggFF": {"algorithm": {"name": "aaggff"}, "mixing": {"transform": "normal"}},
+    "q-FedAvg": {"algorithm": {"name": "qfedavg", "q": 1.0}},
+    "TERM": {"algorithm": {"name": "term", "tilt": 1.0}},
+    "PropFair": {"algorithm": {"name": "propfair", "baseline": 3.0}},
+    "AFL": {"algorithm": {"name": "afl", "step": 0.1}},
+    "AAggFF": {"algorithm": {"name": "aaggff", "transform": "normal"}},
 }
 
 

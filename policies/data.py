@@ -141,7 +141,7 @@ class DataConfig(PolicyModel):
     split: SplitConfig = Field(default_factory=SplitConfig)
     label_noise: LabelNoiseConfig | None = None
     # A categorical column whose value is each row's domain (e.g. sex, or the scanner), for the
-    # algorithms that weight domains (agnostic_fedavg with mixing.domains: data, approx_fedavg).
+    # algorithms that weight domains (agnostic_fedavg with domains: data, approx_fedavg).
     # Its declared categories are the domain names every silo agrees on; it stays a feature.
     domain: str | None = None
     # local: each silo standardises with its own training statistics (nothing crosses silos).

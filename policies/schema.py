@@ -4,16 +4,20 @@ participation rules, compute placement and (for simulations) the data."""
 from __future__ import annotations
 
 import math
+import typing
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import Field, TypeAdapter, model_validator
 
-from fedsilo.policies.algorithms import AlgorithmConfig, FedAvgConfig
+from fedsilo.policies.algorithms import AlgorithmConfig
+from fedsilo.policies.algorithms.base import AlgorithmBase, algorithm_class, names_of
+from fedsilo.policies.algorithms.fedavg import FedAvgConfig
+from fedsilo.policies.algorithms.former_mixing import SCHEDULE_SETTINGS, moved_message
 from fedsilo.policies.base import PolicyModel
 from fedsilo.policies.channel import ChannelConfig
 from fedsilo.policies.compute import ComputeConfig
 from fedsilo.policies.data import DataConfig
-from fedsilo.policies.mixing import READERS, MixingConfig
 from fedsilo.policies.model import LinearModel, ModelConfig
 from fedsilo.policies.privacy import PrivacyConfig
 from fedsilo.policies.secure_aggregation import SecureAggregationConfig
@@ -48,7 +52,6 @@ class Policy(PolicyModel):
     privacy: PrivacyConfig = PrivacyConfig()
     secure_aggregation: SecureAggregationConfig = SecureAggregationConfig()
     channel: ChannelConfig = ChannelConfig()
-    mixing: MixingConfig = MixingConfig()
 
     @model_validator(mode="before")
     @classmethod
@@ -65,6 +68,8 @@ class Policy(PolicyModel):
                     f"unsupported policy version {version!r}; "
                     f"this fedsilo reads {SUPPORTED_VERSIONS}"
                 )
+            if "mixing" in data:
+                raise ValueError(moved_message(data["mixing"], data.get("algorithm")))
         return data
 
     @model_validator(mode="after")
@@ -82,31 +87,31 @@ class Policy(PolicyModel):
                 "data.scaling: 'federated' sends each silo's exact feature sums, which DP "
                 "does not cover; with privacy.dp_sgd or privacy.client_dp use scaling 'local'"
             )
-        hands_off = self.algorithm.name == "feddc"
+        hands_off = self.algorithm.hands_off
         if self.privacy.client_dp is not None and hands_off:
             raise ValueError(
-                "privacy.client_dp: feddc hands single silos' models to other silos, which "
-                "noise added to an aggregate does not protect; use privacy.dp_sgd (noise on "
-                "every local step, so on every hop)"
+                f"privacy.client_dp: {self.algorithm.name} hands single silos' models to other "
+                "silos, which noise added to an aggregate does not protect; use privacy.dp_sgd "
+                "(noise on every local step, so on every hop)"
             )
         if self.channel.sealed_handoffs and not hands_off:
+            handing_off = " or ".join(_names_where(lambda cls: cls.hands_off))
             raise ValueError(
                 f"channel.sealed_handoffs: {self.algorithm.name} hands no models between "
-                "silos; only feddc does (drop the setting or choose feddc)"
+                f"silos; only {handing_off} does (drop the setting or choose {handing_off})"
             )
-        if self.privacy.client_dp is not None and not getattr(
-            self.algorithm, "clips_updates", False
-        ):
+        if self.privacy.client_dp is not None and not self.algorithm.clips_updates:
+            clipping = ", ".join(_names_where(lambda cls: cls.clips_updates))
             raise ValueError(
                 f"privacy.client_dp: {self.algorithm.name} does not average clipped model "
                 "updates, so client-level DP does not apply; use a FedAvg-family algorithm "
-                "(fedavg, fedprox, fedadam, fedyogi, fedadagrad) or drop client_dp"
+                f"({clipping}) or drop client_dp"
             )
         self._check_dp_noise()
         self._check_federated_scaling()
         self._check_secure_aggregation()
-        self._check_mixing()
-        self._check_fedevg()
+        self._check_local_work()
+        self.algorithm.check(self)
         return self
 
     def _check_dp_noise(self) -> None:
@@ -126,67 +131,15 @@ class Policy(PolicyModel):
                 "above 0 or use scaling 'local'"
             )
 
-    def _check_fedevg(self) -> None:
+    def _check_local_work(self) -> None:
         algorithm = self.algorithm
-        if algorithm.name != "fedevg":
-            return
-        if self.data.scaling != "none":
+        problem = algorithm.dp_sgd_problem
+        if self.privacy.dp_sgd is not None and problem:
+            raise ValueError(f"privacy.dp_sgd: {problem}")
+        if algorithm.needs_fixed_steps and self.training.steps is None:
             raise ValueError(
-                "data.scaling: fedevg's synthetic points live in [0, 1], so the silos' features "
-                "must too: use scaling 'none' on data in [0, 1] (e.g. sklearn:digits' pixels)"
-            )
-        if self.data.task == "regression" or self.data.source == "sklearn:diabetes":
-            raise ValueError("algorithm: fedevg's energies come from a classifier's logits")
-        if self.privacy.dp_sgd is not None and algorithm.spectral_norm:  # type: ignore[union-attr]
-            raise ValueError(
-                "algorithm.spectral_norm: DP-SGD clips per-sample gradients of plain layers, and "
-                "a spectrally normalised layer is not one; set spectral_norm: false under DP"
-            )
-
-    def _check_mixing(self) -> None:
-        name = self.algorithm.name
-        defaults = MixingConfig()
-        for field in sorted(self.mixing.model_fields_set):
-            changed = getattr(self.mixing, field) != getattr(defaults, field)
-            if changed and name not in READERS[field]:
-                readers = ", ".join(sorted(READERS[field]))
-                raise ValueError(
-                    f"mixing.{field}: {name} does not read it (read by {readers}); drop it "
-                    "or choose one of those algorithms"
-                )
-        if name == "drflm" and self.privacy.differentially_private:
-            raise ValueError(
-                "privacy: drflm's mixup puts one record into its own row and into every row "
-                "that draws it as a partner, so per-row clipping does not bound a record's "
-                "influence and the booked epsilon would be too low; use drfa under DP"
-            )
-        if name in ("drfa", "drflm") and self.training.steps is None:
-            raise ValueError(
-                f"training.steps: {name} needs a fixed number of local steps tau per round "
-                "(its checkpoint is drawn from 1..tau); set steps instead of epochs"
-            )
-        per_round = self.mixing.silos_per_round
-        quorum = self.participants.min_silos
-        if name in ("drfa", "drflm") and per_round is not None and per_round < quorum:
-            raise ValueError(
-                f"mixing.silos_per_round: {per_round} silos a round cannot make a mean of "
-                f"participants.min_silos {quorum} silos; raise it or lower min_silos"
-            )
-        if self.mixing.variant == "fedtorch" and (self.training.steps or 0) < 2:
-            raise ValueError(
-                "training.steps: the fedtorch variant draws its checkpoint before step "
-                "k' ~ U{1..tau-1}, so it needs tau >= 2 local steps"
-            )
-        if self.mixing.mixup_on == "embedding" and isinstance(self.model, LinearModel):
-            raise ValueError(
-                "mixing.mixup_on: model 'linear' has no embedding (its one layer reads the "
-                "inputs); use mixup_on 'inputs' or a model with hidden layers (mlp, cnn)"
-            )
-        if name == "approx_fedavg" and self.privacy.dp_sgd is not None:
-            raise ValueError(
-                "privacy.dp_sgd: approx_fedavg weights each row's gradient by a softmax over its "
-                "batch's domain losses, which the other rows set, so per-row clipping does not "
-                "bound a record's influence; use agnostic_fedavg (mixing.domains: data) under DP"
+                f"training.steps: {algorithm.name} needs a fixed number of local steps tau per "
+                "round (it draws a checkpoint from them); set steps instead of epochs"
             )
 
     def _check_secure_aggregation(self) -> None:
@@ -195,21 +148,20 @@ class Policy(PolicyModel):
             return
         if not self.algorithm.averages:
             raise ValueError(
-                f"secure_aggregation: {self.algorithm.name}"
-                + (" with the Radon aggregator" if self.algorithm.name == "feddc" else "")
-                + " needs each silo's own model, which secure aggregation hides; use an "
-                "averaging algorithm (aggregator: mean) or secure_aggregation: none"
+                f"secure_aggregation: {self.algorithm.title} needs each silo's own model, which "
+                "secure aggregation hides; use an averaging algorithm (aggregator: mean) or "
+                "secure_aggregation: none"
             )
         if self.data.scaling == "federated":
             raise ValueError(
                 "secure_aggregation: data.scaling 'federated' sums raw feature moments, which "
                 "have no bound to clip them to; use scaling 'local' (or 'none')"
             )
-        if self.algorithm.name == "feddc" and not self.channel.sealed_handoffs:
+        if self.algorithm.hands_off and not self.channel.sealed_handoffs:
             raise ValueError(
-                f"channel.sealed_handoffs: feddc under secure_aggregation {secure.method} hands "
-                "single silos' models on between aggregations, which silos refuse to send in "
-                "the clear; set channel.sealed_handoffs: true"
+                f"channel.sealed_handoffs: {self.algorithm.name} under secure_aggregation "
+                f"{secure.method} hands single silos' models on between aggregations, which "
+                "silos refuse to send in the clear; set channel.sealed_handoffs: true"
             )
         partition = self.data.partition
         if partition is not None:
@@ -241,14 +193,17 @@ class Policy(PolicyModel):
 
     def with_algorithm(self, name: str) -> Policy:
         """This policy with another algorithm (its defaults), for side-by-side comparisons;
-        without sealed hand-offs unless it is feddc, and without secure aggregation unless it
-        averages, and with only the mixing settings it reads (the rest mean nothing to it)."""
-        document = {**self.model_dump(), "algorithm": {"name": name}}
-        document["mixing"] = {
-            k: v for k, v in self.mixing.model_dump().items() if name in READERS[k]
+        keeping the loss-driven schedule settings of this one that it reads (`step`, `floor`,
+        ...), without sealed hand-offs unless it hands models off, and without secure
+        aggregation unless it averages."""
+        settings = {
+            key: value
+            for key, value in self.algorithm.model_dump().items()
+            if key in SCHEDULE_SETTINGS and key in algorithm_class(name).model_fields
         }
+        document = {**self.model_dump(), "algorithm": {"name": name, **settings}}
         algorithm = TypeAdapter(AlgorithmConfig).validate_python({"name": name})
-        if name != "feddc":
+        if not algorithm.hands_off:
             document["channel"] = ChannelConfig().model_dump()
         if not algorithm.averages:
             document["secure_aggregation"] = SecureAggregationConfig().model_dump()
@@ -263,3 +218,9 @@ class Policy(PolicyModel):
         if silos is not None:
             document["data"] = self.data.with_silos(silos).model_dump()
         return Policy.model_validate(document)
+
+
+def _names_where(capable: Callable[[type[AlgorithmBase]], bool]) -> list[str]:
+    """The algorithms whose config class has a capability, in the order the union lists them."""
+    (union, _) = typing.get_args(AlgorithmConfig)
+    return [name for cls in typing.get_args(union) if capable(cls) for name in names_of(cls)]

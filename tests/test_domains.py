@@ -56,7 +56,9 @@ def grouped_csv(folder: Path, groups: tuple[str, ...], noisy: str | None = None)
     return path
 
 
-def grouped_policy(path: Path, groups: tuple[str, ...], name: str, **extra: object) -> Policy:
+def grouped_policy(
+    path: Path, groups: tuple[str, ...], name: str, settings: dict | None = None
+) -> Policy:
     data = {
         "source": "csv",
         "path": str(path),
@@ -71,10 +73,9 @@ def grouped_policy(path: Path, groups: tuple[str, ...], name: str, **extra: obje
             "seed": 1,
             "rounds": 3,
             "eval_every": 3,
-            "algorithm": {"name": name},
+            "algorithm": {"name": name, **(settings or {})},
             "training": TRAINING,
             "data": data,
-            **extra,
         }
     )
 
@@ -220,14 +221,14 @@ def test_the_soft_maximum_of_one_domain_is_the_mean_loss() -> None:
 
 def test_approx_fedavg_with_one_domain_is_fedavg(tmp_path: Path) -> None:
     path = grouped_csv(tmp_path, ("a",))
-    approx = run(grouped_policy(path, ("a",), "approx_fedavg", mixing={"temperature": 5.0}))
+    approx = run(grouped_policy(path, ("a",), "approx_fedavg", {"temperature": 5.0}))
     fedavg = run(grouped_policy(path, ("a",), "fedavg"))
     assert torch.allclose(approx.state.model, fedavg.state.model, atol=1e-5)
 
 
 def test_approx_fedavg_with_two_domains_is_not_fedavg(tmp_path: Path) -> None:
     path = grouped_csv(tmp_path, ("a", "b"), noisy="b")
-    approx = run(grouped_policy(path, ("a", "b"), "approx_fedavg", mixing={"temperature": 5.0}))
+    approx = run(grouped_policy(path, ("a", "b"), "approx_fedavg", {"temperature": 5.0}))
     fedavg = run(grouped_policy(path, ("a", "b"), "fedavg"))
     assert [r.status for r in approx.records] == ["completed"] * 3
     assert not torch.allclose(approx.state.model, fedavg.state.model, atol=1e-3)
@@ -235,8 +236,8 @@ def test_approx_fedavg_with_two_domains_is_not_fedavg(tmp_path: Path) -> None:
 
 def test_agnostic_fedavg_over_domains_starts_as_fedavg(tmp_path: Path) -> None:
     path = grouped_csv(tmp_path, ("a", "b"), noisy="b")
-    mixing = {"domains": "data", "step": 1e-12}
-    agnostic = run(grouped_policy(path, ("a", "b"), "agnostic_fedavg", mixing=mixing))
+    settings = {"domains": "data", "step": 1e-12}
+    agnostic = run(grouped_policy(path, ("a", "b"), "agnostic_fedavg", settings))
     fedavg = run(grouped_policy(path, ("a", "b"), "fedavg"))
     assert torch.allclose(agnostic.state.model, fedavg.state.model, atol=1e-5)
     mixing_state = agnostic.state.extra["mixing"]
@@ -248,7 +249,7 @@ def test_agnostic_fedavg_moves_lambda_toward_the_domain_with_the_larger_loss(
     tmp_path: Path,
 ) -> None:
     path = grouped_csv(tmp_path, ("a", "b"), noisy="b")
-    p = grouped_policy(path, ("a", "b"), "agnostic_fedavg", mixing={"domains": "data", "step": 1.0})
+    p = grouped_policy(path, ("a", "b"), "agnostic_fedavg", {"domains": "data", "step": 1.0})
     state = run(p).state.extra["mixing"]
     lam = dict(zip(state["domains"], state["lam"], strict=True))
     assert lam["b"] > lam["a"]
@@ -260,8 +261,7 @@ def test_a_restarted_coordinator_resumes_agnostic_fedavg_over_domains(tmp_path: 
         {
             "version": 1,
             "rounds": 4,
-            "algorithm": {"name": "agnostic_fedavg"},
-            "mixing": {"domains": "data", "step": 1.0},
+            "algorithm": {"name": "agnostic_fedavg", "domains": "data", "step": 1.0},
             "training": TRAINING,
             "data": HEART,
         }

@@ -31,7 +31,9 @@ SILOS = 4
 NOISY = {"silo_fraction": 0.25, "probability": 0.45}  # one silo of four, labels near random
 
 
-def policy(name: str, rounds: int = 4, noisy: bool = False, **extra: object) -> Policy:
+def policy(
+    name: str, rounds: int = 4, noisy: bool = False, settings: dict | None = None, **extra: object
+) -> Policy:
     data: dict = {"source": "sklearn:breast_cancer", "partition": {"kind": "iid", "silos": SILOS}}
     if noisy:
         data["label_noise"] = NOISY
@@ -41,7 +43,7 @@ def policy(name: str, rounds: int = 4, noisy: bool = False, **extra: object) -> 
             "seed": 2,
             "rounds": rounds,
             "eval_every": rounds,
-            "algorithm": {"name": name},
+            "algorithm": {"name": name, **(settings or {})},
             "model": {"name": "linear"},
             "training": {"steps": 4, "batch_size": 16, "lr": 0.1},
             "data": data,
@@ -65,9 +67,9 @@ def noisy_silo(p: Policy) -> str:
     return silo
 
 
-@pytest.mark.parametrize(("name", "mixing"), [("qfedavg", {"q": 0.0}), ("term", {"tilt": 0.0})])
-def test_the_degenerate_parameters_are_fedavg(name: str, mixing: dict) -> None:
-    fair = run(policy(name, mixing=mixing))
+@pytest.mark.parametrize(("name", "settings"), [("qfedavg", {"q": 0.0}), ("term", {"tilt": 0.0})])
+def test_the_degenerate_parameters_are_fedavg(name: str, settings: dict) -> None:
+    fair = run(policy(name, settings=settings))
     fedavg = run(policy("fedavg"))
     assert torch.allclose(fair.state.model, fedavg.state.model, atol=1e-6)
     weights = fair.records[-1].mixing
@@ -86,7 +88,7 @@ def test_a_silo_with_noisy_labels_gains_weight(name: str) -> None:
 
 
 def test_agnostic_fedavg_moves_lambda_toward_the_larger_losses() -> None:
-    p = policy("agnostic_fedavg", rounds=6, noisy=True, mixing={"step": 1.0})
+    p = policy("agnostic_fedavg", rounds=6, noisy=True, settings={"step": 1.0})
     history = run(p)
     lam = history.state.extra["mixing"]["lam"]
     silos = history.state.extra["mixing"]["silos"]
@@ -138,7 +140,7 @@ def recorded_run(p: Policy) -> tuple[RunHistory, list[TaskMessage]]:
 def test_drfa_fedtorch_trains_uniform_silos_whose_updates_lambda_k_k_scales() -> None:
     p = policy(
         "drfa", rounds=5, noisy=True,
-        mixing={"variant": "fedtorch", "silos_per_round": 2, "step": 2.0},
+        settings={"variant": "fedtorch", "silos_per_round": 2, "step": 2.0},
     )  # fmt: skip
     history, received = recorded_run(p)
     lam_before = {1: dict.fromkeys(history.records[0].mixing, 1 / SILOS)}
@@ -156,9 +158,10 @@ def test_drfa_fedtorch_trains_uniform_silos_whose_updates_lambda_k_k_scales() ->
 
 def test_drfa_fedtorch_decays_its_step_by_default() -> None:
     def lam(decay: float | None) -> list[float]:
-        mixing = {"variant": "fedtorch", "step": 0.01, "init": "uniform"}
-        mixing |= {"step_decay": decay} if decay else {}
-        return run(policy("drfa", rounds=3, noisy=True, mixing=mixing)).state.extra["mixing"]["lam"]
+        settings = {"variant": "fedtorch", "step": 0.01, "init": "uniform"}
+        settings |= {"step_decay": decay} if decay else {}
+        p = policy("drfa", rounds=3, noisy=True, settings=settings)
+        return run(p).state.extra["mixing"]["lam"]
 
     assert lam(None) == lam(0.9)
     assert lam(None) != lam(1.0)
@@ -167,7 +170,7 @@ def test_drfa_fedtorch_decays_its_step_by_default() -> None:
 def test_drfa_never_averages_fewer_distinct_silos_than_its_minimum() -> None:
     p = policy(
         "drfa", rounds=6, noisy=True,
-        mixing={"step": 5.0, "silos_per_round": 3, "min_contributors": 2},
+        settings={"step": 5.0, "silos_per_round": 3, "min_contributors": 2},
     )  # fmt: skip
     history = run(p)
     for record in history.records:
@@ -178,8 +181,8 @@ def test_drfa_never_averages_fewer_distinct_silos_than_its_minimum() -> None:
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"algorithm": {"name": "term"}, "mixing": {"q": 2.0}}, "mixing.q: term does not read"),
-        ({"algorithm": {"name": "fedavg"}, "mixing": {"step": 1.0}}, "mixing.step: fedavg"),
+        ({"algorithm": {"name": "term", "q": 2.0}}, "term does not read 'q'"),
+        ({"algorithm": {"name": "fedavg", "step": 1.0}}, "fedavg does not read 'step'"),
         (
             {"algorithm": {"name": "drfa"}, "training": {"epochs": 1}},
             "drfa needs a fixed number of local steps",
@@ -191,20 +194,16 @@ def test_drfa_never_averages_fewer_distinct_silos_than_its_minimum() -> None:
             },
             "afl does not average clipped model updates",
         ),
-        ({"algorithm": {"name": "aaggff"}, "mixing": {"transform": "cauchy"}}, "transform"),
+        ({"algorithm": {"name": "aaggff", "transform": "cauchy"}}, "transform"),
         (
-            {
-                "algorithm": {"name": "drfa"},
-                "mixing": {"variant": "fedtorch"},
-                "training": {"steps": 1},
-            },
+            {"algorithm": {"name": "drfa", "variant": "fedtorch"}, "training": {"steps": 1}},
             "needs tau >= 2 local steps",
         ),
         (
-            {"algorithm": {"name": "drflm"}, "mixing": {"mixup_on": "embedding"}},
+            {"algorithm": {"name": "drflm", "mixup_on": "embedding"}},
             "model 'linear' has no embedding",
         ),
-        ({"algorithm": {"name": "drfa"}, "mixing": {"mixup_on": "embedding"}}, "read by drflm"),
+        ({"algorithm": {"name": "drfa", "mixup_on": "embedding"}}, "read by drflm"),
         (
             {
                 "algorithm": {"name": "approx_fedavg"},
@@ -212,7 +211,7 @@ def test_drfa_never_averages_fewer_distinct_silos_than_its_minimum() -> None:
             },
             "approx_fedavg weights each row's gradient by a softmax",
         ),
-        ({"algorithm": {"name": "afl"}, "mixing": {"domains": "data"}}, "read by agnostic_fedavg"),
+        ({"algorithm": {"name": "afl", "domains": "data"}}, "read by agnostic_fedavg"),
     ],
 )
 def test_settings_that_do_not_fit_the_algorithm_are_refused(change: dict, message: str) -> None:

@@ -1,5 +1,6 @@
 """Policy files: every example validates, and every mistake is named with the allowed values."""
 
+import re
 from importlib.resources import files
 from pathlib import Path
 
@@ -122,3 +123,30 @@ def test_comparison_variants_swap_only_the_algorithm() -> None:
     base = parse_policy(policy(seed=4, algorithm={"name": "fedprox", "prox_mu": 0.5}))
     local = base.with_algorithm("local")
     assert local.algorithm.name == "local" and local.seed == 4 and local.training == base.training
+
+
+def test_comparison_variants_keep_the_schedule_settings_they_read() -> None:
+    base = parse_policy(policy(algorithm={"name": "drfa", "step": 0.5}, training={"steps": 2}))
+    assert base.with_algorithm("afl").algorithm.step == 0.5  # type: ignore[union-attr]
+    assert base.with_algorithm("fedavg").algorithm == parse_policy(policy()).algorithm
+
+
+def test_an_old_mixing_section_is_told_where_each_key_moved() -> None:
+    with pytest.raises(PolicyError) as err:
+        parse_policy(policy(algorithm={"name": "drfa"}, mixing={"step": 0.1, "q": 1.0}))
+    message = str(err.value)
+    assert "mixing.step moved to algorithm.step;" in message
+    assert "mixing.q moved to algorithm.q (read by qfedavg, not drfa)" in message
+
+
+def test_a_setting_of_another_algorithm_names_the_algorithms_that_read_it() -> None:
+    with pytest.raises(
+        PolicyError, match="fedavg does not read 'floor' \\(read by afl, drfa, drflm\\)"
+    ):
+        parse_policy(policy(algorithm={"name": "fedavg", "floor": 0.01}))
+
+
+def test_the_policy_checks_capabilities_never_algorithm_names() -> None:
+    schema = (Path(__file__).resolve().parents[1] / "policies" / "schema.py").read_text()
+    comparisons = [line for line in schema.splitlines() if re.search(r'[=!]= "| in \(', line)]
+    assert not [line for line in comparisons for name in STRATEGIES if f'"{name}"' in line]

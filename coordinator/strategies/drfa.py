@@ -35,10 +35,11 @@ from typing import Any
 import numpy as np
 
 from fedsilo.coordinator.mixing import (
-    default_loss_cap,
+    loss_cap,
     meets_contributor_minimum,
     mix_with_uniform,
     projected_loss_ascent,
+    proportional_to_counts,
 )
 from fedsilo.coordinator.phases import Phase, Task, WeightedMean
 from fedsilo.coordinator.strategies.base import (
@@ -112,10 +113,11 @@ class Drfa(Strategy):
             [reported[s].metrics["loss"] if s in reported else math.nan for s in silos]
         )
         if "lam" not in mixing and settings.init == "counts":
-            lam = self._from_counts(silos, {s: r.num_samples for s, r in reported.items()})
+            lam = proportional_to_counts(
+                [reported[s].num_samples if s in reported else 0 for s in silos]
+            )
         if "loss_cap" not in mixing:
-            cap = settings.loss_cap
-            mixing["loss_cap"] = cap if cap is not None else default_loss_cap(losses)
+            mixing["loss_cap"] = loss_cap(settings.loss_cap, losses)
         decay = settings.step_decay or (FEDTORCH_STEP_DECAY if fedtorch else None)
         step = settings.step * (decay**ctx.round if decay else 1.0)
         lam = projected_loss_ascent(lam, losses, step * tau, mixing["loss_cap"], settings.floor)
@@ -193,14 +195,6 @@ class Drfa(Strategy):
             config |= {"mixup_alpha": self.config.mixup_alpha}
             config["seed"] = ctx.seed_for("probe", silo)
         return config
-
-    @staticmethod
-    def _from_counts(silos: list[str], counts: dict[str, int]) -> np.ndarray:
-        """lambda_0 proportional to the released counts (the mean count for silos unseen)."""
-        seen = [c for c in counts.values() if c > 0]
-        fill = float(np.mean(seen)) if seen else 1.0
-        values = np.array([counts[s] if counts.get(s, 0) > 0 else fill for s in silos], float)
-        return values / values.sum()
 
 
 class Drflm(Drfa):

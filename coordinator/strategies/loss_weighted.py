@@ -49,10 +49,11 @@ from fedsilo.coordinator.mixing import (
     AAggFFSState,
     aaggff_d_step,
     aaggff_s_step,
-    default_loss_cap,
     exponentiated_gradient,
+    loss_cap,
     projected_loss_ascent,
     propfair_weights,
+    proportional_to_counts,
     qfedavg_weights,
     term_weights,
 )
@@ -209,16 +210,13 @@ class LambdaSchedule(LossWeighted):
         silos = mixing["silos"]
         if self.config.init == "uniform":
             return np.full(len(silos), 1.0 / len(silos))
-        counts = np.array([reported.get(s, (0.0, 0.0))[1] for s in silos])
-        counts = np.where(counts > 0, counts, counts[counts > 0].mean() if counts.any() else 1.0)
-        return counts / counts.sum()
+        return proportional_to_counts([reported.get(s, (0.0, 0.0))[1] for s in silos])
 
     def loss_vector(self, mixing: dict[str, Any], reported: Reported) -> np.ndarray:
         """Every silo's loss (NaN if it did not report), and the cap (fixed at first sight)."""
         losses = np.array([reported.get(s, (math.nan, 0.0))[0] for s in mixing["silos"]])
         if "loss_cap" not in mixing:
-            cap = self.config.loss_cap
-            mixing["loss_cap"] = cap if cap is not None else default_loss_cap(losses)
+            mixing["loss_cap"] = loss_cap(self.config.loss_cap, losses)
         return losses
 
 
@@ -294,8 +292,7 @@ class AgnosticFedAvg(LambdaSchedule):
         observed = consortium > 0
         means = np.where(observed, sums.sum(axis=0) / np.maximum(consortium, 1e-12), np.nan)
         if "loss_cap" not in mixing:
-            cap = self.config.loss_cap
-            mixing["loss_cap"] = cap if cap is not None else default_loss_cap(means)
+            mixing["loss_cap"] = loss_cap(self.config.loss_cap, means)
         if observed.any():
             clipped = np.clip(np.where(observed, means, 0.0), 0.0, mixing["loss_cap"])
             lam = exponentiated_gradient(lam, clipped, self.config.step, observed)

@@ -1,0 +1,90 @@
+"""What every algorithm's config declares: its capabilities, which the policy's checks hold it
+to (so `policies/schema.py` never names an algorithm), and `check(policy)` for the rules only
+the algorithm knows. A setting that another algorithm reads is refused with the algorithms that
+read it."""
+
+from __future__ import annotations
+
+import typing
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from pydantic import model_validator
+
+from fedsilo.policies.base import PolicyModel
+
+if TYPE_CHECKING:
+    from fedsilo.policies.schema import Policy
+
+# Every algorithm evaluates on the silos' held-out data, and weights silos by sample counts.
+SAMPLE_WEIGHTED: frozenset[str] = frozenset({"counts", "metrics"})
+
+
+class AlgorithmBase(PolicyModel):
+    """An algorithm's settings (`name` picks it) and its capabilities."""
+
+    reports: ClassVar[frozenset[str]] = SAMPLE_WEIGHTED  # report kinds it cannot run without
+    averages: ClassVar[bool] = True  # every aggregate is a mean: secure aggregation applies
+    clips_updates: ClassVar[bool] = False  # a mean of clipped updates: client-level DP applies
+    hands_off: ClassVar[bool] = False  # hands single silos' models on to other silos
+    needs_fixed_steps: ClassVar[bool] = False  # local work is `training.steps`, never epochs
+    # why DP-SGD's per-row clipping would not bound a record's influence (None: it does)
+    dp_sgd_problem: ClassVar[str | None] = None
+    name: str
+
+    @property
+    def needs_domains(self) -> bool:
+        """Whether its silos train or probe per domain of their data's `domain` column."""
+        return False
+
+    @property
+    def title(self) -> str:
+        """The algorithm as messages name it (with the setting that decides a capability)."""
+        return self.name
+
+    def check(self, policy: Policy) -> None:
+        """Refuse (ValueError) what this algorithm cannot run with in `policy`."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _name_who_reads_a_setting(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for key in data:
+                readers = readers_of(str(key))
+                if key not in cls.model_fields and readers:
+                    raise ValueError(
+                        f"{data.get('name')} does not read '{key}' (read by "
+                        f"{', '.join(readers)}); drop it or choose one of those algorithms"
+                    )
+        return data
+
+
+def algorithm_classes() -> list[type[AlgorithmBase]]:
+    """Every algorithm's config class (those that name their algorithms)."""
+    found, pending = [], list(AlgorithmBase.__subclasses__())
+    while pending:
+        cls = pending.pop(0)
+        pending.extend(cls.__subclasses__())
+        if names_of(cls):
+            found.append(cls)
+    return found
+
+
+def names_of(cls: type[AlgorithmBase]) -> tuple[str, ...]:
+    """The algorithm names a config class stands for (its `name` literal)."""
+    return typing.get_args(cls.model_fields["name"].annotation)
+
+
+def algorithm_class(name: str) -> type[AlgorithmBase]:
+    """The config class of algorithm `name`."""
+    (cls,) = [cls for cls in algorithm_classes() if name in names_of(cls)]
+    return cls
+
+
+def readers_of(setting: str) -> list[str]:
+    """The algorithms that read `setting`, sorted."""
+    return sorted(
+        name
+        for cls in algorithm_classes()
+        if setting in cls.model_fields and setting != "name"
+        for name in names_of(cls)
+    )

@@ -1,0 +1,54 @@
+"""FedAvg and the algorithms that are FedAvg with another local objective: FedProx and
+ApproxFedAvg."""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+from pydantic import Field
+
+from fedsilo.policies.algorithms.base import AlgorithmBase
+
+
+class FedAvgConfig(AlgorithmBase):
+    """FedAvg (McMahan et al.): sample-weighted mean of the sampled silos' models."""
+
+    clips_updates: ClassVar[bool] = True
+    name: Literal["fedavg"]
+    client_fraction: float = Field(default=1.0, gt=0, le=1)
+    prox_mu: float = Field(default=0.0, ge=0)
+
+
+class FedProxConfig(AlgorithmBase):
+    """FedProx (Li et al.): FedAvg with the proximal term (mu/2)||w - w_global||^2 locally."""
+
+    clips_updates: ClassVar[bool] = True
+    name: Literal["fedprox"]
+    client_fraction: float = Field(default=1.0, gt=0, le=1)
+    prox_mu: float = Field(default=0.1, gt=0)
+
+
+class ApproxFedAvgConfig(AlgorithmBase):
+    """ApproxFedAvg (the survey's proposal): FedAvg whose silos train each minibatch on the
+    log-sum-exp (1/mu) log sum_i exp(mu F_i) of their domains' losses F_i, a soft maximum over
+    the domains of the silo's `data.domain` column. With one domain per silo it is FedAvg.
+
+    - `temperature`: mu.
+    - `domain_reduction`: whether a batch's domain loss is the `sum` of its rows' losses (the
+      survey's form; divided by the batch size) or their `mean`.
+    """
+
+    dp_sgd_problem: ClassVar[str | None] = (
+        "approx_fedavg weights each row's gradient by a softmax over its batch's domain "
+        "losses, which the other rows set, so per-row clipping does not bound a record's "
+        "influence; use agnostic_fedavg (algorithm.domains: data) under DP"
+    )
+    name: Literal["approx_fedavg"]
+    client_fraction: float = Field(default=1.0, gt=0, le=1)
+    prox_mu: float = Field(default=0.0, ge=0)
+    temperature: float = Field(default=1.0, gt=0)
+    domain_reduction: Literal["sum", "mean"] = "sum"
+
+    @property
+    def needs_domains(self) -> bool:
+        return True

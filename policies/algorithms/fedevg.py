@@ -1,0 +1,61 @@
+"""FedEvg (thesis ch. IV): silos send energy signals for a synthetic set, not models."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Literal
+
+from pydantic import Field
+
+from fedsilo.policies.algorithms.base import AlgorithmBase
+from fedsilo.policies.training import MAX_LR
+
+if TYPE_CHECKING:
+    from fedsilo.policies.schema import Policy
+
+
+class FedEvgConfig(AlgorithmBase):
+    """FedEvg: the coordinator keeps `samples_per_class` synthetic points per class (noise at
+    first) and moves them every round by one Langevin step down the mixture of the silos'
+    energies, step eta_t from `server_step_max` to `server_step_min` (the cosine-beta curve),
+    noise `server_noise` (or `server_noise_scale` * eta_t); each silo trains a fresh energy model
+    (JEM-style: cross-entropy, a contrastive term with `client_sgld_steps` Langevin steps of size
+    `client_sgld_step` and noise `client_sgld_noise` from the synthetic points, and
+    `synthetic_ce_weight` times the cross-entropy on them) and sends, per synthetic point, the
+    input gradient of its energy clipped to `gradient_clip` and exp(-sign of the energy). The
+    classifier the silos evaluate is the policy's model trained on the synthetic set alone
+    (`classifier_epochs` of Adam at `classifier_lr`). Its aggregates are the two sums of the
+    mixture gradient, so secure aggregation applies."""
+
+    name: Literal["fedevg"]
+    client_fraction: float = Field(default=1.0, gt=0, le=1)
+    samples_per_class: int = Field(default=10, ge=1)
+    energy: Literal["joint", "marginal"] = "joint"
+    server_step_max: float = Field(default=10.0, gt=0)
+    server_step_min: float = Field(default=1.0, gt=0)
+    server_noise: float = Field(default=1e-4, ge=0)
+    server_noise_scale: float | None = Field(default=None, ge=0)
+    client_sgld_steps: int = Field(default=1, ge=0)
+    client_sgld_step: float = Field(default=1.0, ge=0)
+    client_sgld_noise: float = Field(default=0.01, ge=0)
+    gradient_clip: float = Field(default=3.0, gt=0)
+    synthetic_ce_weight: float = Field(default=0.1, ge=0)
+    spectral_norm: bool = True
+    persist_local_model: bool = False
+    classifier_epochs: int = Field(default=100, ge=1)
+    classifier_lr: float = Field(default=1e-3, gt=0, le=MAX_LR)
+    classifier_batch_size: int = Field(default=64, ge=1)
+    image_every: int = Field(default=10, ge=1)
+
+    def check(self, policy: Policy) -> None:
+        if policy.data.scaling != "none":
+            raise ValueError(
+                "data.scaling: fedevg's synthetic points live in [0, 1], so the silos' features "
+                "must too: use scaling 'none' on data in [0, 1] (e.g. sklearn:digits' pixels)"
+            )
+        if policy.data.task == "regression" or policy.data.source == "sklearn:diabetes":
+            raise ValueError("algorithm: fedevg's energies come from a classifier's logits")
+        if policy.privacy.dp_sgd is not None and self.spectral_norm:
+            raise ValueError(
+                "algorithm.spectral_norm: DP-SGD clips per-sample gradients of plain layers, and "
+                "a spectrally normalised layer is not one; set spectral_norm: false under DP"
+            )

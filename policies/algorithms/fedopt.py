@@ -1,0 +1,23 @@
+"""FedAdam, FedYogi and FedAdagrad: FedAvg with an adaptive server step."""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+from pydantic import Field
+
+from fedsilo.policies.algorithms.base import AlgorithmBase
+from fedsilo.policies.training import MAX_LR
+
+
+class FedOptConfig(AlgorithmBase):
+    """FedAdam / FedYogi / FedAdagrad (Reddi et al.): an adaptive step on the mean update."""
+
+    clips_updates: ClassVar[bool] = True
+    name: Literal["fedadam", "fedyogi", "fedadagrad"]
+    client_fraction: float = Field(default=1.0, gt=0, le=1)
+    prox_mu: float = Field(default=0.0, ge=0)
+    server_lr: float = Field(default=0.1, gt=0, le=MAX_LR)
+    beta1: float = Field(default=0.9, ge=0, lt=1)
+    beta2: float = Field(default=0.99, ge=0, lt=1)
+    tau: float = Field(default=1e-3, gt=0)

@@ -1,0 +1,92 @@
+"""The loss-driven schedules that weigh each silo by the losses the silos report: AFL,
+AgnosticFedAvg, q-FedAvg, TERM, PropFair and AAggFF (DRFA and DRFLM, in `drfa.py`, share the
+lambda settings)."""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+from pydantic import Field
+
+from fedsilo.policies.algorithms.base import SAMPLE_WEIGHTED, AlgorithmBase
+
+RESPONSE_TRANSFORMS = ("weibull", "exponential", "frechet", "normal", "gumbel", "logistic")
+
+
+class LossWeightedConfig(AlgorithmBase):
+    """A schedule that turns the losses its silos report into how much each silo counts."""
+
+    reports: ClassVar[frozenset[str]] = SAMPLE_WEIGHTED | {"losses"}
+    client_fraction: float = Field(default=1.0, gt=0, le=1)
+    prox_mu: float = Field(default=0.0, ge=0)
+
+
+class LambdaConfig(LossWeightedConfig):
+    """A schedule that keeps a mixture lambda over the silos (or domains) and moves it by the
+    losses.
+
+    - `step`: lambda's ascent step (DRFA's and AFL's gamma, AgnosticFedAvg's EG step).
+    - `init`: lambda's start, `counts` (proportional to the released sample counts) or `uniform`.
+    - `loss_cap`: losses are clipped to [0, loss_cap] before they move lambda; None: 10 times
+      the median loss of the first round.
+    """
+
+    step: float = Field(default=0.1, gt=0)
+    init: Literal["counts", "uniform"] = "counts"
+    loss_cap: float | None = Field(default=None, gt=0)
+
+
+class AflConfig(LambdaConfig):
+    """AFL (Mohri et al. 2019), as projected ascent on lambda over the silos; `floor`: lambda's
+    floor after each update, then renormalised."""
+
+    name: Literal["afl"]
+    floor: float = Field(default=1e-3, ge=0, lt=1)
+
+
+class AgnosticFedAvgConfig(LambdaConfig):
+    """AgnosticFedAvg (Ro et al. 2021): exponentiated-gradient ascent on lambda.
+
+    - `domains`: each `silo` is a domain, or the values of the silos' `data.domain` column are
+      (`data`: lambda over those, every silo reports per-domain losses).
+    - `count_window`: r, the rounds of released counts averaged into N-bar.
+    """
+
+    name: Literal["agnostic_fedavg"]
+    count_window: int = Field(default=5, ge=1)
+    domains: Literal["silo", "data"] = "silo"
+
+    @property
+    def needs_domains(self) -> bool:
+        return self.domains == "data"
+
+
+class QFedAvgConfig(LossWeightedConfig):
+    """q-FedAvg (Li et al. 2020), as the unified table of the AAggFF thesis: weights
+    proportional to n_k F_k^q."""
+
+    name: Literal["qfedavg"]
+    q: float = Field(default=1.0, ge=0)
+
+
+class TermConfig(LossWeightedConfig):
+    """TERM (Li et al. 2021), as the unified table: weights n_k exp(t F_k), t = `tilt`."""
+
+    name: Literal["term"]
+    tilt: float = Field(default=1.0)
+
+
+class PropFairConfig(LossWeightedConfig):
+    """PropFair (Zhang et al. 2022), as the unified table: weights n_k / (M - F_k), M =
+    `baseline`."""
+
+    name: Literal["propfair"]
+    baseline: float = Field(default=3.0, gt=0)
+
+
+class AAggFFConfig(LossWeightedConfig):
+    """AAggFF (Hahn et al. 2024): AAggFF-S with every silo, AAggFF-D when `client_fraction`
+    < 1; `transform`: the response CDF."""
+
+    name: Literal["aaggff"]
+    transform: Literal[RESPONSE_TRANSFORMS] = "normal"  # type: ignore[valid-type]

@@ -1,0 +1,37 @@
+"""SuPerFed: personalised FL by mixing a federated and a local model (Hahn et al. 2022)."""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+from pydantic import Field
+
+from fedsilo.policies.algorithms.base import AlgorithmBase
+
+
+class SuperFedConfig(AlgorithmBase):
+    """SuPerFed (Hahn et al. 2022): every silo keeps a local model that never leaves it and,
+    from round floor(`start_fraction` T) + 1 on, trains the mixture (1 - lambda) w_federated +
+    lambda w_local, lambda ~ U(0, 1) per minibatch (`mixing: model`) or per layer and minibatch
+    (`layer`), with the proximity term `prox_mu` R_prox(w_federated, w_global) (`prox_form`: the
+    reference's sum of per-layer L2 norms, `layer_l2`, or the squared norm) and the
+    orthogonality term `ortho_nu` cos^2(w_federated, w_local). Only the federated model
+    travels; the coordinator averages it by sample counts. Evaluation mixes the global model
+    with each silo's local model over `lambda_grid` points of [0, 1] and reports the test
+    metrics at the lambda chosen on the validation split (on the training split when the
+    validation split has fewer than `min_validation` rows)."""
+
+    name: Literal["superfed"]
+    mixing: Literal["model", "layer"] = "model"
+    start_fraction: float = Field(default=0.2, ge=0, le=1)
+    prox_mu: float = Field(default=0.01, ge=0)
+    prox_form: Literal["layer_l2", "squared"] = "layer_l2"
+    ortho_nu: float = Field(default=1.0, ge=0)
+    client_fraction: float = Field(default=1.0, gt=0, le=1)
+    lambda_grid: int = Field(default=11, ge=2)
+    min_validation: int = Field(default=20, ge=1)
+
+    def mixing_from(self, total_rounds: int) -> int:
+        """The first round (1-based) that trains the mixture: floor(L T) + 1."""
+        return math.floor(self.start_fraction * total_rounds + 1e-9) + 1
