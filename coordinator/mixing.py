@@ -131,6 +131,21 @@ def default_loss_cap(first_round_losses: Any, factor: float = 10.0) -> float:
     return cap
 
 
+def loss_cap(configured: float | None, first_losses: Any) -> float:
+    """L_max, fixed when the first losses arrive: the policy's, else `default_loss_cap` of
+    those losses."""
+    return configured if configured is not None else default_loss_cap(first_losses)
+
+
+def proportional_to_counts(counts: Any) -> np.ndarray:
+    """A starting lambda proportional to the silos' released sample counts; a silo without a
+    positive count gets the mean positive count (every silo 1 when none has one)."""
+    values = np.asarray(counts, dtype=np.float64)
+    seen = values > 0
+    filled = np.where(seen, values, values[seen].mean() if seen.any() else 1.0)
+    return filled / filled.sum()
+
+
 def floor_and_renormalise(lam: Any, floor: float) -> np.ndarray:
     """The lambda floor of DRFA's reference code (FedTorch): lambda <- max(lambda, floor), then
     lambda <- lambda / sum(lambda).

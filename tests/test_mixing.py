@@ -26,11 +26,13 @@ from fedsilo.coordinator.mixing import (
     exponentiated_gradient,
     floor_and_renormalise,
     linearised_gradient,
+    loss_cap,
     meets_contributor_minimum,
     mix_with_uniform,
     project_simplex,
     projected_loss_ascent,
     propfair_weights,
+    proportional_to_counts,
     qfedavg_weights,
     restrict_and_renormalise,
     solve_simplex_qp,
@@ -145,6 +147,16 @@ def test_the_default_loss_cap_is_ten_times_the_median_first_round_loss() -> None
     assert default_loss_cap([0.2, 0.4, 9.0, np.nan]) == pytest.approx(4.0)
     with pytest.raises(ValueError, match="configure"):
         default_loss_cap([0.0, 0.0])
+
+
+def test_the_loss_cap_is_the_policys_else_the_default_of_the_first_losses() -> None:
+    assert loss_cap(2.5, [0.2, 0.4, 9.0]) == 2.5
+    assert loss_cap(None, [0.2, 0.4, 9.0, np.nan]) == pytest.approx(4.0)
+
+
+def test_lambda_from_counts_fills_a_silo_without_a_count_with_the_mean_count() -> None:
+    np.testing.assert_allclose(proportional_to_counts([10, 0, 30]), [1 / 6, 1 / 3, 1 / 2])
+    np.testing.assert_allclose(proportional_to_counts([0, -3, 0]), [1 / 3] * 3)
 
 
 def test_the_floor_raises_every_entry_to_it_then_renormalises() -> None:
