@@ -1,16 +1,19 @@
 """The documentation in docs/ is complete and every reference to it holds: each algorithm that
-`fedsilo algorithms` lists has its docs/algorithms/<name>.md, and every docs/ path (with the
-section it names, if any) cited in the code, the README and the docs themselves exists."""
+`fedsilo algorithms` lists has its docs/algorithms/<name>.md, which names its example policy and
+every key its config reads, and every docs/ path (with the section it names, if any) cited in
+the code, the README and the docs themselves exists."""
 
 from __future__ import annotations
 
 import re
+import typing
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from fedsilo.ops.cli import main
+from fedsilo.policies.algorithms import AlgorithmConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -25,6 +28,17 @@ def listed_algorithms() -> list[str]:
     result = CliRunner().invoke(main, ["algorithms"], catch_exceptions=False)
     assert result.exit_code == 0, result.output
     return [line.split()[0] for line in result.output.splitlines() if line.strip()]
+
+
+def config_fields(name: str) -> set[str]:
+    """The keys algorithm `name` reads under `algorithm:` (its config class's fields)."""
+    union = typing.get_args(AlgorithmConfig)[0]  # Annotated[Union[...], discriminator]
+    (cls,) = [
+        c
+        for c in typing.get_args(union)
+        if name in typing.get_args(c.model_fields["name"].annotation)
+    ]
+    return set(cls.model_fields) - {"name"}
 
 
 def sources() -> list[Path]:
@@ -60,6 +74,17 @@ def test_every_listed_algorithm_has_its_page(name: str) -> None:
     assert examples, f"{page} names no example policy"
     for example in examples:
         assert (ROOT / example).is_file(), f"{page} names {example}, which does not exist"
+
+
+@pytest.mark.parametrize("name", listed_algorithms())
+def test_every_page_names_each_key_of_its_algorithm(name: str) -> None:
+    text = (DOCS / "algorithms" / f"{name}.md").read_text()
+    keys = text.partition("## Policy keys")[2]
+    assert keys, f"docs/algorithms/{name}.md has no 'Policy keys' section"
+    unnamed = sorted(
+        f for f in config_fields(name) if f"`{f}`" not in keys and f"algorithm.{f}`" not in keys
+    )
+    assert not unnamed, f"docs/algorithms/{name}.md does not name {unnamed}"
 
 
 def test_every_cited_docs_path_and_section_exists() -> None:
