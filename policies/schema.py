@@ -11,7 +11,7 @@ from typing import Any
 from pydantic import Field, TypeAdapter, model_validator
 
 from fedsilo.policies.algorithms import AlgorithmConfig
-from fedsilo.policies.algorithms.base import AlgorithmBase, algorithm_class, names_of
+from fedsilo.policies.algorithms.base import AlgorithmBase, names_of
 from fedsilo.policies.algorithms.fedavg import FedAvgConfig
 from fedsilo.policies.algorithms.former_mixing import SCHEDULE_SETTINGS, moved_message
 from fedsilo.policies.base import PolicyModel
@@ -68,8 +68,13 @@ class Policy(PolicyModel):
                     f"unsupported policy version {version!r}; "
                     f"this fedsilo reads {SUPPORTED_VERSIONS}"
                 )
-            if "mixing" in data:
-                raise ValueError(moved_message(data["mixing"], data.get("algorithm")))
+        return data
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_mixing_section(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "mixing" in data:
+            raise ValueError(moved_message(data["mixing"], data.get("algorithm")))
         return data
 
     @model_validator(mode="after")
@@ -196,13 +201,13 @@ class Policy(PolicyModel):
         keeping the loss-driven schedule settings of this one that it reads (`step`, `floor`,
         ...), without sealed hand-offs unless it hands models off, and without secure
         aggregation unless it averages."""
+        algorithm = TypeAdapter(AlgorithmConfig).validate_python({"name": name})
         settings = {
             key: value
             for key, value in self.algorithm.model_dump().items()
-            if key in SCHEDULE_SETTINGS and key in algorithm_class(name).model_fields
+            if key in SCHEDULE_SETTINGS and key in type(algorithm).model_fields
         }
         document = {**self.model_dump(), "algorithm": {"name": name, **settings}}
-        algorithm = TypeAdapter(AlgorithmConfig).validate_python({"name": name})
         if not algorithm.hands_off:
             document["channel"] = ChannelConfig().model_dump()
         if not algorithm.averages:

@@ -9,7 +9,7 @@ import yaml
 
 from fedsilo.coordinator.strategies import STRATEGIES
 from fedsilo.policies.algorithms import AlgorithmConfig
-from fedsilo.policies.loading import PolicyError, load_policy, parse_policy
+from fedsilo.policies.loading import PolicyError, load_policy, parse_policy, with_algorithm
 from fedsilo.policies.training import TrainingConfig
 
 EXAMPLES = sorted(Path(str(files("fedsilo.policies") / "examples")).glob("*.yaml"))
@@ -129,6 +129,12 @@ def test_comparison_variants_keep_the_schedule_settings_they_read() -> None:
     base = parse_policy(policy(algorithm={"name": "drfa", "step": 0.5}, training={"steps": 2}))
     assert base.with_algorithm("afl").algorithm.step == 0.5  # type: ignore[union-attr]
     assert base.with_algorithm("fedavg").algorithm == parse_policy(policy()).algorithm
+
+
+def test_a_comparison_with_an_unknown_algorithm_names_it() -> None:
+    with pytest.raises(PolicyError) as err:
+        with_algorithm(parse_policy(policy()), "fedavgg")
+    assert "--compare fedavgg: unknown value 'fedavgg' (did you mean 'fedavg'?)" in str(err.value)
 
 
 def test_an_old_mixing_section_is_told_where_each_key_moved() -> None:

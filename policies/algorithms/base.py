@@ -74,12 +74,6 @@ def names_of(cls: type[AlgorithmBase]) -> tuple[str, ...]:
     return typing.get_args(cls.model_fields["name"].annotation)
 
 
-def algorithm_class(name: str) -> type[AlgorithmBase]:
-    """The config class of algorithm `name`."""
-    (cls,) = [cls for cls in algorithm_classes() if name in names_of(cls)]
-    return cls
-
-
 def readers_of(setting: str) -> list[str]:
     """The algorithms that read `setting`, sorted."""
     return sorted(
