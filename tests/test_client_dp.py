@@ -12,8 +12,11 @@ import pytest
 import torch
 from opacus.accountants import RDPAccountant
 
+from fedsilo.coordinator.client_dp import ClientDpRound
 from fedsilo.coordinator.engine import RoundEngine
+from fedsilo.coordinator.phases import Phase, Task, WeightedMean
 from fedsilo.coordinator.strategies import make_strategy
+from fedsilo.coordinator.strategies.base import RoundContext
 from fedsilo.coordinator.transport import InProcessTransport
 from fedsilo.ops.metrics import CoordinatorMetrics
 from fedsilo.policies.loading import PolicyError, parse_policy
@@ -191,6 +194,38 @@ def test_central_noise_leaves_the_silos_uploads_exact_and_books_no_noise() -> No
     agent = SiloAgent("s", data, p.model, privacy=p.privacy, consortium=SILOS)
     task = TaskMessage("t", 1, "train", "train", "s", {"batch_size": 32})
     assert train_releases(task, agent.context) == [Mechanism.none()]
+
+
+@pytest.mark.parametrize(("noise", "cohort"), [("central", None), ("distributed", SILOS)])
+def test_the_engine_tells_each_train_task_its_cohort_only_under_distributed_noise(
+    noise: str, cohort: int | None
+) -> None:
+    told: list[int | None] = []
+
+    def wrap(_: str, endpoint: Endpoint) -> Endpoint:
+        def answer(payload: bytes) -> bytes:
+            task = TaskMessage.decode(payload)
+            if task.kind == "train":
+                told.append(task.config.get("cohort"))
+            return endpoint(payload)
+
+        return answer
+
+    run(policy(noise), wrap)
+    assert told == [cohort] * SILOS
+
+
+def test_a_mean_that_weighs_its_silos_itself_is_refused_under_client_dp() -> None:
+    ctx = RoundContext(round=1, total_rounds=1, silos=("a", "b"), seed=3, min_silos=1)
+    client_dp = ClientDpRound.of(policy("central"), ctx)
+    assert client_dp is not None
+    tasks = (Task("a", "train"), Task("b", "train"))
+    weighted = Phase("train", tasks, WeightedMean(weights={"a": 2.0, "b": 1.0}))
+    with pytest.raises(ValueError, match="client-level DP weighs them equally"):
+        client_dp.phase(weighted)
+    assert client_dp.phase(Phase("train", tasks, WeightedMean())).aggregate == WeightedMean(
+        weights={"a": 1.0, "b": 1.0}
+    )
 
 
 def test_the_published_models_epsilon_is_the_sampled_gaussian_over_completed_rounds() -> None:

@@ -1,11 +1,13 @@
 """The round engine: exact aggregation, quorum and deadlines, and refusing bad replies."""
 
 import threading
+from pathlib import Path
 
 import pytest
 import torch
 
 from fedsilo.coordinator import engine as engine_module
+from fedsilo.coordinator import strategies
 from fedsilo.coordinator.engine import RoundEngine, RunAborted
 from fedsilo.coordinator.phases import Identical, Phase, Task, WeightedMean
 from fedsilo.coordinator.strategies import make_strategy
@@ -284,3 +286,12 @@ def test_setup_names_a_silo_whose_initial_model_differs_by_any_bit(other) -> Non
     engine = engine_for({"a": constant_silo("a", [1.0] * 3), "odd": odd})
     with pytest.raises(SetupError, match="silo 'odd' built a different initial model than 'a'"):
         engine.run()
+
+
+def test_no_strategy_knows_of_secure_aggregation_or_client_dp() -> None:
+    """A strategy declares its weighted means; the engine derives both from them and the
+    policy, so an algorithm runs under either unchanged."""
+    folder = Path(strategies.__file__).parent
+    for path in sorted(folder.glob("*.py")):
+        source = path.read_text()
+        assert "secure_aggregation" not in source and "client_dp" not in source, path.name

@@ -119,6 +119,15 @@ def test_secure_aggregation_mixes_with_the_same_coefficients() -> None:
     assert masked.records[-1].mixing == pytest.approx(plain.records[-1].mixing)
 
 
+def test_drfa_under_secure_aggregation_mixes_the_model_and_its_checkpoint_as_in_the_clear() -> None:
+    """The checkpoint is summed relative to the model sent (the mean's declared reference), and
+    lambda moves by the losses at the mixed checkpoint."""
+    plain = run(policy("drfa", rounds=2, noisy=True))
+    masked = run(policy("drfa", rounds=2, noisy=True, secure_aggregation="masking"))
+    assert torch.allclose(plain.state.model, masked.state.model, atol=1e-5)
+    assert masked.records[-1].mixing == pytest.approx(plain.records[-1].mixing)
+
+
 def recorded_run(p: Policy) -> tuple[RunHistory, list[TaskMessage]]:
     """A simulation of `p` that also returns every task message the silos received."""
     datasets = load_consortium(p.data, seed=p.seed)

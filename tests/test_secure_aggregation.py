@@ -21,6 +21,8 @@ from nacl.public import PrivateKey
 from nacl.signing import SigningKey
 
 from fedsilo.coordinator.engine import RoundEngine
+from fedsilo.coordinator.phases import Phase, Task, WeightedMean
+from fedsilo.coordinator.secure_mean import SecureMean
 from fedsilo.coordinator.strategies import make_strategy
 from fedsilo.coordinator.transport import InProcessTransport
 from fedsilo.policies.loading import PolicyError, parse_policy
@@ -136,6 +138,17 @@ def test_the_masked_mean_equals_the_plaintext_mean_within_the_fixed_point_precis
     # per round: SILOS roundings of at most half the precision each, then float32 rounding
     assert difference <= 2 * (SILOS * PRECISION / 2 + 1e-7)
     assert plain.final.summary["accuracy"]["mean"] == masked.final.summary["accuracy"]["mean"]
+
+
+def test_a_secure_sum_takes_each_tensor_relative_to_the_tasks_own_else_the_declared_one() -> None:
+    sent, zeros = torch.ones(3), torch.zeros(2)
+    task = Task("a", "train", tensors={"model": sent})
+    declared = WeightedMean(("model", "g"), references={"model": torch.full((3,), 9.0), "g": zeros})
+    _, tasks = SecureMean.referenced(Phase("train", (task,), declared), "masking")
+    assert tasks["a"].tensors["model"] is sent and tasks["a"].tensors["g"] is zeros
+    undeclared = Phase("train", (task,), WeightedMean(("model", "g")))
+    with pytest.raises(ValueError, match=r"a's task sends no \['g'\]"):
+        SecureMean.referenced(undeclared, "masking")
 
 
 @pytest.mark.parametrize("step", ["secagg_mask", "secagg_unmask"])
