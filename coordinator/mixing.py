@@ -310,10 +310,6 @@ def _normal(x: np.ndarray) -> np.ndarray:
     return 0.5 * (1.0 + _erf((x - 1.0) / math.sqrt(2.0)))
 
 
-def _normal_erfc_compat(x: np.ndarray) -> np.ndarray:
-    return 1.5 - _normal(x)
-
-
 def _gumbel(x: np.ndarray) -> np.ndarray:
     return np.exp(-np.exp(-(x - 1.0)))
 
@@ -330,9 +326,6 @@ RESPONSE_TRANSFORMS: Mapping[str, Callable[[np.ndarray], np.ndarray]] = MappingP
         "normal": _normal,  # Normal(1, 1): Phi(x - 1)                       (--fair_const 3)
         "gumbel": _gumbel,  # Gumbel(1, 1): exp(-exp(-(x - 1)))              (--fair_const 4)
         "logistic": _logistic,  # Logistic(1, 1): 1 / (1 + exp(-(x - 1)))   (--fair_const 5)
-        # The reference code's Normal (erfc for erf): 1.5 - Phi(x - 1), decreasing in the loss
-        # and in [0.5, 1.5]. Bit-reproduction only.
-        "normal_erfc_compat": _normal_erfc_compat,
     }
 )
 """The CDF response transforms (Hahn 2024, Def. 3.4), by name; inputs centred at 1."""
@@ -512,7 +505,7 @@ def aaggff_s_step(
 
 
 def doubly_robust_responses(
-    responses: Any, observed: Any, probability: float, imputation: float, compat: bool = False
+    responses: Any, observed: Any, probability: float, imputation: float
 ) -> np.ndarray:
     """The doubly-robust response estimate (Hahn 2024, Lemma 3.2):
     r_hat_j = m + 1[j observed] (r_j - m) / q, with m the imputation and q = P(j observed).
@@ -520,9 +513,8 @@ def doubly_robust_responses(
     Unbiased, E[r_hat] = r over the sampling, when m does not depend on which silos were drawn.
     AAggFF-D passes m = the observed mean (the thesis' choice), which does depend on the draw:
     then E[r_hat_j] = r_j + (K - m_size)(mean(r) - r_j) / (m_size (K - 1)) for uniform draws of
-    m_size silos without replacement. `compat` reproduces the reference code: (r_j - m) / q on
-    observed entries, m elsewhere (biased). Unobserved entries of
-    `responses` are ignored (they may be NaN).
+    m_size silos without replacement. Unobserved entries of `responses` are ignored (they may be
+    NaN).
     """
     if not 0 < probability <= 1:
         raise ValueError(f"probability must lie in (0, 1], got {probability}")
@@ -531,8 +523,6 @@ def doubly_robust_responses(
     if selected.shape != values.shape or not np.all(np.isfinite(values[selected])):
         raise ValueError("observed responses must be finite and match the mask")
     correction = np.where(selected, values, imputation) - imputation
-    if compat:
-        return np.where(selected, correction / probability, imputation)
     return imputation + correction / probability
 
 
@@ -599,7 +589,7 @@ class AAggFFDState:
 
 
 def aaggff_d_step(
-    state: AAggFFDState, losses: Any, transform: str, dr_compat: bool = False
+    state: AAggFFDState, losses: Any, transform: str
 ) -> tuple[AAggFFDState, np.ndarray]:
     """One AAggFF-D round: from the sampled clients' losses (one entry per
     client; non-finite = not sampled or did not respond) to the next state and the weights
@@ -621,7 +611,7 @@ def aaggff_d_step(
     responses = np.full(size, np.nan)
     responses[responded] = cdf_responses(values[responded], transform, upper=q)
     mean = float(responses[responded].mean())
-    estimate = doubly_robust_responses(responses, responded, q, mean, compat=dr_compat)
+    estimate = doubly_robust_responses(responses, responded, q, mean)
     cumulative = state.cumulative_gradient + linearised_gradient(
         state.weights, estimate, np.full(size, mean)
     )

@@ -345,7 +345,6 @@ EXAMPLE_RESPONSES = {
     "exponential": [[0.21], [0.90], [0.37]],
     "logistic": [[0.32], [0.79], [0.37]],
     "normal": [[0.22], [0.90], [0.29, 0.30]],
-    "normal_erfc_compat": [[1.28], [0.60], [1.20]],  # the reference code's erfc
 }
 
 
@@ -358,11 +357,11 @@ def test_each_transform_reproduces_the_thesis_worked_example(transform: str) -> 
         assert any(value == pytest.approx(a, abs=1e-9) for a in allowed), (value, allowed)
 
 
-def test_the_registry_holds_the_six_cdfs_and_the_compat_normal() -> None:
+def test_the_registry_holds_the_six_cdfs() -> None:
     assert set(RESPONSE_TRANSFORMS) == set(EXAMPLE_RESPONSES)
 
 
-@pytest.mark.parametrize("transform", sorted(set(RESPONSE_TRANSFORMS) - {"normal_erfc_compat"}))
+@pytest.mark.parametrize("transform", sorted(RESPONSE_TRANSFORMS))
 def test_each_cdf_maps_larger_relative_losses_to_larger_responses_in_the_range(
     transform: str,
 ) -> None:
@@ -544,10 +543,8 @@ def test_the_doubly_robust_estimate_adds_the_inverse_probability_weighted_residu
     responses = np.array([0.3, 0.1, np.nan, np.nan])
 
     standard = doubly_robust_responses(responses, observed, 0.5, 0.2)
-    compat = doubly_robust_responses(responses, observed, 0.5, 0.2, compat=True)
 
     np.testing.assert_allclose(standard, [0.4, 0.0, 0.2, 0.2], atol=1e-15)
-    np.testing.assert_allclose(compat, [0.2, -0.2, 0.2, 0.2], atol=1e-15)
 
 
 def test_the_linearised_gradient_is_the_thesis_closed_form() -> None:
