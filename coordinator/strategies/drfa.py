@@ -60,7 +60,7 @@ FEDTORCH_STEP_DECAY = 0.9  # R-FedTorch multiplies drfa_gamma by 0.9 every round
 
 
 class Drfa(Strategy):
-    """Min over the model, max over lambda: silos drawn from lambda (Deng et al. 2021)."""
+    """Min over the model, max over lambda: silos drawn from lambda (Deng et al. 2020)."""
 
     name = "drfa"
     mixup = False

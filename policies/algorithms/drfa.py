@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 
 class DrfaConfig(LambdaConfig):
-    """DRFA (Deng et al. 2021): silos drawn from lambda train tau = `training.steps` steps and
+    """DRFA (Deng et al. 2020): silos drawn from lambda train tau = `training.steps` steps and
     send a checkpoint from a random step, so it needs fixed local steps.
 
     - `floor`: lambda's floor after each update, then renormalised.
