@@ -1,7 +1,8 @@
 """The documentation in docs/ is complete and every reference to it holds: each algorithm that
 `fedsilo algorithms` lists has its docs/algorithms/<name>.md, which names its example policy and
 every key its config reads, and every docs/ path (with the section it names, if any) cited in
-the code, the README and the docs themselves exists."""
+the code, the README and the docs themselves exists, as does every repository path the docs
+name."""
 
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ DOCS = ROOT / "docs"
 CITATION = re.compile(r'\bdocs/[\w./-]+\.md(?:(?:,\s*|\s*\(|\s+)"([^"\n]+)")?')
 MARKDOWN_LINK = re.compile(r"\]\(([^)\s]+)\)")
 EXAMPLE = re.compile(r"policies/examples/[\w.-]+\.yaml")
+# a repository path in backticks: `silo/tasks/`, `coordinator/engine.py`
+REPOSITORY_PATH = re.compile(r"`((?:[\w-]+/)+(?:[\w.-]+\.(?:py|md|yaml|json))?)`")
 
 
 def listed_algorithms() -> list[str]:
@@ -99,6 +102,16 @@ def test_every_cited_docs_path_and_section_exists() -> None:
                 missing.append(
                     f"{path.relative_to(ROOT)}: {cited} has no section {match.group(1)!r}"
                 )
+    assert not missing, "\n".join(missing)
+
+
+def test_every_repository_path_the_docs_name_exists() -> None:
+    missing = [
+        f"{page.relative_to(ROOT)}: {name}"
+        for page in DOCS.rglob("*.md")
+        for name in REPOSITORY_PATH.findall(page.read_text())
+        if not (ROOT / name).exists()
+    ]
     assert not missing, "\n".join(missing)
 
 
