@@ -22,14 +22,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
 from fedsilo.policies.schema import Policy
 from fedsilo.silo.data import SiloDataset
-from fedsilo.silo.tasks.base import SiloContext
+
+if TYPE_CHECKING:  # the task context imports every handler, and the handlers import this module
+    from fedsilo.silo.tasks.base import SiloContext
 
 DOMAIN_REDUCTIONS = ("sum", "mean")
 
