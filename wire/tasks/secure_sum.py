@@ -1,0 +1,57 @@
+"""The steps of pairwise-masked secure aggregation (Bonawitz et al. 2017), as the coordinator
+asks them of each silo: advertise keys, share secrets, send the masked input of a wrapped task,
+confirm the survivors, unmask."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import ClassVar
+
+from fedsilo.wire.tasks.codec import TaskConfig, inner
+
+
+@dataclass(frozen=True, kw_only=True)
+class SecAggAdvertise(TaskConfig):
+    """`secagg_advertise`: fresh key pairs, their public halves signed (ADVERTISEMENT)."""
+
+    KIND: ClassVar[str] = "secagg_advertise"
+
+
+@dataclass(frozen=True, kw_only=True)
+class SecAggShare(TaskConfig):
+    """`secagg_share`: the advertisements relayed (silo -> hex bytes); shares go back, each
+    encrypted to its recipient (SHARE_TO + recipient)."""
+
+    KIND: ClassVar[str] = "secagg_share"
+    advertisements: Mapping[str, str]
+
+
+@dataclass(frozen=True, kw_only=True)
+class MaskedInput(TaskConfig):
+    """`secagg_mask`: run `inner` and send its `tensors`' update, times the silo's share of
+    `weights`, masked; `shares` holds the shares addressed to this silo (sender -> hex)."""
+
+    KIND: ClassVar[str] = "secagg_mask"
+    inner: TaskConfig = inner()
+    weights: Mapping[str, float]
+    shares: Mapping[str, str]
+    tensors: tuple[str, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class SecAggConfirm(TaskConfig):
+    """`secagg_confirm`: sign the consistency statement over `survivors` (CONFIRMATION)."""
+
+    KIND: ClassVar[str] = "secagg_confirm"
+    survivors: tuple[str, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class SecAggUnmask(TaskConfig):
+    """`secagg_unmask`: with the survivors' `signatures` (silo -> hex) over the same
+    `survivors`, reveal REVEALED_SEED + survivor and REVEALED_KEY + dropped silo shares."""
+
+    KIND: ClassVar[str] = "secagg_unmask"
+    survivors: tuple[str, ...]
+    signatures: Mapping[str, str]

@@ -1,0 +1,36 @@
+"""The names of the tensors tasks carry and results return, declared once for both sides."""
+
+from __future__ import annotations
+
+# A model as a flat parameter vector: sent to train, evaluate or probe, returned trained.
+MODEL = "model"
+# DRFA: the flat parameters after the task's `checkpoint_step`, returned beside the model.
+CHECKPOINT = "checkpoint"
+# FedProx's anchor when it is not the model sent (FedDC: the model of the last exchange).
+PROX_ANCHOR = "prox_anchor"
+
+# Federated standardisation: each silo's moments of its training features, then the scaler.
+MOMENT_COUNT, MOMENT_SUM, MOMENT_SUMSQ = "count", "sum", "sumsq"
+SCALER_MEAN, SCALER_STD = "mean", "std"
+
+# FedDC: a model handed from one silo to another (packed, sealed to its recipient or plain).
+HANDOFF = "handoff"
+
+# Pairwise-masked secure aggregation (Bonawitz et al. 2017).
+ADVERTISEMENT = "advertisement"  # a silo's signed public keys
+SHARE_TO = "to/"  # + recipient: a share encrypted to it
+REVEALED_SEED = "seed/"  # + survivor: a share of its self-mask seed
+REVEALED_KEY = "key/"  # + dropped silo: a share of its masking key
+CONFIRMATION = "confirmation"  # a survivor's signature over its consistency statement
+
+# CKKS secure aggregation.
+PUBLIC_CONTEXT = "ckks/public_context"
+SEALED_CONTEXT = "ckks/sealed"  # + "/<silo>" in the key holder's answer
+CHUNK = "ckks/chunk/"  # + the chunk's index, zero-padded
+SUM = "ckks/sum"
+CONTRIBUTION = "ckks/signature"  # a contributor's signature over its encrypted input
+
+# FedEvg: the synthetic points and their labels (to the silos), and per point the energy
+# gradient weighted by s = exp(-sign E) and the weight s itself (back).
+SYNTHETIC, SYNTHETIC_LABELS = "synthetic", "synthetic_labels"
+WEIGHTED_GRADIENT, WEIGHT = "weighted_gradient", "weight"

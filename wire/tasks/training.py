@@ -1,0 +1,101 @@
+"""The training tasks: plain local training (FedAvg and every strategy built on it), SuPerFed's
+mixture training and FedEvg's energy signals, all over the same local-training settings."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import ClassVar
+
+from fedsilo.wire.tasks.codec import JsonFields, TaskConfig, flattened, optional
+
+
+@dataclass(frozen=True, kw_only=True)
+class LocalTraining(JsonFields):
+    """What every training task carries from the policy's `training:` section (the keys that
+    `Strategy.train_task` always sends): the schedule (`steps` when set, else `epochs`), the
+    optimiser, FedProx's `prox_mu` (0: none) and the seed of the minibatch draws."""
+
+    epochs: int | None  # None when the policy trains by steps
+    steps: int | None
+    batch_size: int
+    optimizer: str  # sgd | adam
+    lr: float
+    seed: int
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    prox_mu: float = 0.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainTask(TaskConfig):
+    """`train`: local training from the model sent (MODEL). The optional keys, absent unless
+    the strategy sends them, compose the local loop (silo/tasks/train.py)."""
+
+    KIND: ClassVar[str] = "train"
+    local: LocalTraining = flattened()
+    # DRFLM: every step on Beta(a, a) mixup of the batch's rows, mixed on `mixup_on`
+    mixup_alpha: float | None = optional()
+    mixup_on: str | None = optional()  # inputs (when absent) | embedding
+    # AgnosticFedAvg over the data's domains: each row's loss weighted by its domain's weight
+    domain_weights: Mapping[str, float] | None = optional()
+    # ApproxFedAvg: a soft maximum over the batch's domains' losses
+    domain_temperature: float | None = optional()
+    domain_reduction: str | None = optional()  # sum (when absent) | mean
+    # DRFA: the parameters after this step return as CHECKPOINT; R-FedTorch's update scale
+    checkpoint_step: int | None = optional()
+    update_scale: float | None = optional()  # 1 when absent
+    # client-level DP with distributed noise: the silos sharing the round's noise (1: absent)
+    cohort: int | None = optional()
+
+    @property
+    def mixup_site(self) -> str:
+        return "inputs" if self.mixup_on is None else self.mixup_on
+
+    @property
+    def reduction(self) -> str:
+        return "sum" if self.domain_reduction is None else self.domain_reduction
+
+    @property
+    def scale(self) -> float:
+        return 1.0 if self.update_scale is None else self.update_scale
+
+    @property
+    def cohort_size(self) -> int:
+        return 1 if self.cohort is None else self.cohort
+
+
+@dataclass(frozen=True, kw_only=True)
+class SuperFedTrain(TaskConfig):
+    """`superfed_train`: the mixture (1 - lambda) w_federated + lambda w_local trained from
+    round `mixing_on` on, lambda per minibatch (`mixing: model`) or per layer too (`layer`);
+    `prox_mu` (in `local`) weighs the proximity term of form `prox_form`, `ortho_nu` the
+    orthogonality term; a fresh local model starts from `local_seed`."""
+
+    KIND: ClassVar[str] = "superfed_train"
+    local: LocalTraining = flattened()
+    mixing: str  # model | layer
+    mixing_on: bool
+    local_seed: int
+    ortho_nu: float = 0.0
+    prox_form: str = "layer_l2"  # layer_l2 | squared
+
+
+@dataclass(frozen=True, kw_only=True)
+class EnergySignals(TaskConfig):
+    """`energy_signals` (FedEvg): train a fresh energy model (from `model_seed`, or the silo's
+    kept one with `persist_local_model`) on the local rows and the synthetic set sent
+    (SYNTHETIC, SYNTHETIC_LABELS); return WEIGHTED_GRADIENT and WEIGHT per synthetic point.
+    `local.prox_mu` is sent and not read."""
+
+    KIND: ClassVar[str] = "energy_signals"
+    local: LocalTraining = flattened()
+    sgld_steps: int
+    sgld_step: float
+    sgld_noise: float
+    gradient_clip: float
+    synthetic_ce_weight: float
+    model_seed: int
+    energy: str = "joint"  # joint | marginal
+    spectral_norm: bool = False
+    persist_local_model: bool = False
