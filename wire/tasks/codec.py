@@ -3,7 +3,7 @@ object (the task header's `config`), checked key by key when it arrives.
 
 A field is emitted always, unless its metadata says `omit_if` (a value, usually None, meaning
 "absent": the builder leaves the key out and the handler applies its own default; that value
-sent explicitly is refused, since it would not re-encode to the same dict). A field marked
+sent explicitly reads as absent too, and re-encodes without the key). A field marked
 `flatten` is another `JsonFields` whose keys sit beside this one's (the local-training settings
 every training task shares); a field marked `inner` is a whole task config, sent as
 `inner_kind` and `inner_config` (the task a secure-aggregation step wraps).
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import types
 from collections.abc import Mapping
 from typing import Any, ClassVar, Self, Union, get_args, get_origin, get_type_hints
@@ -90,11 +89,6 @@ class JsonFields:
                 values[f.name] = _inner_task(data, kind)
             elif f.name in data:
                 values[f.name] = _from_wire(data[f.name], hint, kind, f.name)
-                if "omit_if" in f.metadata and values[f.name] is f.metadata["omit_if"]:
-                    raise WireError(  # it would re-encode without the key
-                        f"{kind} task: config key {f.name!r} is sent only when it is not "
-                        f"{json.dumps(f.metadata['omit_if'])}; leave it out instead"
-                    )
             elif f.default is dataclasses.MISSING:
                 raise WireError(f"{kind} task: config key {f.name!r} is missing")
         return cls(**values)

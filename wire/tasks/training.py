@@ -5,26 +5,35 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar, Self
 
 from fedsilo.wire.tasks.codec import JsonFields, TaskConfig, flattened, optional
+from fedsilo.wire.tensors import WireError
 
 
 @dataclass(frozen=True, kw_only=True)
 class LocalTraining(JsonFields):
     """What every training task carries from the policy's `training:` section (the keys that
-    `Strategy.train_task` always sends): the schedule (`steps` when set, else `epochs`), the
-    optimiser, FedProx's `prox_mu` (0: none) and the seed of the minibatch draws."""
+    `Strategy.train_task` always sends, `epochs` and `steps` included, one of them null): the
+    schedule (`steps` when set, else `epochs`), the optimiser, FedProx's `prox_mu` (0: none)
+    and the seed of the minibatch draws."""
 
-    epochs: int | None  # None when the policy trains by steps
-    steps: int | None
     batch_size: int
     optimizer: str  # sgd | adam
     lr: float
     seed: int
+    epochs: int | None = None  # None when the policy trains by steps
+    steps: int | None = None
     momentum: float = 0.0
     weight_decay: float = 0.0
     prox_mu: float = 0.0
+
+    @classmethod
+    def decode(cls, data: Any, kind: str) -> Self:
+        settings = super().decode(data, kind)
+        if settings.epochs is None and not settings.steps:
+            raise WireError(f"{kind} task: config key 'epochs' is missing (and no steps are set)")
+        return settings
 
 
 @dataclass(frozen=True, kw_only=True)
