@@ -42,6 +42,7 @@ from fedsilo.policies.schema import Policy
 from fedsilo.silo.agent import SiloAgent
 from fedsilo.silo.data import SiloDataset, load_consortium
 from fedsilo.wire.messages import TaskMessage, TaskResult
+from fedsilo.wire.tasks import EvaluateTask, InitTask, LocalTraining, TrainTask
 
 BATCHES = (32, 64, 128, 256)
 HEADLINE_BATCH = 64
@@ -72,14 +73,14 @@ def epoch_times(model: dict[str, Any], repeats: int) -> list[dict[str, Any]]:
         "plain": SiloAgent("s", data, policy.model),
         "dp_sgd": SiloAgent("s", data, policy.model, privacy=DP_TIMED),
     }
-    initial = agents["plain"].handle(TaskMessage("init", 0, "init", "init", "s", {"seed": 0}))
+    initial = agents["plain"].handle(TaskMessage("init", 0, "init", "s", InitTask(seed=0)))
     rows = []
     for batch in BATCHES:
-        config = {"epochs": 1, "steps": None, "batch_size": batch, "optimizer": "sgd", "lr": 0.05}
         seconds: dict[str, list[float]] = {name: [] for name in agents}
         for repeat in range(repeats + 1):  # the first of each warms caches up and is dropped
+            local = LocalTraining(epochs=1, batch_size=batch, optimizer="sgd", lr=0.05, seed=repeat)
             for name, agent in agents.items():
-                elapsed = _timed_train(agent, {**config, "seed": repeat}, initial)
+                elapsed = _timed_train(agent, TrainTask(local=local), initial)
                 if repeat:
                     seconds[name].append(elapsed)
         plain, private = (statistics.median(seconds[name]) for name in agents)
@@ -98,8 +99,8 @@ def epoch_times(model: dict[str, Any], repeats: int) -> list[dict[str, Any]]:
     return rows
 
 
-def _timed_train(agent: SiloAgent, config: dict[str, Any], initial: TaskResult) -> float:
-    message = TaskMessage("t", 1, "train", "train", "s", config, initial.tensors, initial.spec)
+def _timed_train(agent: SiloAgent, config: TrainTask, initial: TaskResult) -> float:
+    message = TaskMessage("t", 1, "train", "s", config, initial.tensors, initial.spec)
     started = time.perf_counter()
     result = agent.handle(message)
     elapsed = time.perf_counter() - started
@@ -159,9 +160,8 @@ def exact_test_summary(
             "exact",
             policy.rounds,
             "evaluate",
-            "evaluate",
             data.name,
-            {},
+            EvaluateTask(),
             {"model": state.model},
             state.spec,
         )

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import tenseal as ts
 import torch
@@ -38,16 +37,14 @@ from fedsilo.coordinator.secure_mean import (
 )
 from fedsilo.policies.secure_aggregation import SecureAggregationConfig
 from fedsilo.privacy.ckks import (
-    CHUNK,
-    PUBLIC_CONTEXT,
-    SEALED_CONTEXT,
-    SUM,
     CkksError,
     CkksParameters,
     add_encrypted,
     context_digest,
     load_public_context,
 )
+from fedsilo.wire.tasks import CkksDecrypt, CkksJoin, CkksKeygen, EncryptedInput
+from fedsilo.wire.tasks.tensor_names import CHUNK, PUBLIC_CONTEXT, SEALED_CONTEXT, SUM
 from fedsilo.wire.tensors import tensor_bytes
 
 
@@ -89,8 +86,7 @@ class CkksMean(SecureMean):
             [
                 Task(
                     s,
-                    "ckks_join",
-                    {"key_holder": keys.key_holder, "context_digest": keys.digest},
+                    CkksJoin(key_holder=keys.key_holder, context_digest=keys.digest),
                     {} if s in keys.holding else {SEALED_CONTEXT: keys.sealed[s]},
                 )
                 for s in sorted(tasks)
@@ -105,13 +101,9 @@ class CkksMean(SecureMean):
             [
                 Task(
                     s,
-                    "ckks_encrypt",
-                    {
-                        "inner_kind": tasks[s].kind,
-                        "inner_config": dict(tasks[s].config),
-                        "weights": weights,
-                        "tensors": list(aggregate.tensors),
-                    },
+                    EncryptedInput(
+                        inner=tasks[s].config, weights=weights, tensors=tuple(aggregate.tensors)
+                    ),
                     tasks[s].tensors,
                     tasks[s].spec,
                 )
@@ -131,7 +123,7 @@ class CkksMean(SecureMean):
             for silo in survivors
             for name, tensor in encrypted[silo].result.tensors.items()
         }
-        config = {"length": length, "weights": weights, "contributors": survivors}
+        config = CkksDecrypt(length=length, weights=weights, contributors=tuple(survivors))
         total = self._decrypted(phase, keys, survivors, inputs, config)
         total_weight = sum(weights[s] for s in survivors)
         if total_weight <= 0:
@@ -167,7 +159,7 @@ class CkksMean(SecureMean):
                     phase, f"the key holder {holder!r} is not a member of this consortium"
                 )
             made = self.step(
-                "keygen", [Task(holder, "ckks_keygen", {"recipients": self.consortium})]
+                "keygen", [Task(holder, CkksKeygen(recipients=tuple(self.consortium)))]
             )
             if holder not in made:
                 continue  # dropped (its reason is recorded): the next member by name
@@ -191,15 +183,15 @@ class CkksMean(SecureMean):
         keys: CkksKeys,
         survivors: list[str],
         inputs: dict[str, torch.Tensor],
-        config: dict[str, Any],
+        config: CkksDecrypt,
     ) -> torch.Tensor:
         """The sum of the signed `inputs`, decrypted by the first decryptor that answers with
         the right length."""
         preferred = [self.config.decryptor, keys.key_holder]
         order = [s for s in preferred if s in survivors] + survivors
-        length = int(config["length"])
+        length = config.length
         for decryptor in dict.fromkeys(order):
-            answered = self.step("decrypt", [Task(decryptor, "ckks_decrypt", config, inputs)])
+            answered = self.step("decrypt", [Task(decryptor, config, inputs)])
             total = answered.get(decryptor)
             if total is not None:
                 values = total.result.tensors.get(SUM)

@@ -27,11 +27,12 @@ from typing import Any
 
 import torch
 
-from fedsilo.coordinator.phases import Phase, PhaseOutcome, WeightedMean
+from fedsilo.coordinator.phases import Phase, PhaseOutcome, Task, WeightedMean
 from fedsilo.coordinator.strategies.base import RoundContext, ServerState
 from fedsilo.policies.privacy import ClientDpConfig
 from fedsilo.policies.schema import Policy
 from fedsilo.privacy.accounting import Mechanism, epsilon
+from fedsilo.wire.tasks import TrainTask
 
 STATE_KEY = "client_dp"
 
@@ -133,7 +134,7 @@ class ClientDpRound:
         chosen = [task.silo for task in phase.tasks]
         tasks = phase.tasks
         if self.dp.config.noise == "distributed":
-            tasks = tuple(replace(t, config={**t.config, "cohort": len(chosen)}) for t in tasks)
+            tasks = tuple(replace(t, config=_with_cohort(t, len(chosen))) for t in tasks)
         return replace(
             phase, tasks=tasks, aggregate=replace(aggregate, weights=dict.fromkeys(chosen, 1.0))
         )
@@ -154,6 +155,13 @@ class ClientDpRound:
         for asked in self.asked:
             extra = {**extra, STATE_KEY: self.dp.booked(extra, asked, self.active)}
         return replace(state, extra=extra)
+
+
+def _with_cohort(task: Task, cohort: int) -> TrainTask:
+    """`task`'s train config telling its silo how many silos share the round's noise."""
+    if not isinstance(task.config, TrainTask):
+        raise ValueError(f"client-level DP noises train tasks, not {task.kind}")
+    return replace(task.config, cohort=cohort)
 
 
 def published_epsilon(extra: Mapping[str, Any]) -> float | None:

@@ -439,7 +439,6 @@ class RoundEngine:
                 task_id=f"{prefix}/{task.silo}",
                 round=round_no,
                 phase=phase,
-                kind=task.kind,
                 silo=task.silo,
                 config=task.config,
                 tensors=task.tensors,

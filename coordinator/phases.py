@@ -12,22 +12,27 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 import torch
 
+from fedsilo.wire.tasks import TaskConfig
+from fedsilo.wire.tasks.tensor_names import MODEL
 from fedsilo.wire.tensors import ParameterSpec
 
 
 @dataclass(frozen=True)
 class Task:
-    """One silo's part of a phase: a task kind, its configuration and the tensors it needs."""
+    """One silo's part of a phase: its task's typed config (whose class names the kind) and
+    the tensors it needs."""
 
     silo: str
-    kind: str
-    config: Mapping[str, Any] = field(default_factory=dict)
+    config: TaskConfig
     tensors: Mapping[str, torch.Tensor] = field(default_factory=dict)
     spec: ParameterSpec | None = None
+
+    @property
+    def kind(self) -> str:
+        return self.config.KIND
 
 
 @dataclass(frozen=True)
@@ -45,7 +50,7 @@ class WeightedMean:
     (coordinator/engine.py).
     """
 
-    tensors: tuple[str, ...] = ("model",)
+    tensors: tuple[str, ...] = (MODEL,)
     weights: Mapping[str, float] | None = None
     # the shape each reply's tensor must have, for tensors that are not the model (whose shape
     # the task's parameter spec fixes); a reply of another shape is that silo's dropout
@@ -68,7 +73,7 @@ class Identical:
     the coordinator holds one copy, not one per silo.
     """
 
-    tensors: tuple[str, ...] = ("model",)
+    tensors: tuple[str, ...] = (MODEL,)
 
 
 @dataclass(frozen=True)

@@ -15,12 +15,14 @@ The strategy sees the senders' reports and the routes delivered, never a hand-of
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 
 import numpy as np
 
 from fedsilo.coordinator.phases import Phase, PhaseOutcome, QuorumNotMet, Task
 from fedsilo.coordinator.replies import Accepted, reports_of
-from fedsilo.privacy.handoff import HANDOFF
+from fedsilo.wire.tasks import DaisyReceive, DaisyReseal, DaisyTrain, Handoff
+from fedsilo.wire.tasks.tensor_names import HANDOFF
 
 # collect(step, tasks) -> (accepted replies, dropped silo -> why)
 Collect = Callable[[str, Sequence[Task]], tuple[dict[str, Accepted], dict[str, str]]]
@@ -52,18 +54,7 @@ class HandoffRouter:
             raise ValueError(f"phase {phase.name!r}: a route must be a permutation of its senders")
         sent, dropped = self.collect(
             "send",
-            [
-                Task(
-                    t.silo,
-                    t.kind,
-                    {**t.config, "handoff": self._handoff(route[t.silo])},
-                    t.tensors,
-                    t.spec,
-                )
-                if t.silo in route
-                else t
-                for t in phase.tasks
-            ],
+            [self._routed(t, route[t.silo]) if t.silo in route else t for t in phase.tasks],
         )
         if len(sent) < self.quorum:
             reasons = "; ".join(f"{s}: {why}" for s, why in sorted(dropped.items()))
@@ -84,7 +75,7 @@ class HandoffRouter:
                 targets[sender] = recipient
                 continue
             resealed, lost = self.collect(
-                "reseal", [Task(sender, "daisy_reseal", {"handoff": self._handoff(recipient)})]
+                "reseal", [Task(sender, DaisyReseal(handoff=self._handoff(recipient)))]
             )
             if sender in resealed:
                 blobs[sender] = resealed[sender].result.tensors[HANDOFF]
@@ -95,10 +86,7 @@ class HandoffRouter:
             "deliver",
             [
                 Task(
-                    recipient,
-                    "daisy_receive",
-                    {"sealed": self.keys is not None},
-                    {HANDOFF: blobs[sender]},
+                    recipient, DaisyReceive(sealed=self.keys is not None), {HANDOFF: blobs[sender]}
                 )
                 for sender, recipient in sorted(targets.items())
             ],
@@ -108,14 +96,20 @@ class HandoffRouter:
         routes = {s: r for s, r in targets.items() if r in delivered}
         return PhaseOutcome(phase.name, reports_of(sent), dropped, routes=routes)
 
-    def _handoff(self, recipient: str) -> dict[str, object]:
+    def _routed(self, task: Task, recipient: str) -> Task:
+        """A sender's `daisy_train` task, told where its model goes."""
+        if not isinstance(task.config, DaisyTrain):
+            raise ValueError(f"a routed task must be daisy_train, not {task.kind}")
+        return replace(task, config=replace(task.config, handoff=self._handoff(recipient)))
+
+    def _handoff(self, recipient: str) -> Handoff:
         if self.keys is None:
-            return {"plain": True}
+            return Handoff()
         if recipient not in self.keys:
             raise ValueError(
                 f"no hand-off key for {recipient!r}; sealed hand-offs need every member's"
             )
-        return {"seal_to": self.keys[recipient].hex()}
+        return Handoff(seal_to=self.keys[recipient].hex())
 
     def _matched(self, orphans: list[str], hungry: list[str]) -> dict[str, str]:
         """Each orphaned model (its recipient dropped) to a silo whose sender dropped, in a

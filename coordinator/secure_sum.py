@@ -43,17 +43,26 @@ from fedsilo.coordinator.secure_mean import (
 )
 from fedsilo.policies.secure_aggregation import SecureAggregationConfig
 from fedsilo.privacy.masking import (
-    ADVERTISEMENT,
-    CONFIRMATION,
-    REVEALED_KEY,
-    REVEALED_SEED,
-    SHARE_TO,
     Advertisement,
     FixedPoint,
     MaskingError,
     combine_shares,
     silo_indices,
     unmask_total,
+)
+from fedsilo.wire.tasks import (
+    MaskedInput,
+    SecAggAdvertise,
+    SecAggConfirm,
+    SecAggShare,
+    SecAggUnmask,
+)
+from fedsilo.wire.tasks.tensor_names import (
+    ADVERTISEMENT,
+    CONFIRMATION,
+    REVEALED_KEY,
+    REVEALED_SEED,
+    SHARE_TO,
 )
 from fedsilo.wire.tensors import tensor_bytes
 
@@ -68,7 +77,7 @@ class MaskedMean(SecureMean):
 
     def run(self, phase: Phase) -> PhaseOutcome:
         aggregate, tasks = self.referenced(phase, "masking")
-        advertised = self.step("advertise", [Task(s, "secagg_advertise") for s in sorted(tasks)])
+        advertised = self.step("advertise", [Task(s, SecAggAdvertise()) for s in sorted(tasks)])
         adverts = {
             silo: Advertisement.from_bytes(silo, tensor_bytes(reply.result.tensors[ADVERTISEMENT]))
             for silo, reply in advertised.items()
@@ -79,7 +88,7 @@ class MaskedMean(SecureMean):
         relayed = {silo: advert.to_bytes().hex() for silo, advert in adverts.items()}
         shared = self.step(
             "share",
-            [Task(s, "secagg_share", {"advertisements": relayed}) for s in sorted(adverts)],
+            [Task(s, SecAggShare(advertisements=relayed)) for s in sorted(adverts)],
         )
         self._enough(phase, "share", len(shared), threshold)
         masked = self.step(
@@ -87,18 +96,16 @@ class MaskedMean(SecureMean):
             [
                 Task(
                     v,
-                    "secagg_mask",
-                    {
-                        "inner_kind": tasks[v].kind,
-                        "inner_config": dict(tasks[v].config),
-                        "weights": weights,
-                        "shares": {
+                    MaskedInput(
+                        inner=tasks[v].config,
+                        weights=weights,
+                        shares={
                             u: tensor_bytes(shared[u].result.tensors[SHARE_TO + v]).hex()
                             for u in sorted(shared)
                             if u != v
                         },
-                        "tensors": list(phase.aggregate.tensors),
-                    },
+                        tensors=tuple(phase.aggregate.tensors),
+                    ),
                     tasks[v].tensors,
                     tasks[v].spec,
                 )
@@ -110,7 +117,7 @@ class MaskedMean(SecureMean):
         survivors = sorted(masked)
         confirmed = self.step(
             "confirm",
-            [Task(s, "secagg_confirm", {"survivors": survivors}) for s in survivors],
+            [Task(s, SecAggConfirm(survivors=tuple(survivors))) for s in survivors],
         )
         self._enough(phase, "confirm", len(confirmed), threshold)
         signatures = {
@@ -120,7 +127,7 @@ class MaskedMean(SecureMean):
         revealed = self.step(
             "unmask",
             [
-                Task(s, "secagg_unmask", {"survivors": survivors, "signatures": signatures})
+                Task(s, SecAggUnmask(survivors=tuple(survivors), signatures=signatures))
                 for s in sorted(confirmed)
             ],
         )

@@ -16,7 +16,7 @@ from fedsilo.coordinator.engine import RoundRecord
 from fedsilo.coordinator.strategies.base import ServerState
 from fedsilo.ops.plots import pyplot
 from fedsilo.policies.schema import Policy
-from fedsilo.wire.messages import SYNTHETIC, SYNTHETIC_LABELS
+from fedsilo.wire.tasks.tensor_names import SYNTHETIC, SYNTHETIC_LABELS
 from fedsilo.wire.tensors import encode_tensors
 
 

@@ -46,19 +46,13 @@ from nacl.public import PrivateKey, PublicKey, SealedBox
 from nacl.signing import SigningKey, VerifyKey
 
 from fedsilo.policies.secure_aggregation import CkksSettings, ckks_parameter_problem
+from fedsilo.wire.tasks.tensor_names import CHUNK
 
 if TYPE_CHECKING:
     import torch
 
 FP32_BYTES = 4
 CONTEXT_LABEL = b"fedsilo/ckks-secret-context|"
-
-# Tensor names of the aggregation protocol's messages (silo/tasks/ckks_sum.py and the
-# coordinator's coordinator/ckks_sum.py).
-PUBLIC_CONTEXT = "ckks/public_context"
-SEALED_CONTEXT = "ckks/sealed"  # + "/<silo>" in the key holder's answer
-CHUNK = "ckks/chunk/"  # + the chunk's index, zero-padded
-SUM = "ckks/sum"
 
 
 def chunk_name(index: int) -> str:

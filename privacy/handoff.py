@@ -21,9 +21,9 @@ from nacl.public import PrivateKey, PublicKey, SealedBox
 from safetensors import SafetensorError
 from safetensors.torch import load, save
 
-MODEL = "model"
+from fedsilo.wire.tasks.tensor_names import MODEL
+
 BINDING = "binding"
-HANDOFF = "handoff"  # the tensor a hand-off travels in, from the sender and to the recipient
 
 
 class HandoffError(ValueError):

@@ -57,13 +57,6 @@ SEED_BYTES = 32
 BLOCK = 16  # Shamir shares 16-byte blocks
 SIGNED_ADVERTISEMENT_BYTES = 2 * KEY_BYTES + 64
 
-
-# Tensor names of the protocol's replies.
-ADVERTISEMENT = "advertisement"
-SHARE_TO = "to/"  # + recipient: a share encrypted to it
-REVEALED_SEED = "seed/"  # + survivor: a share of its self-mask seed
-REVEALED_KEY = "key/"  # + dropped silo: a share of its masking key
-CONFIRMATION = "confirmation"  # a survivor's signature over its consistency statement
 WEIGHT_SLACK = 1e-9  # rounding in weights that are shares of a total
 
 

@@ -1,6 +1,7 @@
 """The silo agent: receives task messages, runs the matching handler on local data, and
 answers with a result. Any failure becomes an error result for that task; it never takes
-the agent down or leaks a partial answer.
+the agent down or leaks a partial answer. A task whose config is not its kind's (an unknown
+or mistyped key: wire/tasks/) is refused unrun, and booked like every refusal.
 
 With a privacy ledger, the agent books every answer it sends. Before running a task it asks
 what the task would release (`TASK_RELEASES`) and what epsilon the deployment would reach with
@@ -44,6 +45,8 @@ from fedsilo.silo.tasks.base import SiloContext
 from fedsilo.wire.messages import (
     STATUS_BUDGET_EXHAUSTED,
     STATUS_ERROR,
+    BadTaskConfig,
+    TaskHeader,
     TaskMessage,
     TaskResult,
 )
@@ -131,23 +134,20 @@ class SiloAgent:
 
     def _respond(self, message: TaskMessage) -> tuple[TaskResult, bytes]:
         started = time.perf_counter()
-        problem = self._refusal(message)
+        problem = self._misaddressed(message.header) or release_gate.refusal(message, self.context)
         if problem is not None:
-            refusal = TaskResult(
-                message.task_id, self.name, message.kind, STATUS_ERROR, error=problem
-            )
-            return self._send(message, refusal, [Mechanism.public()], message.policy_digest)
+            return self._refused_unrun(message.header, problem)
         given = self._given(message)
         if given is not None:
             return given
         try:
             releases = TASK_RELEASES[message.kind](message, self.context)
         except Exception as exc:  # e.g. a DP plan that cannot be calibrated
-            return self._refuse(message, STATUS_ERROR, _describe(exc))
+            return self._refuse(message.header, STATUS_ERROR, _describe(exc))
         epsilon = self._would_reach(releases)
         if self.epsilon_cap is not None and epsilon is not None and epsilon > self.epsilon_cap:
             return self._refuse(
-                message,
+                message.header,
                 STATUS_BUDGET_EXHAUSTED,
                 f"this task would bring epsilon to {epsilon:.4g}, above the cap "
                 f"{self.epsilon_cap:g} for deployment {self.deployment!r}",
@@ -156,30 +156,39 @@ class SiloAgent:
         try:
             result = TASK_HANDLERS[message.kind](message, self.context)
         except Exception as exc:  # reported to the coordinator as this task's failure
-            return self._refuse(message, STATUS_ERROR, _describe(exc))
+            return self._refuse(message.header, STATUS_ERROR, _describe(exc))
         result = replace(result, compute_seconds=time.perf_counter() - started, epsilon=epsilon)
-        return self._send(message, result, releases, self.policy_digest)
+        return self._send(message.header, result, releases, self.policy_digest)
 
     def handle_bytes(self, payload: bytes) -> bytes:
         try:
             message = TaskMessage.decode(payload)
+        except BadTaskConfig as exc:  # a task it names, of an unknown kind or a bad config
+            with self._lock:
+                header = exc.header
+                return self._refused_unrun(header, self._misaddressed(header) or str(exc))[1]
         except WireError as exc:
             return TaskResult(
                 "unknown", self.name, "unknown", STATUS_ERROR, error=str(exc)
             ).encode()
         return self.respond(message)[1]
 
-    def _refusal(self, message: TaskMessage) -> str | None:
-        if message.silo != self.name:
-            return f"task is addressed to {message.silo!r}, this is {self.name!r}"
-        if self.policy_digest is not None and message.policy_digest != self.policy_digest:
+    def _misaddressed(self, header: TaskHeader) -> str | None:
+        if header.silo != self.name:
+            return f"task is addressed to {header.silo!r}, this is {self.name!r}"
+        if self.policy_digest is not None and header.policy_digest != self.policy_digest:
             return (
-                f"task runs under policy {message.policy_digest[:12] or 'none'!r}; "
+                f"task runs under policy {header.policy_digest[:12] or 'none'!r}; "
                 f"this silo accepted {self.policy_digest[:12]!r} only"
             )
-        if message.kind not in TASK_HANDLERS:
-            return f"unknown task kind {message.kind!r}; known: {sorted(TASK_HANDLERS)}"
-        return release_gate.refusal(message, self.context)
+        return None
+
+    def _refused_unrun(self, header: TaskHeader, problem: str) -> tuple[TaskResult, bytes]:
+        """A task refused before anything ran (misaddressed, unreadable, or against the silo's
+        release gate): nothing of the data leaves, booked as a public release under the job
+        the task names."""
+        refusal = TaskResult(header.task_id, self.name, header.kind, STATUS_ERROR, error=problem)
+        return self._send(header, refusal, [Mechanism.public()], header.policy_digest)
 
     def _given(self, message: TaskMessage) -> tuple[TaskResult, bytes] | None:
         """The answer this task id already got (the same bytes), a refusal where that answer
@@ -205,7 +214,7 @@ class SiloAgent:
 
     def _send(
         self,
-        message: TaskMessage,
+        message: TaskHeader,
         result: TaskResult,
         releases: list[Mechanism],
         job: str | None,
@@ -223,7 +232,7 @@ class SiloAgent:
         return result, encoded
 
     def _book(
-        self, message: TaskMessage, digest: str, releases: list[Mechanism], job: str | None
+        self, message: TaskHeader, digest: str, releases: list[Mechanism], job: str | None
     ) -> LedgerRecord:
         assert self.ledger is not None
         privacy = self.context.privacy
@@ -244,7 +253,7 @@ class SiloAgent:
         return records[-1]
 
     def _receipt(
-        self, message: TaskMessage, digest: str, record: LedgerRecord
+        self, message: TaskHeader, digest: str, record: LedgerRecord
     ) -> dict[str, Any] | None:
         """The signed receipt of a booking (None without an identity to sign it)."""
         if self.context.identity is None:
@@ -274,7 +283,7 @@ class SiloAgent:
         return self.ledger.spent(self.deployment) if self.ledger is not None else None
 
     def _refuse(
-        self, message: TaskMessage, status: str, why: str, epsilon: float | None = None
+        self, message: TaskHeader, status: str, why: str, epsilon: float | None = None
     ) -> tuple[TaskResult, bytes]:
         """Answer without running the task: nothing of the data leaves (a public release)."""
         refusal = TaskResult(

@@ -17,6 +17,7 @@ import torch
 
 from fedsilo.privacy.accounting import Mechanism
 from fedsilo.wire.messages import TaskMessage
+from fedsilo.wire.tasks import TrainTask
 
 if TYPE_CHECKING:  # the task context imports every handler, which import this module
     from fedsilo.silo.tasks.base import SiloContext
@@ -33,7 +34,9 @@ def share_std(message: TaskMessage, ctx: SiloContext) -> float:
     """This silo's share of a round's client-level noise: z S / sqrt(m), m the silos the
     round asked (as the task says, at most the consortium this silo knows, at least 1)."""
     client_dp = ctx.privacy.client_dp
-    cohort = max(1, min(int(message.config.get("cohort", 1)), ctx.consortium))
+    task = message.config
+    asked = task.cohort_size if isinstance(task, TrainTask) else 1
+    cohort = max(1, min(asked, ctx.consortium))
     return client_dp.noise_multiplier * client_dp.clip / math.sqrt(cohort)
 
 

@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from fedsilo.policies.schema import Policy
 from fedsilo.silo.data import SiloDataset
+from fedsilo.wire.tasks import TrainTask
 
 if TYPE_CHECKING:  # the task context imports every handler, and the handlers import this module
     from fedsilo.silo.tasks.base import SiloContext
@@ -107,12 +108,11 @@ class DomainObjective:
 
 
 def domain_objective(
-    config: Mapping[str, Any], ctx: SiloContext, row_loss: Callable[[Tensor], Tensor]
+    task: TrainTask, ctx: SiloContext, row_loss: Callable[[Tensor], Tensor]
 ) -> DomainObjective | None:
     """The objective a train task's `domain_weights` or `domain_temperature` asks for (None:
     neither), over the training split's domains; bad settings are refused before training."""
-    weights = config.get("domain_weights")
-    temperature = config.get("domain_temperature")
+    weights, temperature = task.domain_weights, task.domain_temperature
     if weights is None and temperature is None:
         return None
     if weights is not None and temperature is not None:
@@ -123,7 +123,7 @@ def domain_objective(
     mu = float(temperature)
     if not (math.isfinite(mu) and mu > 0):
         raise ValueError(f"domain_temperature must be a positive number, not {temperature!r}")
-    reduction = config.get("domain_reduction", "sum")
+    reduction = task.reduction
     if reduction not in DOMAIN_REDUCTIONS:
         raise ValueError(f"domain_reduction must be one of {DOMAIN_REDUCTIONS}, not {reduction!r}")
     return DomainObjective(row_loss, codes, len(names), temperature=mu, reduction=reduction)

@@ -63,6 +63,7 @@ from fedsilo.policies.privacy import PrivacyConfig
 from fedsilo.privacy.accounting import Mechanism
 from fedsilo.silo.objectives import PerSampleLoss
 from fedsilo.silo.schedule import LocalSchedule, shuffled_batches
+from fedsilo.wire.tasks import LocalTraining
 
 # The layer types Opacus has a per-sample gradient function for.
 _SAMPLED_TYPES = tuple(GradSampleModule.GRAD_SAMPLERS)
@@ -108,7 +109,7 @@ class DpSgdPlan:
 
 
 def dp_sgd_plan(
-    privacy: PrivacyConfig, task_config: Mapping[str, Any], n_train: int, rounds: int
+    privacy: PrivacyConfig, local: LocalTraining, n_train: int, rounds: int
 ) -> DpSgdPlan:
     """The DP-SGD plan of a train task over `n_train` rows, in a deployment of `rounds` rounds.
 
@@ -119,7 +120,7 @@ def dp_sgd_plan(
     dp = privacy.dp_sgd
     if dp is None:
         raise DpSgdError("the policy's privacy section has no dp_sgd")
-    schedule = LocalSchedule.of(task_config, n_train)
+    schedule = LocalSchedule.of(local, n_train)
     sample_rate = schedule.batch / schedule.n
     if dp.noise_multiplier is not None:
         noise = dp.noise_multiplier

@@ -1,7 +1,7 @@
 """DRFA's two additions to a silo's local run: the checkpoint after a random number of steps,
 and R-FedTorch's update scale.
 
-* `checkpoint_step` t (an int in 0..the run's local steps; absent or None: none): the result
+* `checkpoint_step` t (a whole number in 0..the run's local steps; absent: none): the result
   also carries `CHECKPOINT`, the flat parameters after exactly t optimiser steps (0: the model
   received). Without DP it is exact like the model; with DP-SGD it is an intermediate iterate of
   the same run, which DP-SGD's accounting already covers (the analysis releases every iterate),
@@ -16,21 +16,17 @@ and R-FedTorch's update scale.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from typing import Any
 
 import torch
 
 from fedsilo.policies.privacy import PrivacyConfig
+from fedsilo.wire.tasks.tensor_names import CHECKPOINT
 from fedsilo.wire.tensors import ParameterSpec
 
-CHECKPOINT = "checkpoint"
 
-
-def checkpoint_step(config: Mapping[str, Any], steps: int, privacy: PrivacyConfig) -> int | None:
-    """The task's `checkpoint_step`, checked before any training: a whole number in 0..steps,
-    and never with client-level DP."""
-    step = config.get("checkpoint_step")
+def checkpoint_step(step: int | None, steps: int, privacy: PrivacyConfig) -> int | None:
+    """The task's `checkpoint_step` (a whole number: the task's decoding sees to it), checked
+    before any training: in 0..steps, and never with client-level DP."""
     if step is None:
         return None
     if privacy.client_dp is not None:
@@ -38,12 +34,9 @@ def checkpoint_step(config: Mapping[str, Any], steps: int, privacy: PrivacyConfi
             "checkpoint_step cannot be combined with privacy.client_dp: its clipping and noise "
             "share cover one update per task"
         )
-    number = isinstance(step, int | float) and not isinstance(step, bool)
-    if number and not 0 <= step <= steps:
+    if not 0 <= step <= steps:
         raise ValueError(f"checkpoint_step {step} is outside the run's 0..{steps} local steps")
-    if not number or int(step) != step:
-        raise ValueError(f"checkpoint_step must be a whole number of local steps, not {step!r}")
-    return int(step)
+    return step
 
 
 class Checkpoint:
@@ -67,9 +60,9 @@ class Checkpoint:
         return self.taken
 
 
-def update_scale(config: Mapping[str, Any], privacy: PrivacyConfig) -> float:
+def update_scale(scale: float, privacy: PrivacyConfig) -> float:
     """The task's `update_scale` (1 when absent): finite, and never with client-level DP."""
-    scale = float(config.get("update_scale", 1.0))
+    scale = float(scale)
     if not math.isfinite(scale):
         raise ValueError(f"update_scale must be a finite number, not {scale}")
     if scale != 1.0 and privacy.client_dp is not None:

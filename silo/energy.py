@@ -31,6 +31,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from fedsilo.wire.tasks import EnergySignals
+
 ENERGIES = ("joint", "marginal")
 SIGN_ZERO = 1e-12  # |E| below this has sign 0 (s = 1)
 _GLOBAL_GENERATOR = threading.Lock()
@@ -76,17 +78,17 @@ class EnergySettings:
     synthetic_ce_weight: float
 
     @classmethod
-    def of(cls, config: dict) -> EnergySettings:
-        kind = str(config.get("energy", "joint"))
+    def of(cls, task: EnergySignals) -> EnergySettings:
+        kind = task.energy
         if kind not in ENERGIES:
             raise ValueError(f"energy must be one of {ENERGIES}, not {kind!r}")
         settings = cls(
             kind,
-            int(config["sgld_steps"]),
-            float(config["sgld_step"]),
-            float(config["sgld_noise"]),
-            float(config["gradient_clip"]),
-            float(config["synthetic_ce_weight"]),
+            task.sgld_steps,
+            float(task.sgld_step),
+            float(task.sgld_noise),
+            float(task.gradient_clip),
+            float(task.synthetic_ce_weight),
         )
         if settings.sgld_steps < 0 or settings.clip <= 0:
             raise ValueError("sgld_steps must be >= 0 and gradient_clip > 0")

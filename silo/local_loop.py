@@ -11,7 +11,7 @@ Poisson sampling.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -19,22 +19,29 @@ import torch
 from fedsilo.silo.reports import LOSSES
 from fedsilo.silo.schedule import LocalSchedule, shuffled_batches
 from fedsilo.wire.messages import TaskMessage
+from fedsilo.wire.tasks import EnergySignals, LocalTraining, SuperFedTrain, TaskConfig, TrainTask
+from fedsilo.wire.tensors import WireError
 
 if TYPE_CHECKING:  # Opacus loads only on the DP path; the task context imports every handler
     from fedsilo.silo.dp_training import DpSgdPlan
     from fedsilo.silo.tasks.base import SiloContext
 
 
-def optimizer_for(params: Any, config: Mapping[str, Any]) -> torch.optim.Optimizer:
+def local_training(config: TaskConfig) -> LocalTraining:
+    """The local-training settings a training task's config carries."""
+    if isinstance(config, TrainTask | SuperFedTrain | EnergySignals):
+        return config.local
+    raise WireError(f"a {config.KIND} task carries no local-training settings")
+
+
+def optimizer_for(params: Any, local: LocalTraining) -> torch.optim.Optimizer:
     """The task's `optimizer` (sgd with `momentum`, or adam) at `lr` and `weight_decay`."""
-    lr, decay = float(config["lr"]), float(config.get("weight_decay", 0.0))
-    if config["optimizer"] == "adam":
+    lr, decay = float(local.lr), float(local.weight_decay)
+    if local.optimizer == "adam":
         return torch.optim.Adam(params, lr=lr, weight_decay=decay)
-    if config["optimizer"] == "sgd":
-        return torch.optim.SGD(
-            params, lr=lr, momentum=float(config.get("momentum", 0.0)), weight_decay=decay
-        )
-    raise ValueError(f"unknown optimizer {config['optimizer']!r}; use sgd or adam")
+    if local.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=float(local.momentum), weight_decay=decay)
+    raise ValueError(f"unknown optimizer {local.optimizer!r}; use sgd or adam")
 
 
 def local_steps(
@@ -48,12 +55,13 @@ def local_steps(
     the silo's DP-SGD `private(plan, private_seed)`; each step's loss, and the metrics (the
     steps, and the DP plan's public parameters)."""
     metrics = {"steps": float(schedule.steps)}
+    local = local_training(message.config)
     if ctx.privacy.dp_sgd is None:
-        seed = int(message.config["seed"])
-        return list(plain(shuffled_batches(schedule, torch.Generator().manual_seed(seed)))), metrics
+        generator = torch.Generator().manual_seed(local.seed)
+        return list(plain(shuffled_batches(schedule, generator))), metrics
     from fedsilo.silo.dp_training import dp_sgd_plan  # Opacus loads only on the DP path
 
-    plan = dp_sgd_plan(ctx.privacy, message.config, schedule.n, ctx.rounds)
+    plan = dp_sgd_plan(ctx.privacy, local, schedule.n, ctx.rounds)
     losses = private(plan, ctx.private_seed(message.task_id, "dp-sgd"))
     return losses, metrics | plan.public_metrics()
 

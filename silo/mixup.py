@@ -23,8 +23,7 @@ and the booked epsilon is then optimistic.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -37,12 +36,12 @@ _STREAM = 0x6D69_7875  # "mixu": keeps the mixup stream apart from other uses of
 MIXUP_ON = ("inputs", "embedding")
 
 
-def mixup_on(config: Mapping[str, Any]) -> str:
-    """Where a task's mixup mixes (`mixup_on`, default `inputs`); anything else is refused."""
-    on = config.get("mixup_on", "inputs")
+def mixup_on(on: str) -> str:
+    """Where a task's mixup mixes (its `mixup_site`: `mixup_on`, default `inputs`); anything
+    else is refused."""
     if on not in MIXUP_ON:
         raise ValueError(f"mixup_on must be one of {MIXUP_ON}, not {on!r}")
-    return str(on)
+    return on
 
 
 class MixupDraws:

@@ -8,12 +8,12 @@ model of the last exchange).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 
-from fedsilo.wire.messages import TaskMessage
+from fedsilo.wire.tasks.tensor_names import PROX_ANCHOR
 from fedsilo.wire.tensors import ParameterSpec
-
-PROX_ANCHOR = "prox_anchor"
 
 
 class Proximal:
@@ -26,16 +26,20 @@ class Proximal:
 
     @classmethod
     def of(
-        cls, message: TaskMessage, model: torch.nn.Module, spec: ParameterSpec
+        cls,
+        mu: float,
+        tensors: Mapping[str, torch.Tensor],
+        model: torch.nn.Module,
+        spec: ParameterSpec,
     ) -> Proximal | None:
-        """The term a task's `prox_mu` asks for (None when it is absent or not positive), anchored
-        at the task's `PROX_ANCHOR` when it sends one, else at the model as received."""
-        mu = float(message.config.get("prox_mu", 0.0))
+        """The term a task's `prox_mu` asks for (None when it is not positive), anchored at the
+        task's `PROX_ANCHOR` when its `tensors` hold one, else at the model as received."""
+        mu = float(mu)
         if not mu > 0:
             return None
-        if PROX_ANCHOR not in message.tensors:
+        if PROX_ANCHOR not in tensors:
             return cls(model, [p.detach().clone() for p in model.parameters()], mu)
-        values = spec.unflatten(message.tensors[PROX_ANCHOR]).values()
+        values = spec.unflatten(tensors[PROX_ANCHOR]).values()
         return cls(model, [v.to(p) for p, v in zip(model.parameters(), values, strict=True)], mu)
 
     def value(self) -> torch.Tensor:

@@ -7,17 +7,18 @@ Every task kind has one entry in `RELEASE_RULES`, a declarative table: what the 
 and hence when it may run. A kind missing from the table is refused (fail closed), so a new
 handler must be classified before it can run under secure aggregation. Tasks wrapped inside
 `secagg_mask` or `ckks_encrypt` are called by those handlers directly and never pass this
-gate; the wrapper's `inner_kind` must be a kind whose result the wrapper masks or encrypts.
+gate; the task the wrapper carries must be of a kind whose result the wrapper masks or
+encrypts.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from enum import Enum
-from typing import Any
 
 from fedsilo.silo.tasks.base import SiloContext
 from fedsilo.wire.messages import TaskMessage
+from fedsilo.wire.tasks import DaisyReseal, DaisyTrain, EncryptedInput, MaskedInput
 
 
 class Release(Enum):
@@ -85,12 +86,13 @@ def refusal(message: TaskMessage, ctx: SiloContext) -> str | None:
             f"secure_aggregation {method}, so it only sends it masked or encrypted"
         )
     if rule is Release.SEALED_HANDOFF:
-        return _handoff_refusal(message.kind, message.config, method)
+        return _handoff_refusal(message, method)
     return None
 
 
 def _wrapped_refusal(message: TaskMessage) -> str | None:
-    inner = message.config.get("inner_kind")
+    config = message.config
+    inner = config.inner.KIND if isinstance(config, MaskedInput | EncryptedInput) else None
     if inner not in WRAPPABLE:
         return (
             f"{message.kind} wraps {inner!r}; it masks or encrypts only the results of "
@@ -99,16 +101,17 @@ def _wrapped_refusal(message: TaskMessage) -> str | None:
     return None
 
 
-def _handoff_refusal(kind: str, config: Mapping[str, Any], method: str) -> str | None:
-    if config.get("send"):
+def _handoff_refusal(message: TaskMessage, method: str) -> str | None:
+    kind, config = message.kind, message.config
+    if isinstance(config, DaisyTrain) and config.send:
         return (
             f"{kind} with send would send the model in the clear; under secure_aggregation "
             f"{method} it must arrive wrapped in the aggregation's protocol"
         )
-    if kind == "daisy_train" and "handoff" not in config:
+    if isinstance(config, DaisyTrain) and config.handoff is None:
         return None  # trains the hosted model and keeps it: nothing leaves
-    handoff = config.get("handoff")
-    if not isinstance(handoff, Mapping) or "seal_to" not in handoff:
+    handoff = config.handoff if isinstance(config, DaisyTrain | DaisyReseal) else None
+    if handoff is None or handoff.seal_to is None:
         return (
             f"{kind} would hand the model off unsealed (no handoff.seal_to); under "
             f"secure_aggregation {method} a hand-off is sealed to its recipient"

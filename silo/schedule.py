@@ -1,5 +1,5 @@
-"""A train task's local work: its batch size and number of steps, read from the task's config,
-and the seeded order of its shuffled minibatches.
+"""A train task's local work: its batch size and number of steps, read from the task's
+local-training settings, and the seeded order of its shuffled minibatches.
 
 Private and non-private training both read their schedule here, so the steps a DP-SGD plan
 accounts for are exactly the steps the training takes.
@@ -8,11 +8,12 @@ accounts for are exactly the steps the training takes.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
 
 import torch
+
+from fedsilo.wire.tasks import LocalTraining
 
 
 @dataclass(frozen=True)
@@ -26,15 +27,15 @@ class LocalSchedule:
     window: int
 
     @classmethod
-    def of(cls, config: Mapping[str, Any], n: int) -> LocalSchedule:
+    def of(cls, local: LocalTraining, n: int) -> LocalSchedule:
         if n < 1:
             raise ValueError("no training samples")
-        batch = min(int(config["batch_size"]), n)
-        if config.get("steps"):
-            steps = int(config["steps"])
-            return cls(n, batch, steps, steps)
+        batch = min(local.batch_size, n)
+        if local.steps:
+            return cls(n, batch, local.steps, local.steps)
+        assert local.epochs is not None  # decoding refuses a config with neither
         steps_per_epoch = math.ceil(n / batch)
-        return cls(n, batch, int(config["epochs"]) * steps_per_epoch, steps_per_epoch)
+        return cls(n, batch, local.epochs * steps_per_epoch, steps_per_epoch)
 
 
 def shuffled_batches(schedule: LocalSchedule, generator: torch.Generator) -> Iterator[torch.Tensor]:

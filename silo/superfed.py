@@ -36,6 +36,7 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from fedsilo.silo.evaluation import loss_function, per_sample_loss_function
+from fedsilo.wire.tasks import SuperFedTrain
 
 if TYPE_CHECKING:  # Opacus loads only on the DP path
     from fedsilo.silo.dp_training import ClippedSums
@@ -100,16 +101,16 @@ class SuperFedRound:
     ortho_nu: float
 
     @classmethod
-    def of(cls, config: Mapping[str, object]) -> SuperFedRound:
-        mixing, form = str(config["mixing"]), str(config.get("prox_form", "layer_l2"))
+    def of(cls, task: SuperFedTrain) -> SuperFedRound:
+        mixing, form = task.mixing, task.prox_form
         if mixing not in MIXINGS:
             raise ValueError(f"superfed mixing must be one of {MIXINGS}, not {mixing!r}")
         if form not in PROX_FORMS:
             raise ValueError(f"prox_form must be one of {PROX_FORMS}, not {form!r}")
-        mu, nu = float(config.get("prox_mu", 0.0)), float(config.get("ortho_nu", 0.0))
+        mu, nu = float(task.local.prox_mu), float(task.ortho_nu)
         if not (math.isfinite(mu) and mu >= 0 and math.isfinite(nu) and nu >= 0):
             raise ValueError(f"prox_mu and ortho_nu must be finite and >= 0, got {mu}, {nu}")
-        return cls(mixing, bool(config["mixing_on"]), mu, form, nu)
+        return cls(mixing, task.mixing_on, mu, form, nu)
 
 
 class LambdaDraws:

@@ -9,8 +9,11 @@ import torch
 
 from fedsilo.wire.messages import TaskMessage, TaskResult
 from fedsilo.wire.tensors import ParameterSpec
+from tests.wire_tasks import ONE_PER_KIND
 
 SPEC = ParameterSpec.of({"w": torch.zeros(3)})
+# Tasks whose settings the scripted silos ignore.
+TRAIN, INIT = ONE_PER_KIND["train"], ONE_PER_KIND["init"]
 
 
 def scripted_silo(

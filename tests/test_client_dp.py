@@ -27,6 +27,7 @@ from fedsilo.silo.agent import SiloAgent
 from fedsilo.silo.data import load_consortium
 from fedsilo.silo.tasks.train import train_releases
 from fedsilo.wire.messages import TaskMessage, TaskResult
+from fedsilo.wire.tasks import InitTask, LocalTraining, TrainTask
 
 pytestmark = pytest.mark.filterwarnings("ignore:Optimal order is the smallest alpha")
 
@@ -145,15 +146,19 @@ def test_with_distributed_noise_each_upload_is_noised_and_their_sum_carries_all_
     assert sum(shares.values()).std().item() == pytest.approx(CLIP, rel=0.05)
 
 
+def train_task(lr: float = 0.1, cohort: int | None = None) -> TrainTask:
+    """A train task: an epoch of SGD at `lr` in batches of 32, shared noise among `cohort`."""
+    local = LocalTraining(epochs=1, batch_size=32, optimizer="sgd", lr=lr, seed=1)
+    return TrainTask(local=local, cohort=cohort)
+
+
 def train_once(p: Policy, lr: float, cohort: int = SILOS) -> tuple[torch.Tensor, torch.Tensor]:
     """One silo's (initial model, the model it returns after one train task at `lr`)."""
     (data, *_) = load_consortium(p.data, seed=p.seed)
     agent = SiloAgent("s", data, p.model, privacy=p.privacy, secret=b"s", consortium=SILOS)
-    init = agent.handle(TaskMessage("i", 0, "init", "init", "s", {"seed": 0}))
-    config = {"epochs": 1, "batch_size": 32, "optimizer": "sgd", "lr": lr, "seed": 1}
-    train = TaskMessage(
-        "t", 1, "train", "train", "s", {**config, "cohort": cohort}, init.tensors, init.spec
-    )
+    init = agent.handle(TaskMessage("i", 0, "init", "s", InitTask(seed=0)))
+    config = train_task(lr=lr, cohort=cohort)
+    train = TaskMessage("t", 1, "train", "s", config, init.tensors, init.spec)
     return init.tensors["model"].double(), agent.handle(train).tensors["model"].double()
 
 
@@ -178,7 +183,7 @@ def test_a_silo_books_its_share_of_the_noise_and_cannot_be_told_to_shrink_it(tmp
     agent = SiloAgent("s", data, p.model, privacy=p.privacy, consortium=SILOS)
 
     def booked(cohort: int) -> Mechanism:
-        task = TaskMessage("t", 1, "train", "train", "s", {"batch_size": 32, "cohort": cohort})
+        task = TaskMessage("t", 1, "train", "s", train_task(cohort=cohort))
         return train_releases(task, agent.context)[0]
 
     assert booked(2) == Mechanism.gaussian(sensitivity=CLIP, noise_std=2.0 * CLIP / math.sqrt(2))
@@ -192,7 +197,7 @@ def test_central_noise_leaves_the_silos_uploads_exact_and_books_no_noise() -> No
     assert not p.privacy.differentially_private
     (data, *_) = load_consortium(p.data, seed=p.seed)
     agent = SiloAgent("s", data, p.model, privacy=p.privacy, consortium=SILOS)
-    task = TaskMessage("t", 1, "train", "train", "s", {"batch_size": 32})
+    task = TaskMessage("t", 1, "train", "s", train_task())
     assert train_releases(task, agent.context) == [Mechanism.none()]
 
 
@@ -205,8 +210,8 @@ def test_the_engine_tells_each_train_task_its_cohort_only_under_distributed_nois
     def wrap(_: str, endpoint: Endpoint) -> Endpoint:
         def answer(payload: bytes) -> bytes:
             task = TaskMessage.decode(payload)
-            if task.kind == "train":
-                told.append(task.config.get("cohort"))
+            if isinstance(task.config, TrainTask):
+                told.append(task.config.cohort)
             return endpoint(payload)
 
         return answer
@@ -219,7 +224,7 @@ def test_a_mean_that_weighs_its_silos_itself_is_refused_under_client_dp() -> Non
     ctx = RoundContext(round=1, total_rounds=1, silos=("a", "b"), seed=3, min_silos=1)
     client_dp = ClientDpRound.of(policy("central"), ctx)
     assert client_dp is not None
-    tasks = (Task("a", "train"), Task("b", "train"))
+    tasks = (Task("a", train_task()), Task("b", train_task()))
     weighted = Phase("train", tasks, WeightedMean(weights={"a": 2.0, "b": 1.0}))
     with pytest.raises(ValueError, match="client-level DP weighs them equally"):
         client_dp.phase(weighted)
@@ -275,11 +280,8 @@ def test_the_ledger_books_each_rounds_share(tmp_path) -> None:
     agent = SiloAgent(
         "s", data, p.model, privacy=p.privacy, ledger=ledger, deployment="d", consortium=SILOS
     )
-    start = agent.handle(TaskMessage("i", 0, "init", "init", "s", {"seed": 0}))
-    config = {"epochs": 1, "batch_size": 32, "optimizer": "sgd", "lr": 0.1, "seed": 1}
-    task = TaskMessage(
-        "t", 1, "train", "train", "s", {**config, "cohort": 2}, start.tensors, start.spec
-    )
+    start = agent.handle(TaskMessage("i", 0, "init", "s", InitTask(seed=0)))
+    task = TaskMessage("t", 1, "train", "s", train_task(cohort=2), start.tensors, start.spec)
     assert agent.handle(task).ok
     share = Mechanism.gaussian(sensitivity=CLIP, noise_std=CLIP / math.sqrt(2))
     assert share in [record.mechanism for record in ledger.records() if record.deployment == "d"]

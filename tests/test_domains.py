@@ -7,6 +7,7 @@ FedAvg, moves lambda toward the domain with the larger loss, and resumes after a
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -28,6 +29,7 @@ from fedsilo.silo.reports import reports_mechanism
 from fedsilo.silo.tasks.base import parameter_spec
 from fedsilo.silo.tasks.evaluate import loss_releases
 from fedsilo.wire.messages import TaskMessage, TaskResult
+from fedsilo.wire.tasks import LocalTraining, LossProbe, TaskConfig, TrainTask
 from tests.resume import resumed_and_uninterrupted
 
 HEART = {"source": "heart", "domain": "sex"}
@@ -84,11 +86,17 @@ def run(p: Policy) -> RunHistory:
     return simulate(p, load_consortium(p.data, seed=p.seed)).history
 
 
-def message(agent: SiloAgent, kind: str, **config: object) -> TaskMessage:
+def message(agent: SiloAgent, kind: str, **config: Any) -> TaskMessage:
+    """A `train` task (the TRAINING settings, seed 3) or a `loss` probe, from a fresh model."""
     model = agent.context.new_model(seed=0)
     spec = parameter_spec(model)
+    typed: TaskConfig = (
+        TrainTask(local=LocalTraining(**TRAINING, seed=3), **config)
+        if kind == "train"
+        else LossProbe(**config)
+    )
     return TaskMessage(
-        "t", 1, "r", kind, agent.name, {**TRAINING, "seed": 3, **config},
+        "t", 1, "r", agent.name, typed,
         {"model": spec.flatten(dict(model.named_parameters()))}, spec,
     )  # fmt: skip
 

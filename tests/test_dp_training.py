@@ -19,7 +19,9 @@ from fedsilo.silo.data import SiloDataset
 from fedsilo.silo.dp_training import DpSgdError, DpSgdPlan, check_model, dp_sgd_plan, train_private
 from fedsilo.silo.schedule import LocalSchedule
 from fedsilo.wire.messages import TaskResult
-from tests.test_tasks import run, separable, train_config
+from fedsilo.wire.tasks import InitTask
+from tests.test_tasks import message, run, separable, train_config
+from tests.wire_tasks import reworded
 
 LINEAR = LinearModel(name="linear")
 
@@ -43,13 +45,13 @@ def agent(
 
 def trained(privacy: PrivacyConfig | None, secret: bytes = b"", **config: object) -> TaskResult:
     silo = agent(privacy, secret=secret)
-    result = run(silo, "train", train_config(**config), run(silo, "init", {"seed": 0}))
+    result = run(silo, train_config(**config), run(silo, InitTask(seed=0)))
     assert result.ok, result.error
     return result
 
 
 def update(result: TaskResult) -> torch.Tensor:
-    initial = run(agent(), "init", {"seed": 0})
+    initial = run(agent(), InitTask(seed=0))
     return result.tensors["model"] - initial.tensors["model"]
 
 
@@ -122,7 +124,7 @@ def test_every_model_of_the_zoo_trains_under_dp_sgd(model: ModelConfig) -> None:
     x, y = torch.randn(64, 1, 6, 6, generator=g), torch.randint(0, 3, (64,), generator=g)
     data = SiloDataset("a", x, y, x[:8], y[:8], x[:8], y[:8], "classification", 3, (), (1, 6, 6))
     silo = SiloAgent("a", data, model, privacy=dp(noise_multiplier=0.5))
-    result = run(silo, "train", train_config(epochs=1), run(silo, "init", {"seed": 0}))
+    result = run(silo, train_config(epochs=1), run(silo, InitTask(seed=0)))
     assert result.ok, result.error
 
 
@@ -237,7 +239,7 @@ def test_models_the_loop_cannot_clip_per_sample_are_refused(model: nn.Module, ma
 
 def test_the_result_reports_the_plan_the_silo_computed_before_training() -> None:
     privacy = PrivacyConfig.model_validate({"dp_sgd": {"target_epsilon": 4.0}})
-    plan = dp_sgd_plan(privacy, train_config(), n_train=200, rounds=10)
+    plan = dp_sgd_plan(privacy, train_config().local, n_train=200, rounds=10)
     result = trained(privacy)
     assert result.metrics["dp_noise_multiplier"] == plan.noise_multiplier
     assert result.metrics["dp_sample_rate"] == plan.sample_rate == 16 / 200
@@ -248,22 +250,24 @@ def test_the_result_reports_the_plan_the_silo_computed_before_training() -> None
 
 
 def test_a_plan_without_noise_books_a_release_without_dp_guarantee() -> None:
-    plan = dp_sgd_plan(dp(noise_multiplier=0.0), train_config(), n_train=200, rounds=1)
+    plan = dp_sgd_plan(dp(noise_multiplier=0.0), train_config().local, n_train=200, rounds=1)
     assert plan.mechanism() == Mechanism.none()
 
 
 def test_the_task_cannot_change_the_silos_dp_parameters() -> None:
-    # DP parameters come from the silo's own copy of the policy; keys a coordinator slips
-    # into the task are ignored.
-    honest = trained(dp(noise_multiplier=2.0, max_grad_norm=0.5))
-    weakened = trained(
-        dp(noise_multiplier=2.0, max_grad_norm=0.5),
-        dp_sgd=None,
-        noise_multiplier=0.0,
-        max_grad_norm=1e9,
+    # DP parameters come from the silo's own copy of the policy; a task into which a
+    # coordinator slips keys of its own is refused unrun.
+    privacy = dp(noise_multiplier=2.0, max_grad_norm=0.5)
+    honest = trained(privacy)
+    assert honest.metrics["dp_noise_multiplier"] == 2.0
+    silo = agent(privacy)
+    task = message(silo, train_config(), run(silo, InitTask(seed=0)))
+    slipped = {"dp_sgd": None, "noise_multiplier": 0.0, "max_grad_norm": 1e9}
+    weakened = TaskResult.decode(silo.handle_bytes(reworded(task, task.config.to_json() | slipped)))
+    assert weakened.status == "error" and not weakened.tensors
+    assert "train task: unknown config key(s) ['dp_sgd', 'max_grad_norm', 'noise_multiplier']" in (
+        weakened.error or ""
     )
-    assert weakened.metrics["dp_noise_multiplier"] == 2.0
-    assert weakened.tensors["model"].equal(honest.tensors["model"])
 
 
 @pytest.mark.parametrize("accountant", ["rdp", "prv"])
@@ -272,7 +276,7 @@ def test_a_target_epsilon_is_met_by_the_whole_deployment(accountant: str) -> Non
         {"accountant": accountant, "dp_sgd": {"target_epsilon": 2.0}}
     )
     rounds = 10
-    plan = dp_sgd_plan(privacy, train_config(epochs=1), n_train=200, rounds=rounds)
+    plan = dp_sgd_plan(privacy, train_config(epochs=1).local, n_train=200, rounds=rounds)
     spent = epsilon([plan.mechanism()] * rounds, privacy.delta, accountant)
     assert 2.0 - 0.05 < spent <= 2.0
 
@@ -280,7 +284,7 @@ def test_a_target_epsilon_is_met_by_the_whole_deployment(accountant: str) -> Non
 def test_an_unreachable_target_epsilon_is_a_clear_error() -> None:
     privacy = PrivacyConfig.model_validate({"dp_sgd": {"target_epsilon": 1e-4}})
     with pytest.raises(DpSgdError, match="no noise multiplier reaches target_epsilon 0.0001"):
-        dp_sgd_plan(privacy, train_config(batch_size=200), n_train=200, rounds=100)
+        dp_sgd_plan(privacy, train_config(batch_size=200).local, n_train=200, rounds=100)
 
 
 def test_a_model_with_batchnorm_is_refused_with_the_layer_and_the_fix() -> None:

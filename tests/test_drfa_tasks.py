@@ -6,6 +6,8 @@ last layer reads; the mixed loss probe equals a hand computation; and DRFLM runs
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -17,6 +19,7 @@ from fedsilo.silo.data import load_consortium
 from fedsilo.silo.mixup import MixupDraws, mixed_inputs, mixed_losses, mixed_per_sample_loss
 from fedsilo.silo.tasks.base import parameter_spec
 from fedsilo.wire.messages import TaskMessage, TaskResult
+from fedsilo.wire.tasks import LocalTraining, LossProbe, TaskConfig, TrainTask
 
 DATA = parse_policy(
     {
@@ -34,12 +37,21 @@ def agent(privacy: PrivacyConfig | None = None, model: ModelConfig | None = None
     return SiloAgent("silo-0", data, model or LinearModel(name="linear"), privacy=privacy)
 
 
-def message(a: SiloAgent, kind: str, **config: object) -> TaskMessage:
+LOCAL = {"steps": 5, "batch_size": 16, "optimizer": "sgd", "lr": 0.1, "seed": 3}
+
+
+def message(a: SiloAgent, kind: str, **config: Any) -> TaskMessage:
+    """A `train` task (local training as in LOCAL but where `config` says otherwise) or a
+    `loss` probe, from a fresh model."""
     model = a.context.new_model(seed=0)
     spec = parameter_spec(model)
-    base = {"steps": 5, "batch_size": 16, "optimizer": "sgd", "lr": 0.1, "seed": 3}
+    if kind == "train":
+        local = {k: config.pop(k) for k in list(config) if k in LocalTraining.json_keys()}
+        typed: TaskConfig = TrainTask(local=LocalTraining(**LOCAL | local), **config)
+    else:
+        typed = LossProbe(**config)
     return TaskMessage(
-        "t", 1, "train", kind, "silo-0", {**base, **config},
+        "t", 1, "train", "silo-0", typed,
         {"model": spec.flatten(dict(model.named_parameters()))}, spec,
     )  # fmt: skip
 
@@ -93,15 +105,7 @@ def test_the_checkpoint_is_taken_under_dp_sgd_too() -> None:
 
 def test_a_checkpoint_outside_the_run_is_refused() -> None:
     a = agent()
-    model = a.context.new_model(seed=0)
-    spec = parameter_spec(model)
-    message = TaskMessage(
-        "t", 1, "train", "train", "silo-0",
-        {"steps": 3, "batch_size": 16, "optimizer": "sgd", "lr": 0.1, "seed": 3,
-         "checkpoint_step": 4},
-        {"model": spec.flatten(dict(model.named_parameters()))}, spec,
-    )  # fmt: skip
-    result = a.handle(message)
+    result = a.handle(message(a, "train", steps=3, checkpoint_step=4))
     assert not result.ok and "outside the run's 0..3 local steps" in result.error
 
 

@@ -15,7 +15,7 @@ from fedsilo.coordinator.strategies.base import SetupError
 from fedsilo.coordinator.transport import InProcessTransport
 from fedsilo.policies.loading import parse_policy
 from fedsilo.wire.messages import TaskMessage, TaskResult
-from tests.fakes import SPEC, constant_silo, scripted_silo, silent_silo
+from tests.fakes import INIT, SPEC, TRAIN, constant_silo, scripted_silo, silent_silo
 
 
 def make_policy(**overrides: object):
@@ -64,7 +64,7 @@ def test_explicit_weights_replace_sample_counts_and_absent_silos_weigh_nothing()
     )
     phase = Phase(
         "train",
-        tuple(Task(s, "train", spec=SPEC) for s in "abc"),
+        tuple(Task(s, TRAIN, spec=SPEC) for s in "abc"),
         aggregate=WeightedMean(("model",), weights={"a": 0.75, "b": 0.25}),
     )
     outcome = engine.execute(phase, round_no=1)
@@ -259,7 +259,7 @@ def test_slice_by_slice_aggregation_is_bit_identical_to_a_whole_tensor_sum(monke
     models = {s: torch.randn(SPEC.numel, generator=generator) for s in "abc"}
     counts = {"a": 3, "b": 7, "c": 11}
     endpoints = {s: constant_silo(s, models[s].tolist(), num_samples=counts[s]) for s in "abc"}
-    phase = Phase("train", tuple(Task(s, "train", spec=SPEC) for s in "abc"), WeightedMean())
+    phase = Phase("train", tuple(Task(s, TRAIN, spec=SPEC) for s in "abc"), WeightedMean())
     whole = torch.zeros(SPEC.numel, dtype=torch.float64)
     for s in "abc":
         whole.add_(models[s], alpha=float(counts[s]))
@@ -272,7 +272,7 @@ def test_slice_by_slice_aggregation_is_bit_identical_to_a_whole_tensor_sum(monke
 def test_an_agreement_phase_returns_one_copy_and_every_silos_digest() -> None:
     silos = {name: constant_silo(name, [1.0, 2.0, 3.0]) for name in ("a", "b", "c")}
     engine = engine_for(silos)
-    tasks = tuple(Task(s, "init") for s in sorted(silos))
+    tasks = tuple(Task(s, INIT) for s in sorted(silos))
     outcome = engine.execute(Phase("init", tasks, aggregate=Identical(("model",))), 0)
     assert list(outcome.tensors) == ["a"]  # one copy, whatever the number of silos
     assert outcome.tensors["a"]["model"].tolist() == [0.0, 0.0, 0.0]

@@ -8,6 +8,7 @@ returns to a recent holder; incompatible policies are refused."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -23,10 +24,12 @@ from fedsilo.coordinator.strategies import make_strategy
 from fedsilo.coordinator.transport import InProcessTransport
 from fedsilo.policies.loading import PolicyError, parse_policy
 from fedsilo.policies.schema import Policy
-from fedsilo.privacy.handoff import HANDOFF, HandoffError, binding, open_sealed, unpack
+from fedsilo.privacy.handoff import HandoffError, binding, open_sealed, unpack
 from fedsilo.silo.agent import SiloAgent
 from fedsilo.silo.data import SiloDataset
 from fedsilo.wire.messages import STATUS_ERROR, TaskMessage, TaskResult
+from fedsilo.wire.tasks import DaisyTrain, Handoff
+from fedsilo.wire.tasks.tensor_names import HANDOFF
 
 Endpoint = Callable[[bytes], bytes]
 FEATURES = 4
@@ -188,7 +191,7 @@ def test_sealed_hand_offs_open_only_at_their_recipient() -> None:
     assert deliveries
     for task in deliveries:
         blob = bytes(task.tensors[HANDOFF].numpy())
-        assert dict(task.config) == {"sealed": True}  # nothing names the sender
+        assert task.config.to_json() == {"sealed": True}  # nothing names the sender
         with pytest.raises(HandoffError):
             unpack(blob, binding("simulation", 1))  # the coordinator cannot read it
         for other in consortium.sealing:
@@ -205,12 +208,9 @@ def test_a_hand_off_key_outside_the_roster_is_refused() -> None:
     def substitute(name: str, endpoint: Endpoint) -> Endpoint:
         def answer(payload: bytes) -> bytes:
             task = TaskMessage.decode(payload)
-            if "handoff" in task.config:
-                config = {**task.config, "handoff": {"seal_to": stranger}}
-                task = TaskMessage(
-                    task.task_id, task.round, task.phase, task.kind, task.silo, config,
-                    task.tensors, task.spec, task.policy_digest,
-                )  # fmt: skip
+            if isinstance(task.config, DaisyTrain) and task.config.handoff is not None:
+                config = replace(task.config, handoff=Handoff(seal_to=stranger))
+                task = replace(task, config=config)
             return endpoint(task.encode())
 
         return answer

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -32,15 +33,9 @@ from fedsilo.silo.energy import EnergySettings, EnergyTraining
 from fedsilo.silo.tasks.base import parameter_spec
 from fedsilo.silo.tasks.energy import energy_signals_releases
 from fedsilo.silo.tasks.train import train_releases
-from fedsilo.wire.messages import (
-    SYNTHETIC,
-    SYNTHETIC_LABELS,
-    WEIGHT,
-    WEIGHTED_GRADIENT,
-    TaskMessage,
-    TaskResult,
-    schema_metrics,
-)
+from fedsilo.wire.messages import TaskMessage, TaskResult, schema_metrics
+from fedsilo.wire.tasks import EnergySignals, InitTask, LocalTraining
+from fedsilo.wire.tasks.tensor_names import SYNTHETIC, SYNTHETIC_LABELS, WEIGHT, WEIGHTED_GRADIENT
 
 SPC = 2  # synthetic points per class: 20 points of 1 x 8 x 8
 CNN = {"name": "cnn", "channels": [4], "hidden": 0, "activation": "silu", "norm": "group"}
@@ -88,7 +83,8 @@ def scripted(
                 metrics = schema_metrics((1, 8, 8), 10)
                 return TaskResult(task.task_id, name, task.kind, metrics=metrics).encode()
             if task.kind == "init":
-                model = build_model(policy().model, (1, 8, 8), 10, int(task.config["seed"]))
+                assert isinstance(task.config, InitTask)
+                model = build_model(policy().model, (1, 8, 8), 10, task.config.seed)
                 spec = parameter_spec(model)
                 tensors = {"model": spec.flatten(dict(model.named_parameters()))}
                 return TaskResult(
@@ -203,19 +199,22 @@ def test_a_round_carries_the_synthetic_set_down_and_signals_up_never_a_model() -
         assert result.tensors[WEIGHT].shape == (n,) and result.num_samples > 0
 
 
-def energy_task(agent: SiloAgent, round_no: int = 1, **config: object) -> TaskResult:
+ENERGY_TRAINING = LocalTraining(epochs=1, batch_size=32, optimizer="adam", lr=1e-3, seed=3)
+
+
+def energy_task(agent: SiloAgent, round_no: int = 1, **config: Any) -> TaskResult:
     generator = torch.Generator().manual_seed(0)
     x = torch.rand(10 * SPC, 1, 8, 8, generator=generator)
     labels = torch.arange(10).repeat_interleave(SPC)
     settings = {
-        "epochs": 1, "batch_size": 32, "optimizer": "adam", "lr": 1e-3, "seed": 3,
         "energy": "joint", "sgld_steps": 1, "sgld_step": 1.0, "sgld_noise": 0.01,
         "gradient_clip": 0.05, "synthetic_ce_weight": 0.1, "spectral_norm": True,
         "persist_local_model": False, "model_seed": 8,
     }  # fmt: skip
     message = TaskMessage(
-        f"t{round_no}", round_no, "energy", "energy_signals", agent.name,
-        settings | config, {SYNTHETIC: x, SYNTHETIC_LABELS: labels},
+        f"t{round_no}", round_no, "energy", agent.name,
+        EnergySignals(local=ENERGY_TRAINING, **settings | config),
+        {SYNTHETIC: x, SYNTHETIC_LABELS: labels},
     )  # fmt: skip
     result = agent.handle(message)
     assert result.ok, result.error
@@ -268,9 +267,11 @@ def test_under_dp_sgd_the_energy_model_is_trained_privately_and_booked_as_a_trai
     assert result.metrics["dp_noise_multiplier"] == 1.0
     plain = energy_task(digits_agent(), spectral_norm=False)
     assert not torch.equal(result.tensors[WEIGHTED_GRADIENT], plain.tensors[WEIGHTED_GRADIENT])
-    message = TaskMessage(
-        "t", 1, "e", "energy_signals", agent.name, {"epochs": 1, "batch_size": 32}
-    )
+    task = EnergySignals(
+        local=ENERGY_TRAINING, sgld_steps=1, sgld_step=1.0, sgld_noise=0.01, gradient_clip=0.05,
+        synthetic_ce_weight=0.1, model_seed=8,
+    )  # fmt: skip
+    message = TaskMessage("t", 1, "e", agent.name, task)
     assert energy_signals_releases(message, agent.context) == train_releases(message, agent.context)
 
 

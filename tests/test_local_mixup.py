@@ -26,6 +26,7 @@ from fedsilo.silo.mixup import MixupDraws, mixed_inputs, mixed_losses, mixed_per
 from fedsilo.silo.tasks.evaluate import loss_releases
 from fedsilo.silo.tasks.train import train_releases
 from fedsilo.wire.messages import TaskMessage, TaskResult
+from fedsilo.wire.tasks import InitTask, LossProbe
 from tests.test_tasks import run, separable, train_config
 
 pytestmark = [
@@ -43,14 +44,12 @@ def agent(privacy: dict | None = None, data: SiloDataset | None = None) -> SiloA
 
 
 def initial(silo: SiloAgent) -> TaskResult:
-    return run(silo, "init", {"seed": 0})
+    return run(silo, InitTask(seed=0))
 
 
 def trained(privacy: dict | None = None, **config: object) -> TaskResult:
     silo = agent(privacy)
-    result = run(
-        silo, "train", train_config(**{"epochs": None, "steps": 6, **config}), initial(silo)
-    )
+    result = run(silo, train_config(**{"epochs": None, "steps": 6, **config}), initial(silo))
     assert result.ok, result.error
     return result
 
@@ -104,7 +103,7 @@ def test_a_checkpoint_books_nothing_more_than_the_run(privacy: dict | None) -> N
 
     def releases(**extra: object) -> list:
         config = train_config(epochs=None, steps=6, **extra)
-        message = TaskMessage("t", 1, "train", "train", "a", config, init.tensors, init.spec)
+        message = TaskMessage("t", 1, "train", "a", config, init.tensors, init.spec)
         return train_releases(message, silo.context)
 
     assert releases(checkpoint_step=3) == releases()
@@ -115,24 +114,23 @@ def test_a_checkpoint_books_nothing_more_than_the_run(privacy: dict | None) -> N
     [
         (-1, "checkpoint_step -1 is outside the run's 0..6 local steps"),
         (7, "checkpoint_step 7 is outside the run's 0..6 local steps"),
-        (2.5, "checkpoint_step must be a whole number of local steps, not 2.5"),
-        (True, "checkpoint_step must be a whole number of local steps, not True"),
-        ("3", "checkpoint_step must be a whole number of local steps, not '3'"),
+        # refused when the task is read, before any handler runs
+        (2.5, "train task: config key 'checkpoint_step' must be int, not float (2.5)"),
+        (True, "train task: config key 'checkpoint_step' must be int, not bool (True)"),
+        ("3", "train task: config key 'checkpoint_step' must be int, not str ('3')"),
     ],
 )
 def test_a_checkpoint_step_that_is_not_a_step_of_the_run_is_refused(
     t: object, message: str
 ) -> None:
     silo = agent()
-    result = run(
-        silo, "train", train_config(epochs=None, steps=6, checkpoint_step=t), initial(silo)
-    )
+    result = run(silo, train_config(epochs=None, steps=6, checkpoint_step=t), initial(silo))
     assert result.status == "error" and message in result.error
 
 
 def test_a_checkpoint_is_refused_with_client_level_dp() -> None:
     silo = agent({"client_dp": {"clip": 1.0, "noise_multiplier": 1.0}})
-    result = run(silo, "train", train_config(checkpoint_step=1), initial(silo))
+    result = run(silo, train_config(checkpoint_step=1), initial(silo))
     assert result.status == "error"
     assert "checkpoint_step cannot be combined with privacy.client_dp" in result.error
 
@@ -247,7 +245,7 @@ def test_a_mixup_step_descends_the_mean_mixed_loss_of_the_plain_batch() -> None:
     silo, lr = agent(), 0.5
     init = initial(silo)
     config = train_config(epochs=None, steps=1, batch_size=8, lr=lr, mixup_alpha=0.7)
-    result = run(silo, "train", config, init)
+    result = run(silo, config, init)
     model = silo.context.new_model(seed=0)
     x, y = silo.context.split("train")
     rows = torch.randperm(200, generator=torch.Generator().manual_seed(3))[:8]
@@ -270,7 +268,7 @@ def test_under_dp_sgd_each_mixed_row_moves_the_model_by_at_most_the_clip_norm() 
     silo = agent(clip)
     init = initial(silo)
     config = train_config(epochs=None, steps=1, batch_size=1, lr=1.0, mixup_alpha=0.5)
-    result = run(silo, "train", config, init)
+    result = run(silo, config, init)
     step = (result.tensors["model"] - init.tensors["model"]).norm().item()
     assert 0 < step <= 0.01 * (1 + 1e-5)
 
@@ -279,7 +277,7 @@ def test_under_dp_sgd_each_mixed_row_moves_the_model_by_at_most_the_clip_norm() 
 
 
 def mixed_report(silo: SiloAgent, **config: object) -> TaskResult:
-    result = run(silo, "loss", {"split": "train", **config}, initial(silo))
+    result = run(silo, LossProbe(split="train", **config), initial(silo))
     assert result.ok, result.error
     return result
 
@@ -315,7 +313,7 @@ def test_the_mixed_loss_report_repeats_for_a_seed_and_is_not_the_plain_loss() ->
 
 def test_a_mixed_loss_report_needs_a_seed() -> None:
     silo = agent()
-    result = run(silo, "loss", {"mixup_alpha": 1.0}, initial(silo))
+    result = run(silo, LossProbe(mixup_alpha=1.0), initial(silo))
     assert result.status == "error" and "needs a seed" in result.error
 
 
@@ -339,7 +337,7 @@ def test_under_dp_the_mixed_loss_leaves_clipped_and_noised_like_the_plain_loss()
     assert noisy.metrics["loss"] == pytest.approx(expected.item(), rel=1e-6)
 
     def releases(**config: object) -> list:
-        message = TaskMessage("t", 1, "loss", "loss", "a", config, init.tensors, init.spec)
+        message = TaskMessage("t", 1, "loss", "a", LossProbe(**config), init.tensors, init.spec)
         return loss_releases(message, silo.context)
 
     assert releases(mixup_alpha=1.0, seed=5) == releases()

@@ -25,6 +25,7 @@ from fedsilo.policies.schema import Policy
 from fedsilo.silo.agent import SiloAgent
 from fedsilo.silo.data import load_consortium
 from fedsilo.wire.messages import TaskMessage
+from fedsilo.wire.tasks import TrainTask
 from tests.resume import resumed_and_uninterrupted
 
 SILOS = 4
@@ -158,8 +159,9 @@ def test_drfa_fedtorch_trains_uniform_silos_whose_updates_lambda_k_k_scales() ->
         train = [m for m in received if m.round == r.round and m.kind == "train"]
         assert len({m.silo for m in train}) == 2  # M distinct silos, no repeats
         for m in train:
-            assert m.config["update_scale"] == pytest.approx(lam_before[r.round][m.silo] * SILOS)
-            assert 0 <= m.config["checkpoint_step"] <= p.training.steps - 2
+            assert isinstance(m.config, TrainTask) and m.config.checkpoint_step is not None
+            assert m.config.update_scale == pytest.approx(lam_before[r.round][m.silo] * SILOS)
+            assert 0 <= m.config.checkpoint_step <= p.training.steps - 2
         assert set(r.phases["train"]["answered"]) == {m.silo for m in train}
     assert len({frozenset(r.phases["train"]["answered"]) for r in history.records}) > 1
     assert history.records[-1].mixing != lam_before[1]  # lambda moved

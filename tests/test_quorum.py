@@ -31,7 +31,7 @@ from fedsilo.silo.data import load_consortium
 from fedsilo.wire.messages import STATUS_BUDGET_EXHAUSTED, TaskMessage, TaskResult
 from fedsilo.wire.payload import as_payload
 from tests.deployment import policy_document, provision
-from tests.fakes import SPEC, constant_silo
+from tests.fakes import SPEC, TRAIN, constant_silo
 
 Endpoint = Callable[[bytes], bytes]
 
@@ -148,7 +148,7 @@ def test_a_phase_stating_a_lower_quorum_cannot_lower_an_aggregates_quorum() -> N
     engine = RoundEngine(make_strategy(policy), InProcessTransport(endpoints), policy, "abc")
     two = Phase(
         "train",
-        tuple(Task(s, "train", spec=SPEC) for s in "ab"),
+        tuple(Task(s, TRAIN, spec=SPEC) for s in "ab"),
         aggregate=WeightedMean(("model",)),
         quorum=1,
     )
@@ -164,7 +164,7 @@ def test_phases_answered_one_by_one_may_ask_fewer_silos_than_min_silos() -> None
         {"version": 1, "rounds": 1, "participants": {"min_silos": 3, "phase_timeout_s": 5}}
     )
     engine = RoundEngine(make_strategy(policy), InProcessTransport(endpoints), policy, "abc")
-    outcome = engine.execute(Phase("local", (Task("a", "train", spec=SPEC),)), round_no=1)
+    outcome = engine.execute(Phase("local", (Task("a", TRAIN, spec=SPEC),)), round_no=1)
     assert outcome.answered == ("a",)
 
 

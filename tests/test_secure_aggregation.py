@@ -12,6 +12,8 @@ themselves are in tests/adversarial/)."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import ClassVar
 
 import numpy as np
 import pytest
@@ -29,8 +31,6 @@ from fedsilo.policies.loading import PolicyError, parse_policy
 from fedsilo.policies.schema import Policy
 from fedsilo.policies.secure_aggregation import SecureAggregationConfig
 from fedsilo.privacy.ckks import (
-    PUBLIC_CONTEXT,
-    SEALED_CONTEXT,
     context_digest,
     decrypt,
     load_public_context,
@@ -40,7 +40,6 @@ from fedsilo.privacy.ckks import (
     seal_context,
 )
 from fedsilo.privacy.masking import (
-    ADVERTISEMENT,
     FixedPoint,
     MaskingError,
     MaskingKeys,
@@ -58,6 +57,17 @@ from fedsilo.silo.tasks import TASK_HANDLERS
 from fedsilo.silo.tasks.base import SiloContext
 from fedsilo.silo.tasks.ckks_sum import GRID_BELOW_SCALE_BITS
 from fedsilo.wire.messages import STATUS_ERROR, TaskMessage, TaskResult
+from fedsilo.wire.tasks import (
+    DaisyReseal,
+    DaisyTrain,
+    EncryptedInput,
+    EvaluateTask,
+    Handoff,
+    MaskedInput,
+    TaskConfig,
+)
+from fedsilo.wire.tasks.tensor_names import ADVERTISEMENT, PUBLIC_CONTEXT, SEALED_CONTEXT
+from tests.wire_tasks import ONE_PER_KIND, TRAIN
 
 SILOS = 5
 Endpoint = Callable[[bytes], bytes]
@@ -142,7 +152,7 @@ def test_the_masked_mean_equals_the_plaintext_mean_within_the_fixed_point_precis
 
 def test_a_secure_sum_takes_each_tensor_relative_to_the_tasks_own_else_the_declared_one() -> None:
     sent, zeros = torch.ones(3), torch.zeros(2)
-    task = Task("a", "train", tensors={"model": sent})
+    task = Task("a", TRAIN, tensors={"model": sent})
     declared = WeightedMean(("model", "g"), references={"model": torch.full((3,), 9.0), "g": zeros})
     _, tasks = SecureMean.referenced(Phase("train", (task,), declared), "masking")
     assert tasks["a"].tensors["model"] is sent and tasks["a"].tensors["g"] is zeros
@@ -456,16 +466,11 @@ def test_a_context_the_coordinator_substitutes_is_refused_by_every_silo() -> Non
             assert recipient.numel() > 0
             fake = seal_context(forged, sealing[name].public_key, impostor)  # public keys
             tensors = {SEALED_CONTEXT: torch.frombuffer(bytearray(fake), dtype=torch.uint8)}
-            altered = TaskMessage(
-                task.task_id,
-                task.round,
-                task.phase,
-                task.kind,
-                task.silo,
-                {**task.config, "context_digest": context_digest(public_context(forged))},
-                tensors,
-                task.spec,
-                task.policy_digest,
+            forged_digest = context_digest(public_context(forged))
+            altered = replace(
+                task,
+                config=replace(task.config, context_digest=forged_digest),
+                tensors=tensors,
             )
             return endpoint(altered.encode())
 
@@ -576,25 +581,36 @@ def test_the_release_gate_lets_no_model_leave_in_the_clear_under_secure_aggregat
         secure_aggregation=SecureAggregationConfig(method=method),
     )
 
-    def refused(kind: str, **config: object) -> str | None:
-        return refusal(TaskMessage("t", 1, "train", kind, "silo-0", config), ctx)
+    def refused(config: TaskConfig | str) -> str | None:
+        """Why the gate refuses a task of `config` (a kind: its example config)."""
+        typed = ONE_PER_KIND[config] if isinstance(config, str) else config
+        return refusal(TaskMessage("t", 1, "train", "silo-0", typed), ctx)
+
+    def wrapping(inner: TaskConfig) -> TaskConfig:
+        if method == "masking":
+            return MaskedInput(inner=inner, weights={}, shares={}, tensors=("model",))
+        return EncryptedInput(inner=inner, weights={}, tensors=("model",))
+
+    @dataclass(frozen=True, kw_only=True)
+    class Unclassified(TaskConfig):
+        KIND: ClassVar[str] = "no_such_kind"
 
     assert set(RELEASE_RULES) == set(TASK_HANDLERS)  # every handler is classified
     for kind in ("train", "superfed_train", "energy_signals", "feature_moments"):
         assert f"secure_aggregation {method}" in (refused(kind) or "")
-    assert refused("daisy_train", send=True)
-    assert refused("daisy_train", handoff={})  # unsealed hand-off
-    assert refused("daisy_train", handoff={"seal_to": "ab"}) is None
+    assert refused(DaisyTrain(train=TRAIN, send=True))
+    assert refused(DaisyTrain(train=TRAIN, handoff=Handoff()))  # unsealed hand-off
+    assert refused(DaisyTrain(train=TRAIN, handoff=Handoff(seal_to="ab"))) is None
     assert (
-        refused("daisy_reseal", handoff={})
-        and refused("daisy_reseal", handoff={"seal_to": "a"}) is None
+        refused(DaisyReseal(handoff=Handoff()))
+        and refused(DaisyReseal(handoff=Handoff(seal_to="a"))) is None
     )
     for kind in ("init", "evaluate", "loss", "daisy_evaluate", "superfed_evaluate"):
         assert refused(kind) is None
     own, other = ("secagg", "ckks") if method == "masking" else ("ckks", "secagg")
     wrapper = "secagg_mask" if method == "masking" else "ckks_encrypt"
-    assert refused(wrapper, inner_kind="train") is None
-    assert refused(wrapper, inner_kind="evaluate")  # nothing to mask: a wrapper of no update
+    assert refused(wrapping(TRAIN)) is None
+    assert refused(wrapping(EvaluateTask()))  # nothing to mask: a wrapper of no update
     assert all(refused(k) for k in TASK_HANDLERS if k.startswith(other + "_"))
     assert not any(refused(k) for k in TASK_HANDLERS if k.startswith(own + "_") and k != wrapper)
-    assert refused("no_such_kind")
+    assert refused(Unclassified())

@@ -24,6 +24,7 @@ from fedsilo.silo.agent import SiloAgent
 from fedsilo.silo.config import LocalRules
 from fedsilo.silo.reports import Reports
 from fedsilo.wire.messages import STATUS_BUDGET_EXHAUSTED, TaskMessage, TaskResult
+from fedsilo.wire.tasks import EvaluateTask, FeatureMoments, InitTask, LossProbe, TaskConfig
 from tests.test_dp_training import LINEAR
 from tests.test_tasks import separable, train_config
 
@@ -53,13 +54,11 @@ def silo(tmp_path, name: str = "a", cap: float | None = None, **section: object)
     )
 
 
-def answer(
-    agent: SiloAgent, kind: str, config: dict, model: TaskResult | None = None, round: int = 1
-):
+def answer(agent: SiloAgent, config: TaskConfig, model: TaskResult | None = None, round: int = 1):
+    kind = config.KIND
     message = TaskMessage(
         f"d/r{round}/{kind}/{agent.name}",
         round,
-        kind,
         kind,
         agent.name,
         config,
@@ -71,9 +70,9 @@ def answer(
 
 def test_every_answer_is_booked_with_the_digest_of_the_bytes_that_leave(tmp_path) -> None:
     agent = silo(tmp_path)
-    init, init_bytes = answer(agent, "init", {"seed": 0})
-    trained, trained_bytes = answer(agent, "train", train_config(), init)
-    evaluated, evaluated_bytes = answer(agent, "evaluate", {}, trained)
+    init, init_bytes = answer(agent, InitTask(seed=0))
+    trained, trained_bytes = answer(agent, train_config(), init)
+    evaluated, evaluated_bytes = answer(agent, EvaluateTask(), trained)
     records = agent.ledger.records()
     assert [r.mechanism.kind for r in records] == ["public", "dp_sgd", "gaussian", "gaussian"]
     assert [r.payload_digest for r in records] == [
@@ -95,9 +94,9 @@ def test_every_answer_is_booked_with_the_digest_of_the_bytes_that_leave(tmp_path
 
 
 def test_a_task_that_would_exceed_the_cap_is_refused_before_it_runs(tmp_path) -> None:
-    init, _ = answer(silo(tmp_path), "init", {"seed": 0})
+    init, _ = answer(silo(tmp_path), InitTask(seed=0))
     capped = silo(tmp_path, "capped", cap=0.5)
-    result, _ = answer(capped, "train", train_config(), init)
+    result, _ = answer(capped, train_config(), init)
     assert result.status == STATUS_BUDGET_EXHAUSTED
     assert "above the cap 0.5" in result.error and result.epsilon == 0.0
     assert [r.mechanism.kind for r in capped.ledger.records()] == ["public"]  # only the refusal
@@ -159,8 +158,8 @@ def test_a_deployment_without_dp_books_every_answer_without_epsilon(tmp_path) ->
     agent = SiloAgent(
         "a", separable(), LINEAR, ledger=PrivacyLedger(tmp_path / "a.jsonl"), deployment="d"
     )
-    init, _ = answer(agent, "init", {"seed": 0})
-    trained, _ = answer(agent, "train", train_config(), init)
+    init, _ = answer(agent, InitTask(seed=0))
+    trained, _ = answer(agent, train_config(), init)
     assert trained.ok and trained.epsilon is None
     assert [r.mechanism.kind for r in agent.ledger.records()] == ["public", "none"]
     assert agent.ledger.spent("d") is None
@@ -192,18 +191,18 @@ def test_a_noisy_count_and_accuracy_have_sensitivities_one_and_one_over_n() -> N
 
 def test_under_dp_evaluation_reports_only_bounded_metrics(tmp_path) -> None:
     agent = silo(tmp_path)
-    init, _ = answer(agent, "init", {"seed": 0})
-    evaluated, _ = answer(agent, "evaluate", {}, init)
+    init, _ = answer(agent, InitTask(seed=0))
+    evaluated, _ = answer(agent, EvaluateTask(), init)
     assert sorted(evaluated.metrics) == ["accuracy", "loss"]  # AUROC has no bounded sensitivity
     plain = SiloAgent("a", separable(), LINEAR)
-    assert sorted(answer(plain, "evaluate", {}, init)[0].metrics) == ["accuracy", "auroc", "loss"]
+    assert sorted(answer(plain, EvaluateTask(), init)[0].metrics) == ["accuracy", "auroc", "loss"]
 
 
 def test_a_forbidden_report_kind_never_leaves(tmp_path) -> None:
     agent = silo(tmp_path, reports={"forbidden": ["losses"]})
-    init, _ = answer(agent, "init", {"seed": 0})
-    assert "loss" not in answer(agent, "evaluate", {}, init)[0].metrics
-    refused, _ = answer(agent, "loss", {}, init)
+    init, _ = answer(agent, InitTask(seed=0))
+    assert "loss" not in answer(agent, EvaluateTask(), init)[0].metrics
+    refused, _ = answer(agent, LossProbe(), init)
     assert not refused.ok and "forbids loss reports" in refused.error
 
 
@@ -216,7 +215,7 @@ def test_forbidding_a_report_the_algorithm_needs_is_refused_when_the_policy_is_r
 def test_exact_feature_moments_are_refused_in_a_dp_deployment(tmp_path) -> None:
     with pytest.raises(PolicyError, match="data.scaling: 'federated' sends each silo's exact"):
         parse_policy({"version": 1, "data": {"scaling": "federated"}, "privacy": DP})
-    refused, _ = answer(silo(tmp_path), "feature_moments", {})
+    refused, _ = answer(silo(tmp_path), FeatureMoments())
     assert not refused.ok and "not released in a DP deployment" in refused.error
 
 
@@ -239,9 +238,9 @@ def test_site_rules_on_privacy_name_the_rule_a_policy_breaks() -> None:
 
 def test_a_splits_count_is_released_once_and_repeated_for_free(tmp_path) -> None:
     agent = silo(tmp_path)
-    init, _ = answer(agent, "init", {"seed": 0})
-    first, _ = answer(agent, "train", train_config(), init)
-    second, _ = answer(agent, "train", train_config(seed=4), init, round=2)
+    init, _ = answer(agent, InitTask(seed=0))
+    first, _ = answer(agent, train_config(), init)
+    second, _ = answer(agent, train_config(seed=4), init, round=2)
     assert first.num_samples == second.num_samples  # the same noisy value, not a new draw
     kinds = [r.mechanism.kind for r in agent.ledger.records()]
     assert kinds == ["public", "dp_sgd", "gaussian", "dp_sgd"]
@@ -259,8 +258,8 @@ def test_every_answer_carries_a_signed_receipt_of_its_own_booking(tmp_path) -> N
         deployment="d",
         identity=identity,
     )
-    init, _ = answer(agent, "init", {"seed": 0})
-    trained, sent = answer(agent, "train", train_config(), init)
+    init, _ = answer(agent, InitTask(seed=0))
+    trained, sent = answer(agent, train_config(), init)
     receipt = Receipt.from_json(TaskResult.decode(sent).receipt)
     last = agent.ledger.records()[-1]  # the answer's last record: the head AFTER its booking
     body = replace(TaskResult.decode(sent), receipt=None).encode()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -35,6 +36,13 @@ from fedsilo.silo.tasks.base import parameter_spec
 from fedsilo.silo.tasks.superfed import local_model, superfed_train_releases
 from fedsilo.silo.tasks.train import train_releases
 from fedsilo.wire.messages import TaskMessage, TaskResult
+from fedsilo.wire.tasks import (
+    LocalTraining,
+    SuperFedEvaluate,
+    SuperFedTrain,
+    TaskConfig,
+    TrainTask,
+)
 
 DATA = {"source": "sklearn:breast_cancer", "partition": {"kind": "iid", "silos": 3}}
 MODEL = {"name": "mlp", "hidden": [8]}
@@ -68,12 +76,24 @@ def agent(state: Path | None = None, privacy: PrivacyConfig | None = None) -> Si
     )
 
 
-def message(a: SiloAgent, kind: str, round_no: int, **config: object) -> TaskMessage:
+LOCAL_SEED = 11
+
+
+def message(a: SiloAgent, kind: str, round_no: int, **config: Any) -> TaskMessage:
+    """A `superfed_train`, `train` or `superfed_evaluate` task from a fresh model: local
+    training as TRAINING from seed 5, SuPerFed's SETTINGS, but where `config` says otherwise."""
     model = a.context.new_model(seed=0)
     spec = parameter_spec(model)
+    merged = {**TRAINING, "seed": 5, **SETTINGS, "mixing_on": False, **config}
+    keys = LocalTraining.json_keys()
+    local = LocalTraining(**{k: merged.pop(k) for k in list(merged) if k in keys})
+    typed: TaskConfig = {
+        "superfed_train": lambda: SuperFedTrain(local=local, local_seed=LOCAL_SEED, **merged),
+        "train": lambda: TrainTask(local=local),
+        "superfed_evaluate": lambda: SuperFedEvaluate(local_seed=LOCAL_SEED),
+    }[kind]()
     return TaskMessage(
-        f"{kind}-{round_no}", round_no, kind, kind, a.name,
-        {**TRAINING, "seed": 5, "local_seed": 11, **SETTINGS, **config},
+        f"{kind}-{round_no}", round_no, kind, a.name, typed,
         {"model": spec.flatten(dict(model.named_parameters()))}, spec,
     )  # fmt: skip
 
@@ -235,7 +255,7 @@ def test_dp_sgd_clips_each_rows_gradient_over_both_models_together() -> None:
     quiet = {"prox_mu": 0.0, "ortho_nu": 0.0}
     result = answer(a, "superfed_train", 1, mixing_on=True, **step, **quiet)
     received = message(a, "superfed_train", 1).tensors["model"]
-    start, _ = local_model(a.context, message(a, "superfed_train", 1), 1)
+    start, _ = local_model(a.context, message(a, "superfed_train", 1), LOCAL_SEED, 1)
     after = a.context.state.latest(LOCAL_MODEL, 2)
     local_move = torch.cat([(after[n] - start[n]).flatten() for n in start])
     federated_move = result.tensors["model"] - received

@@ -1,5 +1,7 @@
 """Silo task handlers: training, FedProx, evaluation, loss reports, and the agent's refusals."""
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -7,6 +9,15 @@ from fedsilo.policies.model import LinearModel
 from fedsilo.silo.agent import SiloAgent
 from fedsilo.silo.data import SiloDataset
 from fedsilo.wire.messages import TaskMessage, TaskResult
+from fedsilo.wire.tasks import (
+    EvaluateTask,
+    InitTask,
+    LocalTraining,
+    LossProbe,
+    TaskConfig,
+    TrainTask,
+)
+from tests.wire_tasks import reworded
 
 
 def separable(n: int = 200, seed: int = 0) -> SiloDataset:
@@ -33,31 +44,28 @@ def agent() -> SiloAgent:
     return SiloAgent("a", separable(), LinearModel(name="linear"))
 
 
-def run(agent: SiloAgent, kind: str, config: dict, model: TaskResult | None = None) -> TaskResult:
+def message(agent: SiloAgent, config: TaskConfig, model: TaskResult | None = None) -> TaskMessage:
     tensors = dict(model.tensors) if model else {}
-    message = TaskMessage(
-        f"t-{kind}", 1, kind, kind, agent.name, config, tensors, model.spec if model else None
+    kind = config.KIND
+    return TaskMessage(
+        f"t-{kind}", 1, kind, agent.name, config, tensors, model.spec if model else None
     )
-    return TaskResult.decode(agent.handle_bytes(message.encode()))
 
 
-def train_config(**overrides) -> dict:
-    return {
-        "epochs": 5,
-        "steps": None,
-        "batch_size": 16,
-        "optimizer": "sgd",
-        "lr": 0.5,
-        "momentum": 0.0,
-        "weight_decay": 0.0,
-        "prox_mu": 0.0,
-        "seed": 3,
-        **overrides,
-    }
+def run(agent: SiloAgent, config: TaskConfig, model: TaskResult | None = None) -> TaskResult:
+    return TaskResult.decode(agent.handle_bytes(message(agent, config, model).encode()))
+
+
+def train_config(**overrides: Any) -> TrainTask:
+    """5 epochs of SGD at 0.5 in batches of 16 from seed 3, but where `overrides` (local
+    training settings, or the task's options) say otherwise."""
+    local = {"epochs": 5, "batch_size": 16, "optimizer": "sgd", "lr": 0.5, "seed": 3}
+    local |= {k: overrides.pop(k) for k in list(overrides) if k in LocalTraining.json_keys()}
+    return TrainTask(local=LocalTraining(**local), **overrides)
 
 
 def test_init_is_determined_by_the_seed(agent: SiloAgent) -> None:
-    a, b, c = (run(agent, "init", {"seed": s}) for s in (1, 1, 2))
+    a, b, c = (run(agent, InitTask(seed=s)) for s in (1, 1, 2))
     assert a.tensors["model"].equal(b.tensors["model"]) and not a.tensors["model"].equal(
         c.tensors["model"]
     )
@@ -65,34 +73,30 @@ def test_init_is_determined_by_the_seed(agent: SiloAgent) -> None:
 
 
 def test_training_learns_and_reports_samples_and_loss(agent: SiloAgent) -> None:
-    initial = run(agent, "init", {"seed": 0})
-    before = run(agent, "evaluate", {"split": "test"}, initial)
-    trained = run(agent, "train", train_config(), initial)
-    after = run(agent, "evaluate", {"split": "test"}, trained)
+    initial = run(agent, InitTask(seed=0))
+    before = run(agent, EvaluateTask(split="test"), initial)
+    trained = run(agent, train_config(), initial)
+    after = run(agent, EvaluateTask(split="test"), trained)
     assert trained.ok and trained.num_samples == 200 and trained.metrics["steps"] == 5 * 13
     assert after.metrics["accuracy"] > 0.9 and after.metrics["loss"] < before.metrics["loss"]
     assert after.num_samples == 50
 
 
 def test_training_is_reproducible_for_a_seed(agent: SiloAgent) -> None:
-    initial = run(agent, "init", {"seed": 0})
-    first, second = (
-        run(agent, "train", train_config(optimizer="adam", lr=0.01), initial) for _ in range(2)
-    )
+    initial = run(agent, InitTask(seed=0))
+    first, second = (run(agent, train_config(optimizer="adam", lr=0.01), initial) for _ in range(2))
     assert first.tensors["model"].equal(second.tensors["model"])
 
 
 def test_steps_mode_runs_exactly_that_many_steps(agent: SiloAgent) -> None:
-    trained = run(
-        agent, "train", train_config(epochs=None, steps=7), run(agent, "init", {"seed": 0})
-    )
+    trained = run(agent, train_config(epochs=None, steps=7), run(agent, InitTask(seed=0)))
     assert trained.metrics["steps"] == 7
 
 
 def test_a_strong_proximal_term_keeps_the_model_near_the_one_received(agent: SiloAgent) -> None:
-    initial = run(agent, "init", {"seed": 0})
-    free = run(agent, "train", train_config(lr=0.05), initial)
-    held = run(agent, "train", train_config(lr=0.05, prox_mu=10.0), initial)
+    initial = run(agent, InitTask(seed=0))
+    free = run(agent, train_config(lr=0.05), initial)
+    held = run(agent, train_config(lr=0.05, prox_mu=10.0), initial)
     drift = {
         name: (r.tensors["model"] - initial.tensors["model"]).norm()
         for name, r in (("free", free), ("held", held))
@@ -101,15 +105,27 @@ def test_a_strong_proximal_term_keeps_the_model_near_the_one_received(agent: Sil
 
 
 def test_loss_report_is_the_mean_training_loss(agent: SiloAgent) -> None:
-    report = run(agent, "loss", {}, run(agent, "init", {"seed": 0}))
+    report = run(agent, LossProbe(), run(agent, InitTask(seed=0)))
     assert set(report.metrics) == {"loss"} and report.num_samples == 200
 
 
 def test_agent_refuses_tasks_for_another_silo_or_of_unknown_kind(agent: SiloAgent) -> None:
-    stranger = TaskMessage("t", 1, "x", "train", "b")
+    stranger = TaskMessage("t", 1, "x", "b", train_config())
     assert "addressed to 'b'" in agent.handle(stranger).error
-    unknown = run(agent, "transmogrify", {})
+    transmogrify = reworded(message(agent, InitTask(seed=0)), {}, kind="transmogrify")
+    unknown = TaskResult.decode(agent.handle_bytes(transmogrify))
     assert unknown.status == "error" and "unknown task kind" in unknown.error
+
+
+def test_agent_refuses_a_task_whose_config_is_not_its_kinds(agent: SiloAgent) -> None:
+    """A coordinator can send any JSON: an unknown or mistyped key is refused unrun, naming
+    the kind and the key."""
+    init = message(agent, InitTask(seed=0))
+    colour = TaskResult.decode(agent.handle_bytes(reworded(init, {"seed": 0, "colour": "red"})))
+    assert colour.status == "error" and colour.task_id == "t-init"
+    assert "init task: unknown config key(s) ['colour']" in colour.error
+    typed = TaskResult.decode(agent.handle_bytes(reworded(init, {"seed": "0"})))
+    assert "init task: config key 'seed' must be int" in typed.error
 
 
 def test_a_model_of_another_shape_is_refused_not_half_applied(agent: SiloAgent) -> None:
@@ -125,8 +141,8 @@ def test_a_model_of_another_shape_is_refused_not_half_applied(agent: SiloAgent) 
         ),
         LinearModel(name="linear"),
     )
-    foreign = run(other, "init", {"seed": 0})
-    result = run(agent, "train", train_config(), foreign)
+    foreign = run(other, InitTask(seed=0))
+    result = run(agent, train_config(), foreign)
     assert result.status == "error" and "does not fit" in result.error
 
 
@@ -139,8 +155,8 @@ def test_a_malformed_payload_gets_an_error_result() -> None:
 
 def test_a_pinned_silo_refuses_tasks_under_another_policy() -> None:
     pinned = SiloAgent("a", separable(), LinearModel(name="linear"), policy_digest="ab" * 32)
-    foreign = TaskMessage("t", 1, "init", "init", "a", {"seed": 0}, policy_digest="cd" * 32)
+    foreign = TaskMessage("t", 1, "init", "a", InitTask(seed=0), policy_digest="cd" * 32)
     refused = pinned.handle(foreign)
     assert refused.status == "error" and "this silo accepted 'abababababab' only" in refused.error
-    same = TaskMessage("t", 1, "init", "init", "a", {"seed": 0}, policy_digest="ab" * 32)
+    same = TaskMessage("t", 1, "init", "a", InitTask(seed=0), policy_digest="ab" * 32)
     assert pinned.handle(same).ok

@@ -8,6 +8,7 @@ import torch
 
 from fedsilo.wire.messages import PROTOCOL_VERSION, TaskMessage, TaskResult
 from fedsilo.wire.payload import Payload
+from fedsilo.wire.tasks import InitTask, LocalTraining, TrainTask
 from fedsilo.wire.tensors import (
     ParameterSpec,
     TensorBlocks,
@@ -63,19 +64,13 @@ def test_parameter_spec_refuses_mixed_dtypes() -> None:
 
 def test_task_message_round_trip() -> None:
     spec = ParameterSpec.of({"w": torch.zeros(3)})
+    config = TrainTask(local=LocalTraining(epochs=1, batch_size=8, optimizer="sgd", lr=0.1, seed=0))
     message = TaskMessage(
-        "t1",
-        3,
-        "train",
-        "train",
-        "a",
-        {"lr": 0.1, "epochs": 1},
-        {"model": torch.tensor([1.0, 2.0, 3.0])},
-        spec,
+        "t1", 3, "train", "a", config, {"model": torch.tensor([1.0, 2.0, 3.0])}, spec
     )
     decoded = TaskMessage.decode(message.encode())
     assert (decoded.task_id, decoded.round, decoded.kind, decoded.silo) == ("t1", 3, "train", "a")
-    assert decoded.config == {"lr": 0.1, "epochs": 1}
+    assert decoded.config == config
     assert decoded.spec == spec and decoded.tensors["model"].equal(message.tensors["model"])
 
 
@@ -116,7 +111,7 @@ def test_tasks_carrying_the_same_tensors_share_one_encoding_of_them() -> None:
     blocks = TensorBlocks()
     payloads = {
         silo: TaskMessage(
-            f"t-{silo}", 1, "train", "train", silo, tensors={"model": model}
+            f"t-{silo}", 1, "init", silo, InitTask(seed=0), {"model": model}
         ).encode_payload(blocks)
         for silo in ("a", "b", "c")
     }

@@ -1,8 +1,10 @@
 """The contract between coordinator and silos: a task message and its result.
 
 Each message is one safetensors blob: its tensors, and a JSON header with everything else
-(ids, round, task kind, configuration, scalar reports). `SiloEndpoint` is what every
-transport delivers bytes to: a function from an encoded task to an encoded result.
+(ids, round, task kind, configuration, scalar reports). A task's configuration is its kind's
+typed config (wire/tasks/); a header whose config does not read as its kind's is refused with
+a `BadTaskConfig` that still names the task. `SiloEndpoint` is what every transport delivers
+bytes to: a function from an encoded task to an encoded result.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 import torch
 
 from fedsilo.wire.payload import AnyPayload, Payload
+from fedsilo.wire.tasks import TaskConfig, decode_task_config
 from fedsilo.wire.tensors import (
     LazyTensor,
     ParameterSpec,
@@ -37,12 +40,6 @@ STATUS_BUDGET_EXHAUSTED = "budget_exhausted"  # the silo's privacy budget cannot
 # A `loss` task with `by_domain` reports, per domain d, these two metrics: the sum of d's rows'
 # losses and d's row count.
 DOMAIN_LOSS_SUM, DOMAIN_COUNT = "loss_sum", "count"
-
-
-# FedEvg's tensors: the synthetic points and their labels (to the silos), and per point the
-# energy gradient weighted by s = exp(-sign E) and the weight s itself (back).
-SYNTHETIC, SYNTHETIC_LABELS = "synthetic", "synthetic_labels"
-WEIGHTED_GRADIENT, WEIGHT = "weighted_gradient", "weight"
 
 
 def schema_metrics(input_shape: tuple[int, ...], classes: int | None) -> dict[str, float]:
@@ -74,18 +71,49 @@ def domains_in(metrics: Mapping[str, float]) -> set[str]:
 
 
 @dataclass(frozen=True)
-class TaskMessage:
-    """Work the coordinator asks of one silo."""
+class TaskHeader:
+    """Who a task is for and under what: everything of a task message but its config and
+    tensors (what a silo needs to book the refusal of a task it cannot read)."""
 
     task_id: str
     round: int
     phase: str
     kind: str
     silo: str
-    config: Mapping[str, Any] = field(default_factory=dict)
+    policy_digest: str = ""
+
+
+class BadTaskConfig(WireError):
+    """A task whose header reads but whose config is not its kind's (or whose kind is
+    unknown); `header` names the task."""
+
+    def __init__(self, header: TaskHeader, why: WireError) -> None:
+        super().__init__(str(why))
+        self.header = header
+
+
+@dataclass(frozen=True)
+class TaskMessage:
+    """Work the coordinator asks of one silo: a task of `config.KIND`."""
+
+    task_id: str
+    round: int
+    phase: str
+    silo: str
+    config: TaskConfig
     tensors: Mapping[str, torch.Tensor] = field(default_factory=dict)
     spec: ParameterSpec | None = None
     policy_digest: str = ""  # the deployment policy this task runs under (policy pinning)
+
+    @property
+    def kind(self) -> str:
+        return self.config.KIND
+
+    @property
+    def header(self) -> TaskHeader:
+        return TaskHeader(
+            self.task_id, self.round, self.phase, self.kind, self.silo, self.policy_digest
+        )
 
     def encode(self) -> bytes:
         return self.encode_payload(TensorBlocks()).to_bytes()
@@ -102,7 +130,7 @@ class TaskMessage:
             "phase": self.phase,
             "kind": self.kind,
             "silo": self.silo,
-            "config": dict(self.config),
+            "config": self.config.to_json(),
             "spec": self.spec.to_json() if self.spec else None,
         }
         return encode_payload(blocks.of(self.tensors), header)
@@ -112,19 +140,32 @@ class TaskMessage:
         tensors, header = decode_tensors(data)
         h = _checked(header, "task")
         try:
-            return cls(
+            named = TaskHeader(
                 task_id=str(h["task_id"]),
                 round=int(h["round"]),
                 phase=str(h["phase"]),
                 kind=str(h["kind"]),
                 silo=str(h["silo"]),
-                config=dict(h["config"]),
-                tensors=tensors,
-                spec=ParameterSpec.from_json(h["spec"]) if h["spec"] else None,
                 policy_digest=str(h["policy_digest"]),
             )
+            spec = ParameterSpec.from_json(h["spec"]) if h["spec"] else None
+            config = h["config"]
         except (KeyError, TypeError, ValueError) as exc:
             raise WireError(f"malformed task header: {exc}") from exc
+        try:
+            typed = decode_task_config(named.kind, config)
+        except WireError as exc:
+            raise BadTaskConfig(named, exc) from exc
+        return cls(
+            task_id=named.task_id,
+            round=named.round,
+            phase=named.phase,
+            silo=named.silo,
+            config=typed,
+            tensors=tensors,
+            spec=spec,
+            policy_digest=named.policy_digest,
+        )
 
 
 @dataclass(frozen=True)

@@ -19,9 +19,25 @@ import torch
 from fedsilo.coordinator.phases import Identical, Phase, PhaseOutcome, Task, WeightedMean
 from fedsilo.coordinator.seeding import derive_rng, derive_seed
 from fedsilo.policies.schema import Policy
+from fedsilo.wire.tasks import (
+    EvaluateTask,
+    FeatureMoments,
+    InitTask,
+    LocalTraining,
+    Standardise,
+    TaskConfig,
+    TrainTask,
+)
+from fedsilo.wire.tasks.tensor_names import (
+    MODEL,
+    MOMENT_COUNT,
+    MOMENT_SUM,
+    MOMENT_SUMSQ,
+    SCALER_MEAN,
+    SCALER_STD,
+)
 from fedsilo.wire.tensors import ParameterSpec
 
-MODEL = "model"
 MIXING = "mixing"  # state.extra of a mixing schedule: its state, and `weights` by silo
 
 
@@ -82,7 +98,6 @@ class SetupError(RuntimeError):
 
 class Strategy:
     name: ClassVar[str]
-    train_kind: ClassVar[str] = "train"  # the silo task that trains (SuPerFed: its own)
 
     def __init__(self, policy: Policy) -> None:
         self.policy = policy
@@ -92,7 +107,7 @@ class Strategy:
         if self.policy.data.scaling == "federated":
             yield from self.federated_scaling(ctx)
         tasks = tuple(
-            Task(s, "init", {"seed": derive_seed(ctx.seed, "model-init")}) for s in ctx.silos
+            Task(s, InitTask(seed=derive_seed(ctx.seed, "model-init"))) for s in ctx.silos
         )
         out = yield Phase("init", tasks, aggregate=Identical((MODEL,)), quorum=1)
         ((first, tensors),) = out.tensors.items()
@@ -111,20 +126,20 @@ class Strategy:
         The strategy sees only the sums (averaged with equal weights, so every ratio below is
         the pooled one), never one silo's moments.
         """
-        names = ("count", "sum", "sumsq")
+        names = (MOMENT_COUNT, MOMENT_SUM, MOMENT_SUMSQ)
         out = yield Phase(
             "moments",
-            tuple(Task(s, "feature_moments") for s in ctx.silos),
+            tuple(Task(s, FeatureMoments()) for s in ctx.silos),
             aggregate=WeightedMean(names, weights=dict.fromkeys(ctx.silos, 1.0)),
         )
-        count = out.mean["count"].clamp(min=1e-12)
-        mean = out.mean["sum"] / count
-        std = (out.mean["sumsq"] / count - mean**2).clamp(min=0).sqrt()
+        count = out.mean[MOMENT_COUNT].clamp(min=1e-12)
+        mean = out.mean[MOMENT_SUM] / count
+        std = (out.mean[MOMENT_SUMSQ] / count - mean**2).clamp(min=0).sqrt()
         std = torch.where(std > 1e-12, std, torch.ones_like(std))
-        scaler = {"mean": mean, "std": std}
+        scaler = {SCALER_MEAN: mean, SCALER_STD: std}
         yield Phase(
             "standardise",
-            tuple(Task(s, "standardise", tensors=scaler) for s in self.data_silos(ctx)),
+            tuple(Task(s, Standardise(), tensors=scaler) for s in self.data_silos(ctx)),
         )
 
     def data_silos(self, ctx: RoundContext) -> tuple[str, ...]:
@@ -157,32 +172,33 @@ class Strategy:
         spec: ParameterSpec,
         ctx: RoundContext,
         prox_mu: float = 0.0,
-        extra: Mapping[str, Any] | None = None,
+        **options: Any,
     ) -> Task:
-        """A `train_kind` task from `model` with the policy's training settings, the strategy's
-        own (`train_settings`) and `extra`."""
+        """A training task from `model`: the policy's training settings with `prox_mu` in the
+        config `train_config` builds (`options`: `TrainTask`'s optional fields)."""
         training = self.policy.training
-        config = {
-            "epochs": training.epochs,
-            "steps": training.steps,
-            "batch_size": training.batch_size,
-            "optimizer": training.optimizer,
-            "lr": training.lr_at(ctx.round - 1, ctx.total_rounds),
-            "momentum": training.momentum,
-            "weight_decay": training.weight_decay,
-            "prox_mu": prox_mu,
-            "seed": ctx.seed_for("train", silo),
-            **self.train_settings(silo, ctx),
-            **(extra or {}),
-        }
-        return Task(silo, self.train_kind, config, {MODEL: model}, spec)
+        local = LocalTraining(
+            epochs=training.epochs,
+            steps=training.steps,
+            batch_size=training.batch_size,
+            optimizer=training.optimizer,
+            lr=training.lr_at(ctx.round - 1, ctx.total_rounds),
+            momentum=training.momentum,
+            weight_decay=training.weight_decay,
+            prox_mu=prox_mu,
+            seed=ctx.seed_for("train", silo),
+        )
+        return Task(silo, self.train_config(local, silo, ctx, **options), {MODEL: model}, spec)
 
-    def train_settings(self, silo: str, ctx: RoundContext) -> Mapping[str, Any]:
-        """What the strategy's training tasks carry beyond the policy's training section."""
-        return {}
+    def train_config(
+        self, local: LocalTraining, silo: str, ctx: RoundContext, **options: Any
+    ) -> TaskConfig:
+        """The config of the strategy's training task: plain `train` here (SuPerFed and FedEvg
+        send their own kinds)."""
+        return TrainTask(local=local, **options)
 
     @staticmethod
     def evaluate_task(
         silo: str, model: torch.Tensor, spec: ParameterSpec, split: str = "test"
     ) -> Task:
-        return Task(silo, "evaluate", {"split": split}, {MODEL: model}, spec)
+        return Task(silo, EvaluateTask(split=split), {MODEL: model}, spec)

@@ -44,17 +44,17 @@ from fedsilo.coordinator.mixing import (
 from fedsilo.coordinator.phases import Phase, Task, WeightedMean
 from fedsilo.coordinator.strategies.base import (
     MIXING,
-    MODEL,
     RoundContext,
     RoundScript,
     ServerState,
     Strategy,
 )
 from fedsilo.policies.algorithms.drfa import DrfaConfig, DrflmConfig
+from fedsilo.wire.tasks import LossProbe
+from fedsilo.wire.tasks.tensor_names import CHECKPOINT, MODEL
 
 log = logging.getLogger(__name__)
 
-CHECKPOINT = "checkpoint"
 DRAW_TRIES = 100
 FEDTORCH_STEP_DECAY = 0.9  # R-FedTorch multiplies drfa_gamma by 0.9 every round
 
@@ -104,7 +104,7 @@ class Drfa(Strategy):
         probe = yield Phase(
             "probe",
             tuple(
-                Task(s, "loss", self._probe_config(s, ctx), {MODEL: averaged}, state.spec)
+                Task(s, self._probe_config(s, ctx), {MODEL: averaged}, state.spec)
                 for s in sorted(reachable[i] for i in probed)
             ),
         )
@@ -135,17 +135,16 @@ class Drfa(Strategy):
         checkpoint: int,
         scales: dict[str, float],
     ) -> tuple[Task, ...]:
-        extra: dict[str, Any] = {"checkpoint_step": checkpoint}
+        options: dict[str, Any] = {"checkpoint_step": checkpoint}
         if self.mixup:
-            extra |= {
-                "mixup_alpha": self.config.mixup_alpha,
-                "mixup_on": self.config.mixup_on,
-            }
-        tasks = []
-        for silo in silos:
-            scale = {"update_scale": scales[silo]} if silo in scales else {}
-            tasks.append(self.train_task(silo, state.model, state.spec, ctx, extra=extra | scale))
-        return tuple(tasks)
+            options |= {"mixup_alpha": self.config.mixup_alpha, "mixup_on": self.config.mixup_on}
+        return tuple(
+            # an explicit scale of 1.0 is sent as such: the silo is told its scale
+            self.train_task(
+                silo, state.model, state.spec, ctx, update_scale=scales.get(silo), **options
+            )
+            for silo in silos
+        )
 
     def _draw_from_lambda(
         self,
@@ -189,12 +188,12 @@ class Drfa(Strategy):
         scales = {silos[i]: float(lam[i] * len(silos)) for i in chosen}
         return dict.fromkeys(scales, 1.0), scales
 
-    def _probe_config(self, silo: str, ctx: RoundContext) -> dict[str, Any]:
-        config: dict[str, Any] = {"split": "train"}
+    def _probe_config(self, silo: str, ctx: RoundContext) -> LossProbe:
         if self.mixup and self.config.probe == "mixup":
-            config |= {"mixup_alpha": self.config.mixup_alpha}
-            config["seed"] = ctx.seed_for("probe", silo)
-        return config
+            return LossProbe(
+                split="train", mixup_alpha=self.config.mixup_alpha, seed=ctx.seed_for("probe", silo)
+            )
+        return LossProbe(split="train")
 
 
 class Drflm(Drfa):

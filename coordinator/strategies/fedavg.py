@@ -14,7 +14,6 @@ so the strategy sees only the noised mean, as FedOpt's server step does.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -22,13 +21,14 @@ import torch
 
 from fedsilo.coordinator.phases import Phase, WeightedMean
 from fedsilo.coordinator.strategies.base import (
-    MODEL,
     RoundContext,
     RoundScript,
     ServerState,
     Strategy,
 )
 from fedsilo.policies.algorithms import ApproxFedAvgConfig, FedAvgConfig, FedProxConfig
+from fedsilo.wire.tasks import LocalTraining, TaskConfig, TrainTask
+from fedsilo.wire.tasks.tensor_names import MODEL
 
 
 class FedAvg(Strategy):
@@ -63,10 +63,14 @@ class ApproxFedAvg(FedAvg):
 
     name = "approx_fedavg"
 
-    def train_settings(self, silo: str, ctx: RoundContext) -> Mapping[str, Any]:
+    def train_config(
+        self, local: LocalTraining, silo: str, ctx: RoundContext, **options: Any
+    ) -> TaskConfig:
         settings = self.policy.algorithm
         assert isinstance(settings, ApproxFedAvgConfig)
-        return {
-            "domain_temperature": settings.temperature,
-            "domain_reduction": settings.domain_reduction,
-        }
+        return TrainTask(
+            local=local,
+            domain_temperature=settings.temperature,
+            domain_reduction=settings.domain_reduction,
+            **options,
+        )

@@ -29,7 +29,6 @@ import torch
 from fedsilo.coordinator.phases import Phase, PhaseOutcome, SiloReport, Task, WeightedMean
 from fedsilo.coordinator.radon import iterated_radon_point, radon_height, radon_number
 from fedsilo.coordinator.strategies.base import (
-    MODEL,
     EvaluationScript,
     RoundContext,
     RoundScript,
@@ -37,6 +36,8 @@ from fedsilo.coordinator.strategies.base import (
     Strategy,
 )
 from fedsilo.policies.algorithms import FedDcConfig
+from fedsilo.wire.tasks import DaisyEvaluate, DaisyTrain, TrainTask
+from fedsilo.wire.tasks.tensor_names import MODEL
 
 log = logging.getLogger(__name__)
 
@@ -100,9 +101,7 @@ class FedDC(Strategy):
         aggregates = self.config.aggregation_period is not None
         for split in ("test", "train"):
             prefix = "" if split == "test" else "train_"
-            tasks = tuple(
-                Task(s, "daisy_evaluate", {"split": split}, spec=state.spec) for s in ctx.silos
-            )
+            tasks = tuple(Task(s, DaisyEvaluate(split=split), spec=state.spec) for s in ctx.silos)
             local = yield Phase(f"evaluate_local_{split}", tasks, quorum=1)
             outcomes.append((("local_" if aggregates else "") + prefix, local))
             if aggregates:
@@ -123,10 +122,11 @@ class FedDC(Strategy):
         """One round of local training of what `silo` hosts (after adopting the aggregate
         when it must); `send`: the result goes to the coordinator."""
         base = self.train_task(silo, state.model, state.spec, ctx, self.config.prox_mu)
+        assert isinstance(base.config, TrainTask)
         adopting = silo in adopt
-        config = {**base.config, "adopt": adopting, "send": send}
+        config = DaisyTrain(train=base.config, adopt=adopting, send=send)
         tensors = {MODEL: state.model} if adopting else {}
-        return Task(silo, "daisy_train", config, tensors, state.spec)
+        return Task(silo, config, tensors, state.spec)
 
     def _permutation(
         self, sampled: tuple[str, ...], lineage: dict[str, list[str]], ctx: RoundContext

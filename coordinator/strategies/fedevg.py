@@ -16,7 +16,6 @@ own test split. A round no silo answers leaves the points where they were.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -25,7 +24,6 @@ import torch
 from fedsilo.coordinator.phases import Phase, Task, WeightedMean
 from fedsilo.coordinator.seeding import derive_seed
 from fedsilo.coordinator.strategies.base import (
-    MODEL,
     RoundContext,
     RoundScript,
     ServerState,
@@ -41,12 +39,14 @@ from fedsilo.coordinator.synthetic import (
 )
 from fedsilo.models.zoo import build_model
 from fedsilo.policies.algorithms import FedEvgConfig
-from fedsilo.wire.messages import (
+from fedsilo.wire.messages import schema_of
+from fedsilo.wire.tasks import EnergySignals, LocalTraining, SchemaTask, TaskConfig
+from fedsilo.wire.tasks.tensor_names import (
+    MODEL,
     SYNTHETIC,
     SYNTHETIC_LABELS,
     WEIGHT,
     WEIGHTED_GRADIENT,
-    schema_of,
 )
 
 SCHEMA = "schema"  # state.extra: the silos' input shape and number of classes
@@ -56,7 +56,6 @@ class FedEvg(Strategy):
     """Energy signals instead of models, a synthetic set at the coordinator (thesis ch. IV)."""
 
     name = "fedevg"
-    train_kind = "energy_signals"
 
     @property
     def config(self) -> FedEvgConfig:
@@ -64,7 +63,7 @@ class FedEvg(Strategy):
 
     def setup(self, ctx: RoundContext) -> RoundScript:
         state = yield from super().setup(ctx)
-        out = yield Phase(SCHEMA, tuple(Task(s, SCHEMA) for s in ctx.silos), quorum=1)
+        out = yield Phase(SCHEMA, tuple(Task(s, SchemaTask()) for s in ctx.silos), quorum=1)
         schemas = {s: schema_of(r.metrics) for s, r in out.reports.items()}
         first = min(schemas)
         for silo, schema in sorted(schemas.items()):
@@ -106,19 +105,23 @@ class FedEvg(Strategy):
             tensors[MODEL] = self.classifier(state, moved, ctx)
         return replace(state, tensors=tensors)
 
-    def train_settings(self, silo: str, ctx: RoundContext) -> Mapping[str, Any]:
+    def train_config(
+        self, local: LocalTraining, silo: str, ctx: RoundContext, **options: Any
+    ) -> TaskConfig:
         config = self.config
-        return {
-            "energy": config.energy,
-            "sgld_steps": config.client_sgld_steps,
-            "sgld_step": config.client_sgld_step,
-            "sgld_noise": config.client_sgld_noise,
-            "gradient_clip": config.gradient_clip,
-            "synthetic_ce_weight": config.synthetic_ce_weight,
-            "spectral_norm": config.spectral_norm,
-            "persist_local_model": config.persist_local_model,
-            "model_seed": ctx.seed_for("energy-model", silo),
-        }
+        return EnergySignals(
+            local=local,
+            energy=config.energy,
+            sgld_steps=config.client_sgld_steps,
+            sgld_step=config.client_sgld_step,
+            sgld_noise=config.client_sgld_noise,
+            gradient_clip=config.gradient_clip,
+            synthetic_ce_weight=config.synthetic_ce_weight,
+            spectral_norm=config.spectral_norm,
+            persist_local_model=config.persist_local_model,
+            model_seed=ctx.seed_for("energy-model", silo),
+            **options,
+        )
 
     def energy_task(self, silo: str, state: ServerState, ctx: RoundContext) -> Task:
         """A training task that carries the synthetic set instead of a model."""

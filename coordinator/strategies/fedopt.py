@@ -17,9 +17,10 @@ from dataclasses import replace
 
 import torch
 
-from fedsilo.coordinator.strategies.base import MODEL, RoundContext, RoundScript, ServerState
+from fedsilo.coordinator.strategies.base import RoundContext, RoundScript, ServerState
 from fedsilo.coordinator.strategies.fedavg import FedAvg
 from fedsilo.policies.algorithms import FedOptConfig
+from fedsilo.wire.tasks.tensor_names import MODEL
 
 
 class FedOpt(FedAvg):

@@ -60,7 +60,6 @@ from fedsilo.coordinator.mixing import (
 from fedsilo.coordinator.phases import Phase, SiloReport, Task, WeightedMean
 from fedsilo.coordinator.strategies.base import (
     MIXING,
-    MODEL,
     RoundContext,
     RoundScript,
     ServerState,
@@ -77,6 +76,8 @@ from fedsilo.policies.algorithms.loss_weighted import (
     TermConfig,
 )
 from fedsilo.wire.messages import DOMAIN_COUNT, DOMAIN_LOSS_SUM, domain_metric, domains_in
+from fedsilo.wire.tasks import LossProbe
+from fedsilo.wire.tasks.tensor_names import MODEL
 
 log = logging.getLogger(__name__)
 
@@ -91,22 +92,20 @@ class LossWeighted(Strategy):
     def config(self) -> LossWeightedConfig:
         return self.policy.algorithm  # type: ignore[return-value]
 
-    probe_config: Mapping[str, Any] = {"split": "train"}
+    probe_config = LossProbe()
 
     def round(self, state: ServerState, ctx: RoundContext) -> RoundScript:
         chosen = self.sample_silos(ctx)
         probe = yield Phase(
             "loss",
-            tuple(
-                Task(s, "loss", self.probe_config, {MODEL: state.model}, state.spec) for s in chosen
-            ),
+            tuple(Task(s, self.probe_config, {MODEL: state.model}, state.spec) for s in chosen),
         )
         mixing = dict(state.extra.get(MIXING, {}))
         mixing.setdefault("silos", sorted(ctx.silos))
         weights, mixing = self.decide_from(probe.reports, mixing, ctx)
-        extra = self.train_extra(mixing)
+        options = self.train_options(mixing)
         tasks = tuple(
-            self.train_task(s, state.model, state.spec, ctx, self.config.prox_mu, extra)
+            self.train_task(s, state.model, state.spec, ctx, self.config.prox_mu, **options)
             for s in sorted(weights)
         )
         out = yield Phase("train", tasks, aggregate=WeightedMean((MODEL,), weights))
@@ -135,8 +134,8 @@ class LossWeighted(Strategy):
         """Coefficients for the silos that reported, and the schedule's new state."""
         raise NotImplementedError
 
-    def train_extra(self, mixing: Mapping[str, Any]) -> dict[str, Any]:
-        """What the round's train tasks carry besides the training settings."""
+    def train_options(self, mixing: Mapping[str, Any]) -> dict[str, Any]:
+        """The round's train tasks' optional `TrainTask` fields."""
         return {}
 
 
@@ -256,8 +255,8 @@ class AgnosticFedAvg(LambdaSchedule):
         return self.config.domains == "data"
 
     @property
-    def probe_config(self) -> Mapping[str, Any]:  # type: ignore[override]
-        return {"split": "train", "by_domain": True} if self.by_domain else {"split": "train"}
+    def probe_config(self) -> LossProbe:  # type: ignore[override]
+        return LossProbe(by_domain=self.by_domain)
 
     def decide_from(
         self, reports: Mapping[str, SiloReport], mixing: dict[str, Any], ctx: RoundContext
@@ -299,7 +298,7 @@ class AgnosticFedAvg(LambdaSchedule):
         mixing["lam"] = lam.tolist()
         return dict(zip(sorted(totals), betas.tolist(), strict=True)), mixing
 
-    def train_extra(self, mixing: Mapping[str, Any]) -> dict[str, Any]:
+    def train_options(self, mixing: Mapping[str, Any]) -> dict[str, Any]:
         return {"domain_weights": mixing["omega"]} if self.by_domain else {}
 
     def decide(self, reported: Reported, mixing: dict[str, Any], ctx: RoundContext) -> Decision:

@@ -12,7 +12,6 @@ from dataclasses import replace
 
 from fedsilo.coordinator.phases import Phase
 from fedsilo.coordinator.strategies.base import (
-    MODEL,
     EvaluationScript,
     RoundContext,
     RoundScript,
@@ -20,6 +19,7 @@ from fedsilo.coordinator.strategies.base import (
     Strategy,
 )
 from fedsilo.policies.schema import Policy
+from fedsilo.wire.tasks.tensor_names import MODEL
 
 POOLED_SILO = "pooled"
 

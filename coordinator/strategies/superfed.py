@@ -12,48 +12,52 @@ validation split chooses.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from fedsilo.coordinator.phases import Phase
+from fedsilo.coordinator.phases import Phase, Task
 from fedsilo.coordinator.seeding import derive_seed
 from fedsilo.coordinator.strategies.base import EvaluationScript, RoundContext, ServerState
 from fedsilo.coordinator.strategies.fedavg import FedAvg
 from fedsilo.policies.algorithms import SuperFedConfig
+from fedsilo.wire.tasks import LocalTraining, SuperFedEvaluate, SuperFedTrain, TaskConfig
+from fedsilo.wire.tasks.tensor_names import MODEL
 
 
 class SuperFed(FedAvg):
     """Personalised FL: a private local model mixed with the federated one (Hahn et al. 2022)."""
 
     name = "superfed"
-    train_kind = "superfed_train"
 
     @property
     def config(self) -> SuperFedConfig:  # type: ignore[override]
         return self.policy.algorithm  # type: ignore[return-value]
 
-    def train_settings(self, silo: str, ctx: RoundContext) -> Mapping[str, Any]:
+    def train_config(
+        self, local: LocalTraining, silo: str, ctx: RoundContext, **options: Any
+    ) -> TaskConfig:
         config = self.config
-        return {
-            "mixing": config.mixing,
-            "mixing_on": ctx.round >= config.mixing_from(ctx.total_rounds),
-            "ortho_nu": config.ortho_nu,
-            "prox_mu": config.prox_mu,
-            "prox_form": config.prox_form,
-            "local_seed": self.local_seed(silo, ctx),
-        }
+        return SuperFedTrain(
+            local=replace(local, prox_mu=config.prox_mu),
+            mixing=config.mixing,
+            mixing_on=ctx.round >= config.mixing_from(ctx.total_rounds),
+            ortho_nu=config.ortho_nu,
+            prox_form=config.prox_form,
+            local_seed=self.local_seed(silo, ctx),
+            **options,
+        )
 
     def evaluate(self, state: ServerState, ctx: RoundContext) -> EvaluationScript:
-        settings = {
-            "lambda_grid": self.config.lambda_grid,
-            "min_validation": self.config.min_validation,
-        }
         tasks = tuple(
-            replace(
-                self.evaluate_task(s, state.model, state.spec),
-                kind="superfed_evaluate",
-                config={**settings, "local_seed": self.local_seed(s, ctx)},
+            Task(
+                s,
+                SuperFedEvaluate(
+                    local_seed=self.local_seed(s, ctx),
+                    lambda_grid=self.config.lambda_grid,
+                    min_validation=self.config.min_validation,
+                ),
+                {MODEL: state.model},
+                state.spec,
             )
             for s in ctx.silos
         )

@@ -6,7 +6,7 @@ import hashlib
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from nacl.public import PrivateKey, PublicKey
@@ -22,9 +22,11 @@ from fedsilo.silo.data import SiloDataset
 from fedsilo.silo.reports import Reports
 from fedsilo.silo.state import LocalState
 from fedsilo.wire.messages import TaskMessage, TaskResult
+from fedsilo.wire.tasks import EncryptedInput, MaskedInput, TaskConfig
+from fedsilo.wire.tasks.tensor_names import MODEL
 from fedsilo.wire.tensors import ParameterSpec, WireError
 
-MODEL = "model"
+Config = TypeVar("Config", bound=TaskConfig)
 
 
 @dataclass(frozen=True)
@@ -116,11 +118,20 @@ def flat_parameters(model: nn.Module, spec: ParameterSpec) -> torch.Tensor:
     return spec.flatten(dict(model.named_parameters()))
 
 
+def config_of(message: TaskMessage, cls: type[Config]) -> Config:
+    """`message`'s config as the `cls` its handler reads."""
+    if not isinstance(message.config, cls):
+        raise WireError(f"a {message.kind} task is no {cls.KIND} task")
+    return message.config
+
+
 def inner_message(message: TaskMessage) -> TaskMessage:
-    """The task a secure-aggregation step wraps (`inner_kind`, `inner_config`), with the
-    step's model and ids: the silo runs it as if it had come alone."""
+    """The task a secure-aggregation step wraps (its `inner` config), with the step's model
+    and ids: the silo runs it as if it had come alone."""
     config = message.config
-    return replace(message, kind=str(config["inner_kind"]), config=config["inner_config"])
+    if not isinstance(config, MaskedInput | EncryptedInput):
+        raise WireError(f"a {message.kind} task wraps no task")
+    return replace(message, config=config.inner)
 
 
 def new_session(ctx: SiloContext, protocol: str, message: TaskMessage) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -44,10 +44,6 @@ from nacl.signing import SigningKey
 
 from fedsilo.privacy.accounting import Mechanism
 from fedsilo.privacy.ckks import (
-    CHUNK,
-    PUBLIC_CONTEXT,
-    SEALED_CONTEXT,
-    SUM,
     CkksError,
     CkksParameters,
     add_encrypted,
@@ -66,6 +62,7 @@ from fedsilo.silo.aggregation_log import aggregation_log
 from fedsilo.silo.reports import reports_mechanism
 from fedsilo.silo.tasks.base import (
     SiloContext,
+    config_of,
     find_session,
     inner_message,
     new_session,
@@ -74,10 +71,17 @@ from fedsilo.silo.tasks.base import (
     with_tensors,
 )
 from fedsilo.wire.messages import TaskMessage, TaskResult
+from fedsilo.wire.tasks import CkksDecrypt, CkksJoin, CkksKeygen, EncryptedInput
+from fedsilo.wire.tasks.tensor_names import (
+    CHUNK,
+    CONTRIBUTION,
+    PUBLIC_CONTEXT,
+    SEALED_CONTEXT,
+    SUM,
+)
 from fedsilo.wire.tensors import bytes_tensor, tensor_bytes
 
 GRID_BELOW_SCALE_BITS = 18  # the decrypted sum is rounded to 2^-(scale bits - 18)
-CONTRIBUTION = "ckks/signature"  # a contributor's signature over its encrypted input
 
 
 def keygen(message: TaskMessage, ctx: SiloContext) -> TaskResult:
@@ -85,7 +89,7 @@ def keygen(message: TaskMessage, ctx: SiloContext) -> TaskResult:
     named = ctx.secure_aggregation.key_holder
     if named is not None and named != ctx.name:
         raise CkksError(f"the policy names {named!r} as the CKKS key holder, not {ctx.name!r}")
-    recipients = sorted(message.config["recipients"])
+    recipients = sorted(config_of(message, CkksKeygen).recipients)
     outsiders = [r for r in recipients if r not in ctx.sealing_roster]
     if outsiders:
         raise CkksError(f"{outsiders} are not members of this consortium; no key for them")
@@ -102,13 +106,14 @@ def keygen(message: TaskMessage, ctx: SiloContext) -> TaskResult:
 
 
 def join(message: TaskMessage, ctx: SiloContext) -> TaskResult:
-    key_holder = str(message.config["key_holder"])
+    task = config_of(message, CkksJoin)
+    key_holder = task.key_holder
     named = ctx.secure_aggregation.key_holder
     if named is not None and named != key_holder:
         raise CkksError(f"the policy names {named!r} as the CKKS key holder, not {key_holder!r}")
     if key_holder not in ctx.roster:
         raise CkksError(f"the key holder {key_holder!r} is not a member of this consortium")
-    digest = str(message.config["context_digest"])
+    digest = task.context_digest
     contexts = _contexts(ctx)
     if digest not in contexts:
         if SEALED_CONTEXT not in message.tensors:
@@ -144,7 +149,8 @@ def encrypted_input(message: TaskMessage, ctx: SiloContext) -> TaskResult:
     if session.get("encrypted"):
         raise CkksError("this aggregation already has this silo's input; a second is refused")
     context = _contexts(ctx)[session["digest"]]
-    weights = _weights(message.config["weights"])
+    task = config_of(message, EncryptedInput)
+    weights = _weights(task.weights)
     _check_weights(weights, ctx, ctx.name)
     weight = weights[ctx.name]
     inner = inner_message(message)
@@ -152,7 +158,7 @@ def encrypted_input(message: TaskMessage, ctx: SiloContext) -> TaskResult:
     bound = ctx.secure_aggregation.bound
     updates = [
         (result.tensors[name].double().cpu() - inner.tensors[name].double().cpu()).reshape(-1)
-        for name in message.config["tensors"]
+        for name in task.tensors
     ]
     flat = torch.cat(updates).clamp_(-bound, bound).mul_(weight) if updates else torch.zeros(0)
     session["encrypted"] = True
@@ -168,13 +174,14 @@ def decrypted_sum(message: TaskMessage, ctx: SiloContext) -> TaskResult:
     if session.get("decrypted"):
         raise CkksError("this aggregation's sum was already decrypted; a second is refused")
     context = _contexts(ctx)[session["digest"]]
-    weights = _weights(message.config["weights"])
-    inputs = _signed_inputs(message, ctx, session["digest"], weights)
+    task = config_of(message, CkksDecrypt)
+    weights = _weights(task.weights)
+    inputs = _signed_inputs(message, task.contributors, ctx, session["digest"], weights)
     _check_weights(weights, ctx, None, members=list(inputs))
     aggregation_log(ctx).claim(_label(message, ctx), "decrypt")
     session["decrypted"] = True
     summed = add_encrypted(context, [inputs[silo] for silo in sorted(inputs)])
-    total = decrypt(summed, context, int(message.config["length"]))
+    total = decrypt(summed, context, task.length)
     grid = 2.0 ** (GRID_BELOW_SCALE_BITS - ctx.secure_aggregation.ckks.global_scale_bits)
     return task_result(message, ctx, {SUM: torch.from_numpy(np.round(total / grid) * grid)})
 
@@ -194,12 +201,16 @@ def encrypted_input_releases(message: TaskMessage, ctx: SiloContext) -> list[Mec
 
 
 def _signed_inputs(
-    message: TaskMessage, ctx: SiloContext, digest: str, weights: Mapping[str, float]
+    message: TaskMessage,
+    contributors: Sequence[str],
+    ctx: SiloContext,
+    digest: str,
+    weights: Mapping[str, float],
 ) -> dict[str, list[bytes]]:
     """Each contributor's chunks, after checking its signature over them: at least the
     policy's `min_group` contributors, each a member that encrypted under this weight vector."""
     inputs: dict[str, list[bytes]] = {}
-    for silo in sorted({str(s) for s in message.config["contributors"]}):
+    for silo in sorted(set(contributors)):
         if silo not in ctx.roster:
             raise CkksError(f"{silo!r} is not a member of this consortium")
         prefix = f"{silo}/"  # the coordinator relays each input's tensors under its silo
@@ -241,8 +252,8 @@ def _contribution(
     return b"|".join((b"fedsilo/ckks-input", _label(message, ctx), body, hashed.digest()))
 
 
-def _weights(raw: Mapping[str, Any]) -> dict[str, float]:
-    return {str(silo): float(weight) for silo, weight in dict(raw).items()}
+def _weights(raw: Mapping[str, float]) -> dict[str, float]:
+    return {silo: float(weight) for silo, weight in raw.items()}
 
 
 def _check_weights(

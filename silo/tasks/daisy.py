@@ -16,14 +16,12 @@ one round's local steps at a time, and hands it on or sends it for aggregation w
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
 
 import torch
 from nacl.public import PrivateKey, PublicKey
 
 from fedsilo.privacy.accounting import Mechanism
 from fedsilo.privacy.handoff import (
-    HANDOFF,
     HandoffError,
     binding,
     open_sealed,
@@ -31,21 +29,27 @@ from fedsilo.privacy.handoff import (
     seal,
     unpack,
 )
-from fedsilo.silo.proximal import PROX_ANCHOR
-from fedsilo.silo.tasks.base import (
-    MODEL,
-    SiloContext,
-    with_tensors,
-)
+from fedsilo.silo.tasks.base import SiloContext, config_of, with_tensors
 from fedsilo.silo.tasks.evaluate import evaluate, evaluate_releases
 from fedsilo.silo.tasks.train import train, train_releases
 from fedsilo.wire.messages import TaskMessage, TaskResult
+from fedsilo.wire.tasks import (
+    DaisyEvaluate,
+    DaisyReceive,
+    DaisyReseal,
+    DaisyTrain,
+    EvaluateTask,
+    Handoff,
+    TaskConfig,
+)
+from fedsilo.wire.tasks.tensor_names import HANDOFF, MODEL, PROX_ANCHOR
 from fedsilo.wire.tensors import bytes_tensor, tensor_bytes
 
 
 def daisy_train(message: TaskMessage, ctx: SiloContext) -> TaskResult:
+    task = config_of(message, DaisyTrain)
     hosted = _hosted(ctx)
-    if message.config.get("adopt"):
+    if task.adopt:
         if MODEL not in message.tensors:
             raise HandoffError("daisy_train says adopt but carries no model")
         hosted["model"] = hosted["anchor"] = message.tensors[MODEL]
@@ -54,18 +58,19 @@ def daisy_train(message: TaskMessage, ctx: SiloContext) -> TaskResult:
             f"{ctx.name} hosts no daisy-chain model yet; the first task must carry one to adopt"
         )
     result = train(
-        _as(message, "train", {MODEL: hosted["model"], PROX_ANCHOR: hosted["anchor"]}), ctx
+        _as(message, task.train, {MODEL: hosted["model"], PROX_ANCHOR: hosted["anchor"]}), ctx
     )
     hosted["model"] = trained = result.tensors[MODEL]
     tensors: dict[str, torch.Tensor] = {}
-    if message.config.get("send"):
+    if task.send:
         tensors[MODEL] = trained
-    if "handoff" in message.config:
-        tensors[HANDOFF] = _packed(message, ctx, trained)
+    if task.handoff is not None:
+        tensors[HANDOFF] = _packed(task.handoff, message, ctx, trained)
     return with_tensors(message, ctx, result, tensors)
 
 
 def daisy_reseal(message: TaskMessage, ctx: SiloContext) -> TaskResult:
+    handoff = config_of(message, DaisyReseal).handoff
     hosted = _hosted(ctx)
     if "model" not in hosted:
         raise HandoffError(f"{ctx.name} hosts no daisy-chain model to hand off")
@@ -73,7 +78,7 @@ def daisy_reseal(message: TaskMessage, ctx: SiloContext) -> TaskResult:
         task_id=message.task_id,
         silo=ctx.name,
         kind=message.kind,
-        tensors={HANDOFF: _packed(message, ctx, hosted["model"])},
+        tensors={HANDOFF: _packed(handoff, message, ctx, hosted["model"])},
     )
 
 
@@ -82,7 +87,7 @@ def daisy_receive(message: TaskMessage, ctx: SiloContext) -> TaskResult:
     if HANDOFF not in message.tensors:
         raise HandoffError("daisy_receive carries no hand-off")
     data = tensor_bytes(message.tensors[HANDOFF])
-    if message.config.get("sealed"):
+    if config_of(message, DaisyReceive).sealed:
         data = open_sealed(data, _sealing_key(ctx))
     model = unpack(data, binding(ctx.deployment, message.round))
     expected = hosted["model"].numel() if "model" in hosted else model.numel()
@@ -98,35 +103,41 @@ def daisy_evaluate(message: TaskMessage, ctx: SiloContext) -> TaskResult:
     hosted = _hosted(ctx)
     if "model" not in hosted:
         raise HandoffError(f"{ctx.name} hosts no daisy-chain model to evaluate")
-    return evaluate(_as(message, "evaluate", {MODEL: hosted["model"]}), ctx)
+    return evaluate(_as(message, _evaluation(message), {MODEL: hosted["model"]}), ctx)
 
 
 def daisy_train_releases(message: TaskMessage, ctx: SiloContext) -> list[Mechanism]:
     """Every local step is booked, sent or not: the hosted model leaves sooner or later."""
-    return train_releases(_as(message, "train", {}), ctx)
+    return train_releases(_as(message, config_of(message, DaisyTrain).train, {}), ctx)
 
 
 def daisy_evaluate_releases(message: TaskMessage, ctx: SiloContext) -> list[Mechanism]:
-    return evaluate_releases(_as(message, "evaluate", {}), ctx)
+    return evaluate_releases(_as(message, _evaluation(message), {}), ctx)
 
 
-def _packed(message: TaskMessage, ctx: SiloContext, model: torch.Tensor) -> torch.Tensor:
-    """The model packed for this round's recipient: sealed to the key the task names, which
-    must be a roster member's (the coordinator cannot slip in a key of its own)."""
-    handoff: dict[str, Any] = message.config["handoff"]
+def _evaluation(message: TaskMessage) -> EvaluateTask:
+    return EvaluateTask(split=config_of(message, DaisyEvaluate).split)
+
+
+def _packed(
+    handoff: Handoff, message: TaskMessage, ctx: SiloContext, model: torch.Tensor
+) -> torch.Tensor:
+    """The model packed for this round's recipient: sealed to the key `handoff` names, which
+    must be a roster member's (the coordinator cannot slip in a key of its own), or plain."""
     packed = pack(model, binding(ctx.deployment, message.round))
-    if "seal_to" not in handoff:
+    if handoff.seal_to is None:
         return bytes_tensor(packed)
-    key = bytes.fromhex(str(handoff["seal_to"]))
+    key = bytes.fromhex(handoff.seal_to)
     members = {bytes(public) for name, public in ctx.sealing_roster.items() if name != ctx.name}
     if key not in members:
         raise HandoffError("the hand-off key is no other member's; refusing to seal to it")
     return bytes_tensor(seal(packed, PublicKey(key)))
 
 
-def _as(message: TaskMessage, kind: str, tensors: dict[str, torch.Tensor]) -> TaskMessage:
-    """The task run on the hosted model: `kind` with this task's config and ids."""
-    return replace(message, kind=kind, tensors=tensors)
+def _as(message: TaskMessage, config: TaskConfig, tensors: dict[str, torch.Tensor]) -> TaskMessage:
+    """The task run on the hosted model: `config` (a `train` or `evaluate` task) with this
+    task's ids."""
+    return replace(message, config=config, tensors=tensors)
 
 
 def _hosted(ctx: SiloContext) -> dict[str, torch.Tensor]:

@@ -24,15 +24,18 @@ from fedsilo.privacy.accounting import Mechanism
 from fedsilo.silo.energy import EnergySettings, EnergyTraining, with_spectral_norm
 from fedsilo.silo.local_loop import local_steps, optimizer_for, released_training
 from fedsilo.silo.schedule import LocalSchedule
-from fedsilo.silo.tasks.base import SiloContext
+from fedsilo.silo.tasks.base import SiloContext, config_of
 from fedsilo.silo.tasks.train import train_releases
 from fedsilo.wire.messages import (
+    TaskMessage,
+    TaskResult,
+)
+from fedsilo.wire.tasks import EnergySignals
+from fedsilo.wire.tasks.tensor_names import (
     SYNTHETIC,
     SYNTHETIC_LABELS,
     WEIGHT,
     WEIGHTED_GRADIENT,
-    TaskMessage,
-    TaskResult,
 )
 
 if TYPE_CHECKING:  # Opacus loads only on the DP path
@@ -48,15 +51,15 @@ def energy_signals_releases(message: TaskMessage, ctx: SiloContext) -> list[Mech
 
 
 def energy_signals(message: TaskMessage, ctx: SiloContext) -> TaskResult:
-    config = message.config
-    settings = EnergySettings.of(config)
+    task = config_of(message, EnergySignals)
+    settings = EnergySettings.of(task)
     synthetic = _synthetic_set(message, ctx)
     x, y = ctx.split("train")
-    schedule = LocalSchedule.of(config, len(y))
-    seed = int(config["seed"])
-    model = _energy_model(message, ctx)
+    schedule = LocalSchedule.of(task.local, len(y))
+    seed = task.local.seed
+    model = _energy_model(task, message.round, ctx)
     training = EnergyTraining(model, (x, y), synthetic, settings, seed)
-    optimizer = optimizer_for(model.parameters(), config)
+    optimizer = optimizer_for(model.parameters(), task.local)
     model.train()
 
     def private(plan: DpSgdPlan, private_seed: int) -> list[float | None]:
@@ -73,7 +76,7 @@ def energy_signals(message: TaskMessage, ctx: SiloContext) -> TaskResult:
     losses, metrics = local_steps(
         message, ctx, schedule, lambda batches: training.train(optimizer, batches), private
     )
-    if config.get("persist_local_model"):
+    if task.persist_local_model:
         ctx.state.save(LOCAL_MODEL, message.round, model.state_dict())
     weighted, weights = training.signals()
     count = released_training(ctx, message, schedule, losses, metrics)
@@ -106,15 +109,14 @@ def _synthetic_set(message: TaskMessage, ctx: SiloContext) -> tuple[torch.Tensor
     return x, labels
 
 
-def _energy_model(message: TaskMessage, ctx: SiloContext) -> nn.Module:
+def _energy_model(task: EnergySignals, round_no: int, ctx: SiloContext) -> nn.Module:
     """This round's energy model: fresh from `model_seed` (spectrally normalised last layer when
     asked), or, with `persist_local_model`, the silo's model of its last round."""
-    config = message.config
-    model = ctx.new_model(seed=int(config["model_seed"]))
-    if config.get("spectral_norm"):
-        model = with_spectral_norm(model, int(config["model_seed"]))
-    if config.get("persist_local_model"):
-        kept = ctx.state.latest(LOCAL_MODEL, message.round)
+    model = ctx.new_model(seed=task.model_seed)
+    if task.spectral_norm:
+        model = with_spectral_norm(model, task.model_seed)
+    if task.persist_local_model:
+        kept = ctx.state.latest(LOCAL_MODEL, round_no)
         if kept is not None:
             model.load_state_dict({k: v.to(ctx.device) for k, v in kept.items()})
     return model

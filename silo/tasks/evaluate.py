@@ -28,7 +28,7 @@ from fedsilo.silo.domains import split_domains
 from fedsilo.silo.evaluation import metrics_for, per_sample_loss_function
 from fedsilo.silo.mixup import MixupDraws, mixed_losses, mixup_on
 from fedsilo.silo.reports import DOMAIN_REPORTS, LOSSES, METRICS, Reports, reports_mechanism
-from fedsilo.silo.tasks.base import SiloContext
+from fedsilo.silo.tasks.base import SiloContext, config_of
 from fedsilo.wire.messages import (
     DOMAIN_COUNT,
     DOMAIN_LOSS_SUM,
@@ -36,6 +36,8 @@ from fedsilo.wire.messages import (
     TaskResult,
     domain_metric,
 )
+from fedsilo.wire.tasks import EvaluateTask, LossProbe
+from fedsilo.wire.tensors import WireError
 
 EVAL_BATCH = 4096
 # Metrics with a bounded sensitivity, the only ones a DP deployment reports (besides the loss).
@@ -44,22 +46,23 @@ ALL_METRICS = {"classification": ("accuracy", "auroc"), "regression": ("rmse", "
 
 
 def evaluate(message: TaskMessage, ctx: SiloContext) -> TaskResult:
-    return _report(message, ctx, evaluated_metrics(ctx), default_split="test")
+    return _report(message, ctx, evaluated_metrics(ctx))
 
 
 def report_loss(message: TaskMessage, ctx: SiloContext) -> TaskResult:
-    if message.config.get("by_domain"):
+    probe = config_of(message, LossProbe)
+    if probe.by_domain:
         return _domain_losses(message, ctx)
-    if message.config.get("mixup_alpha") is None:
-        return _report(message, ctx, _loss_only(ctx), default_split="train")
-    return _mixed_loss(message, ctx)
+    if probe.mixup_alpha is None:
+        return _report(message, ctx, _loss_only(ctx))
+    return _mixed_loss(message, probe, ctx)
 
 
 def _domain_losses(message: TaskMessage, ctx: SiloContext) -> TaskResult:
     """AgnosticFedAvg's probe: every domain's loss sum and row count on the split."""
     _loss_only(ctx)
     model, _ = ctx.load_model(message)
-    split = _split(message, "train")
+    split = _split(message)
     x, y = ctx.split(split)
     names, codes = split_domains(ctx, split)
     per_row = _per_row_losses(ctx, model, x, y)
@@ -87,16 +90,17 @@ def _per_row_losses(
         )
 
 
-def _mixed_loss(message: TaskMessage, ctx: SiloContext) -> TaskResult:
+def _mixed_loss(message: TaskMessage, probe: LossProbe, ctx: SiloContext) -> TaskResult:
     """DRFLM's probe: the mean mixed loss over the split's rows in order, each mixed with a
     partner at a ratio drawn with the task's `seed` (silo/mixup.py), reported like a loss."""
     _loss_only(ctx)
-    if message.config.get("seed") is None:
+    assert probe.mixup_alpha is not None
+    if probe.seed is None:
         raise ValueError("a loss task with mixup_alpha needs a seed for its mixup draws")
     model, _ = ctx.load_model(message)
-    split = _split(message, "train")
+    split = probe.split
     x, y = ctx.split(split)
-    draws = MixupDraws(message.config["mixup_alpha"], int(message.config["seed"]), len(y))
+    draws = MixupDraws(probe.mixup_alpha, probe.seed, len(y))
     partners, gamma = draws.draw(len(y))
     rows = torch.arange(len(y), device=x.device)
     model.eval()
@@ -113,7 +117,7 @@ def _mixed_loss(message: TaskMessage, ctx: SiloContext) -> TaskResult:
                     rows[batch],
                     partners[batch],
                     gamma[batch],
-                    mixup_on(message.config),
+                    mixup_on(probe.mixup_site),
                 )
             )
     reports = ctx.reports(message.task_id, split)
@@ -125,18 +129,22 @@ def _mixed_loss(message: TaskMessage, ctx: SiloContext) -> TaskResult:
 
 
 def evaluate_releases(message: TaskMessage, ctx: SiloContext) -> list[Mechanism]:
-    count = ctx.unreleased_counts(_split(message, "test"))
+    count = ctx.unreleased_counts(_split(message))
     return reports_mechanism(ctx.privacy, count + len(evaluated_metrics(ctx)))
 
 
 def loss_releases(message: TaskMessage, ctx: SiloContext) -> list[Mechanism]:
-    count = ctx.unreleased_counts(_split(message, "train"))
-    losses = DOMAIN_REPORTS if message.config.get("by_domain") else len(_loss_only(ctx))
+    count = ctx.unreleased_counts(_split(message))
+    losses = DOMAIN_REPORTS if config_of(message, LossProbe).by_domain else len(_loss_only(ctx))
     return reports_mechanism(ctx.privacy, count + losses)
 
 
-def _split(message: TaskMessage, default: str) -> str:
-    return str(message.config.get("split", default))
+def _split(message: TaskMessage) -> str:
+    """The split an `evaluate` (test unless it names one) or `loss` task (train) reads."""
+    config = message.config
+    if not isinstance(config, EvaluateTask | LossProbe):
+        raise WireError(f"a {message.kind} task names no split")
+    return config.split
 
 
 def evaluated_metrics(ctx: SiloContext) -> tuple[str, ...]:
@@ -177,11 +185,9 @@ def measured(
     return {name: exact[name] for name in names}
 
 
-def _report(
-    message: TaskMessage, ctx: SiloContext, names: tuple[str, ...], default_split: str
-) -> TaskResult:
+def _report(message: TaskMessage, ctx: SiloContext, names: tuple[str, ...]) -> TaskResult:
     model, _ = ctx.load_model(message)
-    split = _split(message, default_split)
+    split = _split(message)
     model.eval()
     reports = ctx.reports(message.task_id, split)
     data = ctx.split(split)

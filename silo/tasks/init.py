@@ -6,8 +6,10 @@ Neither depends on the silo's rows (not even their number), so both are public r
 from __future__ import annotations
 
 from fedsilo.privacy.accounting import Mechanism
-from fedsilo.silo.tasks.base import MODEL, SiloContext, flat_parameters, parameter_spec
+from fedsilo.silo.tasks.base import SiloContext, config_of, flat_parameters, parameter_spec
 from fedsilo.wire.messages import TaskMessage, TaskResult, schema_metrics
+from fedsilo.wire.tasks import InitTask
+from fedsilo.wire.tasks.tensor_names import MODEL
 
 
 def public_release(message: TaskMessage, ctx: SiloContext) -> list[Mechanism]:
@@ -16,7 +18,7 @@ def public_release(message: TaskMessage, ctx: SiloContext) -> list[Mechanism]:
 
 
 def initialise(message: TaskMessage, ctx: SiloContext) -> TaskResult:
-    model = ctx.new_model(int(message.config["seed"]))
+    model = ctx.new_model(config_of(message, InitTask).seed)
     spec = parameter_spec(model)
     return TaskResult(
         task_id=message.task_id,

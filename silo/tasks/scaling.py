@@ -13,6 +13,13 @@ import torch
 from fedsilo.privacy.accounting import Mechanism
 from fedsilo.silo.tasks.base import SiloContext
 from fedsilo.wire.messages import TaskMessage, TaskResult
+from fedsilo.wire.tasks.tensor_names import (
+    MOMENT_COUNT,
+    MOMENT_SUM,
+    MOMENT_SUMSQ,
+    SCALER_MEAN,
+    SCALER_STD,
+)
 
 
 def moments_releases(message: TaskMessage, ctx: SiloContext) -> list[Mechanism]:
@@ -26,15 +33,15 @@ def feature_moments(message: TaskMessage, ctx: SiloContext) -> TaskResult:
     observed = ~torch.isnan(x)
     values = torch.where(observed, x, torch.zeros_like(x))
     moments = {
-        "count": observed.sum(0).to(torch.float64),
-        "sum": values.sum(0),
-        "sumsq": (values**2).sum(0),
+        MOMENT_COUNT: observed.sum(0).to(torch.float64),
+        MOMENT_SUM: values.sum(0),
+        MOMENT_SUMSQ: (values**2).sum(0),
     }
     return TaskResult(message.task_id, ctx.name, message.kind, num_samples=len(x), tensors=moments)
 
 
 def standardise(message: TaskMessage, ctx: SiloContext) -> TaskResult:
-    mean, std = message.tensors["mean"], message.tensors["std"]
+    mean, std = message.tensors[SCALER_MEAN], message.tensors[SCALER_STD]
     width = ctx.data.x_train[0].numel() if len(ctx.data.x_train) else mean.numel()
     if mean.shape != (width,) or std.shape != (width,) or bool((std <= 0).any()):
         raise ValueError(f"scaler does not fit this silo's {width} features")

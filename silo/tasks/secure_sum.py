@@ -40,11 +40,6 @@ from nacl.signing import SigningKey
 
 from fedsilo.privacy.accounting import Mechanism
 from fedsilo.privacy.masking import (
-    ADVERTISEMENT,
-    CONFIRMATION,
-    REVEALED_KEY,
-    REVEALED_SEED,
-    SHARE_TO,
     Advertisement,
     FixedPoint,
     MaskingError,
@@ -66,6 +61,7 @@ from fedsilo.silo.aggregation_log import aggregation_log
 from fedsilo.silo.reports import reports_mechanism
 from fedsilo.silo.tasks.base import (
     SiloContext,
+    config_of,
     find_session,
     inner_message,
     new_session,
@@ -74,6 +70,14 @@ from fedsilo.silo.tasks.base import (
     with_tensors,
 )
 from fedsilo.wire.messages import TaskMessage, TaskResult
+from fedsilo.wire.tasks import MaskedInput, SecAggConfirm, SecAggShare, SecAggUnmask
+from fedsilo.wire.tasks.tensor_names import (
+    ADVERTISEMENT,
+    CONFIRMATION,
+    REVEALED_KEY,
+    REVEALED_SEED,
+    SHARE_TO,
+)
 from fedsilo.wire.tensors import bytes_tensor
 
 
@@ -131,14 +135,14 @@ def masked_input(message: TaskMessage, ctx: SiloContext) -> TaskResult:
     session = _session(message, ctx, "seed")
     if "sharers" in session:
         raise MaskingError("this aggregation already has this silo's masked input")
-    config = message.config
-    sharers = set(config["shares"]) | {ctx.name}
+    config = config_of(message, MaskedInput)
+    sharers = set(config.shares) | {ctx.name}
     _check_members(sharers, session, "sent shares")
     _check_group(len(sharers), "shared their secrets", ctx, session["threshold"])
-    weights = {str(silo): float(w) for silo, w in dict(config["weights"]).items()}
+    weights = {silo: float(w) for silo, w in config.weights.items()}
     _check_weights(weights, sharers, ctx)
     keys: MaskingKeys = session["keys"]
-    for sender, hex_share in config["shares"].items():
+    for sender, hex_share in config.shares.items():
         advert: Advertisement = session["adverts"][sender]
         session["received"][sender] = decrypt_share(
             sender,
@@ -156,7 +160,7 @@ def masked_input(message: TaskMessage, ctx: SiloContext) -> TaskResult:
     label = _label(message, ctx)
     peers = {p: session["adverts"][p].masking_key for p in sharers if p != ctx.name}
     masked = {}
-    for name in config["tensors"]:
+    for name in config.tensors:
         update = (result.tensors[name].double().cpu() - inner.tensors[name].double().cpu()).reshape(
             -1
         )
@@ -187,8 +191,8 @@ def unmask(message: TaskMessage, ctx: SiloContext) -> TaskResult:
             "check fails, nothing is revealed"
         )
     signatures = {
-        str(silo): bytes.fromhex(str(hex_signature))
-        for silo, hex_signature in dict(message.config["signatures"]).items()
+        silo: bytes.fromhex(hex_signature)
+        for silo, hex_signature in config_of(message, SecAggUnmask).signatures.items()
         if silo in survivors
     }
     statement = _statement(message, ctx, session, survivors)
@@ -271,7 +275,10 @@ def _check_weights(weights: dict[str, float], members: set[str], ctx: SiloContex
 def _survivors(message: TaskMessage, ctx: SiloContext, session: dict[str, Any]) -> list[str]:
     """The task's survivors, checked: sharers all, this silo among them, enough of them, and
     enough of them carrying weight."""
-    survivors = {str(s) for s in message.config["survivors"]}
+    config = message.config
+    if not isinstance(config, SecAggConfirm | SecAggUnmask):
+        raise MaskingError(f"a {message.kind} task names no survivors")
+    survivors = set(config.survivors)
     _check_members(survivors, session, "survived", within="sharers")
     if ctx.name not in survivors:
         raise MaskingError(f"{ctx.name} is not among the survivors it is asked to unmask")
@@ -297,7 +304,7 @@ def _verified_advertisements(
 ) -> dict[str, Advertisement]:
     label = _label(message, ctx)
     adverts = {}
-    for silo, hex_advert in sorted(message.config["advertisements"].items()):
+    for silo, hex_advert in sorted(config_of(message, SecAggShare).advertisements.items()):
         if silo not in ctx.roster:
             raise MaskingError(f"{silo!r} is not a member of this consortium")
         advert = Advertisement.from_bytes(silo, bytes.fromhex(hex_advert))

@@ -46,10 +46,12 @@ from fedsilo.silo.superfed import (
     mixed,
     orthogonality,
 )
-from fedsilo.silo.tasks.base import MODEL, SiloContext, flat_parameters
+from fedsilo.silo.tasks.base import SiloContext, config_of, flat_parameters
 from fedsilo.silo.tasks.evaluate import evaluated_metrics, measured
 from fedsilo.silo.tasks.train import train_releases
 from fedsilo.wire.messages import TaskMessage, TaskResult
+from fedsilo.wire.tasks import SuperFedEvaluate, SuperFedTrain
+from fedsilo.wire.tasks.tensor_names import MODEL
 
 if TYPE_CHECKING:  # Opacus loads only on the DP path
     from fedsilo.silo.dp_training import DpSgdPlan
@@ -58,15 +60,15 @@ superfed_train_releases = train_releases
 
 
 def superfed_train(message: TaskMessage, ctx: SiloContext) -> TaskResult:
-    config = message.config
-    settings = SuperFedRound.of(config)
+    task = config_of(message, SuperFedTrain)
+    settings = SuperFedRound.of(task)
     model, spec = ctx.load_model(message)
     x, y = ctx.split("train")
-    schedule = LocalSchedule.of(config, len(y))
-    seed = int(config["seed"])
-    local, _ = local_model(ctx, message, message.round)
+    schedule = LocalSchedule.of(task.local, len(y))
+    seed = task.local.seed
+    local, _ = local_model(ctx, message, task.local_seed, message.round)
     training = SuperFedTraining(model, local, settings, seed, (x, y, ctx.data.task))
-    optimizer = optimizer_for(training.parameters, config)
+    optimizer = optimizer_for(training.parameters, task.local)
     model.train()
 
     def private(plan: DpSgdPlan, private_seed: int) -> list[float | None]:
@@ -105,13 +107,13 @@ def superfed_train(message: TaskMessage, ctx: SiloContext) -> TaskResult:
 
 
 def local_model(
-    ctx: SiloContext, message: TaskMessage, before_round: int
+    ctx: SiloContext, message: TaskMessage, local_seed: int, before_round: int
 ) -> tuple[dict[str, torch.Tensor], bool]:
     """The silo's local model as of the rounds before `before_round`, and whether it was
     trained; a fresh one (not trained) from the task's `local_seed` when there is none yet."""
     stored = ctx.state.latest(LOCAL_MODEL, before_round)
     if stored is None:
-        fresh = ctx.new_model(seed=int(message.config["local_seed"]))
+        fresh = ctx.new_model(seed=local_seed)
         return {n: p.detach() for n, p in fresh.named_parameters()}, False
     shapes = {n: tuple(t.shape) for n, t in stored.items()}
     assert message.spec is not None  # load_model checked it
@@ -124,12 +126,12 @@ def local_model(
 
 
 def superfed_evaluate(message: TaskMessage, ctx: SiloContext) -> TaskResult:
-    config = message.config
+    task = config_of(message, SuperFedEvaluate)
     model, _ = ctx.load_model(message)
-    local, trained = local_model(ctx, message, message.round + 1)
+    local, trained = local_model(ctx, message, task.local_seed, message.round + 1)
     grid = _grid(message, ctx)
     test_names, selection_names = _metric_names(ctx)
-    selection = _selection_split(ctx, config)
+    selection = _selection_split(ctx, task)
     test, chosen = ctx.split("test"), ctx.split(selection)
     reports = ctx.reports(message.task_id, "test")
     federated = {n: p.detach().clone() for n, p in model.named_parameters()}
@@ -182,11 +184,11 @@ def _grid(message: TaskMessage, ctx: SiloContext) -> np.ndarray:
     (a fresh local model's curve says nothing)."""
     if ctx.state.latest(LOCAL_MODEL, message.round + 1) is None:
         return np.zeros(1)
-    return lambda_grid(message.config)
+    return lambda_grid(config_of(message, SuperFedEvaluate))
 
 
-def lambda_grid(config: dict) -> np.ndarray:
-    points = int(config.get("lambda_grid", 11))
+def lambda_grid(task: SuperFedEvaluate) -> np.ndarray:
+    points = task.lambda_grid
     if points < 2:
         raise ValueError(f"lambda_grid needs at least 2 points, not {points}")
     return np.linspace(0.0, 1.0, points)
@@ -201,8 +203,8 @@ def _metric_names(ctx: SiloContext) -> tuple[tuple[str, ...], tuple[str, ...]]:
     return names, selection
 
 
-def _selection_split(ctx: SiloContext, config: dict) -> str:
-    enough = len(ctx.data.y_val) >= int(config.get("min_validation", 20))
+def _selection_split(ctx: SiloContext, task: SuperFedEvaluate) -> str:
+    enough = len(ctx.data.y_val) >= task.min_validation
     return "val" if enough else "train"
 
 

@@ -33,14 +33,22 @@ from fedsilo.privacy.accounting import Mechanism
 from fedsilo.silo.client_dp import clipped_update, share_mechanism
 from fedsilo.silo.domains import domain_objective
 from fedsilo.silo.drfa_training import Checkpoint, checkpoint_step, scaled, update_scale
-from fedsilo.silo.local_loop import gradient_steps, local_steps, optimizer_for, released_training
+from fedsilo.silo.local_loop import (
+    gradient_steps,
+    local_steps,
+    local_training,
+    optimizer_for,
+    released_training,
+)
 from fedsilo.silo.mixup import MixupDraws, mixed_loss_of, mixup_on
 from fedsilo.silo.objectives import MeanOfRows, Objective, RowLoss
 from fedsilo.silo.proximal import Proximal
 from fedsilo.silo.reports import reports_mechanism
 from fedsilo.silo.schedule import LocalSchedule
-from fedsilo.silo.tasks.base import MODEL, SiloContext, flat_parameters
+from fedsilo.silo.tasks.base import SiloContext, config_of, flat_parameters
 from fedsilo.wire.messages import TaskMessage, TaskResult
+from fedsilo.wire.tasks import TrainTask
+from fedsilo.wire.tasks.tensor_names import MODEL
 
 if TYPE_CHECKING:  # Opacus loads only on the DP path
     from torch import Tensor, nn
@@ -57,26 +65,29 @@ def train_releases(message: TaskMessage, ctx: SiloContext) -> list[Mechanism]:
     if privacy.dp_sgd is not None:
         from fedsilo.silo.dp_training import dp_sgd_plan
 
-        model = dp_sgd_plan(privacy, message.config, len(ctx.data.y_train), ctx.rounds).mechanism()
+        local = local_training(message.config)
+        model = dp_sgd_plan(privacy, local, len(ctx.data.y_train), ctx.rounds).mechanism()
     else:
         model = share_mechanism(message, ctx)
     return [model, *reports_mechanism(privacy, ctx.unreleased_counts("train"))]
 
 
 def train(message: TaskMessage, ctx: SiloContext) -> TaskResult:
-    config = message.config
+    task = config_of(message, TrainTask)
+    local = task.local
     model, spec = ctx.load_model(message)
     x, y = ctx.split("train")
     n = len(y)
     if n == 0:
         raise ValueError(f"silo {ctx.name!r} has no training samples")
-    schedule = LocalSchedule.of(config, n)
-    optimizer = optimizer_for(model.parameters(), config)
-    proximal = Proximal.of(message, model, spec)
-    objective = _objective(message, ctx, model, x, y)
-    scale = update_scale(config, ctx.privacy)
-    checkpoint = Checkpoint(checkpoint_step(config, schedule.steps, ctx.privacy), model, spec)
-    seed = int(config["seed"])
+    schedule = LocalSchedule.of(local, n)
+    optimizer = optimizer_for(model.parameters(), local)
+    proximal = Proximal.of(local.prox_mu, message.tensors, model, spec)
+    objective = _objective(task, ctx, model, x, y)
+    scale = update_scale(task.scale, ctx.privacy)
+    step = checkpoint_step(task.checkpoint_step, schedule.steps, ctx.privacy)
+    checkpoint = Checkpoint(step, model, spec)
+    seed = local.seed
 
     def private(plan: DpSgdPlan, private_seed: int) -> list[float | None]:
         from fedsilo.silo.dp_training import train_private
@@ -124,16 +135,14 @@ def train(message: TaskMessage, ctx: SiloContext) -> TaskResult:
 
 
 def _objective(
-    message: TaskMessage, ctx: SiloContext, model: nn.Module, x: Tensor, y: Tensor
+    task: TrainTask, ctx: SiloContext, model: nn.Module, x: Tensor, y: Tensor
 ) -> Objective:
     """The loss of `model` on the rows of (x, y), each mixed under `mixup_alpha`, weighted by
     domain when the task asks."""
-    config = message.config
     objective: Objective = RowLoss(ctx.data.task, model, x, y)
-    alpha = config.get("mixup_alpha")
-    if alpha is not None:  # DRFLM: every step on mixed rows
-        draws = MixupDraws(alpha, int(config["seed"]), len(y))
-        on = mixup_on(config)
+    if task.mixup_alpha is not None:  # DRFLM: every step on mixed rows
+        draws = MixupDraws(task.mixup_alpha, task.local.seed, len(y))
+        on = mixup_on(task.mixup_site)
         objective = MeanOfRows(mixed_loss_of(ctx.data.task, model, x, y, draws, on))
-    by_domain = domain_objective(config, ctx, objective.per_sample_loss)
+    by_domain = domain_objective(task, ctx, objective.per_sample_loss)
     return by_domain if by_domain is not None else objective

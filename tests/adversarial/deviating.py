@@ -15,7 +15,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any
 
 import torch
 
@@ -31,6 +30,7 @@ from fedsilo.policies.loading import parse_policy_text
 from fedsilo.wire.envelope import EnvelopeVerifier
 from fedsilo.wire.messages import TaskMessage, TaskResult
 from fedsilo.wire.payload import as_payload
+from fedsilo.wire.tasks import TaskConfig
 from fedsilo.wire.tensors import ParameterSpec
 from tests.deployment import Consortium
 
@@ -95,22 +95,21 @@ class DeviatingCoordinator:
     def task(
         self,
         silo: str,
-        kind: str,
+        config: TaskConfig,
         *,
         round_no: int = 1,
-        config: Mapping[str, Any] | None = None,
         tensors: Mapping[str, torch.Tensor] | None = None,
         spec: ParameterSpec | None = None,
         task_id: str | None = None,
     ) -> TaskMessage:
         """A task as the honest engine would word it, under the signed policy's digest."""
+        kind = config.KIND
         return TaskMessage(
             task_id or f"{self.deployment}/r{round_no}/{kind}/{silo}",
             round_no,
             kind,
-            kind,
             silo,
-            dict(config or {}),
+            config,
             dict(tensors or {}),
             spec,
             policy_digest=self.signed.digest,
@@ -133,9 +132,8 @@ class DeviatingCoordinator:
         )
         return self.task(
             silo,
-            "train",
+            honest.config,
             round_no=round_no,
-            config=honest.config,
             tensors=honest.tensors,
             spec=honest.spec,
             task_id=task_id,

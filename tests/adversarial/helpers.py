@@ -14,6 +14,7 @@ from fedsilo.policies.privacy import PrivacyConfig
 from fedsilo.privacy.ledger import PrivacyLedger
 from fedsilo.silo.agent import SiloAgent
 from fedsilo.wire.messages import TaskMessage, TaskResult
+from fedsilo.wire.tasks import InitTask, TaskConfig
 from tests.test_dp_training import LINEAR
 from tests.test_tasks import separable, train_config
 
@@ -59,18 +60,17 @@ class SiloSite:
 
 def task(
     agent: SiloAgent,
-    kind: str,
-    config: dict,
+    config: TaskConfig,
     model: TaskResult | None = None,
     *,
     round: int = 1,
     task_id: str | None = None,
 ) -> TaskMessage:
     """A task as the coordinator builds it (`<deployment>/r<k>/<phase>/<silo>`)."""
+    kind = config.KIND
     return TaskMessage(
         task_id or f"{DEPLOYMENT}/r{round}/{kind}/{agent.name}",
         round,
-        kind,
         kind,
         agent.name,
         config,
@@ -81,11 +81,11 @@ def task(
 
 
 def initial_model(agent: SiloAgent, seed: int = 0) -> TaskResult:
-    return agent.respond(task(agent, "init", {"seed": seed}, round=0))[0]
+    return agent.respond(task(agent, InitTask(seed=seed), round=0))[0]
 
 
 def train(agent: SiloAgent, model: TaskResult, **message: object) -> tuple[TaskResult, bytes]:
-    return agent.respond(task(agent, "train", train_config(epochs=2), model, **message))
+    return agent.respond(task(agent, train_config(epochs=2), model, **message))
 
 
 def shifted(model: TaskResult, by: float) -> TaskResult:

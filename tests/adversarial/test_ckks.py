@@ -10,20 +10,13 @@ sealing keys, and a coordinator written here that sends encoded TaskMessages.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import replace
 
 import numpy as np
 import torch
 
-from fedsilo.privacy.ckks import (
-    CHUNK,
-    PUBLIC_CONTEXT,
-    SEALED_CONTEXT,
-    SUM,
-    chunk_name,
-    context_digest,
-)
+from fedsilo.privacy.ckks import chunk_name, context_digest
 from fedsilo.wire.messages import TaskResult
+from fedsilo.wire.tasks.tensor_names import CHUNK, PUBLIC_CONTEXT, SEALED_CONTEXT, SUM
 from fedsilo.wire.tensors import tensor_bytes
 from tests.adversarial.test_masking import (
     SILOS,
@@ -56,10 +49,9 @@ class CkksCoordinator:
     ) -> dict[str, TaskResult]:
         answers = {}
         for silo, config in sorted(configs.items()):
-            message = message_to(silo, kind, config, 1, f"{self.tag}{kind}", self.c)
-            if tensors is not None:
-                message = replace(message, tensors={**message.tensors, **tensors[silo]})
-            reply = TaskResult.decode(self.c.agents[silo].handle_bytes(message.encode()))
+            extra = None if tensors is None else tensors[silo]
+            message = message_to(silo, kind, config, 1, f"{self.tag}{kind}", self.c, extra)
+            reply = TaskResult.decode(self.c.agents[silo].handle_bytes(message))
             if reply.ok:
                 answers[silo] = reply
             else:
@@ -83,14 +75,13 @@ class CkksCoordinator:
         config = {
             "inner_kind": "train",
             "inner_config": dict(TRAIN),
-            "weight": 0.0,
             "weights": dict(weights),
             "tensors": ["model"],
         }
         self.weights = dict(weights)
         encrypted = {}
         for silo in weights:
-            one = self.send("ckks_encrypt", {silo: {**config, "weight": weights[silo]}})
+            one = self.send("ckks_encrypt", {silo: config})
             encrypted |= one
         return encrypted
 
@@ -113,7 +104,7 @@ def test_a_silo_under_a_ckks_policy_refuses_to_send_its_model_in_the_clear() -> 
     c = consortium(secure_policy("ckks"))
     for silo in SILOS:
         message = message_to(silo, "train", TRAIN, 1, "plain", c)
-        reply = TaskResult.decode(c.agents[silo].handle_bytes(message.encode()))
+        reply = TaskResult.decode(c.agents[silo].handle_bytes(message))
         assert not reply.ok, f"{silo} answered a plain train task under a ckks policy"
         assert "secure_aggregation ckks" in (reply.error or "") and not reply.tensors
 

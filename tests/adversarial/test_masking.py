@@ -24,11 +24,6 @@ from fedsilo.policies.loading import parse_policy
 from fedsilo.policies.schema import Policy
 from fedsilo.policies.secure_aggregation import SecureAggregationConfig
 from fedsilo.privacy.masking import (
-    ADVERTISEMENT,
-    CONFIRMATION,
-    REVEALED_KEY,
-    REVEALED_SEED,
-    SHARE_TO,
     Advertisement,
     FixedPoint,
     combine_shares,
@@ -42,7 +37,15 @@ from fedsilo.silo.aggregation_log import AggregationLog, StepAlreadyTaken
 from fedsilo.silo.data import SiloDataset, load_consortium
 from fedsilo.silo.tasks.base import flat_parameters, parameter_spec
 from fedsilo.wire.messages import TaskMessage, TaskResult
+from fedsilo.wire.tasks.tensor_names import (
+    ADVERTISEMENT,
+    CONFIRMATION,
+    REVEALED_KEY,
+    REVEALED_SEED,
+    SHARE_TO,
+)
 from fedsilo.wire.tensors import tensor_bytes
+from tests.wire_tasks import ONE_PER_KIND, reworded
 
 SILOS = [f"silo-{i}" for i in range(5)]
 TARGET = "silo-0"
@@ -119,25 +122,33 @@ def true_update(c: Consortium, silo: str) -> np.ndarray:
     """What `silo`'s training of the round produces (a fresh agent on the same data, no
     secure aggregation: training is seeded by the task, so it is the same update)."""
     plain = SiloAgent(silo, c.datasets[silo], c.policy.model, deployment="reference")
-    result = plain.handle(message_to(silo, "train", dict(TRAIN), 1, "reference", c))
+    reply = plain.handle_bytes(message_to(silo, "train", TRAIN, 1, "reference", c))
+    result = TaskResult.decode(reply)
     assert result.ok, result.error
     return (result.tensors["model"].double() - c.model.double()).numpy()
 
 
 def message_to(
-    silo: str, kind: str, config: Mapping, round_no: int, tag: str, c: Consortium
-) -> TaskMessage:
+    silo: str,
+    kind: str,
+    config: Mapping,
+    round_no: int,
+    tag: str,
+    c: Consortium,
+    tensors: Mapping[str, torch.Tensor] | None = None,
+) -> bytes:
+    """A `kind` task encoded as the real coordinator encodes it, its config any JSON object."""
     carries_model = kind in ("train", "secagg_mask", "ckks_encrypt")
-    return TaskMessage(
+    message = TaskMessage(
         task_id=f"{DEPLOYMENT}/r{round_no}/{PHASE}/{tag}/{silo}",
         round=round_no,
         phase=PHASE,
-        kind=kind,
         silo=silo,
-        config=dict(config),
-        tensors={"model": c.model} if carries_model else {},
+        config=ONE_PER_KIND[kind],
+        tensors=({"model": c.model} if carries_model else {}) | dict(tensors or {}),
         spec=c.spec if carries_model else None,
     )
+    return reworded(message, config)
 
 
 class DeviatingCoordinator:
@@ -155,7 +166,7 @@ class DeviatingCoordinator:
         answers = {}
         for silo, config in sorted(configs.items()):
             message = message_to(silo, kind, config, self.round, f"{self.tag}{step}", self.c)
-            reply = TaskResult.decode(self.c.agents[silo].handle_bytes(message.encode()))
+            reply = TaskResult.decode(self.c.agents[silo].handle_bytes(message))
             if reply.ok:
                 answers[silo] = reply
             else:
@@ -180,7 +191,6 @@ class DeviatingCoordinator:
             configs[v] = {
                 "inner_kind": "train",
                 "inner_config": dict(TRAIN),
-                "weight": weights[v],
                 "weights": dict(weights),
                 "shares": {
                     u: tensor_bytes(self.shared[u].tensors[SHARE_TO + v]).hex()
@@ -198,16 +208,13 @@ class DeviatingCoordinator:
         that sign them, are relayed to everyone, as a coordinator relays them."""
         confirmed = self.send(
             "confirm",
-            {
-                s: {"survivors": sorted(v), "weights": self.weights}
-                for s, v in survivors_seen_by.items()
-            },
+            {s: {"survivors": sorted(v)} for s, v in survivors_seen_by.items()},
         )
         signatures = {s: tensor_bytes(r.tensors[CONFIRMATION]).hex() for s, r in confirmed.items()}
         return self.send(
             "unmask",
             {
-                s: {"survivors": sorted(v), "signatures": signatures, "weights": self.weights}
+                s: {"survivors": sorted(v), "signatures": signatures}
                 for s, v in survivors_seen_by.items()
             },
         )
@@ -269,12 +276,19 @@ def decodes(estimate: np.ndarray | None, update: np.ndarray, weight: float) -> b
 # -- a. plain tasks under a masking policy ------------------------------------------------------
 
 
-@pytest.mark.parametrize("kind", ["train", "superfed_train", "feature_moments"])
+PLAIN = {
+    "train": TRAIN,
+    "superfed_train": TRAIN | {"mixing": "model", "mixing_on": False, "local_seed": 0},
+    "feature_moments": {},
+}
+
+
+@pytest.mark.parametrize("kind", sorted(PLAIN))
 def test_a_silo_under_a_masking_policy_refuses_to_send_its_model_in_the_clear(kind: str) -> None:
     c = consortium(secure_policy())
     for silo in SILOS:
-        message = message_to(silo, kind, TRAIN, 1, "plain", c)
-        reply = TaskResult.decode(c.agents[silo].handle_bytes(message.encode()))
+        message = message_to(silo, kind, PLAIN[kind], 1, "plain", c)
+        reply = TaskResult.decode(c.agents[silo].handle_bytes(message))
         assert not reply.ok, f"{silo} answered a plain {kind} task under a masking policy"
         assert "secure_aggregation masking" in (reply.error or "")
         assert not reply.tensors

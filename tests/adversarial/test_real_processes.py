@@ -18,6 +18,7 @@ from fedsilo.wire.control import ACCEPT, ACK, Control, decode_control
 from fedsilo.wire.envelope import EnvelopeVerifier, seal
 from fedsilo.wire.framing import read_message, to_frames
 from fedsilo.wire.messages import TaskResult
+from fedsilo.wire.tasks import InitTask
 from tests.adversarial.deviating import DeviatingCoordinator
 from tests.deployment import Consortium, policy_document, provision
 
@@ -54,7 +55,7 @@ def test_a_real_silo_under_a_masking_policy_answers_a_plain_train_task_with_no_m
     with DeviatingCoordinator(consortium, policy) as coordinator:
         start_silo(consortium, document)
         coordinator.wait_until_accepted(SILO, consortium)
-        initial = coordinator.ask(coordinator.task(SILO, "init", round_no=0, config={"seed": 0}))
+        initial = coordinator.ask(coordinator.task(SILO, InitTask(seed=0), round_no=0))
         answer = coordinator.ask(coordinator.train_task(SILO, initial.result)).result
     assert not answer.ok, "the silo released its trained model in the clear"
     assert "model" not in answer.tensors
@@ -71,7 +72,7 @@ def test_a_real_silo_restarted_answers_a_reposted_task_id_with_the_same_bytes(
     with DeviatingCoordinator(consortium, policy) as coordinator:
         start_silo(consortium, document)
         coordinator.wait_until_accepted(SILO, consortium)
-        initial = coordinator.ask(coordinator.task(SILO, "init", round_no=0, config={"seed": 0}))
+        initial = coordinator.ask(coordinator.task(SILO, InitTask(seed=0), round_no=0))
         first = coordinator.ask(coordinator.train_task(SILO, initial.result))
         assert first.result.ok, first.result.error
         consortium.kill(SILO)
