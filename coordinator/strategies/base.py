@@ -18,6 +18,7 @@ import torch
 
 from fedsilo.coordinator.phases import Identical, Phase, PhaseOutcome, Task, WeightedMean
 from fedsilo.coordinator.seeding import derive_rng, derive_seed
+from fedsilo.coordinator.strategies.mixing_state import MixingState
 from fedsilo.policies.schema import Policy
 from fedsilo.wire.tasks import (
     EvaluateTask,
@@ -38,7 +39,7 @@ from fedsilo.wire.tasks.tensor_names import (
 )
 from fedsilo.wire.tensors import ParameterSpec
 
-MIXING = "mixing"  # state.extra of a mixing schedule: its state, and `weights` by silo
+MIXING = "mixing"  # state.extra of a mixing schedule: its `MixingState` as JSON
 
 
 @dataclass(frozen=True)
@@ -84,7 +85,7 @@ class RoundContext:
 
 def mixing_weights(extra: Mapping[str, Any]) -> dict[str, float] | None:
     """Each silo's mixing coefficient after a round of a mixing schedule (else None)."""
-    weights = extra.get(MIXING, {}).get("weights")
+    weights = MixingState.from_json(extra[MIXING]).weights if MIXING in extra else None
     return dict(weights) if weights else None
 
 

@@ -49,6 +49,7 @@ from fedsilo.coordinator.strategies.base import (
     ServerState,
     Strategy,
 )
+from fedsilo.coordinator.strategies.mixing_state import MixingState
 from fedsilo.policies.algorithms.drfa import DrfaConfig, DrflmConfig
 from fedsilo.wire.tasks import LossProbe
 from fedsilo.wire.tasks.tensor_names import CHECKPOINT, MODEL
@@ -71,10 +72,12 @@ class Drfa(Strategy):
 
     def round(self, state: ServerState, ctx: RoundContext) -> RoundScript:
         settings = self.config
-        mixing: dict[str, Any] = dict(state.extra.get(MIXING, {}))
-        silos: list[str] = mixing.setdefault("silos", sorted(ctx.silos))
+        mixing = MixingState.of(state.extra, MIXING, ctx.silos)
+        silos = list(mixing.silos)
         active = [s in ctx.silos for s in silos]
-        lam = np.array(mixing["lam"]) if "lam" in mixing else np.full(len(silos), 1 / len(silos))
+        lam = (
+            np.array(mixing.lam) if mixing.lam is not None else np.full(len(silos), 1 / len(silos))
+        )
         tau = self.policy.training.steps
         assert tau is not None  # the policy requires training.steps for DRFA
         draws = settings.silos_per_round or len(silos)
@@ -112,19 +115,26 @@ class Drfa(Strategy):
         losses = np.array(
             [reported[s].metrics["loss"] if s in reported else math.nan for s in silos]
         )
-        if "lam" not in mixing and settings.init == "counts":
+        if mixing.lam is None and settings.init == "counts":
             lam = proportional_to_counts(
                 [reported[s].num_samples if s in reported else 0 for s in silos]
             )
-        if "loss_cap" not in mixing:
-            mixing["loss_cap"] = loss_cap(settings.loss_cap, losses)
+        cap = (
+            mixing.loss_cap if mixing.loss_cap is not None else loss_cap(settings.loss_cap, losses)
+        )
         decay = settings.step_decay or (FEDTORCH_STEP_DECAY if fedtorch else None)
         step = settings.step * (decay**ctx.round if decay else 1.0)
-        lam = projected_loss_ascent(lam, losses, step * tau, mixing["loss_cap"], settings.floor)
-        mixing["lam"] = lam.tolist()
-        mixing["weights"] = dict(zip(silos, lam.tolist(), strict=True))
+        lam = projected_loss_ascent(lam, losses, step * tau, cap, settings.floor)
+        mixing = replace(
+            mixing,
+            lam=tuple(lam.tolist()),
+            loss_cap=cap,
+            weights=dict(zip(silos, lam.tolist(), strict=True)),
+        )
         return replace(
-            state, tensors={**state.tensors, MODEL: model}, extra={**state.extra, MIXING: mixing}
+            state,
+            tensors={**state.tensors, MODEL: model},
+            extra={**state.extra, MIXING: mixing.to_json()},
         )
 
     def _train_tasks(

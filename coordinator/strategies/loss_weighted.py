@@ -65,6 +65,7 @@ from fedsilo.coordinator.strategies.base import (
     ServerState,
     Strategy,
 )
+from fedsilo.coordinator.strategies.mixing_state import MixingState
 from fedsilo.policies.algorithms.loss_weighted import (
     AAggFFConfig,
     AflConfig,
@@ -82,7 +83,7 @@ from fedsilo.wire.tasks.tensor_names import MODEL
 log = logging.getLogger(__name__)
 
 Reported = Mapping[str, tuple[float, float]]  # silo -> (loss, released sample count)
-Decision = tuple[dict[str, float], dict[str, Any]]  # coefficients by silo, the new state
+Decision = tuple[dict[str, float], MixingState]  # coefficients by silo, the new state
 
 
 class LossWeighted(Strategy):
@@ -100,8 +101,7 @@ class LossWeighted(Strategy):
             "loss",
             tuple(Task(s, self.probe_config, {MODEL: state.model}, state.spec) for s in chosen),
         )
-        mixing = dict(state.extra.get(MIXING, {}))
-        mixing.setdefault("silos", sorted(ctx.silos))
+        mixing = MixingState.of(state.extra, MIXING, ctx.silos)
         weights, mixing = self.decide_from(probe.reports, mixing, ctx)
         options = self.train_options(mixing)
         tasks = tuple(
@@ -111,15 +111,17 @@ class LossWeighted(Strategy):
         out = yield Phase("train", tasks, aggregate=WeightedMean((MODEL,), weights))
         used = {s: weights[s] for s in out.answered}
         total = sum(used.values())
-        mixing["weights"] = {s: w / total for s, w in used.items()} if total > 0 else used
+        mixing = replace(
+            mixing, weights={s: w / total for s, w in used.items()} if total > 0 else used
+        )
         return replace(
             state,
             tensors={**state.tensors, MODEL: out.mean[MODEL]},
-            extra={**state.extra, MIXING: mixing},
+            extra={**state.extra, MIXING: mixing.to_json()},
         )
 
     def decide_from(
-        self, reports: Mapping[str, SiloReport], mixing: dict[str, Any], ctx: RoundContext
+        self, reports: Mapping[str, SiloReport], mixing: MixingState, ctx: RoundContext
     ) -> Decision:
         """Coefficients from the probe's reports: each silo's mean loss and released count
         (a silo whose loss is not finite did not report)."""
@@ -130,11 +132,11 @@ class LossWeighted(Strategy):
         }
         return self.decide(reported, mixing, ctx)
 
-    def decide(self, reported: Reported, mixing: dict[str, Any], ctx: RoundContext) -> Decision:
+    def decide(self, reported: Reported, mixing: MixingState, ctx: RoundContext) -> Decision:
         """Coefficients for the silos that reported, and the schedule's new state."""
         raise NotImplementedError
 
-    def train_options(self, mixing: Mapping[str, Any]) -> dict[str, Any]:
+    def train_options(self, mixing: MixingState) -> dict[str, Any]:
         """The round's train tasks' optional `TrainTask` fields."""
         return {}
 
@@ -142,7 +144,7 @@ class LossWeighted(Strategy):
 class TableRule(LossWeighted):
     """A stateless row of the unified table: p from this round's losses and counts alone."""
 
-    def decide(self, reported: Reported, mixing: dict[str, Any], ctx: RoundContext) -> Decision:
+    def decide(self, reported: Reported, mixing: MixingState, ctx: RoundContext) -> Decision:
         silos = sorted(reported)
         losses = np.clip(np.array([reported[s][0] for s in silos]), 0.0, None)
         sizes = np.array([max(reported[s][1], 1.0) for s in silos])
@@ -203,20 +205,19 @@ class LambdaSchedule(LossWeighted):
     def config(self) -> LambdaConfig:  # type: ignore[override]
         return self.policy.algorithm  # type: ignore[return-value]
 
-    def lam(self, mixing: dict[str, Any], reported: Reported) -> np.ndarray:
-        if "lam" in mixing:
-            return np.array(mixing["lam"])
-        silos = mixing["silos"]
+    def lam(self, mixing: MixingState, reported: Reported) -> np.ndarray:
+        if mixing.lam is not None:
+            return np.array(mixing.lam)
+        silos = mixing.silos
         if self.config.init == "uniform":
             return np.full(len(silos), 1.0 / len(silos))
         return proportional_to_counts([reported.get(s, (0.0, 0.0))[1] for s in silos])
 
-    def loss_vector(self, mixing: dict[str, Any], reported: Reported) -> np.ndarray:
+    def loss_vector(self, mixing: MixingState, reported: Reported) -> tuple[np.ndarray, float]:
         """Every silo's loss (NaN if it did not report), and the cap (fixed at first sight)."""
-        losses = np.array([reported.get(s, (math.nan, 0.0))[0] for s in mixing["silos"]])
-        if "loss_cap" not in mixing:
-            mixing["loss_cap"] = loss_cap(self.config.loss_cap, losses)
-        return losses
+        losses = np.array([reported.get(s, (math.nan, 0.0))[0] for s in mixing.silos])
+        cap = mixing.loss_cap
+        return losses, loss_cap(self.config.loss_cap, losses) if cap is None else cap
 
 
 class Afl(LambdaSchedule):
@@ -228,17 +229,13 @@ class Afl(LambdaSchedule):
     def config(self) -> AflConfig:  # type: ignore[override]
         return self.policy.algorithm  # type: ignore[return-value]
 
-    def decide(self, reported: Reported, mixing: dict[str, Any], ctx: RoundContext) -> Decision:
+    def decide(self, reported: Reported, mixing: MixingState, ctx: RoundContext) -> Decision:
         lam = self.lam(mixing, reported)
-        losses = self.loss_vector(mixing, reported)
-        silos = mixing["silos"]
-        weights = {s: float(lam[i]) for i, s in enumerate(silos) if s in reported}
+        losses, cap = self.loss_vector(mixing, reported)
+        weights = {s: float(lam[i]) for i, s in enumerate(mixing.silos) if s in reported}
         settings = self.config
-        lam = projected_loss_ascent(
-            lam, losses, settings.step, mixing["loss_cap"], floor=settings.floor
-        )
-        mixing["lam"] = lam.tolist()
-        return weights, mixing
+        lam = projected_loss_ascent(lam, losses, settings.step, cap, floor=settings.floor)
+        return weights, replace(mixing, lam=tuple(lam.tolist()), loss_cap=cap)
 
 
 class AgnosticFedAvg(LambdaSchedule):
@@ -259,15 +256,15 @@ class AgnosticFedAvg(LambdaSchedule):
         return LossProbe(by_domain=self.by_domain)
 
     def decide_from(
-        self, reports: Mapping[str, SiloReport], mixing: dict[str, Any], ctx: RoundContext
+        self, reports: Mapping[str, SiloReport], mixing: MixingState, ctx: RoundContext
     ) -> Decision:
         if not self.by_domain:
             return super().decide_from(reports, mixing, ctx)
-        if "domains" not in mixing:  # the domains of the first probe, fixed for the run
-            mixing["domains"] = sorted(
-                set().union(*(domains_in(r.metrics) for r in reports.values()))
-            )
-        domains = mixing["domains"]
+        if mixing.domains is None:  # the domains of the first probe, fixed for the run
+            seen = set().union(*(domains_in(r.metrics) for r in reports.values()))
+            mixing = replace(mixing, domains=tuple(sorted(seen)))
+        assert mixing.domains is not None
+        domains = list(mixing.domains)
         totals = {s: _domain_totals(r, domains) for s, r in reports.items()}
         totals = {s: t for s, t in totals.items() if t is not None}
         if not totals:
@@ -275,10 +272,9 @@ class AgnosticFedAvg(LambdaSchedule):
         sums = np.array([totals[s][0] for s in sorted(totals)])
         counts = np.clip(np.array([totals[s][1] for s in sorted(totals)]), 0.0, None)
         consortium = counts.sum(axis=0)
-        window = [*mixing.get("counts", []), consortium.tolist()][-self.config.count_window :]
-        mixing["counts"] = window
-        if "lam" in mixing:
-            lam = np.array(mixing["lam"])
+        window = (*(mixing.counts or ()), tuple(consortium.tolist()))[-self.config.count_window :]
+        if mixing.lam is not None:
+            lam = np.array(mixing.lam)
         elif self.config.init == "uniform" or not consortium.any():
             lam = np.full(len(domains), 1.0 / len(domains))
         else:
@@ -287,27 +283,30 @@ class AgnosticFedAvg(LambdaSchedule):
         betas = counts @ alpha
         total_weight = float(consortium @ alpha)
         scale = consortium.sum() / total_weight if total_weight > 0 else 1.0
-        mixing["omega"] = dict(zip(domains, (alpha * scale).tolist(), strict=True))
+        omega = dict(zip(domains, (alpha * scale).tolist(), strict=True))
         observed = consortium > 0
         means = np.where(observed, sums.sum(axis=0) / np.maximum(consortium, 1e-12), np.nan)
-        if "loss_cap" not in mixing:
-            mixing["loss_cap"] = loss_cap(self.config.loss_cap, means)
+        cap = (
+            mixing.loss_cap
+            if mixing.loss_cap is not None
+            else loss_cap(self.config.loss_cap, means)
+        )
         if observed.any():
-            clipped = np.clip(np.where(observed, means, 0.0), 0.0, mixing["loss_cap"])
+            clipped = np.clip(np.where(observed, means, 0.0), 0.0, cap)
             lam = exponentiated_gradient(lam, clipped, self.config.step, observed)
-        mixing["lam"] = lam.tolist()
+        mixing = replace(mixing, counts=window, omega=omega, loss_cap=cap, lam=tuple(lam.tolist()))
         return dict(zip(sorted(totals), betas.tolist(), strict=True)), mixing
 
-    def train_options(self, mixing: Mapping[str, Any]) -> dict[str, Any]:
-        return {"domain_weights": mixing["omega"]} if self.by_domain else {}
+    def train_options(self, mixing: MixingState) -> dict[str, Any]:
+        return {"domain_weights": mixing.omega} if self.by_domain else {}
 
-    def decide(self, reported: Reported, mixing: dict[str, Any], ctx: RoundContext) -> Decision:
-        silos = mixing["silos"]
+    def decide(self, reported: Reported, mixing: MixingState, ctx: RoundContext) -> Decision:
+        silos = mixing.silos
         lam = self.lam(mixing, reported)
-        losses = np.clip(self.loss_vector(mixing, reported), 0.0, mixing["loss_cap"])
-        counts = [reported.get(s, (0.0, math.nan))[1] for s in silos]
-        window = [*mixing.get("counts", []), counts][-self.config.count_window :]
-        mixing["counts"] = window
+        losses, cap = self.loss_vector(mixing, reported)
+        losses = np.clip(losses, 0.0, cap)
+        counts = tuple(reported.get(s, (0.0, math.nan))[1] for s in silos)
+        window = (*(mixing.counts or ()), counts)[-self.config.count_window :]
         history = np.array(window, dtype=float)
         seen = np.isfinite(history)
         mean_counts = np.where(seen, history, 0.0).sum(0) / np.maximum(seen.sum(0), 1)
@@ -319,8 +318,7 @@ class AgnosticFedAvg(LambdaSchedule):
         observed = np.isfinite(losses)
         if observed.any():
             lam = exponentiated_gradient(lam, losses, self.config.step, observed)
-        mixing["lam"] = lam.tolist()
-        return weights, mixing
+        return weights, replace(mixing, counts=window, loss_cap=cap, lam=tuple(lam.tolist()))
 
 
 def _domain_totals(
@@ -345,24 +343,24 @@ class AAggFF(LossWeighted):
     def config(self) -> AAggFFConfig:  # type: ignore[override]
         return self.policy.algorithm  # type: ignore[return-value]
 
-    def decide(self, reported: Reported, mixing: dict[str, Any], ctx: RoundContext) -> Decision:
-        silos = mixing["silos"]
+    def decide(self, reported: Reported, mixing: MixingState, ctx: RoundContext) -> Decision:
+        silos = mixing.silos
         losses = np.array([reported.get(s, (math.nan, 0.0))[0] for s in silos])
         transform = self.config.transform
         if self.config.client_fraction >= 1.0:
             state = (
-                AAggFFSState.from_json(mixing["aaggff"])
-                if "aaggff" in mixing
+                AAggFFSState.from_json(mixing.aaggff)
+                if mixing.aaggff is not None
                 else AAggFFSState.initial(len(silos))
             )
             state, weights = aaggff_s_step(state, losses, transform)
         else:
             fraction = self.policy.cohort_size(len(silos)) / len(silos)  # m/K, not q
             state = (
-                AAggFFDState.from_json(mixing["aaggff"])
-                if "aaggff" in mixing
+                AAggFFDState.from_json(mixing.aaggff)
+                if mixing.aaggff is not None
                 else AAggFFDState.initial(len(silos), fraction)
             )
             state, weights = aaggff_d_step(state, losses, transform)
-        mixing["aaggff"] = state.to_json()
-        return {s: float(weights[i]) for i, s in enumerate(silos) if s in reported}, mixing
+        decided = {s: float(weights[i]) for i, s in enumerate(silos) if s in reported}
+        return decided, replace(mixing, aaggff=state.to_json())
