@@ -65,7 +65,6 @@ class AggregationLog:
 
 def aggregation_log(ctx: SiloContext) -> AggregationLog:
     """The silo's log, read from its state folder the first time it is needed."""
-    log = ctx.store.get("aggregation_log")
-    if log is None:
-        log = ctx.store["aggregation_log"] = AggregationLog(ctx.state.folder, ctx.job)
-    return log
+    if ctx.store.aggregation_log is None:
+        ctx.store.aggregation_log = AggregationLog(ctx.state.folder, ctx.job)
+    return ctx.store.aggregation_log

@@ -125,7 +125,9 @@ class Consortium:
         return engine.run()
 
     def hosted(self, silo: str) -> torch.Tensor:
-        return self.agents[silo].context.store["daisy"]["model"]
+        hosted = self.agents[silo].context.store.hosted.model
+        assert hosted is not None
+        return hosted
 
     def kinds(self, round_no: int) -> set[str]:
         return {t.kind for t in self.tasks if t.round == round_no}

@@ -79,6 +79,13 @@ def test_local_keeps_one_model_per_silo() -> None:
     assert not any(torch.equal(first, other) for other in rest)
 
 
+def features(agent: SiloAgent) -> dict[str, torch.Tensor]:
+    """The splits `agent` standardised with the consortium's scaler."""
+    standardised = agent.context.store.features
+    assert standardised is not None
+    return standardised
+
+
 def test_federated_scaling_standardises_with_the_pooled_statistics() -> None:
     policy = heart_policy(data={"source": "heart", "scaling": "federated"}, rounds=1)
     silos = load_silos(policy, None)
@@ -87,7 +94,7 @@ def test_federated_scaling_standardises_with_the_pooled_statistics() -> None:
     RoundEngine(make_strategy(policy), transport, policy, list(agents)).run()
 
     raw = torch.cat([s.x_train for s in silos]).double()
-    scaled = torch.cat([a.context.store["features"]["train"] for a in agents.values()]).double()
+    scaled = torch.cat([features(a)["train"] for a in agents.values()]).double()
     observed = ~torch.isnan(raw)
     count = observed.sum(0)
     mean = torch.where(observed, scaled, 0).sum(0) / count
@@ -95,7 +102,7 @@ def test_federated_scaling_standardises_with_the_pooled_statistics() -> None:
     assert torch.allclose(mean, torch.zeros_like(mean), atol=1e-5)
     constant = raw.nan_to_num().std(0) == 0
     assert torch.allclose(var[~constant], torch.ones_like(var[~constant]), atol=1e-4)
-    switzerland = agents["Switzerland"].context.store["features"]["train"]
+    switzerland = features(agents["Switzerland"])["train"]
     cholesterol = silos[2].feature_names.index("chol")
     assert torch.isnan(silos[2].x_train[:, cholesterol]).all()  # never measured there...
     assert (switzerland[:, cholesterol] == 0).all()  # ...so it reads as the consortium mean

@@ -19,6 +19,7 @@ from fedsilo.policies.privacy import PrivacyConfig
 from fedsilo.policies.secure_aggregation import SecureAggregationConfig
 from fedsilo.privacy.accounting import Mechanism
 from fedsilo.silo.data import SiloDataset
+from fedsilo.silo.memory import SiloMemory
 from fedsilo.silo.reports import Reports
 from fedsilo.silo.state import LocalState
 from fedsilo.wire.messages import TaskMessage, TaskResult
@@ -35,7 +36,7 @@ class SiloContext:
     data: SiloDataset
     model_config: ModelConfig
     device: torch.device
-    store: dict[str, Any] = field(default_factory=dict)  # what the silo keeps between tasks
+    store: SiloMemory = field(default_factory=SiloMemory)  # what it keeps between tasks
     state: LocalState = field(default_factory=LocalState)  # what outlives the process (disk)
     privacy: PrivacyConfig = PrivacyConfig()  # from the silo's own copy of the policy
     rounds: int = 1  # the deployment's rounds: DP-SGD calibrates its noise over all of them
@@ -72,10 +73,10 @@ class SiloContext:
 
     def unreleased_counts(self, split: str) -> int:
         """1 while `split`'s sample count has not left this silo yet, else 0 (see reports.py)."""
-        return 0 if split in self.store.get("released_counts", set()) else 1
+        return 0 if split in self.store.released_counts else 1
 
     def released_count(self, split: str) -> None:
-        self.store.setdefault("released_counts", set()).add(split)
+        self.store.released_counts.add(split)
 
     def new_model(self, seed: int) -> nn.Module:
         return build_model(self.model_config, self.data.input_shape, self.data.output_dim, seed).to(
@@ -96,7 +97,8 @@ class SiloContext:
 
     def split(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
         """Features (standardised with the consortium's scaler once received) and labels."""
-        x = self.store["features"][name] if "features" in self.store else self.raw_split(name)
+        features = self.store.features
+        x = features[name] if features is not None else self.raw_split(name)
         if bool(torch.isnan(x).any()):
             raise ValueError(
                 "features still hold missing values: with data.scaling 'federated' the "
@@ -137,7 +139,7 @@ def inner_message(message: TaskMessage) -> TaskMessage:
 def new_session(ctx: SiloContext, protocol: str, message: TaskMessage) -> dict[str, Any]:
     """A fresh store for one aggregation of `protocol`; an older one is dropped (one
     aggregation at a time, so an older one can no longer be finished)."""
-    sessions = ctx.store.setdefault(protocol, {})
+    sessions = ctx.store.sessions.setdefault(protocol, {})
     sessions.clear()
     sessions[session_id(message)] = {}
     return sessions[session_id(message)]
@@ -147,7 +149,7 @@ def find_session(
     ctx: SiloContext, protocol: str, message: TaskMessage, needs: str
 ) -> dict[str, Any] | None:
     """This aggregation's store if it holds `needs`, else None (a step out of order)."""
-    session = ctx.store.get(protocol, {}).get(session_id(message))
+    session = ctx.store.sessions.get(protocol, {}).get(session_id(message))
     return session if session is not None and needs in session else None
 
 

@@ -291,7 +291,7 @@ def _sealing_key(ctx: SiloContext) -> PrivateKey:
 
 
 def _contexts(ctx: SiloContext) -> dict[str, ts.Context]:
-    return ctx.store.setdefault("ckks_contexts", {})
+    return ctx.store.ckks_contexts
 
 
 def _session(message: TaskMessage, ctx: SiloContext, needs: str) -> dict[str, Any]:

@@ -29,6 +29,7 @@ from fedsilo.privacy.handoff import (
     seal,
     unpack,
 )
+from fedsilo.silo.memory import HostedModel
 from fedsilo.silo.tasks.base import SiloContext, config_of, with_tensors
 from fedsilo.silo.tasks.evaluate import evaluate, evaluate_releases
 from fedsilo.silo.tasks.train import train, train_releases
@@ -52,15 +53,13 @@ def daisy_train(message: TaskMessage, ctx: SiloContext) -> TaskResult:
     if task.adopt:
         if MODEL not in message.tensors:
             raise HandoffError("daisy_train says adopt but carries no model")
-        hosted["model"] = hosted["anchor"] = message.tensors[MODEL]
-    if "model" not in hosted:
+        hosted.model = hosted.anchor = message.tensors[MODEL]
+    if hosted.model is None or hosted.anchor is None:
         raise HandoffError(
             f"{ctx.name} hosts no daisy-chain model yet; the first task must carry one to adopt"
         )
-    result = train(
-        _as(message, task.train, {MODEL: hosted["model"], PROX_ANCHOR: hosted["anchor"]}), ctx
-    )
-    hosted["model"] = trained = result.tensors[MODEL]
+    result = train(_as(message, task.train, {MODEL: hosted.model, PROX_ANCHOR: hosted.anchor}), ctx)
+    hosted.model = trained = result.tensors[MODEL]
     tensors: dict[str, torch.Tensor] = {}
     if task.send:
         tensors[MODEL] = trained
@@ -72,13 +71,13 @@ def daisy_train(message: TaskMessage, ctx: SiloContext) -> TaskResult:
 def daisy_reseal(message: TaskMessage, ctx: SiloContext) -> TaskResult:
     handoff = config_of(message, DaisyReseal).handoff
     hosted = _hosted(ctx)
-    if "model" not in hosted:
+    if hosted.model is None:
         raise HandoffError(f"{ctx.name} hosts no daisy-chain model to hand off")
     return TaskResult(
         task_id=message.task_id,
         silo=ctx.name,
         kind=message.kind,
-        tensors={HANDOFF: _packed(handoff, message, ctx, hosted["model"])},
+        tensors={HANDOFF: _packed(handoff, message, ctx, hosted.model)},
     )
 
 
@@ -90,20 +89,20 @@ def daisy_receive(message: TaskMessage, ctx: SiloContext) -> TaskResult:
     if config_of(message, DaisyReceive).sealed:
         data = open_sealed(data, _sealing_key(ctx))
     model = unpack(data, binding(ctx.deployment, message.round))
-    expected = hosted["model"].numel() if "model" in hosted else model.numel()
+    expected = hosted.model.numel() if hosted.model is not None else model.numel()
     if model.numel() != expected or model.dim() != 1:
         raise HandoffError(
             f"the handed-off model has {model.numel()} parameters, this silo's {expected}"
         )
-    hosted["model"] = hosted["anchor"] = model.to(ctx.device)
+    hosted.model = hosted.anchor = model.to(ctx.device)
     return TaskResult(task_id=message.task_id, silo=ctx.name, kind=message.kind)
 
 
 def daisy_evaluate(message: TaskMessage, ctx: SiloContext) -> TaskResult:
     hosted = _hosted(ctx)
-    if "model" not in hosted:
+    if hosted.model is None:
         raise HandoffError(f"{ctx.name} hosts no daisy-chain model to evaluate")
-    return evaluate(_as(message, _evaluation(message), {MODEL: hosted["model"]}), ctx)
+    return evaluate(_as(message, _evaluation(message), {MODEL: hosted.model}), ctx)
 
 
 def daisy_train_releases(message: TaskMessage, ctx: SiloContext) -> list[Mechanism]:
@@ -140,8 +139,8 @@ def _as(message: TaskMessage, config: TaskConfig, tensors: dict[str, torch.Tenso
     return replace(message, config=config, tensors=tensors)
 
 
-def _hosted(ctx: SiloContext) -> dict[str, torch.Tensor]:
-    return ctx.store.setdefault("daisy", {})
+def _hosted(ctx: SiloContext) -> HostedModel:
+    return ctx.store.hosted
 
 
 def _sealing_key(ctx: SiloContext) -> PrivateKey:

@@ -45,7 +45,7 @@ def standardise(message: TaskMessage, ctx: SiloContext) -> TaskResult:
     width = ctx.data.x_train[0].numel() if len(ctx.data.x_train) else mean.numel()
     if mean.shape != (width,) or std.shape != (width,) or bool((std <= 0).any()):
         raise ValueError(f"scaler does not fit this silo's {width} features")
-    ctx.store["features"] = {
+    ctx.store.features = {
         split: _apply(ctx.raw_split(split), mean, std) for split in ("train", "val", "test")
     }
     return TaskResult(message.task_id, ctx.name, message.kind)

@@ -1,0 +1,40 @@
+"""What a silo keeps in memory between the tasks of a deployment (`SiloContext.store`), lost
+with the process; what must outlive it is in its state folder (silo/state.py, the aggregation
+log, the answer store)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import tenseal as ts
+    from torch import Tensor
+
+    from fedsilo.silo.aggregation_log import AggregationLog
+
+
+@dataclass
+class HostedModel:
+    """FedDC: the model this silo hosts, and FedProx's anchor for it (the model of the last
+    exchange); both None until the first model arrives."""
+
+    model: Tensor | None = None
+    anchor: Tensor | None = None
+
+
+@dataclass
+class SiloMemory:
+    """`released_counts`: the splits whose sample count has left the silo (silo/reports.py).
+    `features`: every split standardised with the consortium's scaler, once it arrived.
+    `hosted`: the daisy chain's model. `sessions`: per secure-aggregation protocol, the one
+    aggregation under way, by session id, its steps' values. `ckks_contexts`: the CKKS secret
+    context by digest (one at a time). `aggregation_log`: the silo's log of the protocol steps
+    it took, read from its state folder when first needed."""
+
+    released_counts: set[str] = field(default_factory=set)
+    features: dict[str, Tensor] | None = None
+    hosted: HostedModel = field(default_factory=HostedModel)
+    sessions: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
+    ckks_contexts: dict[str, ts.Context] = field(default_factory=dict)
+    aggregation_log: AggregationLog | None = None
