@@ -4,7 +4,7 @@ the agent down or leaks a partial answer. A task whose config is not its kind's 
 or mistyped key: wire/tasks/) is refused unrun, and booked like every refusal.
 
 With a privacy ledger, the agent books every answer it sends. Before running a task it asks
-what the task would release (`TASK_RELEASES`) and what epsilon the deployment would reach with
+what the task would release (`TASK_KINDS`) and what epsilon the deployment would reach with
 it; above the cap (the stricter of the policy's and the silo's own) it refuses with a
 `budget_exhausted` result instead, and the coordinator retires the silo for the deployment.
 An answer carries that epsilon and the ledger head before its booking; it is booked, fsynced,
@@ -40,7 +40,7 @@ from fedsilo.silo import release_gate
 from fedsilo.silo.answers import FOLDER, AnswerStore
 from fedsilo.silo.data import SiloDataset
 from fedsilo.silo.state import LocalState
-from fedsilo.silo.tasks import TASK_HANDLERS, TASK_RELEASES
+from fedsilo.silo.tasks import TASK_KINDS
 from fedsilo.silo.tasks.base import SiloContext
 from fedsilo.wire.messages import (
     STATUS_BUDGET_EXHAUSTED,
@@ -141,7 +141,7 @@ class SiloAgent:
         if given is not None:
             return given
         try:
-            releases = TASK_RELEASES[message.kind](message, self.context)
+            releases = TASK_KINDS[message.kind].releases(message, self.context)
         except Exception as exc:  # e.g. a DP plan that cannot be calibrated
             return self._refuse(message.header, STATUS_ERROR, _describe(exc))
         epsilon = self._would_reach(releases)
@@ -154,7 +154,7 @@ class SiloAgent:
                 epsilon=self._spent(),
             )
         try:
-            result = TASK_HANDLERS[message.kind](message, self.context)
+            result = TASK_KINDS[message.kind].handler(message, self.context)
         except Exception as exc:  # reported to the coordinator as this task's failure
             return self._refuse(message.header, STATUS_ERROR, _describe(exc))
         result = replace(result, compute_seconds=time.perf_counter() - started, epsilon=epsilon)

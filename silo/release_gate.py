@@ -1,61 +1,22 @@
-"""Which top-level tasks a silo may run under its own policy's `secure_aggregation` method:
-under `masking` or `ckks` nothing that is a model, an update or an input to a sum leaves the
-silo in the clear, whatever task the coordinator sends (issue 17: a coordinator that sent
-plain `train` tasks under a masking policy collected every silo's model).
+"""Which top-level tasks a silo may run under its own policy's `secure_aggregation` method: under
+`masking` or `ckks` nothing that is a model, an update or an input to a sum leaves the silo in
+the clear, whatever task the coordinator sends (issue 17: a coordinator that sent plain `train`
+tasks under a masking policy collected every silo's model).
 
-Every task kind has one entry in `RELEASE_RULES`, a declarative table: what the kind sends
-and hence when it may run. A kind missing from the table is refused (fail closed), so a new
-handler must be classified before it can run under secure aggregation. Tasks wrapped inside
-`secagg_mask` or `ckks_encrypt` are called by those handlers directly and never pass this
-gate; the task the wrapper carries must be of a kind whose result the wrapper masks or
+Every task kind declares what it sends (`TaskKind.sends`, registered once in
+silo/tasks/__init__.py), and that decides when it may run. A kind missing from the registry is
+refused (fail closed), so a new handler must be classified before it can run at all. Tasks
+wrapped inside `secagg_mask` or `ckks_encrypt` are called by those handlers directly and never
+pass this gate; the task the wrapper carries must be of a kind whose result the wrapper masks or
 encrypts.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from enum import Enum
-
-from fedsilo.silo.tasks.base import SiloContext
+from fedsilo.silo.tasks import TASK_KINDS
+from fedsilo.silo.tasks.base import Release, SiloContext
 from fedsilo.wire.messages import TaskMessage
 from fedsilo.wire.tasks import DaisyReseal, DaisyTrain, EncryptedInput, MaskedInput
-
-
-class Release(Enum):
-    """What a task kind sends, as far as secure aggregation is concerned."""
-
-    NOTHING_PRIVATE = "no model, update or sum input (public values, metrics, acknowledgements)"
-    IN_THE_CLEAR = "a model, update or sum input in the clear"
-    MASKED = "pairwise-masked protocol messages"
-    ENCRYPTED = "CKKS protocol messages"
-    SEALED_HANDOFF = "a model sealed to another member, or sent in the clear when told to"
-
-
-RELEASE_RULES: Mapping[str, Release] = {
-    "init": Release.NOTHING_PRIVATE,  # the seed's model, independent of the data
-    "schema": Release.NOTHING_PRIVATE,
-    "evaluate": Release.NOTHING_PRIVATE,  # metrics (noisy reports under DP)
-    "loss": Release.NOTHING_PRIVATE,
-    "standardise": Release.NOTHING_PRIVATE,
-    "daisy_receive": Release.NOTHING_PRIVATE,
-    "daisy_evaluate": Release.NOTHING_PRIVATE,
-    "superfed_evaluate": Release.NOTHING_PRIVATE,
-    "train": Release.IN_THE_CLEAR,
-    "superfed_train": Release.IN_THE_CLEAR,
-    "energy_signals": Release.IN_THE_CLEAR,  # s * g per synthetic point: a gradient
-    "feature_moments": Release.IN_THE_CLEAR,  # exact sums of the silo's features
-    "secagg_advertise": Release.MASKED,
-    "secagg_share": Release.MASKED,
-    "secagg_mask": Release.MASKED,
-    "secagg_confirm": Release.MASKED,
-    "secagg_unmask": Release.MASKED,
-    "ckks_keygen": Release.ENCRYPTED,
-    "ckks_join": Release.ENCRYPTED,
-    "ckks_encrypt": Release.ENCRYPTED,
-    "ckks_decrypt": Release.ENCRYPTED,
-    "daisy_train": Release.SEALED_HANDOFF,
-    "daisy_reseal": Release.SEALED_HANDOFF,
-}
 
 # What `secagg_mask` and `ckks_encrypt` may wrap: kinds whose result they mask or encrypt.
 WRAPPABLE = frozenset({"train", "superfed_train", "energy_signals", "daisy_train"})
@@ -67,9 +28,10 @@ def refusal(message: TaskMessage, ctx: SiloContext) -> str | None:
     """Why `message`, a top-level task, must be refused under the silo's own
     `secure_aggregation` policy, or None when it may run."""
     method = ctx.secure_aggregation.method
-    rule = RELEASE_RULES.get(message.kind)
-    if rule is None:
-        return f"task kind {message.kind!r} has no release rule; refused under any policy"
+    kind = TASK_KINDS.get(message.kind)
+    if kind is None:
+        return f"task kind {message.kind!r} is unknown; refused under any policy"
+    rule = kind.sends
     protocol = PROTOCOL_OF.get(rule)
     if protocol is not None and protocol != method:
         return (

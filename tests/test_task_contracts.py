@@ -22,7 +22,7 @@ from fedsilo.coordinator.transport import InProcessTransport
 from fedsilo.ops.simulate import load_silos, simulate
 from fedsilo.policies.loading import load_policy
 from fedsilo.policies.schema import Policy
-from fedsilo.silo.tasks import TASK_HANDLERS
+from fedsilo.silo.tasks import TASK_KINDS
 from fedsilo.wire.tasks import (
     TASK_CONFIGS,
     CkksDecrypt,
@@ -113,7 +113,7 @@ EXAMPLES: list[TaskConfig] = [
 
 
 def test_every_kind_a_silo_handles_has_one_config_class() -> None:
-    assert set(TASK_CONFIGS) == set(TASK_HANDLERS)
+    assert set(TASK_CONFIGS) == set(TASK_KINDS)
     assert all(kind == cls.KIND for kind, cls in TASK_CONFIGS.items())
     assert {type(config) for config in EXAMPLES} == set(TASK_CONFIGS.values())
 

@@ -1,9 +1,10 @@
-"""Silo task handlers, shared by many strategies and looked up by the task's `kind`, and what
-each kind releases (`TASK_RELEASES`), which the agent books and checks against its budget."""
+"""Every task kind a silo runs, registered once (`TASK_KINDS`): its handler, what it releases
+(which the agent books and checks against its budget) and what it sends (which the release
+gate checks against the policy's secure aggregation). A kind missing here is refused."""
 
 from __future__ import annotations
 
-from fedsilo.silo.tasks.base import ReleasePlan, TaskHandler
+from fedsilo.silo.tasks.base import Release, TaskKind
 from fedsilo.silo.tasks.ckks_sum import (
     decrypted_sum,
     encrypted_input,
@@ -41,54 +42,35 @@ from fedsilo.silo.tasks.superfed import (
 )
 from fedsilo.silo.tasks.train import train, train_releases
 
-TASK_HANDLERS: dict[str, TaskHandler] = {
-    "init": initialise,
-    "schema": describe,
-    "train": train,
-    "evaluate": evaluate,
-    "loss": report_loss,
-    "feature_moments": feature_moments,
-    "standardise": standardise,
-    "secagg_advertise": advertise,
-    "secagg_share": share,
-    "secagg_mask": masked_input,
-    "secagg_confirm": confirm_survivors,
-    "secagg_unmask": unmask,
-    "ckks_keygen": keygen,
-    "ckks_join": join,
-    "ckks_encrypt": encrypted_input,
-    "ckks_decrypt": decrypted_sum,
-    "daisy_train": daisy_train,
-    "daisy_reseal": daisy_reseal,
-    "daisy_receive": daisy_receive,
-    "daisy_evaluate": daisy_evaluate,
-    "superfed_train": superfed_train,
-    "superfed_evaluate": superfed_evaluate,
-    "energy_signals": energy_signals,
-}
-
-TASK_RELEASES: dict[str, ReleasePlan] = {
-    "init": public_release,
-    "schema": public_release,
-    "train": train_releases,
-    "evaluate": evaluate_releases,
-    "loss": loss_releases,
-    "feature_moments": moments_releases,
-    "standardise": public_release,
-    "secagg_advertise": advertise_releases,
-    "secagg_share": public_release,
-    "secagg_mask": masked_input_releases,
-    "secagg_confirm": public_release,
-    "secagg_unmask": public_release,
-    "ckks_keygen": public_release,
-    "ckks_join": join_releases,
-    "ckks_encrypt": encrypted_input_releases,
-    "ckks_decrypt": public_release,
-    "daisy_train": daisy_train_releases,
-    "daisy_reseal": public_release,  # the model just handed off, again: post-processing
-    "daisy_receive": public_release,
-    "daisy_evaluate": daisy_evaluate_releases,
-    "superfed_train": superfed_train_releases,
-    "superfed_evaluate": superfed_evaluate_releases,
-    "energy_signals": energy_signals_releases,
+TASK_KINDS: dict[str, TaskKind] = {
+    # the seed's model, independent of the data
+    "init": TaskKind(initialise, public_release, Release.NOTHING_PRIVATE),
+    "schema": TaskKind(describe, public_release, Release.NOTHING_PRIVATE),
+    "train": TaskKind(train, train_releases, Release.IN_THE_CLEAR),
+    # metrics (noisy reports under DP)
+    "evaluate": TaskKind(evaluate, evaluate_releases, Release.NOTHING_PRIVATE),
+    "loss": TaskKind(report_loss, loss_releases, Release.NOTHING_PRIVATE),
+    # exact sums of the silo's features
+    "feature_moments": TaskKind(feature_moments, moments_releases, Release.IN_THE_CLEAR),
+    "standardise": TaskKind(standardise, public_release, Release.NOTHING_PRIVATE),
+    "secagg_advertise": TaskKind(advertise, advertise_releases, Release.MASKED),
+    "secagg_share": TaskKind(share, public_release, Release.MASKED),
+    "secagg_mask": TaskKind(masked_input, masked_input_releases, Release.MASKED),
+    "secagg_confirm": TaskKind(confirm_survivors, public_release, Release.MASKED),
+    "secagg_unmask": TaskKind(unmask, public_release, Release.MASKED),
+    "ckks_keygen": TaskKind(keygen, public_release, Release.ENCRYPTED),
+    "ckks_join": TaskKind(join, join_releases, Release.ENCRYPTED),
+    "ckks_encrypt": TaskKind(encrypted_input, encrypted_input_releases, Release.ENCRYPTED),
+    "ckks_decrypt": TaskKind(decrypted_sum, public_release, Release.ENCRYPTED),
+    "daisy_train": TaskKind(daisy_train, daisy_train_releases, Release.SEALED_HANDOFF),
+    # the model just handed off, again: post-processing
+    "daisy_reseal": TaskKind(daisy_reseal, public_release, Release.SEALED_HANDOFF),
+    "daisy_receive": TaskKind(daisy_receive, public_release, Release.NOTHING_PRIVATE),
+    "daisy_evaluate": TaskKind(daisy_evaluate, daisy_evaluate_releases, Release.NOTHING_PRIVATE),
+    "superfed_train": TaskKind(superfed_train, superfed_train_releases, Release.IN_THE_CLEAR),
+    "superfed_evaluate": TaskKind(
+        superfed_evaluate, superfed_evaluate_releases, Release.NOTHING_PRIVATE
+    ),
+    # s * g per synthetic point: a gradient
+    "energy_signals": TaskKind(energy_signals, energy_signals_releases, Release.IN_THE_CLEAR),
 }

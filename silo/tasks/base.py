@@ -6,6 +6,7 @@ import hashlib
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
+from enum import Enum
 from typing import Any, TypeVar
 
 import torch
@@ -189,3 +190,25 @@ def with_tensors(
 TaskHandler = Callable[[TaskMessage, SiloContext], TaskResult]
 # What a task would release, known before it runs: the silo checks its budget against it.
 ReleasePlan = Callable[[TaskMessage, SiloContext], list[Mechanism]]
+
+
+class Release(Enum):
+    """What a task kind sends, as far as secure aggregation is concerned (silo/release_gate.py
+    decides from it whether the kind may run under the silo's policy)."""
+
+    NOTHING_PRIVATE = "no model, update or sum input (public values, metrics, acknowledgements)"
+    IN_THE_CLEAR = "a model, update or sum input in the clear"
+    MASKED = "pairwise-masked protocol messages"
+    ENCRYPTED = "CKKS protocol messages"
+    SEALED_HANDOFF = "a model sealed to another member, or sent in the clear when told to"
+
+
+@dataclass(frozen=True)
+class TaskKind:
+    """Everything the silo knows of one task kind, registered once (silo/tasks/__init__.py):
+    what runs it, what it releases (booked in the ledger and checked against the budget before
+    it runs) and what it sends (checked against the policy's secure aggregation)."""
+
+    handler: TaskHandler
+    releases: ReleasePlan
+    sends: Release

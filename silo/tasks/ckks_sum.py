@@ -143,7 +143,7 @@ def join(message: TaskMessage, ctx: SiloContext) -> TaskResult:
 
 
 def encrypted_input(message: TaskMessage, ctx: SiloContext) -> TaskResult:
-    from fedsilo.silo.tasks import TASK_HANDLERS
+    from fedsilo.silo.tasks import TASK_KINDS
 
     session = _session(message, ctx, "digest")
     if session.get("encrypted"):
@@ -154,7 +154,7 @@ def encrypted_input(message: TaskMessage, ctx: SiloContext) -> TaskResult:
     _check_weights(weights, ctx, ctx.name)
     weight = weights[ctx.name]
     inner = inner_message(message)
-    result = TASK_HANDLERS[inner.kind](inner, ctx)
+    result = TASK_KINDS[inner.kind].handler(inner, ctx)
     bound = ctx.secure_aggregation.bound
     updates = [
         (result.tensors[name].double().cpu() - inner.tensors[name].double().cpu()).reshape(-1)
@@ -194,10 +194,10 @@ def join_releases(message: TaskMessage, ctx: SiloContext) -> list[Mechanism]:
 def encrypted_input_releases(message: TaskMessage, ctx: SiloContext) -> list[Mechanism]:
     """What the inner task releases: encryption hides it from the coordinator, not from the
     sum, and a coordinator colluding with any silo could decrypt it."""
-    from fedsilo.silo.tasks import TASK_RELEASES
+    from fedsilo.silo.tasks import TASK_KINDS
 
     inner = inner_message(message)
-    return TASK_RELEASES[inner.kind](inner, ctx)
+    return TASK_KINDS[inner.kind].releases(inner, ctx)
 
 
 def _signed_inputs(

@@ -130,7 +130,7 @@ def share(message: TaskMessage, ctx: SiloContext) -> TaskResult:
 
 
 def masked_input(message: TaskMessage, ctx: SiloContext) -> TaskResult:
-    from fedsilo.silo.tasks import TASK_HANDLERS
+    from fedsilo.silo.tasks import TASK_KINDS
 
     session = _session(message, ctx, "seed")
     if "sharers" in session:
@@ -154,7 +154,7 @@ def masked_input(message: TaskMessage, ctx: SiloContext) -> TaskResult:
         )
     session |= {"sharers": sorted(sharers), "weights": weights}
     inner = inner_message(message)
-    result = TASK_HANDLERS[inner.kind](inner, ctx)
+    result = TASK_KINDS[inner.kind].handler(inner, ctx)
     encoding = FixedPoint.for_silos(ctx.secure_aggregation.bound, len(session["adverts"]))
     weight = weights[ctx.name]
     label = _label(message, ctx)
@@ -224,10 +224,10 @@ def advertise_releases(message: TaskMessage, ctx: SiloContext) -> list[Mechanism
 
 def masked_input_releases(message: TaskMessage, ctx: SiloContext) -> list[Mechanism]:
     """What the inner task releases (masking hides it from the coordinator, not from the sum)."""
-    from fedsilo.silo.tasks import TASK_RELEASES
+    from fedsilo.silo.tasks import TASK_KINDS
 
     inner = inner_message(message)
-    return TASK_RELEASES[inner.kind](inner, ctx)
+    return TASK_KINDS[inner.kind].releases(inner, ctx)
 
 
 # -- session state -----------------------------------------------------------------------------
