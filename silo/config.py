@@ -15,7 +15,7 @@ from pydantic import Field, ValidationError
 
 from fedsilo.policies.base import PolicyModel
 from fedsilo.policies.compute import ComputeConfig
-from fedsilo.policies.data import DataConfig
+from fedsilo.policies.data import FILE_SOURCES, DataConfig, IidPartition
 from fedsilo.policies.loading import PolicyError, describe_errors, read_text_file, read_yaml
 from fedsilo.policies.privacy import REPORT_KINDS, ReportKind
 from fedsilo.policies.schema import Policy
@@ -67,22 +67,40 @@ class LocalRules(PolicyModel):
         return problems
 
 
+SOURCE_KEY = "data.source"  # where silo.yaml holds the data section's keys
+
+
 class SiloData(PolicyModel):
     """This silo's data: a data section, and which of its silos is this one.
 
-    For a real site the section points at the site's own file and yields one silo; `select`
-    names the silo when the section describes several (the bundled demo data, simulations).
+    For a real site the section points at the site's own file (csv, npz), which is one silo
+    unless `data.source.partition` says otherwise; `select` names the silo when the section
+    describes several (the bundled demo data, simulations).
     """
 
     source: DataConfig
     select: str | None = None
 
+    def site_source(self) -> DataConfig:
+        """The data section as this site reads it: a file with no partition is one silo."""
+        if self.source.source in FILE_SOURCES and self.source.partition is None:
+            return self.source.model_copy(update={"partition": IidPartition(kind="iid", silos=1)})
+        return self.source
+
     def load(self, seed: int, base_dir: Path | None) -> SiloDataset:
-        datasets = load_consortium(self.source, seed, base_dir=base_dir)
+        """This silo's dataset; a DataError names the silo.yaml key to change."""
+        try:
+            datasets = load_consortium(self.site_source(), seed, base_dir=base_dir)
+        except DataError as error:
+            raise error.within(SOURCE_KEY) from None
         names = [d.name for d in datasets]
         if self.select is None:
             if len(datasets) != 1:
-                raise DataError(f"the data section yields silos {names}; set data.select to one")
+                raise DataError(
+                    f"the data section yields silos {names}; set data.select to the one this "
+                    f"site is (or, for a site's own file, remove {SOURCE_KEY}.partition: the "
+                    "file is then one silo)"
+                )
             return datasets[0]
         if self.select not in names:
             raise DataError(

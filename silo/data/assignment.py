@@ -14,7 +14,7 @@ from fedsilo.policies.data import (
     QuantitySkewPartition,
     ShardsPartition,
 )
-from fedsilo.silo.data.dataset import DataError
+from fedsilo.silo.data.dataset import SECTION, DataError
 from fedsilo.silo.data.encoding import Table
 from fedsilo.silo.data.seeds import Purpose, rng_for
 from fedsilo.silo.partition import by_column, dirichlet_label_skew, iid, label_shards, quantity_skew
@@ -27,18 +27,26 @@ def _partition_rows(table: Table, partition: Partition, seed: int) -> list[np.nd
         return iid(n, partition.silos, rng)
     if isinstance(partition, DirichletPartition):
         if table.task != "classification":
-            raise DataError("a dirichlet partition skews class labels; this task is regression")
+            raise DataError(
+                f"{SECTION}.partition: a dirichlet partition skews class labels; this task is "
+                "regression"
+            )
         return dirichlet_label_skew(
             table.y, partition.silos, partition.alpha, rng, partition.min_size
         )
     if isinstance(partition, ShardsPartition):
         if table.task != "classification":
-            raise DataError("a shards partition deals label-sorted shards; this task is regression")
+            raise DataError(
+                f"{SECTION}.partition: a shards partition deals label-sorted shards; this task "
+                "is regression"
+            )
         return label_shards(table.y, partition.silos, partition.shards_per_silo, rng)
     assert isinstance(partition, QuantitySkewPartition)
     total = n if partition.total is None else partition.total
     if total > n:
-        raise DataError(f"quantity_skew total={total} exceeds the source's {n} rows")
+        raise DataError(
+            f"{SECTION}.partition.total: quantity_skew total={total} exceeds the source's {n} rows"
+        )
     rows = np.sort(rng_for(seed, Purpose.SUBSAMPLE).choice(n, size=total, replace=False))
     parts = quantity_skew(total, partition.silos, partition.small_fraction, partition.n_min, rng)
     return [rows[part] for part in parts]
@@ -53,5 +61,5 @@ def assign_silos(table: Table, partition: Partition, seed: int) -> list[tuple[st
     except DataError:
         raise
     except ValueError as error:
-        raise DataError(f"cannot partition the data: {error}") from error
+        raise DataError(f"{SECTION}.partition: cannot partition the data: {error}") from error
     return [(f"silo-{index}", rows) for index, rows in enumerate(parts)]

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from fedsilo.policies.data import DataConfig, NaturalPartition, Partition
-from fedsilo.silo.data.dataset import DataError
+from fedsilo.silo.data.dataset import SECTION, DataError
 from fedsilo.silo.data.sources import RawSource
 
 # A csv/npz target is a classification label when it is not numeric, or when it is an integer
@@ -40,10 +40,12 @@ def _columns_listing(frame: pd.DataFrame) -> str:
     return ", ".join(str(column) for column in frame.columns)
 
 
-def _require_column(frame: pd.DataFrame, column: str, role: str, origin: str) -> None:
+def _require_column(frame: pd.DataFrame, column: str, role: str, key: str, origin: str) -> None:
+    """Refuse a column the data section names (at `key`) that the table lacks."""
     if column not in frame.columns:
         raise DataError(
-            f"{role} column '{column}' not found in {origin}; columns: {_columns_listing(frame)}"
+            f"{SECTION}.{key}: {role} column '{column}' not found in {origin}; columns: "
+            f"{_columns_listing(frame)}"
         )
 
 
@@ -67,7 +69,8 @@ def _encode_target(
     name = target.name
     if target.isna().any():
         raise DataError(
-            f"target column '{name}' in {origin} has {int(target.isna().sum())} missing values"
+            f"{SECTION}.target: target column '{name}' in {origin} has "
+            f"{int(target.isna().sum())} missing values; every row needs a label"
         )
     task = task or _infer_task(target)
     if task == "classification":
@@ -76,16 +79,19 @@ def _encode_target(
             values = values.astype(str)
         classes, codes = np.unique(values, return_inverse=True)
         if len(classes) < 2:
-            raise DataError(f"target column '{name}' in {origin} holds a single class")
+            raise DataError(
+                f"{SECTION}.target: target column '{name}' in {origin} holds a single class "
+                f"('{classes[0]}'); a classifier needs rows of at least two classes"
+            )
         return codes.astype(np.int64), task, len(classes)
     if not _is_number_dtype(target):
         raise DataError(
-            f"target column '{name}' in {origin} is not numeric, so it cannot be a regression "
-            "target"
+            f"{SECTION}.task: target column '{name}' in {origin} is not numeric, so it cannot be "
+            "a regression target"
         )
     y = target.to_numpy(dtype=np.float64)
     if np.isinf(y).any():
-        raise DataError(f"target column '{name}' in {origin} contains inf")
+        raise DataError(f"{SECTION}.target: target column '{name}' in {origin} contains inf")
     return y, task, None
 
 
@@ -109,8 +115,8 @@ def _parsed_numbers(series: pd.Series, origin: str) -> np.ndarray:
     if unparsed.any():
         raise DataError(
             f"column '{series.name}' in {origin} is not numeric (e.g. value "
-            f"'{series[unparsed].iloc[0]}'); declare its categories under data.categorical "
-            f"(e.g. categorical: {{{series.name}: [...]}}) or drop it with data.drop_columns"
+            f"'{series[unparsed].iloc[0]}'); declare its categories under {SECTION}.categorical "
+            f"(e.g. categorical: {{{series.name}: [...]}}) or drop it with {SECTION}.drop_columns"
         )
     return numbers.to_numpy(dtype=np.float64, na_value=np.nan)
 
@@ -124,7 +130,8 @@ def _numeric_column(series: pd.Series, origin: str) -> np.ndarray:
         values = _parsed_numbers(series, origin) if booleans is None else booleans
     if np.isinf(values).any():
         raise DataError(
-            f"column '{series.name}' in {origin} contains inf in {int(np.isinf(values).sum())} rows"
+            f"column '{series.name}' in {origin} contains inf in {int(np.isinf(values).sum())} "
+            f"rows; fix the export or drop the column with {SECTION}.drop_columns"
         )
     return values
 
@@ -142,7 +149,8 @@ def _one_hot(series: pd.Series, categories: Sequence[str], origin: str) -> np.nd
     unknown = labels.dropna()[~labels.dropna().isin(categories)]
     if not unknown.empty:
         raise DataError(
-            f"column '{series.name}' in {origin} has value '{unknown.iloc[0]}' "
+            f"{SECTION}.categorical.{series.name}: column '{series.name}' in {origin} has value "
+            f"'{unknown.iloc[0]}' "
             f"({len(unknown)} rows), not among its declared categories: {list(categories)}"
         )
     return np.stack(
@@ -159,20 +167,21 @@ def _check_missing(series: pd.Series, config: DataConfig, origin: str) -> None:
     if count and config.missing == "error":
         raise DataError(
             f"column '{series.name}' in {origin} has missing values in {count} rows; set "
-            "data.missing: impute to impute them locally at each silo, or drop the column"
+            f"{SECTION}.missing: impute to impute them locally at each silo, or drop the column "
+            f"with {SECTION}.drop_columns"
         )
 
 
 def _feature_columns(source: RawSource, config: DataConfig, partition: Partition) -> list[str]:
     frame = source.frame
     for column in config.drop_columns:
-        _require_column(frame, column, "drop", source.origin)
+        _require_column(frame, column, "drop", "drop_columns", source.origin)
     excluded = {source.dictionary.target, *source.dictionary.not_features, *config.drop_columns}
     if isinstance(partition, NaturalPartition):
         excluded.add(partition.column)
     features = [str(column) for column in frame.columns if column not in excluded]
     if not features:
-        raise DataError(f"{source.origin} has no feature columns left")
+        raise DataError(f"{SECTION}.drop_columns: {source.origin} has no feature columns left")
     return features
 
 
@@ -183,8 +192,10 @@ def _encode_features(
     markers = dict(dictionary.missing_values)
     for column, extra in config.missing_values.items():
         markers[column] = (*markers.get(column, ()), *extra)
-    for column in [*markers, *dictionary.categorical]:
-        _require_column(source.frame, column, "declared", source.origin)
+    for column in markers:
+        _require_column(source.frame, column, "declared", "missing_values", source.origin)
+    for column in dictionary.categorical:
+        _require_column(source.frame, column, "declared", "categorical", source.origin)
     blocks: list[np.ndarray] = []
     numeric: list[bool] = []
     names: list[str] = []
@@ -204,23 +215,26 @@ def _encode_features(
 
 
 def _natural_groups(source: RawSource, column: str) -> np.ndarray:
-    _require_column(source.frame, column, "partition", source.origin)
+    _require_column(source.frame, column, "partition", "partition.column", source.origin)
     if column == source.dictionary.target:
-        raise DataError(f"partition column '{column}' is the target; pick another column")
+        raise DataError(
+            f"{SECTION}.partition.column: partition column '{column}' is the target; pick "
+            "another column"
+        )
     values = source.frame[column]
     if values.isna().any():
         raise DataError(
-            f"partition column '{column}' in {source.origin} has {int(values.isna().sum())} "
-            "missing values; every row needs a silo"
+            f"{SECTION}.partition.column: partition column '{column}' in {source.origin} has "
+            f"{int(values.isna().sum())} missing values; every row needs a silo"
         )
     return values.to_numpy()
 
 
 def tabulate(source: RawSource, config: DataConfig, partition: Partition) -> Table:
     target = source.dictionary.target
-    _require_column(source.frame, target, "target", source.origin)
+    _require_column(source.frame, target, "target", "target", source.origin)
     if source.image_shape is not None and config.drop_columns:
-        raise DataError(f"drop_columns does not apply to image rows ({source.origin})")
+        raise DataError(f"{SECTION}.drop_columns: does not apply to image rows ({source.origin})")
     features = _feature_columns(source, config, partition)
     x, numeric, names = _encode_features(source, features, config)
     y, task, num_classes = _encode_target(
@@ -251,15 +265,42 @@ def _domain_codes(
     if config.domain is None:
         return (), None
     column = config.domain
-    _require_column(source.frame, column, "domain", source.origin)
+    _require_column(source.frame, column, "domain", "domain", source.origin)
     categories = source.dictionary.categorical.get(column) or config.categorical.get(column)
     if not categories:
-        raise DataError(f"domain column '{column}' in {source.origin} declares no categories")
+        raise DataError(
+            f"{SECTION}.domain: domain column '{column}' in {source.origin} declares no categories"
+        )
     one_hot = _one_hot(source.frame[column], categories, source.origin)
     missing = int((one_hot.sum(axis=1) == 0).sum())
     if missing:
         raise DataError(
-            f"domain column '{column}' in {source.origin} is missing in {missing} rows; every "
-            "row needs a domain"
+            f"{SECTION}.domain: domain column '{column}' in {source.origin} is missing in "
+            f"{missing} rows; every row needs a domain"
         )
     return tuple(categories), one_hot.argmax(axis=1).astype(np.int64)
+
+
+def class_labels(source: RawSource) -> tuple[str, ...]:
+    """The source's class labels in class-code order (the sorted label set `tabulate` codes)."""
+    target = source.frame[source.dictionary.target]
+    values = target.dropna().to_numpy()
+    if not _is_number_dtype(target):
+        values = values.astype(str)
+    return tuple(str(label) for label in np.unique(values))
+
+
+def encode_new_rows(
+    source: RawSource, config: DataConfig, partition: Partition, rows: pd.DataFrame, origin: str
+) -> np.ndarray:
+    """The features of `rows` (records without labels, e.g. to predict on) encoded exactly as
+    `source` encodes its own: its feature columns, category lists and missing-value markers."""
+    features = _feature_columns(source, config, partition)
+    absent = [column for column in features if column not in rows.columns]
+    if absent:
+        raise DataError(
+            f"{origin} lacks the feature column(s) {', '.join(absent)} that this site's data "
+            f"has; its columns: {_columns_listing(rows)}"
+        )
+    x, _, _ = _encode_features(RawSource(rows, source.dictionary, origin), features, config)
+    return x

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from fedsilo.policies.data import KNOWN_TASKS, DataConfig
-from fedsilo.silo.data.dataset import DataError
+from fedsilo.silo.data.dataset import SECTION, DataError
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ def _resolve_path(path: str, base_dir: Path | None) -> Path:
     if not resolved.is_absolute() and base_dir is not None:
         resolved = base_dir / resolved
     if not resolved.is_file():
-        raise DataError(f"data file not found: {resolved}")
+        raise DataError(f"{SECTION}.path: data file not found: {resolved}")
     return resolved
 
 
@@ -92,7 +92,7 @@ def _read_csv(path: Path, config: DataConfig) -> RawSource:
         _check_header(path)
         frame = pd.read_csv(path)
     except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as error:
-        raise DataError(f"cannot read CSV file {path}: {error}") from error
+        raise DataError(f"{SECTION}.path: cannot read CSV file {path}: {error}") from error
     assert config.target is not None  # the policy requires it for csv
     dictionary = DataDictionary(config.target, config.categorical, config.missing_values)
     return RawSource(frame, dictionary, str(path))
@@ -105,8 +105,8 @@ def _check_header(path: Path) -> None:
     repeated = sorted(name for name, count in Counter(header).items() if count > 1)
     if repeated:
         raise DataError(
-            f"CSV file {path}: the header names column(s) {', '.join(map(repr, repeated))} "
-            "twice; every column needs its own name"
+            f"{SECTION}.path: CSV file {path}: the header names column(s) "
+            f"{', '.join(map(repr, repeated))} twice; every column needs its own name"
         )
 
 
@@ -115,18 +115,18 @@ def _read_npz(path: Path) -> RawSource:
         with np.load(path, allow_pickle=False) as archive:
             arrays = {name: archive[name] for name in archive.files}
     except (OSError, ValueError, zipfile.BadZipFile) as error:
-        raise DataError(f"cannot read npz file {path}: {error}") from error
+        raise DataError(f"{SECTION}.path: cannot read npz file {path}: {error}") from error
     missing = [name for name in ("x", "y") if name not in arrays]
     if missing:
         raise DataError(
-            f"npz file {path} lacks array(s) {', '.join(missing)}; it holds: "
+            f"{SECTION}.path: npz file {path} lacks array(s) {', '.join(missing)}; it holds: "
             f"{', '.join(sorted(arrays)) or 'nothing'} (expected 'x' features and 'y' labels)"
         )
     x, y = arrays["x"], arrays["y"]
     if x.ndim < 2 or y.ndim != 1 or len(x) != len(y):
         raise DataError(
-            f"npz file {path}: 'x' must have shape (n, ...) and 'y' shape (n,), got "
-            f"{x.shape} and {y.shape}"
+            f"{SECTION}.path: npz file {path}: 'x' must have shape (n, ...) and 'y' shape "
+            f"(n,), got {x.shape} and {y.shape}"
         )
     frame = pd.DataFrame(x.reshape(len(x), -1), columns=[f"x{i}" for i in range(x[0].size)])
     frame["y"] = y

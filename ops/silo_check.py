@@ -1,0 +1,172 @@
+"""`fedsilo silo check`: a site's own data, loaded offline exactly as the silo agent will load
+it, summarised before any job: rows, columns, each column's inferred type and missing values,
+the label balance, and what the preprocessing makes of it (features after encoding, split
+sizes). With a policy, also what that policy asks of this site: its local rules, its domains,
+and a model built for these features.
+
+A problem is one `DataError` (or `PolicyError`) naming the silo.yaml key to change
+(`data.source.categorical`, `rules.max_rounds`, ...); nothing is written.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import click
+import pandas as pd
+
+from fedsilo.models.zoo import build_model
+from fedsilo.policies.loading import PolicyError, load_policy
+from fedsilo.policies.schema import Policy
+from fedsilo.silo.config import SOURCE_KEY, SiloConfig, load_silo_config
+from fedsilo.silo.data import DataError, SiloDataset
+from fedsilo.silo.data.sources import RawSource, read_source
+from fedsilo.silo.domains import check_domains
+
+CHECK_SEED = 0  # the split seed without a policy (a policy's own seed replaces it)
+
+
+@dataclass(frozen=True)
+class ColumnSummary:
+    name: str
+    role: str  # feature, target, dropped, or not a feature
+    kind: str  # pandas' inferred type, or "categorical (n declared)"
+    missing: int
+
+
+@dataclass(frozen=True)
+class SiteDataSummary:
+    origin: str
+    rows: int
+    columns: tuple[ColumnSummary, ...]
+    labels: dict[str, int] | None  # classification: rows per class
+    dataset: SiloDataset
+    model_parameters: int | None = None  # with a policy: the size of its model on this data
+
+
+def check_site_data(config_file: Path, policy: Policy | None = None) -> SiteDataSummary:
+    """Load the site's data as `silo start` would (under `policy`'s seed, rules and model when
+    given) and summarise it; a DataError or PolicyError names the silo.yaml key to change."""
+    config = load_silo_config(config_file)
+    if policy is not None:
+        broken = config.rules.violations(policy)
+        if broken:
+            raise PolicyError(
+                f"{config_file}: this site's rules refuse the policy: "
+                + "; ".join(f"rules.{rule}" for rule in broken)
+            )
+    base_dir = config_file.parent
+    source = config.data.site_source()
+    try:
+        raw = read_source(source, base_dir)
+    except DataError as error:
+        raise error.within(SOURCE_KEY) from None
+    dataset = config.data.load(CHECK_SEED if policy is None else policy.seed, base_dir)
+    parameters = None if policy is None else _model_parameters(policy, dataset)
+    return SiteDataSummary(
+        origin=raw.origin,
+        rows=len(raw.frame),
+        columns=_columns(raw, config),
+        labels=_label_counts(raw) if dataset.task == "classification" else None,
+        dataset=dataset,
+        model_parameters=parameters,
+    )
+
+
+def _model_parameters(policy: Policy, dataset: SiloDataset) -> int:
+    try:
+        check_domains(policy, dataset)
+        model = build_model(policy.model, dataset.input_shape, dataset.output_dim, policy.seed)
+    except ValueError as error:
+        raise DataError(f"the policy does not fit this site's data: {error}") from None
+    return sum(parameter.numel() for parameter in model.parameters())
+
+
+def _columns(raw: RawSource, config: SiloConfig) -> tuple[ColumnSummary, ...]:
+    source = config.data.site_source()
+    markers = {**raw.dictionary.missing_values, **source.missing_values}
+    summaries = []
+    for name in raw.frame.columns:
+        series = raw.frame[name]
+        missing = series.isna() | series.isin(list(markers.get(str(name), ())))
+        summaries.append(
+            ColumnSummary(
+                str(name), _role(str(name), raw, config), _kind(series, raw), int(missing.sum())
+            )
+        )
+    return tuple(summaries)
+
+
+def _role(name: str, raw: RawSource, config: SiloConfig) -> str:
+    if name == raw.dictionary.target:
+        return "target"
+    if name in config.data.source.drop_columns:
+        return "dropped"
+    if name in raw.dictionary.not_features:
+        return "not a feature"
+    return "feature"
+
+
+def _kind(series: pd.Series, raw: RawSource) -> str:
+    categories = raw.dictionary.categorical.get(str(series.name))
+    if categories is not None:
+        return f"categorical ({len(categories)} declared)"
+    return pd.api.types.infer_dtype(series, skipna=True)
+
+
+def _label_counts(raw: RawSource) -> dict[str, int]:
+    counts = raw.frame[raw.dictionary.target].value_counts().sort_index()
+    return {str(label): int(count) for label, count in counts.items()}
+
+
+def render(summary: SiteDataSummary) -> list[str]:
+    """The summary as lines of text."""
+    data = summary.dataset
+    sizes = (len(data.y_train), len(data.y_val), len(data.y_test))
+    lines = [
+        f"{summary.origin}: {summary.rows} rows, {len(summary.columns)} columns "
+        f"(this silo, {data.name!r}: {sizes[0] + sizes[1] + sizes[2]} rows)",
+        f"  {'column':<24} {'role':<14} {'type':<26} missing",
+    ]
+    for column in summary.columns:
+        lines.append(f"  {column.name:<24} {column.role:<14} {column.kind:<26} {column.missing}")
+    if summary.labels is not None:
+        balance = ", ".join(
+            f"{label}: {count} ({count / summary.rows:.0%})"
+            for label, count in summary.labels.items()
+        )
+        lines.append(f"labels ({data.num_classes} classes): {balance}")
+    else:
+        lines.append(f"task: regression on {data.y_train.numel()} training targets")
+    lines.append(
+        f"after encoding: {len(data.feature_names)} features ({', '.join(data.feature_names)})"
+    )
+    lines.append(f"splits: train {sizes[0]}, val {sizes[1]}, test {sizes[2]}")
+    if summary.model_parameters is not None:
+        lines.append(f"the policy's model: {summary.model_parameters} parameters on this data")
+    return lines
+
+
+@click.command("check")
+@click.option(
+    "--config",
+    "config_file",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="This site's silo.yaml.",
+)
+@click.option(
+    "--policy",
+    "policy_file",
+    help="A policy (file or example:NAME) to check this site's data and rules against.",
+)
+def silo_check(config_file: Path, policy_file: str | None) -> None:
+    """Load this site's data offline and say what a job will see, or what is wrong."""
+    try:
+        policy = None if policy_file is None else load_policy(policy_file)
+        summary = check_site_data(config_file, policy)
+    except (PolicyError, DataError) as exc:
+        raise click.ClickException(str(exc)) from None
+    for line in render(summary):
+        click.echo(line)

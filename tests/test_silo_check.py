@@ -1,0 +1,150 @@
+"""`fedsilo silo check`: a hospital's own data, checked offline before any job. The happy path
+summarises the data as the agent will load it; each data problem is one message naming the key
+to change as silo.yaml spells it (`data.source.<key>`), exit status 1, no traceback."""
+
+from pathlib import Path
+
+import yaml
+from click.testing import CliRunner, Result
+
+from fedsilo.ops.cli import main
+
+HEADER = "age,smoker,bp,outcome"
+HEART_FEDAVG = str(Path(__file__).parents[1] / "policies" / "examples" / "heart-fedavg.yaml")
+ROWS = [f"{30 + i},{'yes' if i % 3 else 'no'},{110 + i % 7}.5,{i % 2}" for i in range(40)]
+
+
+def site(folder: Path, rows: list[str] = ROWS, header: str = HEADER, **source) -> Path:
+    """A site folder with records.csv and a silo.yaml reading it; returns silo.yaml's path."""
+    (folder / "records.csv").write_text("\n".join([header, *rows]) + "\n")
+    data = {"source": "csv", "path": "records.csv", "target": "outcome"}
+    data.update({"categorical": {"smoker": ["no", "yes"]}, **source})
+    config = folder / "silo.yaml"
+    config.write_text(yaml.safe_dump({"version": 1, "kit": "kit", "data": {"source": data}}))
+    return config
+
+
+def check(config: Path, *extra: str) -> Result:
+    return CliRunner().invoke(main, ["silo", "check", "--config", str(config), *extra])
+
+
+def refused(result: Result, *expected: str) -> str:
+    """The one error message of a refused check, holding each of `expected`."""
+    assert result.exit_code == 1, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    assert "Traceback" not in result.output
+    message = result.output.strip()
+    assert message.startswith("Error: ") and message.count("Error:") == 1, message
+    for text in expected:
+        assert text in message, message
+    return message
+
+
+def test_a_sites_file_is_summarised_as_one_silo(tmp_path: Path) -> None:
+    result = check(site(tmp_path))
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert "records.csv: 40 rows, 4 columns" in out and "40 rows)" in out  # all rows, one silo
+    assert "smoker" in out and "categorical (2 declared)" in out
+    assert "outcome" in out and "target" in out
+    assert "labels (2 classes): 0: 20 (50%), 1: 20 (50%)" in out
+    assert "after encoding: 4 features (age, smoker=no, smoker=yes, bp)" in out
+    assert "splits: train 32, val 4, test 4" in out
+
+
+def test_missing_values_are_counted_per_column_and_imputed_when_asked(tmp_path: Path) -> None:
+    rows = [row.replace("110.5", "") for row in ROWS]  # every 7th bp is empty
+    result = check(site(tmp_path, rows, missing="impute"))
+    assert result.exit_code == 0, result.output
+    bp = next(line for line in result.output.splitlines() if line.strip().startswith("bp"))
+    assert bp.split()[-1] == "6"
+
+
+def test_a_policy_adds_its_model_on_this_data(tmp_path: Path) -> None:
+    result = check(site(tmp_path), "--policy", HEART_FEDAVG)
+    assert result.exit_code == 0, result.output
+    assert "the policy's model: 10 parameters on this data" in result.output
+
+
+def test_a_policy_the_sites_rules_refuse_names_the_rule(tmp_path: Path) -> None:
+    config = site(tmp_path)
+    document = yaml.safe_load(config.read_text())
+    config.write_text(yaml.safe_dump({**document, "rules": {"max_rounds": 1}}))
+    result = check(config, "--policy", HEART_FEDAVG)
+    refused(result, "this site's rules refuse the policy", "rules.max_rounds")
+
+
+def test_a_missing_data_file_names_data_source_path(tmp_path: Path) -> None:
+    config = site(tmp_path)
+    (tmp_path / "records.csv").unlink()
+    refused(check(config), "data.source.path: data file not found", "records.csv")
+
+
+def test_a_target_absent_from_the_file_names_data_source_target(tmp_path: Path) -> None:
+    refused(
+        check(site(tmp_path, target="label")),
+        "data.source.target: target column 'label' not found",
+        "columns: age, smoker, bp, outcome",
+    )
+
+
+def test_a_text_column_without_its_categories_names_data_source_categorical(
+    tmp_path: Path,
+) -> None:
+    message = refused(
+        check(site(tmp_path, categorical={})),
+        "column 'smoker' in",
+        "is not numeric",
+        "data.source.categorical",
+        "data.source.drop_columns",
+    )
+    assert "data.categorical" not in message
+
+
+def test_a_category_list_left_empty_names_data_source_categorical(tmp_path: Path) -> None:
+    refused(check(site(tmp_path, categorical={"smoker": []})), "data.source.categorical")
+
+
+def test_a_value_outside_the_declared_categories_names_its_category_list(tmp_path: Path) -> None:
+    refused(
+        check(site(tmp_path, categorical={"smoker": ["yes"]})),
+        "data.source.categorical.smoker:",
+        "value 'no'",
+    )
+
+
+def test_a_duplicated_header_names_data_source_path(tmp_path: Path) -> None:
+    refused(
+        check(site(tmp_path, header="age,smoker,age,outcome")),
+        "data.source.path: CSV file",
+        "names column(s) 'age' twice",
+    )
+
+
+def test_missing_values_name_data_source_missing(tmp_path: Path) -> None:
+    rows = [row.replace("110.5", "") for row in ROWS]
+    refused(
+        check(site(tmp_path, rows)),
+        "column 'bp'",
+        "missing values in 6 rows",
+        "data.source.missing: impute",
+    )
+
+
+def test_inf_names_the_column_and_data_source_drop_columns(tmp_path: Path) -> None:
+    rows = [row.replace("110.5", "inf") for row in ROWS]
+    refused(check(site(tmp_path, rows)), "column 'bp'", "contains inf", "data.source.drop_columns")
+
+
+def test_one_class_only_names_data_source_target(tmp_path: Path) -> None:
+    rows = [row[: row.rfind(",")] + ",1" for row in ROWS]
+    refused(check(site(tmp_path, rows)), "data.source.target:", "holds a single class")
+
+
+def test_a_partitioned_file_without_select_says_how_to_keep_it_whole(tmp_path: Path) -> None:
+    config = site(tmp_path, partition={"kind": "iid", "silos": 4})
+    refused(check(config), "set data.select", "remove data.source.partition")
+
+
+def test_a_missing_policy_is_one_message(tmp_path: Path) -> None:
+    refused(check(site(tmp_path), "--policy", str(tmp_path / "absent.yaml")), "absent.yaml")
