@@ -46,6 +46,7 @@ from fedsilo.ops.report import (
     fmt_metric,
     write_results,
 )
+from fedsilo.ops.silo_check import silo_check
 from fedsilo.ops.silo_process import run_silo
 from fedsilo.ops.silo_setup import write_silo_config
 from fedsilo.ops.simulate import SimulationResult, load_silos, simulate
@@ -274,6 +275,9 @@ policy.add_command(sign_command)
 @main.group()
 def silo() -> None:
     """Run a silo agent next to a hospital's data."""
+
+
+silo.add_command(silo_check)
 
 
 @silo.command("init")
