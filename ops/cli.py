@@ -35,6 +35,7 @@ from fedsilo.ops.coordinator_process import (
 )
 from fedsilo.ops.demo import DemoFailed, run_demo
 from fedsilo.ops.logs import configure_logging
+from fedsilo.ops.predict import predict_command
 from fedsilo.ops.privacy_cli import privacy_group
 from fedsilo.ops.provision import KitError, load_coordinator_kit
 from fedsilo.ops.provision_cli import policy_sign as sign_command
@@ -269,6 +270,7 @@ def _default_policy() -> Policy:
 
 main.add_command(provision_command)
 main.add_command(privacy_group)
+main.add_command(predict_command)
 policy.add_command(sign_command)
 
 

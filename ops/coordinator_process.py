@@ -161,9 +161,7 @@ def run_coordinator(options: CoordinatorOptions, stop: threading.Event | None = 
         require_a_completed_round(history)
         if options.out is not None:
             taken = snapshots.taken if snapshots else {}
-            write_deployment_results(
-                options.out, policy.algorithm.name, history, taken, options.overwrite
-            )
+            write_deployment_results(options.out, policy, history, taken, options.overwrite)
         log.info("deployment %s complete at round %d", deployment, history.final.round)
         stop.wait(max(options.poll_seconds + 1.0, options.linger_s))  # silos hear "finished"
         return history

@@ -1,5 +1,6 @@
-"""Reports of simulation runs: results.json, a per-silo CSV and table, PNG plots, and a
-side-by-side comparison when several algorithms ran on the same consortium.
+"""Reports of simulations and deployments: results.json, a per-silo CSV and table, PNG plots,
+the final model with its card (models/card.py), and a side-by-side comparison when several
+algorithms ran on the same consortium.
 
 Everything goes into a temporary sibling of the output folder first and is moved into place
 only when complete, so an interrupted or failed run never leaves a half-written folder. Nothing
@@ -29,9 +30,13 @@ from rich.table import Table
 
 from fedsilo import __version__
 from fedsilo.coordinator.engine import RunHistory
+from fedsilo.coordinator.strategies.base import ServerState
+from fedsilo.models.card import CARD_KEY, ModelCard
 from fedsilo.ops.plots import pyplot
 from fedsilo.ops.simulate import SimulationResult
 from fedsilo.ops.synthetic import write_synthetic
+from fedsilo.policies.schema import Policy
+from fedsilo.wire.tasks.tensor_names import MODEL, SYNTHETIC
 from fedsilo.wire.tensors import encode_tensors
 
 MARKER = ".fedsilo-results.json"
@@ -176,70 +181,121 @@ def write_results(
 
 def write_deployment_results(
     out: Path,
-    name: str,
+    policy: Policy,
     history: RunHistory,
     snapshots: Mapping[int, tuple[torch.Tensor, torch.Tensor]] | None = None,
     overwrite: bool = False,
 ) -> None:
-    """A deployment's final state (`final_model.safetensors`, with its parameter spec), its
-    per-round history (`history.json`), the same plots as a simulation's and, for FedEvg, the
-    synthetic set and its snapshots."""
+    """What a simulation writes (results.json, silos.csv, the plots, the final model with its
+    card and, for FedEvg, the synthetic set), plus the per-round history (`history.json`). The
+    silos' sizes are those they reported (the coordinator never learns a validation split's)."""
     with atomic_directory(out, overwrite) as staging:
-        state = history.state
-        header = {"spec": state.spec.to_json(), "extra": dict(state.extra)}
-        (staging / "final_model.safetensors").write_bytes(encode_tensors(state.tensors, header))
         (staging / "history.json").write_text(json.dumps(_finite(history.to_json()), indent=2))
+        document = {
+            "device": "each site's own",
+            "seconds": sum(r.seconds for r in history.records),
+            "silos": _reported_profiles(history),
+        }
         metric = _headline_metric(history.final.summary or {})
-        if metric is not None:
-            silos = sorted(history.final.evaluation or {})
-            _plot_rounds(staging / "metric_per_round.png", {name: history}, metric)
-            _plot_final(staging / "final_per_silo.png", {name: history}, silos, metric)
-        _plot_mixing(staging / "mixing_weights.png", history)
-        _write_lambda_curves(staging, history.final.evaluation or {})
-        write_synthetic(staging, history.state, snapshots or {})
+        write_report(staging, policy, history, document, metric, snapshots or {})
 
 
 def _headline_metric(summary: Mapping[str, Any]) -> str | None:
     return next((m for m in ("accuracy", "rmse") if m in summary), next(iter(summary), None))
 
 
+def _reported_profiles(history: RunHistory) -> list[dict[str, Any]]:
+    """Each evaluated silo as results.json lists a simulation's (`SiloProfile`), with the sizes
+    it reported: its training rows in its last `train` answer and its test rows in the final
+    evaluation (None where it reported none, and for the validation split and label rate)."""
+    trained: dict[str, int] = {}
+    for record in history.records:
+        for silo, answer in record.phases.get("train", {}).get("answered", {}).items():
+            trained[silo] = answer["num_samples"]
+    tested = history.final.test_sizes or {}
+    return [
+        {
+            "name": silo,
+            "train": trained.get(silo),
+            "val": None,
+            "test": tested.get(silo),
+            "positive_rate": None,
+        }
+        for silo in sorted(history.final.evaluation or {})
+    ]
+
+
 def write_run(folder: Path, result: SimulationResult) -> None:
-    metric = result.headline_metric
-    final = result.history.final
     document = {
-        "fedsilo_version": __version__,
-        "policy": result.policy.model_dump(mode="json"),
         "device": result.device,
         "seconds": result.seconds,
         "silos": [profile.__dict__ for profile in result.silos],
-        "final": {"round": final.round, "per_silo": final.evaluation, "summary": final.summary},
-        "history": result.history.to_json()["rounds"],
     }
-    (folder / "results.json").write_text(json.dumps(_finite(document), indent=2))
+    write_report(
+        folder, result.policy, result.history, document, result.headline_metric, result.snapshots
+    )
+
+
+def write_report(
+    folder: Path,
+    policy: Policy,
+    history: RunHistory,
+    document: Mapping[str, Any],
+    metric: str | None,
+    snapshots: Mapping[int, tuple[torch.Tensor, torch.Tensor]],
+) -> None:
+    """One run's results in `folder`; `document`: results.json's device, seconds and silos."""
+    card = write_final_model(folder, policy, history.state)
+    final = history.final
+    results = {
+        "fedsilo_version": __version__,
+        "policy": policy.model_dump(mode="json"),
+        **document,
+        "model": card.to_json() if card else None,
+        "final": {"round": final.round, "per_silo": final.evaluation, "summary": final.summary},
+        "history": history.to_json()["rounds"],
+    }
+    (folder / "results.json").write_text(json.dumps(_finite(results), indent=2))
+    silos = [p["name"] for p in document["silos"]]
     with (folder / "silos.csv").open("w", newline="") as handle:
         metrics = sorted(
             {m for values in (final.evaluation or {}).values() for m in values if "@" not in m}
         )
         writer = csv.writer(handle)
         writer.writerow(["silo", "train", "val", "test", *metrics])
-        for profile in result.silos:
-            values = (final.evaluation or {}).get(profile.name, {})
+        for profile in document["silos"]:
+            values = (final.evaluation or {}).get(profile["name"], {})
+            sizes = (profile[k] for k in ("train", "val", "test"))
             writer.writerow(
-                [
-                    profile.name,
-                    profile.train,
-                    profile.val,
-                    profile.test,
-                    *(values.get(m, "") for m in metrics),
-                ]
+                [profile["name"], *("" if n is None else n for n in sizes)]
+                + [values.get(m, "") for m in metrics]
             )
-    histories = {result.policy.algorithm.name: result.history}
-    silos = [p.name for p in result.silos]
-    _plot_rounds(folder / "metric_per_round.png", histories, metric)
-    _plot_final(folder / "final_per_silo.png", histories, silos, metric)
-    _plot_mixing(folder / "mixing_weights.png", result.history)
+    if metric is not None:
+        histories = {policy.algorithm.name: history}
+        _plot_rounds(folder / "metric_per_round.png", histories, metric)
+        _plot_final(folder / "final_per_silo.png", histories, silos, metric)
+    _plot_mixing(folder / "mixing_weights.png", history)
     _write_lambda_curves(folder, final.evaluation or {})
-    write_synthetic(folder, result.history.state, result.snapshots)
+    write_synthetic(folder, history.state, snapshots)
+
+
+def write_final_model(folder: Path, policy: Policy, state: ServerState) -> ModelCard | None:
+    """`final_model.safetensors`: the final state's tensors, parameter spec and extras, and the
+    model's card, except for FedEvg, whose result is its synthetic set, not a trained model."""
+    header: dict[str, Any] = {"spec": state.spec.to_json(), "extra": dict(state.extra)}
+    card = None
+    if MODEL in state.tensors and SYNTHETIC not in state.tensors:
+        card = ModelCard.describe(
+            fedsilo_version=__version__,
+            algorithm=policy.algorithm.name,
+            model=policy.model,
+            spec=state.spec,
+            scaling=policy.data.scaling,
+            seed=policy.seed,
+        )
+        header[CARD_KEY] = card.to_json()
+    (folder / "final_model.safetensors").write_bytes(encode_tensors(state.tensors, header))
+    return card
 
 
 def write_comparison(folder: Path, results: Mapping[str, SimulationResult]) -> None:

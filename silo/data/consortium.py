@@ -32,6 +32,18 @@ def _labels_tensor(y: np.ndarray, task: str) -> torch.Tensor:
     return torch.from_numpy(np.asarray(y, dtype=dtype))
 
 
+def split_rows(
+    name: str, rows: np.ndarray, index: int, table: Table, config: DataConfig, seed: int
+) -> list[np.ndarray]:
+    """The table rows of silo `name` (the `index`-th) in its train, val and test splits."""
+    sizes = split_sizes(len(rows), config.split, name)
+    labels = table.y[rows] if table.task == "classification" else None
+    return [
+        rows[positions]
+        for positions in split_positions(labels, sizes, rng_for(seed, Purpose.SPLIT, index))
+    ]
+
+
 def _build_silo(
     name: str,
     rows: np.ndarray,
@@ -41,12 +53,7 @@ def _build_silo(
     seed: int,
     noisy: bool,
 ) -> SiloDataset:
-    sizes = split_sizes(len(rows), config.split, name)
-    labels = table.y[rows] if table.task == "classification" else None
-    splits = [
-        rows[positions]
-        for positions in split_positions(labels, sizes, rng_for(seed, Purpose.SPLIT, index))
-    ]
+    splits = split_rows(name, rows, index, table, config, seed)
     standardiser = fitted_standardiser(table.x[splits[0]], table.numeric, config.scaling)
     xs = [
         _features_tensor(standardiser.transform(table.x[part]), table.input_shape)
