@@ -34,6 +34,7 @@ from fedsilo.ops.coordinator_process import (
     run_coordinator,
 )
 from fedsilo.ops.demo import DemoFailed, run_demo
+from fedsilo.ops.examples_cli import examples_group
 from fedsilo.ops.logs import configure_logging
 from fedsilo.ops.predict import predict_command
 from fedsilo.ops.privacy_cli import privacy_group
@@ -271,6 +272,7 @@ def _default_policy() -> Policy:
 main.add_command(provision_command)
 main.add_command(privacy_group)
 main.add_command(predict_command)
+main.add_command(examples_group)
 policy.add_command(sign_command)
 
 

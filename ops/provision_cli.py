@@ -15,7 +15,7 @@ from rich.table import Table
 
 from fedsilo.ops.provision import ProvisionedConsortium, ProvisionError, provision
 from fedsilo.policies.consortium import load_consortium_file
-from fedsilo.policies.loading import PolicyError, load_policy
+from fedsilo.policies.loading import PolicyError, load_policy, signable_policy_file
 from fedsilo.privacy.identity import IdentityError, read_signing_key
 from fedsilo.privacy.policy_signing import policy_digest, sign_policy
 
@@ -66,7 +66,7 @@ def provision_command(consortium_file: Path, out: Path) -> None:
 def policy_sign(policy_file: Path, key_file: Path) -> None:
     """Validate POLICY and sign its exact bytes with the operator key, into POLICY.sig."""
     try:
-        load_policy(policy_file)
+        load_policy(signable_policy_file(policy_file))
         operator_key = read_signing_key(key_file)
     except (PolicyError, IdentityError) as exc:
         raise click.ClickException(str(exc)) from None

@@ -1,13 +1,19 @@
 """Reading a policy file: YAML in, a validated `Policy` out, or one `PolicyError` that names
 the file, each offending field, and the allowed values. Also the one place pydantic's errors
 become messages for people (`describe_errors`), and the policy variants the command line
-derives (another algorithm, another seed or number of silos), refused the same way."""
+derives (another algorithm, another seed or number of silos), refused the same way.
+
+A policy path `example:NAME` names one of the example policies that ship inside the package
+(`policies/examples/NAME.yaml`, read through importlib.resources), so the examples work from an
+installed wheel as well as from a checkout."""
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Mapping
+from importlib.resources import files
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from pydantic import ValidationError
@@ -16,7 +22,12 @@ from fedsilo.policies.base import closest
 from fedsilo.policies.schema import Policy
 from fedsilo.policies.strict_yaml import load_yaml
 
+if TYPE_CHECKING:
+    from importlib.resources.abc import Traversable
+
 MAX_SHOWN_INPUT = 60  # characters of an offending value quoted in a message
+EXAMPLE_PREFIX = "example:"
+EXAMPLE_SUFFIX = ".yaml"
 
 
 class PolicyError(ValueError):
@@ -24,8 +35,58 @@ class PolicyError(ValueError):
 
 
 def load_policy(path: str | Path) -> Policy:
+    """The policy in file `path`, or in the packaged example `path` names (`example:NAME`)."""
+    name = example_name(path)
+    if name is not None:
+        text = example_file(name).read_text(encoding="utf-8")
+        return parse_policy_text(text, source=f"{EXAMPLE_PREFIX}{name}")
     path = Path(path)
     return parse_policy_text(read_text_file(path, "policy file"), source=str(path))
+
+
+def example_name(path: str | Path) -> str | None:
+    """NAME when `path` is `example:NAME`, else None (a file path)."""
+    text = str(path)
+    return text.removeprefix(EXAMPLE_PREFIX) if text.startswith(EXAMPLE_PREFIX) else None
+
+
+def example_folder() -> Traversable:
+    """The packaged example policies (`policies/examples/`)."""
+    return files("fedsilo.policies") / "examples"
+
+
+def example_names() -> list[str]:
+    """Every packaged example's NAME, sorted."""
+    return sorted(
+        entry.name.removesuffix(EXAMPLE_SUFFIX)
+        for entry in example_folder().iterdir()
+        if entry.is_file() and entry.name.endswith(EXAMPLE_SUFFIX)
+    )
+
+
+def example_file(name: str) -> Traversable:
+    """The packaged example `name`, or a PolicyError listing the closest names."""
+    names = example_names()
+    if name not in names:
+        close = difflib.get_close_matches(name, names, n=3, cutoff=0.6)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise PolicyError(
+            f"{EXAMPLE_PREFIX}{name}: no such example policy{hint} "
+            "(`fedsilo examples list` shows them all)"
+        )
+    return example_folder() / f"{name}{EXAMPLE_SUFFIX}"
+
+
+def signable_policy_file(path: Path) -> Path:
+    """`path` itself, or a PolicyError when it names a packaged example: something written
+    beside a policy (its signature) cannot go into the installed package."""
+    name = example_name(path)
+    if name is not None:
+        raise PolicyError(
+            f"{path}: a packaged example cannot be signed in place; copy it first "
+            f"(`fedsilo examples copy {name}`), then sign the copy"
+        )
+    return path
 
 
 def read_text_file(path: Path, what: str) -> str:
