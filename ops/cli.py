@@ -50,7 +50,7 @@ from fedsilo.ops.report import (
 )
 from fedsilo.ops.silo_check import silo_check
 from fedsilo.ops.silo_process import run_silo
-from fedsilo.ops.silo_setup import write_silo_config
+from fedsilo.ops.silo_setup import data_section_options, write_silo_config
 from fedsilo.ops.simulate import SimulationResult, load_silos, simulate
 from fedsilo.ops.status import deployment_status
 from fedsilo.policies.loading import PolicyError, load_policy, with_algorithm, with_overrides
@@ -330,6 +330,7 @@ silo.add_command(silo_check)
     type=click.FloatRange(min=0, min_open=True),
     help="Local rule: this site's own epsilon budget per deployment (the stricter cap wins).",
 )
+@data_section_options
 def silo_init(
     kit_dir: Path,
     out: Path,
@@ -342,6 +343,7 @@ def silo_init(
     allowed: tuple[str, ...],
     require_dp: bool,
     epsilon_cap: float | None,
+    data_keys: dict[str, Any],
 ) -> None:
     """Write this site's silo.yaml and a systemd unit to run the agent."""
     rules: dict[str, Any] = {"allowed_algorithms": list(allowed)} if allowed else {}
@@ -350,11 +352,12 @@ def silo_init(
     if epsilon_cap is not None:
         rules["epsilon_cap"] = epsilon_cap
     try:
-        written = write_silo_config(
-            kit_dir, out, source, data_path, target, select, device, metrics_port, rules
+        written, summary = write_silo_config(
+            kit_dir, out, source, data_path, target, select, device, metrics_port, rules, data_keys
         )
     except (PolicyError, DataError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
+    click.echo("\n".join(summary))
     for path in written:
         console.print(f"wrote {path}")
 

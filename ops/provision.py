@@ -29,7 +29,7 @@ from nacl.signing import SigningKey, VerifyKey
 from pydantic import ValidationError
 
 from fedsilo.policies.base import PolicyModel
-from fedsilo.policies.consortium import ConsortiumConfig
+from fedsilo.policies.consortium import EXAMPLE, ConsortiumConfig
 from fedsilo.policies.loading import describe_errors
 from fedsilo.privacy.certificates import (
     CertifiedKey,
@@ -184,6 +184,16 @@ class _Identities:
     coordinator_key: SigningKey
     server: CertifiedKey
     silos: tuple[_SiloIdentity, ...]
+
+
+def write_example_consortium(path: Path) -> None:
+    """Write the commented example consortium.yaml to `path`; an existing file is never
+    replaced (ProvisionError)."""
+    try:
+        with path.open("x", encoding="utf-8") as handle:
+            handle.write(EXAMPLE)
+    except FileExistsError:
+        raise ProvisionError(f"--example: {path} exists; give a new path") from None
 
 
 def provision(config: ConsortiumConfig, out: Path) -> ProvisionedConsortium:

@@ -13,7 +13,12 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from fedsilo.ops.provision import ProvisionedConsortium, ProvisionError, provision
+from fedsilo.ops.provision import (
+    ProvisionedConsortium,
+    ProvisionError,
+    provision,
+    write_example_consortium,
+)
 from fedsilo.policies.consortium import load_consortium_file
 from fedsilo.policies.loading import PolicyError, load_policy, signable_policy_file
 from fedsilo.privacy.identity import IdentityError, read_signing_key
@@ -26,18 +31,35 @@ console = Console()
 @click.option(
     "--consortium",
     "consortium_file",
-    required=True,
     type=click.Path(path_type=Path),
     help="consortium.yaml: the consortium's name, coordinator address, silos, lifetimes.",
 )
 @click.option(
     "--out",
-    required=True,
     type=click.Path(path_type=Path),
     help="New (or empty) folder for the kits; an existing kit is never replaced.",
 )
-def provision_command(consortium_file: Path, out: Path) -> None:
+@click.option(
+    "--example",
+    "example_file",
+    type=click.Path(path_type=Path),
+    help="Only write a commented consortium.yaml, every key explained, to this new path.",
+)
+def provision_command(
+    consortium_file: Path | None, out: Path | None, example_file: Path | None
+) -> None:
     """Create the CA, every key and one startup kit per party of a consortium."""
+    if example_file is not None:
+        if consortium_file is not None or out is not None:
+            raise click.ClickException("--example writes an example only; drop --consortium/--out")
+        try:
+            write_example_consortium(example_file)
+        except (ProvisionError, OSError) as exc:
+            raise click.ClickException(str(exc)) from None
+        console.print(f"wrote {example_file}: edit it, then provision --consortium {example_file}")
+        return
+    if consortium_file is None or out is None:
+        raise click.ClickException("give --consortium FILE and --out FOLDER (or --example PATH)")
     try:
         config = load_consortium_file(consortium_file)
         provisioned = provision(config, out)

@@ -48,15 +48,18 @@ class SiteDataSummary:
 def check_site_data(config_file: Path, policy: Policy | None = None) -> SiteDataSummary:
     """Load the site's data as `silo start` would (under `policy`'s seed, rules and model when
     given) and summarise it; a DataError or PolicyError names the silo.yaml key to change."""
-    config = load_silo_config(config_file)
+    return summarise(load_silo_config(config_file), config_file.parent, policy)
+
+
+def summarise(config: SiloConfig, base_dir: Path, policy: Policy | None = None) -> SiteDataSummary:
+    """`check_site_data` for a parsed silo.yaml whose relative paths start at `base_dir`."""
     if policy is not None:
         broken = config.rules.violations(policy)
         if broken:
             raise PolicyError(
-                f"{config_file}: this site's rules refuse the policy: "
+                "this site's rules refuse the policy: "
                 + "; ".join(f"rules.{rule}" for rule in broken)
             )
-    base_dir = config_file.parent
     source = config.data.site_source()
     try:
         raw = read_source(source, base_dir)

@@ -1,12 +1,8 @@
 """The consortium file (consortium.yaml): who takes part in a deployment, where the coordinator
 listens, and how long its certificates live. Provisioning turns it into startup kits.
 
-```yaml
-consortium: heart-consortium
-coordinator: {address: "127.0.0.1:50051"}
-silos: [{name: cleveland}, {name: hungary}, {name: va}]
-certificates: {ca_days: 3650, server_days: 365, client_days: 365}
-```
+`EXAMPLE` is a commented file documenting every key (`fedsilo provision --example PATH` writes
+it); `tests/test_silo_check.py` checks that provisioning accepts it.
 """
 
 from __future__ import annotations
@@ -22,6 +18,36 @@ from pydantic import AfterValidator, Field, ValidationError, field_validator, mo
 
 from fedsilo.policies.base import PolicyModel
 from fedsilo.policies.loading import PolicyError, describe_errors, read_text_file, read_yaml
+
+EXAMPLE = """\
+# consortium.yaml: who takes part, where the coordinator listens, how long certificates live.
+# `fedsilo provision --consortium consortium.yaml --out kits/` turns it into one startup kit
+# per party (the operator, the coordinator, each silo).
+
+# The consortium's name: letters, digits, '-', '_' and '.', at most 64, starting with a letter
+# or digit. It names the CA and every certificate.
+consortium: heart-consortium
+
+# Where the silos reach the coordinator: host:port (a DNS name or an IPv4 address; an IPv6
+# address in brackets, as in "[::1]:50051"). The coordinator's certificate is issued for this
+# host. Silos connect out to it: no hospital opens an inbound port.
+coordinator:
+  address: "127.0.0.1:50051"
+
+# The silos, one entry per institution; each name (same rules as `consortium`, unique ignoring
+# case) becomes its kit folder kits/silos/<name> and its certificate's common name.
+silos:
+  - name: cleveland
+  - name: hungary
+  - name: va
+
+# Certificate lifetimes in days (optional; these are the defaults). No certificate may outlive
+# the CA that issued it: server_days and client_days are at most ca_days.
+certificates:
+  ca_days: 3650      # the consortium's CA
+  server_days: 365   # the coordinator's TLS certificate
+  client_days: 365   # each silo's TLS client certificate
+"""
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 DNS_LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")

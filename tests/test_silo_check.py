@@ -1,13 +1,18 @@
 """`fedsilo silo check`: a hospital's own data, checked offline before any job. The happy path
 summarises the data as the agent will load it; each data problem is one message naming the key
-to change as silo.yaml spells it (`data.source.<key>`), exit status 1, no traceback."""
+to change as silo.yaml spells it (`data.source.<key>`), exit status 1, no traceback. `silo init`
+sets the data dictionary from flags and runs the same check; `provision --example` writes a
+commented consortium.yaml that provisioning accepts."""
 
 from pathlib import Path
 
+import pytest
 import yaml
 from click.testing import CliRunner, Result
 
 from fedsilo.ops.cli import main
+from fedsilo.ops.provision import provision
+from fedsilo.policies.consortium import EXAMPLE, parse_consortium
 
 HEADER = "age,smoker,bp,outcome"
 HEART_FEDAVG = str(Path(__file__).parents[1] / "policies" / "examples" / "heart-fedavg.yaml")
@@ -148,3 +153,77 @@ def test_a_partitioned_file_without_select_says_how_to_keep_it_whole(tmp_path: P
 
 def test_a_missing_policy_is_one_message(tmp_path: Path) -> None:
     refused(check(site(tmp_path), "--policy", str(tmp_path / "absent.yaml")), "absent.yaml")
+
+
+@pytest.fixture(scope="module")
+def kit(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A provisioned silo kit (from the example consortium.yaml)."""
+    folder = tmp_path_factory.mktemp("consortium")
+    provision(parse_consortium(yaml.safe_load(EXAMPLE)), folder / "kits")
+    return folder / "kits" / "silos" / "cleveland"
+
+
+def init(kit: Path, folder: Path, *flags: str) -> Result:
+    (folder / "records.csv").write_text("\n".join([HEADER, *ROWS]) + "\n")
+    arguments = ["silo", "init", "--kit", str(kit), "--out", str(folder / "silo.yaml")]
+    arguments += ["--source", "csv", "--data", str(folder / "records.csv"), "--target", "outcome"]
+    return CliRunner().invoke(main, [*arguments, *flags])
+
+
+def test_silo_init_sets_the_data_dictionary_from_flags_and_prints_the_check(
+    kit: Path, tmp_path: Path
+) -> None:
+    result = init(
+        kit, tmp_path, "--categorical", "smoker=no,yes", "--impute", "--drop-column", "age"
+    )
+    assert result.exit_code == 0, result.output
+    assert "after encoding: 3 features (smoker=no, smoker=yes, bp)" in result.output
+    source = yaml.safe_load((tmp_path / "silo.yaml").read_text())["data"]["source"]
+    assert source["categorical"] == {"smoker": ["no", "yes"]}
+    assert source["missing"] == "impute" and source["drop_columns"] == ["age"]
+    assert "partition" not in source  # the site's file is one silo
+    assert check(tmp_path / "silo.yaml").exit_code == 0
+
+
+def test_silo_init_checks_the_data_and_names_the_flag_that_fixes_it(
+    kit: Path, tmp_path: Path
+) -> None:
+    refused(init(kit, tmp_path), "column 'smoker'", "data.source.categorical", "--categorical")
+    assert not (tmp_path / "silo.yaml").exists()
+
+
+@pytest.mark.parametrize("flag", ["smoker", "=no,yes", "smoker=no,,yes"])
+def test_silo_init_refuses_a_malformed_categorical_flag(
+    kit: Path, tmp_path: Path, flag: str
+) -> None:
+    refused(init(kit, tmp_path, "--categorical", flag), "--categorical", "COLUMN=A,B")
+    assert not (tmp_path / "silo.yaml").exists()
+
+
+def test_silo_init_never_replaces_an_existing_silo_yaml(kit: Path, tmp_path: Path) -> None:
+    (tmp_path / "silo.yaml").write_text("mine\n")
+    refused(init(kit, tmp_path, "--categorical", "smoker=no,yes"), "silo.yaml exists")
+    assert (tmp_path / "silo.yaml").read_text() == "mine\n"
+
+
+def test_provision_example_writes_a_consortium_file_provision_accepts(tmp_path: Path) -> None:
+    example = tmp_path / "consortium.yaml"
+    result = CliRunner().invoke(main, ["provision", "--example", str(example)])
+    assert result.exit_code == 0, result.output
+    text = example.read_text()
+    for key in ("consortium:", "coordinator:", "address:", "silos:", "ca_days:", "client_days:"):
+        assert key in text
+    assert text.lstrip().startswith("#")  # commented
+    kits = tmp_path / "kits"
+    result = CliRunner().invoke(
+        main, ["provision", "--consortium", str(example), "--out", str(kits)]
+    )
+    assert result.exit_code == 0, result.output
+    assert (kits / "silos" / "cleveland" / "kit.yaml").is_file()
+
+
+def test_provision_example_never_replaces_a_file(tmp_path: Path) -> None:
+    example = tmp_path / "consortium.yaml"
+    example.write_text("mine\n")
+    refused(CliRunner().invoke(main, ["provision", "--example", str(example)]), "exists")
+    assert example.read_text() == "mine\n"
