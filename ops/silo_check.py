@@ -10,13 +10,14 @@ A problem is one `DataError` (or `PolicyError`) naming the silo.yaml key to chan
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import click
 import pandas as pd
 
 from fedsilo.models.zoo import build_model
+from fedsilo.policies.data import DataConfig, NaturalPartition
 from fedsilo.policies.loading import PolicyError, load_policy
 from fedsilo.policies.schema import Policy
 from fedsilo.silo.config import SOURCE_KEY, SiloConfig, load_silo_config
@@ -66,6 +67,7 @@ def summarise(config: SiloConfig, base_dir: Path, policy: Policy | None = None) 
     except DataError as error:
         raise error.within(SOURCE_KEY) from None
     dataset = config.data.load(CHECK_SEED if policy is None else policy.seed, base_dir)
+    raw = _this_silos_rows(raw, source, dataset.name)
     parameters = None if policy is None else _model_parameters(policy, dataset)
     return SiteDataSummary(
         origin=raw.origin,
@@ -75,6 +77,16 @@ def summarise(config: SiloConfig, base_dir: Path, policy: Policy | None = None) 
         dataset=dataset,
         model_parameters=parameters,
     )
+
+
+def _this_silos_rows(raw: RawSource, source: DataConfig, silo: str) -> RawSource:
+    """The raw rows of this silo when a natural partition names them (the bundled hospitals);
+    a simulated partition deals rows at random, so its summary is of the whole source."""
+    partition = source.resolved_partition()
+    if not isinstance(partition, NaturalPartition):
+        return raw
+    rows = raw.frame[partition.column].astype(str) == silo
+    return replace(raw, frame=raw.frame[rows], origin=f"{raw.origin}, {partition.column} {silo}")
 
 
 def _model_parameters(policy: Policy, dataset: SiloDataset) -> int:

@@ -57,6 +57,18 @@ def test_a_sites_file_is_summarised_as_one_silo(tmp_path: Path) -> None:
     assert "splits: train 32, val 4, test 4" in out
 
 
+def test_a_selected_hospital_of_the_bundled_data_is_summarised_alone(tmp_path: Path) -> None:
+    config = tmp_path / "silo.yaml"
+    document = {"version": 1, "kit": "kit", "data": {"source": {"source": "heart"}}}
+    config.write_text(
+        yaml.safe_dump({**document, "data": {**document["data"], "select": "Hungary"}})
+    )
+    result = check(config)
+    assert result.exit_code == 0, result.output
+    assert "dataset Hungary: 293 rows" in result.output
+    assert "labels (2 classes): False: 187 (64%), True: 106 (36%)" in result.output
+
+
 def test_missing_values_are_counted_per_column_and_imputed_when_asked(tmp_path: Path) -> None:
     rows = [row.replace("110.5", "") for row in ROWS]  # every 7th bp is empty
     result = check(site(tmp_path, rows, missing="impute"))
