@@ -4,6 +4,38 @@ rules a deployment policy must satisfy before this silo takes part.
 
 The rules are checked when the silo joins: a policy that breaks one is refused with a message
 naming the rule, and the coordinator shows that reason for this silo.
+
+Every key of silo.yaml (relative paths start at silo.yaml's folder):
+
+```yaml
+version: 1                      # the format's version
+kit: /srv/fedsilo/kit           # this silo's kit folder (from `fedsilo provision`)
+data:
+  source:                       # a data section, as a policy's `data:` (policies/data.py)
+    source: csv                 # csv or npz for a site's own file
+    path: records.csv
+    target: outcome             # the label column
+    categorical: {smoker: ["no", "yes"]}  # text columns and their agreed categories
+    missing: impute             # or error (the default): impute missing values locally
+    missing_values: {chol: [0]} # values that mean "not measured"
+    drop_columns: [patient_id]  # columns that are not features
+    split: {train: 0.8, val: 0.1, test: 0.1}
+    scaling: local              # local, federated or none
+    # partition: absent for a site's own file, which is one silo
+  select: null                  # which silo of a multi-silo section (demo data) this is
+compute: {device: cpu}          # overrides the policy's placement at this site
+metrics_port: 9465              # Prometheus metrics on 127.0.0.1
+rules:                          # LocalRules: what this site allows
+  allowed_algorithms: [fedavg, fedprox]
+  max_rounds: 100
+  require_dp: false
+  epsilon_cap: 8.0
+  allowed_reports: null         # None: every report kind the policy allows
+ledger: privacy-ledger.jsonl    # this site's privacy ledger
+state: silo-state               # what outlives the agent
+```
+
+`fedsilo silo check --config silo.yaml` (ops/silo_check.py) loads the data as the agent will.
 """
 
 from __future__ import annotations

@@ -13,6 +13,8 @@ from click.testing import CliRunner, Result
 from fedsilo.ops.cli import main
 from fedsilo.ops.provision import provision
 from fedsilo.policies.consortium import EXAMPLE, parse_consortium
+from fedsilo.silo import config as silo_config_module
+from fedsilo.silo.config import parse_silo_config
 
 HEADER = "age,smoker,bp,outcome"
 HEART_FEDAVG = str(Path(__file__).parents[1] / "policies" / "examples" / "heart-fedavg.yaml")
@@ -239,3 +241,11 @@ def test_provision_example_never_replaces_a_file(tmp_path: Path) -> None:
     example.write_text("mine\n")
     refused(CliRunner().invoke(main, ["provision", "--example", str(example)]), "exists")
     assert example.read_text() == "mine\n"
+
+
+def test_the_documented_silo_yaml_is_a_valid_silo_configuration() -> None:
+    text = silo_config_module.__doc__ or ""
+    example = text.split("```yaml\n", 1)[1].split("```", 1)[0]
+    config = parse_silo_config(yaml.safe_load(example), "silo/config.py")
+    assert config.data.source.categorical == {"smoker": ["no", "yes"]}
+    assert config.rules.epsilon_cap == 8.0
