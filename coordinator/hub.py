@@ -5,7 +5,8 @@ The gRPC servicer (coordinator/service.py) fills it from the network; the transp
 uses (coordinator/grpc_transport.py) posts tasks and collects results through it. A task not
 picked up before its deadline is withdrawn, and a result for a withdrawn or unknown task is
 refused as late: it can never be applied to a later round. Only the silo a task was posted to
-can answer it, and a revoked silo's tasks fail at once instead of waiting for their deadline.
+can answer it, and the tasks of a revoked silo, or of one that refused the policy (it could
+not prepare the job, and said why), fail at once instead of waiting for their deadline.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from fedsilo.coordinator.transport import Reply
 from fedsilo.wire.payload import AnyPayload
 
 REVOKED = "revoked"
+REFUSED = "refused"
 NOT_CONNECTED = "not connected"
 
 
@@ -61,9 +63,12 @@ class SiloHub:
             self._lock.notify_all()
 
     def refuse(self, silo: str, reason: str) -> None:
+        """`silo` cannot work under the policy (it says why): it counts as answered for the join
+        wait, and every task waiting for it fails at once with its reason."""
         with self._lock:
             self.accepted.discard(silo)
             self.refused[silo] = reason
+            self._fail_tasks_of(silo, f"{REFUSED}: {reason}")
             self._lock.notify_all()
 
     def revoke(self, silo: str) -> None:
@@ -72,11 +77,14 @@ class SiloHub:
         with self._lock:
             self.revoked.add(silo)
             self.accepted.discard(silo)
-            self._outboxes.get(silo, deque()).clear()
-            for task_id in [t for t, (owner, _) in self._pending.items() if owner == silo]:
-                _, replies = self._pending.pop(task_id)
-                replies.put(Reply(silo, task_id, None, REVOKED))
+            self._fail_tasks_of(silo, REVOKED)
             self._lock.notify_all()
+
+    def _fail_tasks_of(self, silo: str, failure: str) -> None:
+        self._outboxes.get(silo, deque()).clear()
+        for task_id in [t for t, (owner, _) in self._pending.items() if owner == silo]:
+            _, replies = self._pending.pop(task_id)
+            replies.put(Reply(silo, task_id, None, failure))
 
     def wait_for_members(self, wanted: int, timeout_s: float) -> list[str]:
         """The silos that accepted the policy once `wanted` did (or once every silo not revoked
@@ -99,7 +107,13 @@ class SiloHub:
         policy gets a failed reply at once instead."""
         with self._lock:
             if task.silo in self.revoked or task.silo not in self.accepted:
-                failure = REVOKED if task.silo in self.revoked else NOT_CONNECTED
+                failure = (
+                    REVOKED
+                    if task.silo in self.revoked
+                    else f"{REFUSED}: {self.refused[task.silo]}"
+                    if task.silo in self.refused
+                    else NOT_CONNECTED
+                )
                 replies.put(Reply(task.silo, task.task_id, None, failure))
                 return
             self._pending[task.task_id] = (task.silo, replies)

@@ -57,7 +57,7 @@ from fedsilo.policies.loading import PolicyError, load_policy, with_algorithm, w
 from fedsilo.policies.schema import MAX_SEED, Policy
 from fedsilo.privacy.identity import IdentityError
 from fedsilo.privacy.policy_signing import PolicySignatureError
-from fedsilo.silo.client import PolicyRefused, SiloRefused
+from fedsilo.silo.client import ChannelError, PolicyRefused, SiloRefused
 from fedsilo.silo.data import DataError
 from fedsilo.silo.device import DeviceError
 
@@ -72,6 +72,7 @@ DEPLOYMENT_ERRORS = (
     PolicySignatureError,
     PolicyRefused,
     SiloRefused,
+    ChannelError,
 )
 
 SQLITE_HEADER = b"SQLite format 3\x00"

@@ -25,7 +25,7 @@ from fedsilo.silo.client import ChannelSettings, CoordinatorConnection, SiloClie
 from fedsilo.silo.config import SiloConfig, load_silo_config
 from fedsilo.silo.device import resolve_device
 from fedsilo.silo.domains import check_domains
-from fedsilo.wire.messages import STATUS_BUDGET_EXHAUSTED, TaskMessage
+from fedsilo.wire.messages import STATUS_BUDGET_EXHAUSTED, BadTaskConfig, TaskMessage
 
 log = logging.getLogger("fedsilo.silo")
 
@@ -129,7 +129,10 @@ def _start_agent(
 
     def endpoint(payload: bytes) -> bytes:
         metrics.count_bytes("to_silo", len(payload))
-        task = TaskMessage.decode(payload)
+        try:
+            task = TaskMessage.decode(payload)
+        except BadTaskConfig:  # a task it names but cannot read: refused unrun, and booked
+            return agent.handle_bytes(payload)
         result, encoded = agent.respond(task)
         metrics.observe_task(task.kind, result.status, result.compute_seconds)
         if task.kind == "train" and result.ok:

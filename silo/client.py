@@ -8,6 +8,12 @@ connection is retried with exponential backoff and jitter; a task it has already
 from the agent's answer store (kept in the silo's state folder, so across restarts too), so
 result delivery is idempotent. A coordinator that refuses this silo (revoked, or not on its
 roster) ends the agent with `SiloRefused`: retrying cannot help.
+
+Failures are reported, not left to time out: a job the silo cannot prepare (its data does not
+load, the model does not build, the device is unavailable, a site rule is broken) is refused
+with the reason, and a task that fails outside its handler (while being decoded, booked or
+stored) is answered with an error result naming the task, so the coordinator drops the silo at
+once. What the coordinator learns is `failure_reason`: one short line, never data.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import threading
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import grpc
 from nacl.signing import SigningKey, VerifyKey
@@ -41,11 +48,14 @@ from fedsilo.wire.control import (
 )
 from fedsilo.wire.envelope import REPLAY, Envelope, EnvelopeVerifier, seal
 from fedsilo.wire.framing import MessageRejected, read_message, to_frames
-from fedsilo.wire.messages import TaskMessage
+from fedsilo.wire.messages import STATUS_ERROR, BadTaskConfig, TaskHeader, TaskMessage, TaskResult
+from fedsilo.wire.tensors import WireError
 
 log = logging.getLogger("fedsilo.silo")
 
 RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
+MAX_REASON_CHARS = 300
+T = TypeVar("T")
 
 
 class PolicyRefused(RuntimeError):
@@ -55,6 +65,22 @@ class PolicyRefused(RuntimeError):
 class SiloRefused(PolicyRefused):
     """The coordinator refuses this silo (PERMISSION_DENIED): it is revoked, or its identity is
     not on the roster; it cannot take part."""
+
+
+class ChannelError(RuntimeError):
+    """The coordinator rejected a request of this silo, or answered with something this silo
+    cannot read (e.g. another protocol version): retrying the same request cannot help."""
+
+
+def failure_reason(exc: BaseException) -> str:
+    """Why something failed, as the coordinator may learn it: the first line of the message
+    (an operator's mistake names its file, field or column), clipped, with the exception's type
+    where it is not an operator's mistake (a ValueError or an OSError)."""
+    lines = str(exc).strip().splitlines()
+    text = lines[0] if lines else type(exc).__name__
+    if not isinstance(exc, (ValueError, OSError)):
+        text = f"{type(exc).__name__}: {text}"
+    return text if len(text) <= MAX_REASON_CHARS else text[: MAX_REASON_CHARS - 3] + "..."
 
 
 @dataclass(frozen=True)
@@ -132,7 +158,9 @@ class CoordinatorConnection:
                         f"the coordinator refuses this silo: {exc.details()}"
                     ) from None
                 if exc.code() not in RETRYABLE:
-                    raise
+                    raise ChannelError(
+                        f"the coordinator rejected this silo's {label!r}: {exc.details()}"
+                    ) from None
                 log.info("coordinator unreachable (%s); retrying in %.1fs", exc.code().name, delay)
             self.stop.wait(delay * random.uniform(0.5, 1.0))
             delay = min(delay * 2, self.settings.backoff_max_s)
@@ -172,11 +200,11 @@ class SiloClient:
         digest, endpoint = self.join()
         while not self.connection.stop.is_set():
             reply = self.connection.exchange(Control(PULL).encode(), PULL)
-            kind = payload_type(reply)
+            kind = _readable(payload_type, reply)
             if kind == "task":
                 self._answer(reply, endpoint)
                 continue
-            control = decode_control(reply)
+            control = _readable(decode_control, reply)
             if control.type == FINISHED:
                 return str(control.get("reason", "finished"))
             if control.type == ACK and not control.get("accepted"):
@@ -195,24 +223,26 @@ class SiloClient:
         the data, build the agent; `running` is reused when its digest is the policy's), and
         only then accept: acceptance means ready. A policy this silo cannot work under is
         refused with the reason. Returns the accepted digest and the agent's endpoint."""
-        reply = decode_control(self.connection.exchange(Control(JOIN).encode(), JOIN))
+        reply = _readable(decode_control, self.connection.exchange(Control(JOIN).encode(), JOIN))
         if reply.type != POLICY:
             raise PolicyRefused(f"the coordinator answered a join with {reply.type!r}")
         policy, digest = self._verified_policy(reply)
-        problems = self.check_policy(policy, digest)
         endpoint = running[1] if running is not None and running[0] == digest else None
-        if not problems and endpoint is None:
-            try:
+        try:
+            problems = self.check_policy(policy, digest)
+            if not problems and endpoint is None:
                 endpoint = self.start_agent(policy, digest)
-            except (ValueError, OSError) as exc:  # data, device or model that do not fit
-                problems = [f"cannot work under this policy: {exc}"]
+        except Exception as exc:  # data, model, device or state that do not fit: refused
+            log.warning("cannot prepare policy %s: %s", policy.name, exc)
+            problems = [f"cannot work under this policy: {failure_reason(exc)}"]
         if problems:
             self.connection.exchange(
                 Control(REFUSE, {"reason": "; ".join(problems)}).encode(), REFUSE
             )
             raise PolicyRefused("refused the policy: " + "; ".join(problems))
-        ack = decode_control(
-            self.connection.exchange(Control(ACCEPT, {"policy_digest": digest}).encode(), ACCEPT)
+        ack = _readable(
+            decode_control,
+            self.connection.exchange(Control(ACCEPT, {"policy_digest": digest}).encode(), ACCEPT),
         )
         if not ack.get("accepted"):
             raise PolicyRefused(f"the coordinator did not take our acceptance: {ack.get('reason')}")
@@ -230,8 +260,42 @@ class SiloClient:
         return parse_policy_text(text, source="the deployment policy"), digest
 
     def _answer(self, payload: bytes, endpoint: Callable[[bytes], bytes]) -> None:
-        task = TaskMessage.decode(payload)
-        result = endpoint(payload)  # the agent answers a task id it answered with the same bytes
-        ack = decode_control(self.connection.exchange(result, task.task_id, task.round))
+        """Run the task and send its result; a failure outside the handler is answered with an
+        error result naming the task. A task whose header does not read cannot be named: it is
+        logged and left to its deadline."""
+        task = _header(payload)
+        if task is None:
+            log.warning("a task whose header does not read: not answered")
+            return
+        try:
+            result = endpoint(payload)  # a task id answered before gets the same bytes
+        except Exception as exc:  # decoding, booking or storing the answer failed
+            log.warning("task %s failed outside its handler: %s", task.task_id, exc)
+            result = TaskResult(
+                task.task_id,
+                self.connection.identity.name,
+                task.kind,
+                STATUS_ERROR,
+                error=failure_reason(exc),
+            ).encode()
+        ack = _readable(decode_control, self.connection.exchange(result, task.task_id, task.round))
         if ack.type == ACK and not ack.get("accepted"):
             log.warning("result for %s not taken: %s", task.task_id, ack.get("reason"))
+
+
+def _header(payload: bytes) -> TaskHeader | None:
+    """Who the task is for and what it is, also when its config does not read."""
+    try:
+        return TaskMessage.decode(payload).header
+    except BadTaskConfig as exc:
+        return exc.header
+    except WireError:
+        return None
+
+
+def _readable(read: Callable[[bytes], T], reply: bytes) -> T:
+    """`read(reply)`, or a `ChannelError` saying why the coordinator's reply does not read."""
+    try:
+        return read(reply)
+    except WireError as exc:
+        raise ChannelError(f"the coordinator's reply does not read: {exc}") from None
