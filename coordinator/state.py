@@ -232,6 +232,24 @@ class StateStore:
                     "policy; use a new --state file or the original policy"
                 )
 
+    def open_consortium(self, consortium: str) -> None:
+        """Create the consortium's own row, which holds what outlives its jobs (revocations);
+        a state file whose consortium row a single-policy deployment once created keeps it."""
+        with self._transaction() as db:
+            db.execute(
+                "INSERT OR IGNORE INTO deployments VALUES (?, '', '{}', ?)", (consortium, _now())
+            )
+
+    def latest_job(self, consortium: str) -> str | None:
+        """The job (deployment other than the consortium's own row) opened last, or None."""
+        with self._transaction("DEFERRED") as db:
+            row = db.execute(
+                "SELECT deployment_id FROM deployments WHERE deployment_id != ? "
+                "ORDER BY created_at DESC, rowid DESC LIMIT 1",
+                (consortium,),
+            ).fetchone()
+        return None if row is None else row["deployment_id"]
+
     def deployment_policy(self, deployment_id: str) -> dict[str, Any] | None:
         """The policy (as JSON) the deployment was opened with; None for an unknown one."""
         with self._transaction("DEFERRED") as db:

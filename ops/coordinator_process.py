@@ -8,6 +8,11 @@ restarted coordinator refuses their replay. A consortium (less revoked silos) sm
 `participants.min_silos` is refused before serving, and a run in which every round failed is
 an error (nothing is written to `--out`). Revocations written to the state store by
 `fedsilo coordinator revoke` take effect within a second, also in a running coordinator.
+
+The consortium and the job are separate: the wire (envelopes, joining) and revocations belong
+to the consortium, while the rounds, checkpoints, participants, task ids and metric labels
+belong to the job (`ops/job_id.py`: the policy's name and a short digest of the signed policy),
+so one state file holds every job of the consortium and a new policy starts a new job.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from fedsilo.coordinator.service import CoordinatorService, SignedPolicy, handle
 from fedsilo.coordinator.state import StateStore
 from fedsilo.coordinator.strategies import make_strategy
 from fedsilo.coordinator.strategies.references import Central
+from fedsilo.ops.job_id import job_id
 from fedsilo.ops.memory import return_freed_memory
 from fedsilo.ops.metrics import CoordinatorMetrics, serve_metrics
 from fedsilo.ops.provision import CoordinatorKit, load_coordinator_kit
@@ -72,7 +78,8 @@ def run_coordinator(options: CoordinatorOptions, stop: threading.Event | None = 
         raise DeploymentError(
             "algorithm 'central' pools every silo's data: a simulation reference only"
         )
-    metrics = CoordinatorMetrics(deployment=kit.consortium)
+    job = job_id(policy.name, signed.digest)
+    metrics = CoordinatorMetrics(deployment=job)
     metrics_server = (
         serve_metrics(metrics.registry, options.metrics_port)
         if options.metrics_port is not None
@@ -102,7 +109,8 @@ def run_coordinator(options: CoordinatorOptions, stop: threading.Event | None = 
     server = grpc_server(kit, service, workers=2 * len(kit.silos) + 8)
     revocations = RevocationWatcher(store, deployment, hub, verifier, kit, metrics)
     try:
-        store.open_deployment(deployment, signed.digest, policy.model_dump_json())
+        store.open_consortium(deployment)
+        store.open_deployment(job, signed.digest, policy.model_dump_json())
         revocations.sync()
         members_left = sorted(set(kit.silos) - hub.revoked)
         if len(members_left) < policy.participants.min_silos:
@@ -119,10 +127,10 @@ def run_coordinator(options: CoordinatorOptions, stop: threading.Event | None = 
         ).start()
         server.start()
         log.info(
-            "coordinator of %s serving mTLS gRPC on %s (policy %s)",
+            "coordinator of %s serving mTLS gRPC on %s (job %s)",
             deployment,
             kit.address,
-            signed.digest[:12],
+            job,
         )
         wanted = len(kit.silos) - len(hub.revoked)
         members = hub.wait_for_members(wanted, options.join_timeout_s)
@@ -132,16 +140,16 @@ def run_coordinator(options: CoordinatorOptions, stop: threading.Event | None = 
                 f"{options.join_timeout_s:.0f}s, min_silos is {policy.participants.min_silos}; "
                 f"refused: {hub.refused or 'none'}"
             )
-        earlier = store.participants(deployment)  # a resumed deployment keeps its retirements
+        earlier = store.participants(job)  # a resumed job keeps its retirements
         for silo in members:
             if earlier.get(silo, ("", ""))[0] == "retired":
                 metrics.set_silo_status(silo, "retired")
                 continue
             metrics.set_silo_status(silo, "active")
-            store.set_participant(deployment, silo, "active")
+            store.set_participant(job, silo, "active")
         for silo, reason in hub.refused.items():
             metrics.set_silo_status(silo, "refused")
-            store.set_participant(deployment, silo, "refused", reason)
+            store.set_participant(job, silo, "refused", reason)
             log.warning("silo %s is not participating: %s", silo, reason)
         snapshots = snapshots_for(policy)
         engine = RoundEngine(
@@ -150,7 +158,7 @@ def run_coordinator(options: CoordinatorOptions, stop: threading.Event | None = 
             policy,
             members,
             observers=[metrics, _RoundLog(hub, metrics), *([snapshots] if snapshots else [])],
-            deployment=deployment,
+            deployment=job,
             store=store,
             policy_digest=signed.digest,
             secret=noise_secret(kit.signing_key),
@@ -162,7 +170,7 @@ def run_coordinator(options: CoordinatorOptions, stop: threading.Event | None = 
         if options.out is not None:
             taken = snapshots.taken if snapshots else {}
             write_deployment_results(options.out, policy, history, taken, options.overwrite)
-        log.info("deployment %s complete at round %d", deployment, history.final.round)
+        log.info("job %s complete at round %d", job, history.final.round)
         stop.wait(max(options.poll_seconds + 1.0, options.linger_s))  # silos hear "finished"
         return history
     finally:
@@ -279,5 +287,7 @@ class RevocationWatcher:
 
 
 def revoke(state: Path, deployment: str, silo: str, reason: str) -> None:
+    """Revoke `silo` consortium-wide (`deployment`: the consortium), for every later job too."""
     with StateStore(state) as store:
+        store.open_consortium(deployment)
         store.set_participant(deployment, silo, REVOKED, reason)

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from fedsilo.ops.job_id import job_id
 from fedsilo.ops.metrics import SiloMetrics, serve_metrics
 from fedsilo.ops.provision import SiloKit, load_silo_kit
 from fedsilo.policies.schema import Policy
@@ -93,6 +94,7 @@ def _start_agent(
     check_domains(policy, data)
     log.info("silo %s: %d training rows, device %s", kit.name, len(data.y_train), why)
     ledger = PrivacyLedger(config.ledger_path(config_path))
+    job = job_id(policy.name, digest)
     agent = SiloAgent(
         kit.name,
         data,
@@ -103,8 +105,9 @@ def _start_agent(
         rounds=policy.rounds,
         secret=noise_secret(kit.signing_key),
         ledger=ledger,
-        deployment=kit.consortium,
+        deployment=job,
         epsilon_cap=config.rules.epsilon_cap,
+        total_epsilon_cap=config.rules.total_epsilon_cap,
         consortium=len(kit.peers) + 1,
         secure_aggregation=policy.secure_aggregation,
         identity=kit.signing_key,
@@ -123,8 +126,8 @@ def _start_agent(
         "silo %s books every answer in %s (epsilon spent on %s: %s)",
         kit.name,
         ledger.path,
-        kit.consortium,
-        ledger.spent(kit.consortium),
+        job,
+        ledger.spent(job),
     )
 
     def endpoint(payload: bytes) -> bytes:

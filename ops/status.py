@@ -23,12 +23,20 @@ class DeploymentStatus:
     failed_rounds: int
 
 
-def deployment_status(state: Path, deployment: str) -> DeploymentStatus:
+def deployment_status(state: Path, consortium: str) -> DeploymentStatus:
+    """Where the consortium's latest job stands (or, in a state file written before jobs, its
+    one deployment), with the consortium's revocations."""
     if not state.is_file():
         raise StateError(f"{state}: no state file (has the coordinator started?)")
     with StateStore(state) as store:
+        deployment = consortium
+        if store.last_round(consortium) is None:
+            deployment = store.latest_job(consortium) or consortium
         saved = store.last_round(deployment)
         participants = store.participants(deployment) if saved is not None else {}
+        if deployment != consortium:
+            revoked = store.participants(consortium)
+            participants.update({s: why for s, why in revoked.items() if why[0] == "revoked"})
         policy = store.deployment_policy(deployment) or {}
     if saved is None:
         raise StateError(f"{state}: deployment {deployment!r} has not started")

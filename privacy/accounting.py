@@ -14,6 +14,9 @@ compose: a noise multiplier (noise std / L2 sensitivity), a sample rate and a nu
 - `public`: a release that does not depend on the silo's data (a model built from the run's
   seed, an acknowledgement, an error): booked for its digest, it costs nothing.
 
+`total` adds up what separate jobs spent (basic sequential composition: their epsilons add,
+as do their deltas), which is what a site's cap over all its jobs holds.
+
 `epsilon` is deterministic: the same releases, delta and accountant give the same float on the
 same machine, which is what lets an audit recompute a booked value exactly.
 """
@@ -170,6 +173,12 @@ def would_reach(
     """The epsilon a deployment that has booked `booked` would reach after also releasing
     `extra`: what a silo compares with its cap before it runs a task."""
     return epsilon([*booked, *extra], delta, accountant)
+
+
+def total(job_epsilons: Iterable[float | None]) -> float:
+    """The epsilon of several jobs together: their sum (None, a job without DP, adds 0)."""
+    spent = [e for e in job_epsilons if e is not None]
+    return math.inf if math.inf in spent else math.fsum(spent)
 
 
 def check_accounting(delta: float, accountant: str) -> None:

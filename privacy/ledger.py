@@ -29,7 +29,9 @@ and `epsilon_increment` the rise over the record before. A release without noise
 such a deployment books `inf` and leaves the deployment at `inf` for good. A deployment whose
 policy asks for no DP books with `delta` None: its records carry no epsilon (JSON null) and no
 cap applies to it; the ledger still holds the digest of everything it sent. Infinity is written
-as the string "inf", so every line stays standard JSON.
+as the string "inf", so every line stays standard JSON. A silo books each job of its consortium
+as its own deployment (the job id), so one ledger spans every job; `spent_elsewhere` adds up
+what the other jobs spent (sequential composition), for a site's cap over all jobs.
 
 `append` writes, flushes and fsyncs its line before it returns: a payload is sent only once
 its release is on disk. One process (the silo agent) appends; threads are serialised by a lock,
@@ -399,6 +401,17 @@ class PrivacyLedger:
         with self._lock:
             self._refresh()
             return self._spent(deployment)
+
+    def spent_elsewhere(self, deployment: str) -> float:
+        """What every deployment but `deployment` has spent, added up (0.0 where none booked DP;
+        `inf` once one did without noise): with this deployment's epsilon, the silo's total."""
+        with self._lock:
+            self._refresh()
+            return accounting.total(
+                booked[-1].epsilon_cumulative
+                for name, booked in self._deployments.items()
+                if name != deployment
+            )
 
     def would_reach(
         self,

@@ -4,9 +4,12 @@ the agent down or leaks a partial answer. A task whose config is not its kind's 
 or mistyped key: wire/tasks/) is refused unrun, and booked like every refusal.
 
 With a privacy ledger, the agent books every answer it sends. Before running a task it asks
-what the task would release (`TASK_KINDS`) and what epsilon the deployment would reach with
+what the task would release (`TASK_KINDS`) and what epsilon the job would reach with
 it; above the cap (the stricter of the policy's and the silo's own) it refuses with a
-`budget_exhausted` result instead, and the coordinator retires the silo for the deployment.
+`budget_exhausted` result instead, and the coordinator retires the silo for the job. The
+ledger spans every job of the consortium (`deployment` is the job id, so each job is accounted
+on its own); with `total_epsilon_cap` (the site rule `rules.total_epsilon_cap`) the agent also
+refuses a task that would bring the silo's epsilon over all jobs above it.
 An answer carries that epsilon and the ledger head before its booking; it is booked, fsynced,
 before it is returned for sending, and with the silo's identity it carries a signed receipt of
 its booking (`privacy/receipts.py`: the head after it), which the coordinator keeps for audits.
@@ -34,6 +37,7 @@ from fedsilo.policies.model import ModelConfig
 from fedsilo.policies.privacy import PrivacyConfig
 from fedsilo.policies.secure_aggregation import SecureAggregationConfig
 from fedsilo.privacy.accounting import Mechanism
+from fedsilo.privacy.accounting import total as total_epsilon
 from fedsilo.privacy.ledger import LedgerRecord, PrivacyLedger, payload_digest
 from fedsilo.privacy.receipts import Receipt
 from fedsilo.silo import release_gate
@@ -68,6 +72,7 @@ class SiloAgent:
         ledger: PrivacyLedger | None = None,
         deployment: str = "simulation",
         epsilon_cap: float | None = None,
+        total_epsilon_cap: float | None = None,
         consortium: int = 1,
         secure_aggregation: SecureAggregationConfig | None = None,
         identity: SigningKey | None = None,
@@ -80,8 +85,9 @@ class SiloAgent:
         (None in simulations, where there is no signed policy). `privacy` and `rounds`: that
         policy's privacy section and length, the only source of this silo's DP parameters.
         `secret`: key material that seeds the silo's noise. `ledger`: where every answer of
-        `deployment` is booked (None: nothing is booked, no budget is enforced);
-        `epsilon_cap`: the silo's own cap, enforced beside the policy's. `consortium`: how many
+        `deployment` (the job id) is booked (None: nothing is booked, no budget is enforced);
+        `epsilon_cap`: the silo's own cap per job, enforced beside the policy's;
+        `total_epsilon_cap`: the silo's cap over all jobs in the ledger. `consortium`: how many
         silos the deployment has (a round can ask no more to share its client-level noise).
         `secure_aggregation`: the policy's section; `identity` signs this silo's masking keys
         and `roster` (every member's verify key) checks its peers'. `sealing_key` opens what
@@ -113,6 +119,7 @@ class SiloAgent:
         self.deployment = deployment
         caps = [c for c in (self.context.privacy.epsilon_cap, epsilon_cap) if c is not None]
         self.epsilon_cap = min(caps) if caps else None
+        self.total_epsilon_cap = total_epsilon_cap
         keeps_answers = ledger is not None or self.context.privacy.differentially_private
         folder = None if local_state.folder is None else local_state.folder / FOLDER
         self.answers = AnswerStore(folder) if keeps_answers else None
@@ -145,13 +152,10 @@ class SiloAgent:
         except Exception as exc:  # e.g. a DP plan that cannot be calibrated
             return self._refuse(message.header, STATUS_ERROR, _describe(exc))
         epsilon = self._would_reach(releases)
-        if self.epsilon_cap is not None and epsilon is not None and epsilon > self.epsilon_cap:
+        over = self._over_a_cap(epsilon)
+        if over is not None:
             return self._refuse(
-                message.header,
-                STATUS_BUDGET_EXHAUSTED,
-                f"this task would bring epsilon to {epsilon:.4g}, above the cap "
-                f"{self.epsilon_cap:g} for deployment {self.deployment!r}",
-                epsilon=self._spent(),
+                message.header, STATUS_BUDGET_EXHAUSTED, over, epsilon=self._spent()
             )
         try:
             result = TASK_KINDS[message.kind].handler(message, self.context)
@@ -278,6 +282,27 @@ class SiloAgent:
             return None
         privacy = self.context.privacy
         return self.ledger.would_reach(self.deployment, releases, privacy.delta, privacy.accountant)
+
+    def _over_a_cap(self, epsilon: float | None) -> str | None:
+        """Which cap the job's epsilon after this task (`epsilon`) would break, or None."""
+        if epsilon is None or self.ledger is None:
+            return None
+        if self.epsilon_cap is not None and epsilon > self.epsilon_cap:
+            return (
+                f"this task would bring epsilon to {epsilon:.4g}, above the cap "
+                f"{self.epsilon_cap:g} for job {self.deployment!r}"
+            )
+        if self.total_epsilon_cap is None:
+            return None
+        elsewhere = self.ledger.spent_elsewhere(self.deployment)
+        total = total_epsilon([elsewhere, epsilon])
+        if total > self.total_epsilon_cap:
+            return (
+                f"this task would bring this silo's epsilon over all jobs to {total:.4g} "
+                f"({elsewhere:.4g} spent by earlier jobs), above rules.total_epsilon_cap "
+                f"{self.total_epsilon_cap:g}"
+            )
+        return None
 
     def _spent(self) -> float | None:
         return self.ledger.spent(self.deployment) if self.ledger is not None else None

@@ -30,6 +30,7 @@ rules:                          # LocalRules: what this site allows
   max_rounds: 100
   require_dp: false
   epsilon_cap: 8.0
+  total_epsilon_cap: 20.0       # this site's epsilon over all jobs of the consortium
   allowed_reports: null         # None: every report kind the policy allows
 ledger: privacy-ledger.jsonl    # this site's privacy ledger
 state: silo-state               # what outlives the agent
@@ -58,14 +59,17 @@ class LocalRules(PolicyModel):
     """What this site allows, in the spirit of NVFLARE's site privacy scopes.
 
     `require_dp`: only DP deployments (DP-SGD, noisy reports); `epsilon_cap`: this site's own
-    budget per deployment, enforced by its ledger beside the policy's (the stricter wins), and
-    so only for DP deployments; `allowed_reports`: the kinds of scalar report that may leave.
+    budget per job, enforced by its ledger beside the policy's (the stricter wins), and
+    so only for DP jobs; `total_epsilon_cap`: this site's budget over all jobs of the
+    consortium (the jobs' epsilons add up), which no peer enforces; a job without DP spends
+    none of it; `allowed_reports`: the kinds of scalar report that may leave.
     """
 
     allowed_algorithms: list[str] | None = None  # None: any algorithm
     max_rounds: int | None = Field(default=None, ge=1)
     require_dp: bool = False
     epsilon_cap: float | None = Field(default=None, gt=0)
+    total_epsilon_cap: float | None = Field(default=None, gt=0)
     allowed_reports: list[ReportKind] | None = None  # None: every kind the policy allows
 
     def violations(self, policy: Policy) -> list[str]:

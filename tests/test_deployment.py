@@ -12,8 +12,10 @@ import torch
 from click.testing import CliRunner
 
 from fedsilo.ops.cli import main
+from fedsilo.ops.job_id import job_id
 from fedsilo.ops.simulate import load_silos, simulate
 from fedsilo.policies.loading import parse_policy
+from fedsilo.privacy.policy_signing import policy_digest
 from fedsilo.wire.tensors import decode_tensors
 from tests.deployment import (
     SILOS,
@@ -123,6 +125,7 @@ def test_a_dp_deployment_with_masked_sums_books_every_answer_and_retires_a_silo_
     consortium.start_coordinator(
         policy, "--metrics-port", str(metrics_port), "--out", "results", "--linger-seconds", "2"
     )
+    job = job_id("breast-cancer-deployed", policy_digest(policy.read_bytes()))
     frugal = consortium.write_silo_config("silo-2", epsilon_cap=0.3)  # less than one epoch
     for silo in SILOS:
         consortium.start_silo(silo, frugal if silo == "silo-2" else None)
@@ -133,11 +136,11 @@ def test_a_dp_deployment_with_masked_sums_books_every_answer_and_retires_a_silo_
     assert sample(text, "fedsilo_silo_status", silo="silo-2", status="retired") == 1
     consortium.wait_for_log("coordinator", "silo silo-2 is retired", timeout=10)
     spent = {
-        silo: sample(text, "fedsilo_privacy_epsilon", silo=silo, deployment="test-consortium")
+        silo: sample(text, "fedsilo_privacy_epsilon", silo=silo, deployment=job)
         for silo in ("silo-0", "silo-1")
     }
     assert all(0 < e < 20 for e in spent.values()), spent
-    published = sample(text, "fedsilo_client_dp_epsilon", deployment="test-consortium")
+    published = sample(text, "fedsilo_client_dp_epsilon", deployment=job)
     assert consortium.wait("coordinator", timeout=60) == 0, consortium.log("coordinator")
 
     # The privacy officer's audit of a silo's own ledger, anchored at the head the coordinator
@@ -155,7 +158,7 @@ def test_a_dp_deployment_with_masked_sums_books_every_answer_and_retires_a_silo_
     )
     assert audit.exit_code == 0, audit.output
     (booked,) = json.loads(audit.output)["deployments"]
-    assert booked["deployment"] == "test-consortium"
+    assert booked["deployment"] == job  # the job, not the consortium: a ledger spans jobs
     assert booked["recomputed"] == booked["booked"] >= spent["silo-0"]
     refusals = (consortium.root / "sites" / "silo-2" / "privacy-ledger.jsonl").read_text()
     assert '"kind":"dp_sgd"' not in refusals  # silo-2 never trained
