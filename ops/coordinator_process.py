@@ -169,7 +169,7 @@ def run_coordinator(options: CoordinatorOptions, stop: threading.Event | None = 
         require_a_completed_round(history)
         if options.out is not None:
             taken = snapshots.taken if snapshots else {}
-            write_deployment_results(options.out, policy, history, taken, options.overwrite)
+            write_deployment_results(options.out, policy, history, taken, options.overwrite, job)
         log.info("job %s complete at round %d", job, history.final.round)
         stop.wait(max(options.poll_seconds + 1.0, options.linger_s))  # silos hear "finished"
         return history

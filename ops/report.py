@@ -185,13 +185,16 @@ def write_deployment_results(
     history: RunHistory,
     snapshots: Mapping[int, tuple[torch.Tensor, torch.Tensor]] | None = None,
     overwrite: bool = False,
+    job: str | None = None,
 ) -> None:
     """What a simulation writes (results.json, silos.csv, the plots, the final model with its
     card and, for FedEvg, the synthetic set), plus the per-round history (`history.json`). The
-    silos' sizes are those they reported (the coordinator never learns a validation split's)."""
+    silos' sizes are those they reported (the coordinator never learns a validation split's);
+    `job`: the job id results.json names."""
     with atomic_directory(out, overwrite) as staging:
         (staging / "history.json").write_text(json.dumps(_finite(history.to_json()), indent=2))
         document = {
+            **({"job": job} if job is not None else {}),
             "device": "each site's own",
             "seconds": sum(r.seconds for r in history.records),
             "silos": _reported_profiles(history),

@@ -5,6 +5,7 @@ silo's one ledger spans every job: the policy's epsilon cap holds per job, and t
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from fedsilo.coordinator.strategies import make_strategy
 from fedsilo.coordinator.transport import InProcessTransport
 from fedsilo.ops.coordinator_process import revoke
 from fedsilo.ops.job_id import job_id
+from fedsilo.ops.report import write_deployment_results
 from fedsilo.ops.status import deployment_status
 from fedsilo.policies.loading import parse_policy
 from fedsilo.policies.schema import Policy
@@ -164,3 +166,10 @@ def test_one_state_file_holds_every_job_and_revocations_outlive_them(tmp_path) -
     status = deployment_status(tmp_path / "state.db", "heart")
     assert status.deployment == private
     assert status.participants["hungary"] == ("revoked", "left the consortium")
+
+
+def test_a_jobs_results_name_the_job(tmp_path) -> None:
+    job = policy("heart-fedavg", dp=False, rounds=1)
+    name, history, _ = run_job(tmp_path, job)
+    write_deployment_results(tmp_path / "results", job, history, job=name)
+    assert json.loads((tmp_path / "results" / "results.json").read_text())["job"] == name
