@@ -50,9 +50,12 @@ def run_silo(
     client = SiloClient(
         connection,
         kit.operator_verify_key,
-        check_policy=lambda policy, digest: _check_policy(config, config_path, policy, digest),
+        check_policy=lambda policy, digest: config.rules.violations(policy),
         start_agent=lambda policy, digest: _start_agent(
             config, config_path, kit, policy, digest, metrics
+        ),
+        record_decision=lambda policy, digest, problems: _record_decision(
+            config_path, policy, digest, problems
         ),
     )
     try:
@@ -67,18 +70,18 @@ def run_silo(
             server.close()
 
 
-def _check_policy(config: SiloConfig, config_path: Path, policy: Policy, digest: str) -> list[str]:
-    broken = config.rules.violations(policy)
+def _record_decision(config_path: Path, policy: Policy, digest: str, problems: list[str]) -> None:
+    """The silo's final word on a policy (its rules, then its data, model and device), kept
+    in `accepted_policies.jsonl` beside silo.yaml."""
     record = {
         "at": time.time(),
         "policy": policy.name,
         "digest": digest,
-        "accepted": not broken,
-        "broken_rules": broken,
+        "accepted": not problems,
+        "broken_rules": problems,
     }
     with (config_path.parent / ACCEPTED_POLICIES).open("a") as log_file:
         log_file.write(json.dumps(record) + "\n")
-    return broken
 
 
 def _start_agent(

@@ -187,13 +187,17 @@ class SiloClient:
         operator_key: VerifyKey,
         check_policy: Callable[[Policy, str], list[str]],
         start_agent: Callable[[Policy, str], Callable[[bytes], bytes]],
+        record_decision: Callable[[Policy, str, list[str]], None] = lambda *_: None,
     ) -> None:
         """`check_policy(policy, digest)` lists broken local rules; `start_agent(policy, digest)`
-        returns the agent's endpoint (encoded task in, encoded result out)."""
+        returns the agent's endpoint (encoded task in, encoded result out);
+        `record_decision(policy, digest, problems)` keeps the silo's final word on a policy
+        (accepted when `problems` is empty), before the coordinator hears it."""
         self.connection = connection
         self.operator_key = operator_key
         self.check_policy = check_policy
         self.start_agent = start_agent
+        self.record_decision = record_decision
 
     def run(self) -> str:
         """Take part until the deployment finishes; returns why it ended."""
@@ -235,6 +239,7 @@ class SiloClient:
         except Exception as exc:  # data, model, device or state that do not fit: refused
             log.warning("cannot prepare policy %s: %s", policy.name, exc)
             problems = [f"cannot work under this policy: {failure_reason(exc)}"]
+        self.record_decision(policy, digest, problems)
         if problems:
             self.connection.exchange(
                 Control(REFUSE, {"reason": "; ".join(problems)}).encode(), REFUSE

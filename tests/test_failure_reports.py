@@ -9,6 +9,7 @@ the silo in a Python traceback.
 
 from __future__ import annotations
 
+import json
 import logging
 import queue
 import threading
@@ -253,6 +254,8 @@ def test_a_silo_process_missing_its_data_file_tells_the_coordinator_within_secon
             assert consortium.wait(silo, timeout=30) == 1
             assert "records.csv" in consortium.log(silo)
             assert "Traceback" not in consortium.log(silo)
+            (decision,) = (tmp_path / silo / "accepted_policies.jsonl").read_text().splitlines()
+            assert json.loads(decision)["accepted"] is False  # the site's own record says so
         assert "Traceback" not in log
     finally:
         consortium.stop_all()
