@@ -329,7 +329,12 @@ silo.add_command(silo_check)
 @click.option(
     "--epsilon-cap",
     type=click.FloatRange(min=0, min_open=True),
-    help="Local rule: this site's own epsilon budget per deployment (the stricter cap wins).",
+    help="Local rule: this site's own epsilon budget per job (the stricter cap wins).",
+)
+@click.option(
+    "--total-epsilon-cap",
+    type=click.FloatRange(min=0, min_open=True),
+    help="Local rule: this site's epsilon budget over all jobs of the consortium.",
 )
 @data_section_options
 def silo_init(
@@ -344,6 +349,7 @@ def silo_init(
     allowed: tuple[str, ...],
     require_dp: bool,
     epsilon_cap: float | None,
+    total_epsilon_cap: float | None,
     data_keys: dict[str, Any],
 ) -> None:
     """Write this site's silo.yaml and a systemd unit to run the agent."""
@@ -352,6 +358,8 @@ def silo_init(
         rules["require_dp"] = True
     if epsilon_cap is not None:
         rules["epsilon_cap"] = epsilon_cap
+    if total_epsilon_cap is not None:
+        rules["total_epsilon_cap"] = total_epsilon_cap
     try:
         written, summary = write_silo_config(
             kit_dir, out, source, data_path, target, select, device, metrics_port, rules, data_keys

@@ -94,11 +94,16 @@ def test_silo_init_writes_a_valid_config_and_a_systemd_unit(demo, tmp_path: Path
         "9465",
         "--allow-algorithm",
         "fedavg",
+        "--epsilon-cap",
+        "4",
+        "--total-epsilon-cap",
+        "10",
     )
     assert result.returncode == 0, result.stderr
     config = load_silo_config(out)
     assert config.data.select == "Hungary" and config.metrics_port == 9465
     assert config.rules.allowed_algorithms == ["fedavg"]
+    assert (config.rules.epsilon_cap, config.rules.total_epsilon_cap) == (4.0, 10.0)
     unit = (out.parent / "fedsilo-silo-hungary.service").read_text()
     assert f"silo start --config {out}" in unit and "KillSignal=SIGTERM" in unit
     assert yaml.safe_load(out.read_text())["kit"] == str(folder / "kits" / "silos" / "hungary")
