@@ -27,6 +27,7 @@ from fedsilo.coordinator.engine import RoundRecord, RunAborted
 from fedsilo.coordinator.state import StateError
 from fedsilo.coordinator.strategies import STRATEGIES
 from fedsilo.coordinator.strategies.base import SetupError
+from fedsilo.ops.consortium_cli import consortium_group
 from fedsilo.ops.coordinator_process import (
     CoordinatorOptions,
     DeploymentError,
@@ -274,6 +275,7 @@ main.add_command(provision_command)
 main.add_command(privacy_group)
 main.add_command(predict_command)
 main.add_command(examples_group)
+main.add_command(consortium_group)
 policy.add_command(sign_command)
 
 

@@ -7,6 +7,9 @@ out/coordinator/  kit.yaml, ca.crt, server.crt, server.key, signing.key
 out/silos/<name>/ kit.yaml, ca.crt, client.crt, client.key, signing.key, sealing.key
 ```
 
+`add_silo` issues one more silo kit later, from the same CA and operator key, and enrols it in
+the coordinator kit's roster (its kit.yaml, rewritten atomically); no other kit is touched.
+
 Every private key exists in exactly one kit, in a 0600 file. All kits are written into a
 temporary sibling of `out` (mode 0700) and renamed into place at the end, so a failure leaves
 nothing half-written, and an existing non-empty `out` is refused so keys are never replaced.
@@ -24,12 +27,15 @@ from types import MappingProxyType
 from typing import Literal, TypeVar
 
 import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.serialization import load_pem_private_key
 from nacl.public import PrivateKey, PublicKey
 from nacl.signing import SigningKey, VerifyKey
 from pydantic import ValidationError
 
 from fedsilo.policies.base import PolicyModel
-from fedsilo.policies.consortium import EXAMPLE, ConsortiumConfig
+from fedsilo.policies.consortium import EXAMPLE, ConsortiumConfig, SiloEntry
 from fedsilo.policies.loading import describe_errors
 from fedsilo.privacy.certificates import (
     CertifiedKey,
@@ -168,6 +174,15 @@ class ProvisionedConsortium:
 
 
 @dataclass(frozen=True)
+class AddedSilo:
+    """Where the new silo's kit was written and which coordinator roster now enrols it."""
+
+    kit: Path
+    coordinator_roster: Path
+    existing_silos: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class _SiloIdentity:
     name: str
     signing_key: SigningKey
@@ -220,6 +235,70 @@ def provision(config: ConsortiumConfig, out: Path) -> ProvisionedConsortium:
     )
 
 
+def add_silo(
+    name: str, config: ConsortiumConfig, operator: Path, coordinator: Path, out: Path
+) -> AddedSilo:
+    """Issue silo `name` a kit in `out/silos/<name>` from the CA and operator key in `operator`,
+    and enrol it in the roster of the coordinator kit `coordinator`. Refused (ProvisionError,
+    nothing written) when the name is enrolled already, its folder exists, or the operator
+    folder, coordinator kit and consortium.yaml are not of one consortium."""
+    _check_silo_name(name)
+    authority, operator_key = _load_operator(operator)
+    roster_path = coordinator / KIT_FILE
+    try:
+        roster = _validate(CoordinatorKitDocument, _read_kit_document(coordinator), coordinator)
+    except KitError as exc:
+        raise ProvisionError(f"--coordinator-kit: {exc}") from None
+    _check_same_consortium(config, roster, authority, operator_key, operator, coordinator)
+    if name.lower() in {silo.lower() for silo in roster.silos}:
+        raise ProvisionError(f"{name}: already enrolled in {roster_path}; choose another name")
+    folder = out / "silos" / name
+    if folder.exists():
+        raise ProvisionError(f"{folder}: already exists; a kit is never replaced")
+    silo = _SiloIdentity(
+        name=name,
+        signing_key=SigningKey.generate(),
+        sealing_key=PrivateKey.generate(),
+        tls=issue_client_certificate(authority, name, config.certificates.client_days),
+    )
+    document = SiloKitDocument(
+        role="silo",
+        consortium=roster.consortium,
+        name=name,
+        coordinator_address=roster.address,
+        operator_verify_key=roster.operator_verify_key,
+        coordinator_verify_key=roster.coordinator_verify_key,
+        peers={
+            peer: PeerEntry(**entry.model_dump(exclude={"certificate_fingerprint"}))
+            for peer, entry in roster.silos.items()
+        },
+    )
+    enrolled = roster.model_copy(
+        update={
+            "silos": {
+                **roster.silos,
+                name: EnrolledSiloEntry(
+                    **_peer_entry(silo).model_dump(),
+                    certificate_fingerprint=certificate_fingerprint(silo.tls.certificate_pem()),
+                ),
+            }
+        }
+    )
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{name}.", suffix=".partial", dir=folder.parent))
+    try:
+        _write_kit_document(staging, document)
+        _write_tls(staging, authority, silo.tls, "client")
+        write_private_key(staging / SIGNING_KEY, silo.signing_key)
+        write_private_key(staging / SEALING_KEY, silo.sealing_key)
+        _move_into_place(staging, folder)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    _replace_kit_document(coordinator, enrolled)
+    return AddedSilo(folder, roster_path, tuple(sorted(roster.silos)))
+
+
 def load_kit(folder: Path) -> CoordinatorKit | SiloKit:
     """The kit in `folder`, with its keys loaded and its files checked against each other."""
     document = _read_kit_document(folder)
@@ -237,6 +316,60 @@ def load_coordinator_kit(folder: Path) -> CoordinatorKit:
 
 def load_silo_kit(folder: Path) -> SiloKit:
     return _expect(load_kit(folder), SiloKit, folder)
+
+
+def _check_silo_name(name: str) -> None:
+    try:
+        SiloEntry(name=name)
+    except ValidationError as exc:
+        raise ProvisionError(
+            f"NAME: {exc.errors()[0]['msg'].removeprefix('Value error, ')}"
+        ) from None
+
+
+def _load_operator(folder: Path) -> tuple[CertifiedKey, SigningKey]:
+    """The CA (certificate and key) and the operator's signing key from the operator folder."""
+    try:
+        certificate_pem = (folder / CA_CERTIFICATE).read_bytes()
+        key_pem = read_secret_file(folder / "ca.key")
+        operator_key = read_signing_key(folder / "operator.key")
+        ca_key = load_pem_private_key(key_pem, password=None)
+        certificate = x509.load_pem_x509_certificate(certificate_pem)
+    except (OSError, ValueError) as exc:
+        raise ProvisionError(f"--ca-kit {folder}: not the operator's folder: {exc}") from None
+    if not isinstance(ca_key, ec.EllipticCurvePrivateKey) or not certifies_private_key(
+        certificate_pem, key_pem
+    ):
+        raise ProvisionError(f"--ca-kit {folder}: ca.key is not the key of ca.crt")
+    return CertifiedKey(certificate, ca_key), operator_key
+
+
+def _check_same_consortium(
+    config: ConsortiumConfig,
+    roster: CoordinatorKitDocument,
+    authority: CertifiedKey,
+    operator_key: SigningKey,
+    operator: Path,
+    coordinator: Path,
+) -> None:
+    if config.consortium != roster.consortium:
+        raise ProvisionError(
+            f"--consortium names consortium {config.consortium!r}, the coordinator kit "
+            f"{coordinator} is of {roster.consortium!r}"
+        )
+    if public_key_hex(operator_key.verify_key) != roster.operator_verify_key:
+        raise ProvisionError(
+            f"--ca-kit {operator}: its operator.key is not the operator key of {coordinator}"
+        )
+    if (coordinator / CA_CERTIFICATE).read_bytes() != authority.certificate_pem():
+        raise ProvisionError(f"--ca-kit {operator}: its CA is not the CA of {coordinator}")
+
+
+def _replace_kit_document(folder: Path, document: PolicyModel) -> None:
+    """Rewrite `folder`'s kit.yaml atomically (a temporary file renamed over it)."""
+    staging = folder / f".{KIT_FILE}.partial"
+    staging.write_text(yaml.safe_dump(document.model_dump(), sort_keys=False))
+    os.replace(staging, folder / KIT_FILE)
 
 
 def _refuse_existing(out: Path) -> None:
