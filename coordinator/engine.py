@@ -22,7 +22,10 @@ clipped updates, the noise made whole, the round booked in the state's accountin
 
 A silo that answers `budget_exhausted` (its privacy budget cannot pay for the task) is a
 dropout in that phase and is retired: no later round or evaluation of the deployment asks it
-again. Rounds record each silo's reported epsilon and ledger head (`privacy`), and, with
+again. A silo whose task fails as revoked (the consortium revoked it) is sent no later task of
+the deployment: each of its tasks fails at once as revoked, so it still counts against every
+quorum, and each round lists it in `revoked`, which metrics and status show instead of a
+dropout. Rounds record each silo's reported epsilon and ledger head (`privacy`), and, with
 client-level DP, the epsilon of the model published after the round (`client_epsilon`); with a
 mixing schedule, each silo's coefficient after the round (`mixing`).
 
@@ -46,6 +49,7 @@ import torch
 
 from fedsilo.coordinator.ckks_sum import CkksKeys, CkksMean
 from fedsilo.coordinator.client_dp import ClientDpRound, published_epsilon
+from fedsilo.coordinator.hub import REVOKED
 from fedsilo.coordinator.phases import (
     Identical,
     Phase,
@@ -75,7 +79,7 @@ from fedsilo.coordinator.strategies.base import (
     mixing_weights,
 )
 from fedsilo.coordinator.summary import summarize_metrics
-from fedsilo.coordinator.transport import Delivery, Transport
+from fedsilo.coordinator.transport import Delivery, Reply, Transport
 from fedsilo.policies.schema import Policy
 from fedsilo.privacy.masking import aggregation_label
 from fedsilo.wire.messages import TaskMessage
@@ -102,6 +106,7 @@ class RoundRecord:
     error: str | None = None
     silos: list[str] | None = None  # setup only: the consortium the deployment started with
     retired: dict[str, str] | None = None  # silos retired in this round, and why
+    revoked: list[str] | None = None  # silos revoked consortium-wide, not asked in this round
     privacy: dict[str, dict[str, Any]] | None = None  # silo -> epsilon, ledger head reported
     client_epsilon: float | None = None  # client-level DP: the published model's epsilon
     mixing: dict[str, float] | None = None  # mixing schedules: each silo's coefficient
@@ -166,6 +171,7 @@ class RoundEngine:
         self.store = store
         self.policy_digest = policy_digest or digest_policy(policy)
         self.retired: dict[str, str] = {}
+        self.revoked: set[str] = set()
         self.secret = secret
         self.handoff_keys = dict(handoff_keys or {})
         self.ckks_keys: CkksKeys | None = None  # made by the key holder at the first CKKS sum
@@ -218,6 +224,7 @@ class RoundEngine:
                 records = [RoundRecord.from_json(r) for r in saved.records]
                 for record in records:
                     self.retired |= record.retired or {}
+                    self.revoked |= set(record.revoked or ())
                 return saved.state, records
         record = RoundRecord(0, "setup", 0.0, silos=list(self.silos))
         try:
@@ -327,6 +334,17 @@ class RoundEngine:
             record.retired = {**(record.retired or {}), silo: reason}
         if self.store is not None:
             self.store.set_participant(self.deployment, silo, "retired", reason)
+
+    def _revoke(self, silo: str, record: RoundRecord | None) -> None:
+        """Send `silo` no later task: the consortium revoked it. The round lists it as revoked."""
+        if record is not None:
+            record.revoked = sorted({*(record.revoked or ()), silo})
+        if silo in self.revoked:
+            return
+        self.revoked.add(silo)
+        log.warning("silo %s is revoked: job %s sends it no more tasks", silo, self.deployment)
+        if self.store is not None:
+            self.store.set_participant(self.deployment, silo, REVOKED, "revoked consortium-wide")
 
     # -- one phase --------------------------------------------------------------------------
 
@@ -448,16 +466,23 @@ class RoundEngine:
             for task in tasks
         }
         deadline = time.monotonic() + self.policy.participants.phase_timeout_s
-        replies = self.transport.dispatch(_deliveries(messages, round_no), deadline)
+        sent = {silo: m for silo, m in messages.items() if silo not in self.revoked}
+        replies = self.transport.dispatch(_deliveries(sent, round_no), deadline)
 
         results: dict[str, Accepted] = {}
         dropped: dict[str, str] = {}
         for silo, message in messages.items():
-            reply = replies.pop(silo, None)
+            reply = (
+                replies.pop(silo, None)
+                if silo in sent
+                else Reply(silo, message.task_id, None, REVOKED)
+            )
             if reply is None:
                 dropped[silo] = "no reply before the deadline"
             elif reply.failure is not None or reply.payload is None:
                 dropped[silo] = reply.failure or "empty reply"
+                if reply.failure == REVOKED:
+                    self._revoke(silo, record)
             else:
                 checked = accept(reply.payload, message, aggregate)
                 keep_receipt(self.store, self.deployment, silo, checked)

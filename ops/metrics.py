@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 from wsgiref.simple_server import WSGIServer
 
@@ -73,6 +73,9 @@ class RecordedRound(Protocol):
 
     @property
     def retired(self) -> Mapping[str, str] | None: ...
+
+    @property
+    def revoked(self) -> Sequence[str] | None: ...
 
     @property
     def privacy(self) -> Mapping[str, Mapping[str, Any]] | None: ...
@@ -183,7 +186,8 @@ class CoordinatorMetrics:
         self.round_duration.observe(record.seconds)
         if record.status == "completed":
             self.round.set(record.round)
-        for silo in _dropped_silos(record.phases):
+        revoked = set(record.revoked or ())
+        for silo in _dropped_silos(record.phases) - revoked:  # a revoked silo is no dropout
             self.dropouts.labels(silo).inc()
         self._observe_train_seconds(record.compute_seconds)
         if record.evaluation is not None:
@@ -192,6 +196,8 @@ class CoordinatorMetrics:
             _set_nested(self.summary_metric, record.summary)
         for silo in record.retired or {}:
             self.set_silo_status(silo, "retired")
+        for silo in revoked:
+            self.set_silo_status(silo, "revoked")
         for silo, reported in (record.privacy or {}).items():
             if _is_number(reported.get("epsilon")):
                 self.privacy_epsilon.labels(silo, self.deployment).set(reported["epsilon"])

@@ -19,7 +19,7 @@ class DeploymentStatus:
     participants: dict[str, tuple[str, str]]
     last_evaluation: dict[str, dict[str, float]]
     evaluated_round: int | None
-    dropouts: dict[str, int]  # silo -> rounds in which it dropped at least once
+    dropouts: dict[str, int]  # silo -> rounds in which it dropped at least once (not revoked)
     failed_rounds: int
 
 
@@ -60,7 +60,7 @@ def _dropouts(records: list[dict[str, Any]]) -> dict[str, int]:
     for record in records:
         dropped = {
             s for phase in record.get("phases", {}).values() for s in phase.get("dropped", {})
-        }
+        } - set(record.get("revoked", ()))
         for silo in dropped:
             counts[silo] = counts.get(silo, 0) + 1
     return counts

@@ -5,17 +5,30 @@ other kit, and refusing a name or folder that exists with one message and nothin
 from __future__ import annotations
 
 import hashlib
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import yaml
 from click.testing import CliRunner
 
+from fedsilo.coordinator.engine import RoundEngine, RoundRecord
+from fedsilo.coordinator.grpc_transport import GrpcTransport
+from fedsilo.coordinator.hub import SiloHub
+from fedsilo.coordinator.state import StateStore
+from fedsilo.coordinator.strategies import make_strategy
 from fedsilo.ops.cli import main
+from fedsilo.ops.coordinator_process import revoke
+from fedsilo.ops.metrics import CoordinatorMetrics
 from fedsilo.ops.provision import load_coordinator_kit, load_silo_kit, provision
+from fedsilo.ops.status import deployment_status
 from fedsilo.policies.consortium import parse_consortium
+from fedsilo.policies.loading import parse_policy
 from fedsilo.privacy.certificates import certificate_fingerprint, verify_issued_by
 from fedsilo.privacy.identity import public_key_hex
+from fedsilo.wire.payload import as_payload
+from tests.fakes import constant_silo
 
 SILOS = ["cleveland", "hungary", "va"]
 CONSORTIUM = {
@@ -137,3 +150,88 @@ def test_a_bad_name_is_refused_naming_it(kits: Path) -> None:
     assert code == 1
     assert "NAME" in output and "not a valid name" in output
     assert not (kits / "escape").exists()
+
+
+# -- a revoked silo is revoked, not a dropout ---------------------------------------------------
+
+
+class HubSilos:
+    """Scripted silos that long-poll a real `SiloHub`, as agents do over gRPC."""
+
+    def __init__(self, hub: SiloHub, endpoints: dict[str, Callable[[bytes], bytes]]) -> None:
+        self.hub, self.endpoints = hub, endpoints
+        self.asked: dict[str, list[int]] = {silo: [] for silo in endpoints}
+        self.threads = [threading.Thread(target=self._serve, args=(s,)) for s in endpoints]
+        for silo in endpoints:
+            hub.accept(silo)
+        for thread in self.threads:
+            thread.start()
+
+    def _serve(self, silo: str) -> None:
+        while not self.hub.finished.is_set():
+            task = self.hub.next_task(silo, timeout_s=0.1)
+            if task is not None:
+                self.asked[silo].append(task.round)
+                result = self.endpoints[silo](task.payload.to_bytes())
+                self.hub.deliver(silo, task.task_id, as_payload(result))
+
+    def stop(self) -> None:
+        self.hub.finish()
+        for thread in self.threads:
+            thread.join()
+
+
+class RevokeAfterRound:
+    """The operator revokes `silo` consortium-wide once round `after` has ended."""
+
+    def __init__(self, hub: SiloHub, state: Path, silo: str, after: int) -> None:
+        self.hub, self.state, self.silo, self.after = hub, state, silo, after
+
+    def on_round(self, record: RoundRecord, total_rounds: int) -> None:
+        if record.round == self.after:
+            revoke(self.state, "heart", self.silo, "left the consortium")
+            self.hub.revoke(self.silo)  # what the coordinator's revocation watcher does
+
+
+def test_a_revoked_silo_is_asked_no_more_and_shows_as_revoked_not_as_a_dropout(
+    tmp_path: Path,
+) -> None:
+    endpoints = {f"s{i}": constant_silo(f"s{i}", [float(i)] * 3) for i in range(3)}
+    policy = parse_policy(
+        {
+            "version": 1,
+            "rounds": 4,
+            "algorithm": {"name": "fedavg"},
+            "participants": {"min_silos": 2, "phase_timeout_s": 10.0},
+        }
+    )
+    state = tmp_path / "state.db"
+    hub = SiloHub(sorted(endpoints))
+    metrics = CoordinatorMetrics(deployment="heart-job")
+    silos = HubSilos(hub, endpoints)
+    try:
+        with StateStore(state) as store:
+            store.open_consortium("heart")
+            history = RoundEngine(
+                make_strategy(policy),
+                GrpcTransport(hub),
+                policy,
+                sorted(endpoints),
+                observers=[metrics, RevokeAfterRound(hub, state, "s2", after=1)],
+                deployment="heart-job",
+                store=store,
+            ).run()
+    finally:
+        silos.stop()
+
+    assert set(silos.asked["s2"]) == {0, 1}  # setup and round 1 (train, evaluate); never again
+    assert [r.status for r in history.records] == ["completed"] * 4
+    assert [r.revoked for r in history.records] == [None, ["s2"], ["s2"], ["s2"]]
+    for record in history.records[1:]:  # its tasks fail at once: it still counts for quorums
+        assert record.phases["train"]["dropped"] == {"s2": "revoked"}
+    sample = metrics.registry.get_sample_value
+    assert not sample("fedsilo_dropouts_total", {"silo": "s2"})
+    assert sample("fedsilo_silo_status", {"silo": "s2", "status": "revoked"}) == 1
+    report = deployment_status(state, "heart")
+    assert report.participants["s2"][0] == "revoked"
+    assert "s2" not in report.dropouts
