@@ -7,6 +7,9 @@ picked up before its deadline is withdrawn, and a result for a withdrawn or unkn
 refused as late: it can never be applied to a later round. Only the silo a task was posted to
 can answer it, and the tasks of a revoked silo, or of one that refused the policy (it could
 not prepare the job, and said why), fail at once instead of waiting for their deadline.
+
+A silo counts as connected while it holds a task, or was heard from within a window (its long
+poll plus a margin); an agent that left drops out of it, a revoked silo is never in it.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import queue
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from fedsilo.coordinator.transport import Reply
@@ -34,8 +38,10 @@ class PostedTask:
 
 
 class SiloHub:
-    def __init__(self, roster: list[str]) -> None:
+    def __init__(self, roster: list[str], clock: Callable[[], float] = time.monotonic) -> None:
+        """`clock`: when silos were last heard from (a test's fake clock)."""
         self.roster = tuple(roster)
+        self._clock = clock
         self._lock = threading.Condition()
         self._outboxes: dict[str, deque[PostedTask]] = {s: deque() for s in roster}
         self._pending: dict[str, tuple[str, queue.Queue[Reply]]] = {}  # task id -> (silo, replies)
@@ -49,12 +55,16 @@ class SiloHub:
 
     def seen(self, silo: str) -> None:
         with self._lock:
-            self._last_seen[silo] = time.monotonic()
+            self._last_seen[silo] = self._clock()
 
     def connected(self, within_s: float) -> list[str]:
-        now = time.monotonic()
+        """The silos not revoked that hold a task or were heard from within `within_s`."""
+        now = self._clock()
         with self._lock:
-            return sorted(s for s, t in self._last_seen.items() if now - t <= within_s)
+            queued = {task.task_id for outbox in self._outboxes.values() for task in outbox}
+            holding = {silo for t, (silo, _) in self._pending.items() if t not in queued}
+            heard = {silo for silo, t in self._last_seen.items() if now - t <= within_s}
+            return sorted((heard | holding) - self.revoked)
 
     def accept(self, silo: str) -> None:
         with self._lock:

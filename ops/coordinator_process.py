@@ -7,7 +7,8 @@ the deployment is complete. Messages it accepted are remembered in the state fil
 restarted coordinator refuses their replay. A consortium (less revoked silos) smaller than
 `participants.min_silos` is refused before serving, and a run in which every round failed is
 an error (nothing is written to `--out`). Revocations written to the state store by
-`fedsilo coordinator revoke` take effect within a second, also in a running coordinator.
+`fedsilo coordinator revoke` take effect within a second, also in a running coordinator, and
+`fedsilo_silos_connected` follows agents that come and go within a second too.
 
 The consortium and the job are separate: the wire (envelopes, joining) and revocations belong
 to the consortium, while the rounds, checkpoints, participants, task ids and metric labels
@@ -47,6 +48,7 @@ from fedsilo.wire.envelope import MAX_AGE_S, EnvelopeVerifier
 log = logging.getLogger("fedsilo.coordinator")
 
 REVOKED = "revoked"
+CONNECTED_MARGIN_S = 10.0  # beyond the long poll: a silo silent this much longer has left
 
 
 class DeploymentError(RuntimeError):
@@ -108,6 +110,7 @@ def run_coordinator(options: CoordinatorOptions, stop: threading.Event | None = 
     )
     server = grpc_server(kit, service, workers=2 * len(kit.silos) + 8)
     revocations = RevocationWatcher(store, deployment, hub, verifier, kit, metrics)
+    connections = ConnectionGauge(hub, metrics, options.poll_seconds + CONNECTED_MARGIN_S)
     try:
         store.open_consortium(deployment)
         store.open_deployment(job, signed.digest, policy.model_dump_json())
@@ -123,7 +126,7 @@ def run_coordinator(options: CoordinatorOptions, stop: threading.Event | None = 
         if problem:
             raise DeploymentError(problem)
         threading.Thread(
-            target=revocations.run, args=(stop,), daemon=True, name="revocations"
+            target=watch, args=(stop, revocations, connections), daemon=True, name="watchers"
         ).start()
         server.start()
         log.info(
@@ -157,7 +160,7 @@ def run_coordinator(options: CoordinatorOptions, stop: threading.Event | None = 
             GrpcTransport(hub),
             policy,
             members,
-            observers=[metrics, _RoundLog(hub, metrics), *([snapshots] if snapshots else [])],
+            observers=[metrics, _RoundLog(), *([snapshots] if snapshots else [])],
             deployment=job,
             store=store,
             policy_digest=signed.digest,
@@ -194,11 +197,7 @@ def require_a_completed_round(history: RunHistory) -> None:
 
 
 class _RoundLog:
-    def __init__(self, hub: SiloHub, metrics: CoordinatorMetrics) -> None:
-        self.hub, self.metrics = hub, metrics
-
     def on_round(self, record: RoundRecord, total_rounds: int) -> None:
-        self.metrics.set_connected(len(self.hub.connected(within_s=60.0)))
         dropped = {s: why for p in record.phases.values() for s, why in p["dropped"].items()}
         summary = ""
         if record.summary:
@@ -281,9 +280,25 @@ class RevocationWatcher:
             {n: s.verify_key for n, s in self.kit.silos.items() if n not in self.hub.revoked}
         )
 
-    def run(self, stop: threading.Event) -> None:
-        while not stop.wait(1.0):
-            self.sync()
+
+@dataclass(frozen=True)
+class ConnectionGauge:
+    """Keeps `fedsilo_silos_connected` at the silos that hold a task or were heard from within
+    `window_s` (the long poll plus a margin), so it drops when an agent leaves."""
+
+    hub: SiloHub
+    metrics: CoordinatorMetrics
+    window_s: float
+
+    def sync(self) -> None:
+        self.metrics.set_connected(len(self.hub.connected(self.window_s)))
+
+
+def watch(stop: threading.Event, *watchers: RevocationWatcher | ConnectionGauge) -> None:
+    """Bring every watcher up to date once a second until `stop`."""
+    while not stop.wait(1.0):
+        for watcher in watchers:
+            watcher.sync()
 
 
 def revoke(state: Path, deployment: str, silo: str, reason: str) -> None:

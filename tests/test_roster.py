@@ -1,10 +1,13 @@
 """Roster changes after provisioning: `fedsilo consortium add-silo` issues one more silo kit
 from the same CA and operator key and enrols it in the coordinator kit's roster, touching no
-other kit, and refusing a name or folder that exists with one message and nothing written."""
+other kit, and refusing a name or folder that exists with one message and nothing written; a
+revoked silo is sent no more tasks and shows as revoked, never as a dropout; and
+`fedsilo_silos_connected` counts only silos heard from lately (or busy with a task)."""
 
 from __future__ import annotations
 
 import hashlib
+import queue
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -15,11 +18,11 @@ from click.testing import CliRunner
 
 from fedsilo.coordinator.engine import RoundEngine, RoundRecord
 from fedsilo.coordinator.grpc_transport import GrpcTransport
-from fedsilo.coordinator.hub import SiloHub
+from fedsilo.coordinator.hub import PostedTask, SiloHub
 from fedsilo.coordinator.state import StateStore
 from fedsilo.coordinator.strategies import make_strategy
 from fedsilo.ops.cli import main
-from fedsilo.ops.coordinator_process import revoke
+from fedsilo.ops.coordinator_process import ConnectionGauge, revoke
 from fedsilo.ops.metrics import CoordinatorMetrics
 from fedsilo.ops.provision import load_coordinator_kit, load_silo_kit, provision
 from fedsilo.ops.status import deployment_status
@@ -235,3 +238,50 @@ def test_a_revoked_silo_is_asked_no_more_and_shows_as_revoked_not_as_a_dropout(
     report = deployment_status(state, "heart")
     assert report.participants["s2"][0] == "revoked"
     assert "s2" not in report.dropouts
+
+
+# -- fedsilo_silos_connected follows agents that leave --------------------------------------------
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_silo_not_heard_from_for_the_window_is_no_longer_connected() -> None:
+    clock = FakeClock()
+    hub = SiloHub(["s0", "s1", "s2"], clock=clock)
+    metrics = CoordinatorMetrics()
+    gauge = ConnectionGauge(hub, metrics, window_s=15.0)  # a 5 s long poll plus a margin
+    for silo in ("s0", "s1", "s2"):
+        hub.seen(silo)
+    gauge.sync()
+    assert metrics.registry.get_sample_value("fedsilo_silos_connected") == 3
+
+    clock.now = 10.0
+    hub.seen("s0")  # s0 and s1 keep polling; s2's agent has exited
+    hub.seen("s1")
+    clock.now = 16.0
+    gauge.sync()
+
+    assert hub.connected(within_s=15.0) == ["s0", "s1"]
+    assert metrics.registry.get_sample_value("fedsilo_silos_connected") == 2
+
+
+def test_a_silo_busy_with_a_task_stays_connected_and_a_revoked_one_never_is() -> None:
+    clock = FakeClock()
+    hub = SiloHub(["s0", "s1"], clock=clock)
+    for silo in ("s0", "s1"):
+        hub.accept(silo)
+        hub.seen(silo)
+    hub.post(PostedTask("s0", "r1/train/s0", 1, as_payload(b"task")), queue.Queue())
+    assert hub.next_task("s0", timeout_s=0) is not None  # s0 trains for a long time, silent
+
+    clock.now = 3600.0
+    assert hub.connected(within_s=15.0) == ["s0"]
+    hub.seen("s1")
+    hub.revoke("s1")  # heard from just now, but revoked
+    assert hub.connected(within_s=15.0) == ["s0"]
