@@ -31,6 +31,7 @@ from fedsilo.policies.loading import parse_policy
 from fedsilo.privacy.certificates import certificate_fingerprint, verify_issued_by
 from fedsilo.privacy.identity import public_key_hex
 from fedsilo.wire.payload import as_payload
+from tests import deployment
 from tests.fakes import constant_silo
 
 SILOS = ["cleveland", "hungary", "va"]
@@ -285,3 +286,38 @@ def test_a_silo_busy_with_a_task_stays_connected_and_a_revoked_one_never_is() ->
     hub.seen("s1")
     hub.revoke("s1")  # heard from just now, but revoked
     assert hub.connected(within_s=15.0) == ["s0"]
+
+
+# -- the real thing: a coordinator started after add-silo runs a job with the new silo -----------
+
+
+def test_a_coordinator_started_after_add_silo_admits_the_new_silo_to_its_job(
+    tmp_path: Path,
+) -> None:
+    consortium = deployment.provision(tmp_path)
+    deployment.fedsilo(
+        "consortium",
+        "add-silo",
+        "silo-3",
+        "--ca-kit",
+        str(consortium.kits / "operator"),
+        "--coordinator-kit",
+        str(consortium.kits / "coordinator"),
+        "--consortium",
+        str(tmp_path / "consortium.yaml"),
+        "--out",
+        str(consortium.kits),
+    )
+    document = deployment.policy_document(rounds=1)
+    document["participants"]["min_silos"] = 4  # the job cannot run without the new silo
+    document["data"]["partition"]["silos"] = 4
+    policy = consortium.write_policy(document)
+    try:
+        consortium.start_coordinator(policy)
+        for silo in ("silo-0", "silo-1", "silo-2", "silo-3"):
+            consortium.start_silo(silo, consortium.write_silo_config(silo, data=document["data"]))
+        assert consortium.wait("coordinator", timeout=60) == 0, consortium.log("coordinator")
+    finally:
+        consortium.stop_all()
+    log = consortium.log("coordinator")
+    assert "silo silo-3 accepted" in log and "round 1/1 completed" in log
