@@ -42,7 +42,7 @@ import yaml
 
 from bench.common import write
 from bench.flower_peer import SAMPLES, hidden_width, parameter_count, site_data
-from bench.flower_runner import FlowerFailed, flower_python, run_flower
+from bench.flower_runner import REPO, FlowerFailed, flower_python, run_flower
 from fedsilo.ops.demo import LocalConsortium, current_round, free_port
 
 
@@ -212,7 +212,7 @@ def main() -> None:
         )
     else:
         document["flower"] = {
-            "python": str(flower),
+            "python": _portable(flower),
             "flwr": flwr_version,
             "transport": "legacy start_server/start_client gRPC; TLS authenticates the server"
             " only (no client certificates in Flower's legacy API)",
@@ -275,3 +275,12 @@ def _figure(rows: list[dict], silo_counts: list[int]) -> plt.Figure:
 
 if __name__ == "__main__":
     main()
+
+
+def _portable(interpreter: Path) -> str:
+    """The interpreter as a path inside the repository when it lives there (results carry no
+    absolute paths of the machine that wrote them), else its file name."""
+    try:
+        return str(interpreter.absolute().relative_to(REPO))
+    except ValueError:
+        return interpreter.name
