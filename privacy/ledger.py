@@ -64,6 +64,7 @@ from fedsilo.privacy.accounting import (
     epsilon,
 )
 from fedsilo.wire.durable import fsync_folder, write_atomically
+from fedsilo.wire.payload import Payload
 
 DIGEST_BYTES = 32
 GENESIS = "0" * (2 * DIGEST_BYTES)
@@ -82,9 +83,13 @@ class LedgerError(ValueError):
     """A ledger that cannot be used or a booking that cannot be made; the message says why."""
 
 
-def payload_digest(payload: bytes) -> str:
-    """The digest a record keeps of an outbound payload: BLAKE2b-256, hex."""
-    return hashlib.blake2b(payload, digest_size=DIGEST_BYTES).hexdigest()
+def payload_digest(payload: bytes | Payload) -> str:
+    """The digest a record keeps of an outbound payload: BLAKE2b-256, hex (of its bytes, also
+    when they are held as parts)."""
+    digest = hashlib.blake2b(digest_size=DIGEST_BYTES)
+    for part in payload.parts if isinstance(payload, Payload) else (payload,):
+        digest.update(part)
+    return digest.hexdigest()
 
 
 @dataclass(frozen=True)

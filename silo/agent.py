@@ -54,7 +54,7 @@ from fedsilo.wire.messages import (
     TaskMessage,
     TaskResult,
 )
-from fedsilo.wire.tensors import WireError
+from fedsilo.wire.tensors import WireError, tensor_block
 
 
 class SiloAgent:
@@ -225,12 +225,13 @@ class SiloAgent:
     ) -> tuple[TaskResult, bytes]:
         """Book each of `result`'s releases under `job`, sign the receipt of the booking, and
         keep the answer when it answers a task of this silo's job."""
+        block = tensor_block(result.tensors)  # the tensors' bytes, shared by both encodings
         if self.ledger is not None:
             result = replace(result, ledger_head=self.ledger.head())
-            body = payload_digest(result.encode())
+            body = payload_digest(result.encode_payload(block))
             record = self._book(message, body, releases or [Mechanism.public()], job or None)
             result = replace(result, receipt=self._receipt(message, body, record))
-        encoded = result.encode()
+        encoded = result.encode_payload(block).to_bytes()
         if self.answers is not None and job == self.policy_digest:
             self.answers.keep(self.context.job, message.task_id, message.round, encoded)
         return result, encoded

@@ -21,12 +21,13 @@ from fedsilo.wire.tasks import TaskConfig, decode_task_config
 from fedsilo.wire.tensors import (
     LazyTensor,
     ParameterSpec,
+    TensorBlock,
     TensorBlocks,
     WireError,
     decode_tensors,
     encode_payload,
-    encode_tensors,
     index_tensors,
+    tensor_block,
 )
 
 PROTOCOL_VERSION = 1
@@ -193,6 +194,12 @@ class TaskResult:
         return self.status == STATUS_OK
 
     def encode(self) -> bytes:
+        return self.encode_payload(tensor_block(self.tensors)).to_bytes()
+
+    def encode_payload(self, block: TensorBlock) -> Payload:
+        """The encoded result around `block`, its tensors' data section: a result encoded
+        again with another header (a receipt added) reuses the block instead of copying its
+        tensors twice."""
         header = {
             "type": "result",
             "protocol": PROTOCOL_VERSION,
@@ -209,7 +216,7 @@ class TaskResult:
             "ledger_head": self.ledger_head,
             "receipt": None if self.receipt is None else dict(self.receipt),
         }
-        return encode_tensors(self.tensors, header)
+        return encode_payload(block, header)
 
     @classmethod
     def decode(cls, data: bytes | AnyPayload) -> TaskResult:
