@@ -1,0 +1,48 @@
+"""What a long-running coordinator offers its operator: the contract between the admin channel
+(coordinator/admin_service.py: mTLS gRPC, the operator's certificate, signed requests) and the
+coordinator that serves jobs (ops/coordinator_serve.py), which implements it.
+
+Every method either answers or raises `AdminError` with one line the operator reads as is
+(an unknown job, a duplicate, an unsigned policy, ...).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from fedsilo.coordinator.jobs import JobInfo
+
+OPERATOR = "operator"  # the common name of the operator's TLS certificate, its envelope sender
+
+
+class AdminError(ValueError):
+    """An admin request that cannot be met; its message is the whole answer."""
+
+
+class AdminBackend(Protocol):
+    def submit(self, policy_text: str, signature: str, submitted_by: str) -> JobInfo:
+        """Verify the operator's signature and the policy's fields, then queue it as a job."""
+        ...
+
+    def jobs(self) -> list[JobInfo]: ...
+
+    def job(self, job_id: str) -> JobInfo: ...
+
+    def abort(self, job_id: str) -> JobInfo: ...
+
+    def logs(self, job_id: str, tail: int | None) -> str:
+        """The job's coordinator log (its last `tail` lines when given)."""
+        ...
+
+    def results(self, job_id: str) -> dict[str, bytes]:
+        """The files of an ended job's results folder, by path relative to it."""
+        ...
+
+    def consortium_status(self) -> dict[str, Any]:
+        """The consortium now, JSON-able:
+        {"consortium": str,
+         "silos": {name: {"connected": bool, "revoked": bool, "reason": str}},
+         "running": job id or None, "queued": [job ids],
+         "job": None or the `DeploymentStatus` (ops/status.py) of the running or latest job,
+                as `dataclasses.asdict` gives it}"""
+        ...
