@@ -36,10 +36,11 @@ from fedsilo.ops.coordinator_process import (
 )
 from fedsilo.ops.demo import DemoFailed, run_demo
 from fedsilo.ops.examples_cli import examples_group
+from fedsilo.ops.job_cli import job_group, print_remote_status
 from fedsilo.ops.logs import configure_logging
 from fedsilo.ops.predict import predict_command
 from fedsilo.ops.privacy_cli import privacy_group
-from fedsilo.ops.provision import KitError, load_coordinator_kit
+from fedsilo.ops.provision import OPERATOR, KitError, kit_role, load_coordinator_kit
 from fedsilo.ops.provision_cli import policy_sign as sign_command
 from fedsilo.ops.provision_cli import provision_command
 from fedsilo.ops.report import (
@@ -54,6 +55,7 @@ from fedsilo.ops.silo_process import run_silo
 from fedsilo.ops.silo_setup import data_section_options, write_silo_config
 from fedsilo.ops.simulate import SimulationResult, load_silos, simulate
 from fedsilo.ops.status import deployment_status
+from fedsilo.ops.status_view import print_status
 from fedsilo.policies.loading import PolicyError, load_policy, with_algorithm, with_overrides
 from fedsilo.policies.schema import MAX_SEED, Policy
 from fedsilo.privacy.identity import IdentityError
@@ -276,6 +278,7 @@ main.add_command(privacy_group)
 main.add_command(predict_command)
 main.add_command(examples_group)
 main.add_command(consortium_group)
+main.add_command(job_group)
 policy.add_command(sign_command)
 
 
@@ -582,35 +585,41 @@ def demo(folder: Path | None, rounds: int | None) -> None:
 
 @main.command("status")
 @click.option(
-    "--kit", "kit_dir", required=True, type=click.Path(path_type=Path), help="The coordinator kit."
+    "--kit",
+    "kit_dir",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="The coordinator kit (with --state), or the operator's kit (asks the coordinator).",
 )
 @click.option(
-    "--state", "state_file", required=True, type=click.Path(path_type=Path), help="The state file."
+    "--state",
+    "state_file",
+    type=click.Path(path_type=Path),
+    help="The state file (with the coordinator kit).",
 )
-def status(kit_dir: Path, state_file: Path) -> None:
+def status(kit_dir: Path, state_file: Path | None) -> None:
     """Show a deployment's round, participants, last metrics and dropouts."""
+    try:
+        role = kit_role(kit_dir)
+    except KitError as exc:
+        raise click.ClickException(str(exc)) from None
+    if role == OPERATOR:
+        if state_file is not None:
+            raise click.ClickException(
+                "--state: the operator's kit asks the running coordinator; --state goes with "
+                "the coordinator kit, on the coordinator host"
+            )
+        print_remote_status(kit_dir)
+        return
+    if state_file is None:
+        raise click.ClickException(
+            "--state: give the coordinator's state file, or --kit OPERATOR_KIT to ask the "
+            "running coordinator"
+        )
     check_state_file(state_file)
     try:
         kit = load_coordinator_kit(kit_dir)
         report = deployment_status(state_file, kit.consortium)
     except DEPLOYMENT_ERRORS as exc:
         raise click.ClickException(str(exc)) from None
-    planned = f" of {report.rounds_planned}" if report.rounds_planned else ""
-    console.print(
-        f"deployment {report.deployment}: round {report.last_round}{planned} "
-        f"({report.last_status}), {report.failed_rounds} failed round(s)"
-    )
-    table = Table(title=f"silos (metrics of round {report.evaluated_round})")
-    metric_names = sorted({m for values in report.last_evaluation.values() for m in values})
-    for column in ("silo", "status", "rounds with a dropout", *metric_names):
-        table.add_column(column)
-    for silo in sorted(kit.silos):
-        state, reason = report.participants.get(silo, ("never joined", ""))
-        values = report.last_evaluation.get(silo, {})
-        table.add_row(
-            silo,
-            f"{state} {reason}".strip(),
-            str(report.dropouts.get(silo, 0)),
-            *(fmt_metric(values.get(m)) for m in metric_names),
-        )
-    console.print(table)
+    print_status(console, report, kit.silos)

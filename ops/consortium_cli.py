@@ -1,5 +1,7 @@
 """`fedsilo consortium add-silo`: the operator's command for a consortium's roster after
 provisioning; it issues one more silo kit from the same CA and enrols it with the coordinator.
+`fedsilo consortium issue-operator-kit` gives an operator folder provisioned before the
+operator had a kit (for `fedsilo job` and `fedsilo status`) its kit.yaml and client certificate.
 
 The consortium-wide `revoke` stays `fedsilo coordinator revoke` (it writes the coordinator's
 state file, on the coordinator host).
@@ -12,7 +14,7 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from fedsilo.ops.provision import ProvisionError, add_silo
+from fedsilo.ops.provision import ProvisionError, add_silo, issue_operator_kit
 from fedsilo.policies.consortium import load_consortium_file
 from fedsilo.policies.loading import PolicyError
 
@@ -71,5 +73,32 @@ def add_silo_command(
         f"The kits of {', '.join(added.existing_silos)} were not changed and do not list "
         f"'{name}' as a peer: jobs with secure aggregation or sealed hand-offs between silos "
         "need every silo's kit to list every other.",
+        soft_wrap=True,
+    )
+
+
+@consortium_group.command("issue-operator-kit")
+@click.option(
+    "--operator",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="The operator's folder from `fedsilo provision` (ca.crt, ca.key, operator.key).",
+)
+@click.option(
+    "--coordinator-kit",
+    "coordinator",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="The coordinator kit (or a copy of it): its address and verify key go in kit.yaml.",
+)
+def issue_operator_kit_command(operator: Path, coordinator: Path) -> None:
+    """Add kit.yaml and a client certificate for `operator` to an older operator folder."""
+    try:
+        issue_operator_kit(operator, coordinator)
+    except (ProvisionError, OSError) as exc:
+        raise click.ClickException(str(exc)) from None
+    console.print(
+        f"Wrote {operator}/kit.yaml, client.crt and client.key: `fedsilo job ... --kit "
+        f"{operator}` now administers the coordinator.",
         soft_wrap=True,
     )

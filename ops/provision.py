@@ -2,10 +2,16 @@
 kit back as typed keys and file paths.
 
 ```
-out/operator/     operator.key, ca.crt, ca.key              stays with the operator, offline
+out/operator/     kit.yaml, operator.key, ca.crt, ca.key,   stays with the operator
+                  client.crt, client.key
 out/coordinator/  kit.yaml, ca.crt, server.crt, server.key, signing.key
 out/silos/<name>/ kit.yaml, ca.crt, client.crt, client.key, signing.key, sealing.key
 ```
+
+The operator's folder is also the operator's kit for administering a running coordinator
+(`fedsilo job`, `fedsilo status --kit`): its TLS client certificate's common name is `operator`,
+and it signs its requests with operator.key. `issue_operator_kit` adds that kit (kit.yaml and
+the client certificate) to an operator folder provisioned before it existed.
 
 `add_silo` issues one more silo kit later, from the same CA and operator key, and enrols it in
 the coordinator kit's roster (its kit.yaml, rewritten atomically); no other kit is touched.
@@ -35,7 +41,12 @@ from nacl.signing import SigningKey, VerifyKey
 from pydantic import ValidationError
 
 from fedsilo.policies.base import PolicyModel
-from fedsilo.policies.consortium import EXAMPLE, ConsortiumConfig, SiloEntry
+from fedsilo.policies.consortium import (
+    EXAMPLE,
+    CertificateLifetimes,
+    ConsortiumConfig,
+    SiloEntry,
+)
 from fedsilo.policies.loading import describe_errors
 from fedsilo.privacy.certificates import (
     CertifiedKey,
@@ -61,6 +72,9 @@ from fedsilo.privacy.identity import (
 
 KIT_FILE = "kit.yaml"
 CA_CERTIFICATE = "ca.crt"
+CA_KEY = "ca.key"
+OPERATOR_KEY = "operator.key"
+OPERATOR = "operator"  # the common name of the operator's TLS client certificate
 SIGNING_KEY = "signing.key"
 SEALING_KEY = "sealing.key"
 KIT_FOLDER_MODE = 0o700
@@ -97,6 +111,14 @@ class CoordinatorKitDocument(PolicyModel):
     operator_verify_key: str
     coordinator_verify_key: str
     silos: dict[str, EnrolledSiloEntry]
+
+
+class OperatorKitDocument(PolicyModel):
+    role: Literal["operator"]
+    consortium: str
+    coordinator_address: str
+    coordinator_verify_key: str
+    operator_verify_key: str
 
 
 class SiloKitDocument(PolicyModel):
@@ -163,6 +185,18 @@ class SiloKit:
 
 
 @dataclass(frozen=True)
+class OperatorKit:
+    """The operator's kit: mTLS as `operator`, requests signed with operator.key."""
+
+    folder: Path
+    consortium: str
+    coordinator_address: str
+    tls: TlsFiles
+    signing_key: SigningKey
+    coordinator_verify_key: VerifyKey
+
+
+@dataclass(frozen=True)
 class ProvisionedConsortium:
     """Where each kit was written, and what parties compare out of band (CA, operator key)."""
 
@@ -196,6 +230,7 @@ class _Identities:
 
     authority: CertifiedKey
     operator_key: SigningKey
+    operator_tls: CertifiedKey
     coordinator_key: SigningKey
     server: CertifiedKey
     silos: tuple[_SiloIdentity, ...]
@@ -218,7 +253,7 @@ def provision(config: ConsortiumConfig, out: Path) -> ProvisionedConsortium:
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
     try:
-        _write_operator_kit(staging / "operator", identities)
+        _write_operator_kit(staging / "operator", config, identities)
         _write_coordinator_kit(staging / "coordinator", config, identities)
         for silo in identities.silos:
             _write_silo_kit(staging / "silos" / silo.name, config, identities, silo)
@@ -307,7 +342,106 @@ def load_kit(folder: Path) -> CoordinatorKit | SiloKit:
         return _load_coordinator_kit(folder, _validate(CoordinatorKitDocument, document, folder))
     if role == "silo":
         return _load_silo_kit(folder, _validate(SiloKitDocument, document, folder))
-    raise KitError(f"{folder / KIT_FILE}: role must be 'coordinator' or 'silo', got {role!r}")
+    if role == OPERATOR:
+        raise KitError(
+            f"{folder}: this is the operator's kit, for `fedsilo job` and `fedsilo status`; "
+            "a coordinator or silo needs its own kit"
+        )
+    raise KitError(
+        f"{folder / KIT_FILE}: role must be 'coordinator', 'silo' or 'operator', got {role!r}"
+    )
+
+
+def kit_role(folder: Path) -> str:
+    """The role kit.yaml in `folder` names ('coordinator', 'silo', 'operator'), unchecked; an
+    operator folder without kit.yaml gets the KitError of `load_operator_kit`."""
+    if (folder / OPERATOR_KEY).is_file() and not (folder / KIT_FILE).exists():
+        raise KitError(_missing_operator_kit(folder))
+    return str(_read_kit_document(folder).get("role"))
+
+
+def load_operator_kit(folder: Path) -> OperatorKit:
+    """The operator's kit in `folder`: its client certificate (issued to `operator` by the
+    kit's CA, certifying client.key), operator.key (the key of kit.yaml's operator_verify_key),
+    the coordinator's address and verify key."""
+    if folder.is_dir() and not (folder / KIT_FILE).exists():
+        raise KitError(_missing_operator_kit(folder))
+    document = _read_kit_document(folder)
+    if document.get("role") != OPERATOR:
+        raise KitError(
+            f"{folder}: this is the kit of {document.get('role')!r}, not the operator's; give "
+            "the operator's folder from `fedsilo provision` (OUT/operator)"
+        )
+    checked = _validate(OperatorKitDocument, document, folder)
+    tls = _load_tls(folder, "client")
+    common_name = certificate_common_name(tls.certificate.read_bytes())
+    if common_name != OPERATOR:
+        raise KitError(f"{tls.certificate}: issued to {common_name!r}, not to {OPERATOR!r}")
+    signing_key = _load_key(read_signing_key, folder / OPERATOR_KEY)
+    if signing_key.verify_key != _verify_key(checked.operator_verify_key, folder, OPERATOR):
+        raise KitError(f"{folder / OPERATOR_KEY}: not the key of this kit's operator_verify_key")
+    return OperatorKit(
+        folder=folder,
+        consortium=checked.consortium,
+        coordinator_address=checked.coordinator_address,
+        tls=tls,
+        signing_key=signing_key,
+        coordinator_verify_key=_verify_key(checked.coordinator_verify_key, folder, "coordinator"),
+    )
+
+
+def issue_operator_kit(
+    operator: Path, coordinator: Path, days: int = CertificateLifetimes().client_days
+) -> None:
+    """Add the operator's kit (kit.yaml, a client certificate for `operator` from ca.key) to an
+    operator folder provisioned without one, for the coordinator kit `coordinator`. Refused
+    (ProvisionError, nothing written) when any of those files exists, or the folders are not of
+    one consortium."""
+    authority, operator_key = _load_operator(operator, "--operator")
+    try:
+        roster = _validate(CoordinatorKitDocument, _read_kit_document(coordinator), coordinator)
+    except KitError as exc:
+        raise ProvisionError(f"--coordinator-kit: {exc}") from None
+    if public_key_hex(operator_key.verify_key) != roster.operator_verify_key:
+        raise ProvisionError(
+            f"--operator {operator}: its operator.key is not the operator key of {coordinator}"
+        )
+    if (coordinator / CA_CERTIFICATE).read_bytes() != authority.certificate_pem():
+        raise ProvisionError(f"--operator {operator}: its CA is not the CA of {coordinator}")
+    existing = [
+        name for name in (KIT_FILE, "client.crt", "client.key") if (operator / name).exists()
+    ]
+    if existing:
+        raise ProvisionError(
+            f"--operator {operator}: already holds {', '.join(existing)}; a kit is never replaced"
+        )
+    tls = issue_client_certificate(authority, OPERATOR, days)
+    document = _operator_document(
+        roster.consortium, roster.address, roster.coordinator_verify_key, operator_key
+    )
+    files = {
+        "client.key": tls.private_key_pem(),
+        "client.crt": tls.certificate_pem(),
+        KIT_FILE: yaml.safe_dump(document.model_dump(), sort_keys=False).encode(),
+    }
+    written: list[Path] = []
+    try:
+        for name, content in files.items():
+            _write_new_file(operator / name, content, secret=name == "client.key")
+            written.append(operator / name)
+    except BaseException:
+        for path in written:
+            path.unlink(missing_ok=True)
+        raise
+
+
+def _write_new_file(path: Path, content: bytes, secret: bool) -> None:
+    """Create `path` (0600 when `secret`); an existing file is never replaced."""
+    if secret:
+        write_secret_file(path, content)
+        return
+    with path.open("xb") as handle:
+        handle.write(content)
 
 
 def load_coordinator_kit(folder: Path) -> CoordinatorKit:
@@ -327,20 +461,29 @@ def _check_silo_name(name: str) -> None:
         ) from None
 
 
-def _load_operator(folder: Path) -> tuple[CertifiedKey, SigningKey]:
-    """The CA (certificate and key) and the operator's signing key from the operator folder."""
+def _missing_operator_kit(folder: Path) -> str:
+    return (
+        f"{folder}: an operator folder without {KIT_FILE} (provisioned before the operator had a "
+        "kit); add it with `fedsilo consortium issue-operator-kit --operator "
+        f"{folder} --coordinator-kit COORDINATOR_KIT`"
+    )
+
+
+def _load_operator(folder: Path, option: str = "--ca-kit") -> tuple[CertifiedKey, SigningKey]:
+    """The CA (certificate and key) and the operator's signing key from the operator folder
+    (given as `option`)."""
     try:
         certificate_pem = (folder / CA_CERTIFICATE).read_bytes()
-        key_pem = read_secret_file(folder / "ca.key")
-        operator_key = read_signing_key(folder / "operator.key")
+        key_pem = read_secret_file(folder / CA_KEY)
+        operator_key = read_signing_key(folder / OPERATOR_KEY)
         ca_key = load_pem_private_key(key_pem, password=None)
         certificate = x509.load_pem_x509_certificate(certificate_pem)
     except (OSError, ValueError) as exc:
-        raise ProvisionError(f"--ca-kit {folder}: not the operator's folder: {exc}") from None
+        raise ProvisionError(f"{option} {folder}: not the operator's folder: {exc}") from None
     if not isinstance(ca_key, ec.EllipticCurvePrivateKey) or not certifies_private_key(
         certificate_pem, key_pem
     ):
-        raise ProvisionError(f"--ca-kit {folder}: ca.key is not the key of ca.crt")
+        raise ProvisionError(f"{option} {folder}: ca.key is not the key of ca.crt")
     return CertifiedKey(certificate, ca_key), operator_key
 
 
@@ -402,17 +545,37 @@ def _generate(config: ConsortiumConfig) -> _Identities:
     return _Identities(
         authority=authority,
         operator_key=SigningKey.generate(),
+        operator_tls=issue_client_certificate(authority, OPERATOR, lifetimes.client_days),
         coordinator_key=SigningKey.generate(),
         server=issue_server_certificate(authority, config.coordinator.host, lifetimes.server_days),
         silos=silos,
     )
 
 
-def _write_operator_kit(folder: Path, identities: _Identities) -> None:
+def _write_operator_kit(folder: Path, config: ConsortiumConfig, ids: _Identities) -> None:
+    document = _operator_document(
+        config.consortium,
+        config.coordinator.address,
+        public_key_hex(ids.coordinator_key.verify_key),
+        ids.operator_key,
+    )
     _new_folder(folder)
-    write_private_key(folder / "operator.key", identities.operator_key)
-    (folder / CA_CERTIFICATE).write_bytes(identities.authority.certificate_pem())
-    write_secret_file(folder / "ca.key", identities.authority.private_key_pem())
+    _write_kit_document(folder, document)
+    write_private_key(folder / OPERATOR_KEY, ids.operator_key)
+    _write_tls(folder, ids.authority, ids.operator_tls, "client")
+    write_secret_file(folder / CA_KEY, ids.authority.private_key_pem())
+
+
+def _operator_document(
+    consortium: str, address: str, coordinator_verify_key: str, operator_key: SigningKey
+) -> OperatorKitDocument:
+    return OperatorKitDocument(
+        role=OPERATOR,
+        consortium=consortium,
+        coordinator_address=address,
+        coordinator_verify_key=coordinator_verify_key,
+        operator_verify_key=public_key_hex(operator_key.verify_key),
+    )
 
 
 def _write_coordinator_kit(folder: Path, config: ConsortiumConfig, ids: _Identities) -> None:
@@ -481,10 +644,7 @@ def _read_kit_document(folder: Path) -> dict:
     if not folder.is_dir():
         raise KitError(f"{folder}: kit folder not found")
     if not path.is_file():
-        raise KitError(
-            f"{folder}: no {KIT_FILE}, so not a coordinator or silo kit "
-            "(the operator's folder has none and is never deployed)"
-        )
+        raise KitError(f"{folder}: no {KIT_FILE}, so not a coordinator, silo or operator kit")
     try:
         document = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:

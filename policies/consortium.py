@@ -66,6 +66,18 @@ def _check_name(name: str) -> str:
 
 Name = Annotated[str, AfterValidator(_check_name)]
 
+# The common names of the coordinator's and the operator's certificates: no silo may take one.
+RESERVED_SILO_NAMES = ("coordinator", "operator")
+
+
+def _check_silo_name(name: str) -> str:
+    if name.lower() in RESERVED_SILO_NAMES:
+        raise ValueError(
+            f"{name!r} is reserved (the common name of the {name.lower()}'s certificate); "
+            "give the silo another name"
+        )
+    return name
+
 
 class CoordinatorEndpoint(PolicyModel):
     """Where silos reach the coordinator: `host:port`, an IPv6 host in brackets (`[::1]:50051`)."""
@@ -84,7 +96,7 @@ class CoordinatorEndpoint(PolicyModel):
 
 
 class SiloEntry(PolicyModel):
-    name: Name
+    name: Annotated[Name, AfterValidator(_check_silo_name)]
 
 
 class CertificateLifetimes(PolicyModel):

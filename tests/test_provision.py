@@ -14,14 +14,17 @@ from cryptography.hazmat.primitives.serialization import load_pem_private_key
 from nacl.signing import SigningKey
 
 from fedsilo.ops import provision as provisioning
+from fedsilo.ops.consortium_cli import consortium_group
 from fedsilo.ops.provision import (
     CoordinatorKit,
     KitError,
     ProvisionedConsortium,
     ProvisionError,
     SiloKit,
+    add_silo,
     load_coordinator_kit,
     load_kit,
+    load_operator_kit,
     load_silo_kit,
     provision,
 )
@@ -44,7 +47,7 @@ CONSORTIUM = {
     "certificates": {"ca_days": 3650, "server_days": 365, "client_days": 365},
 }
 LAYOUT = {
-    "operator": {"operator.key", "ca.crt", "ca.key"},
+    "operator": {"kit.yaml", "operator.key", "ca.crt", "ca.key", "client.crt", "client.key"},
     "coordinator": {"kit.yaml", "ca.crt", "server.crt", "server.key", "signing.key"},
     **{
         f"silos/{name}": {
@@ -98,7 +101,7 @@ def test_each_kit_holds_exactly_its_files(kits: Path) -> None:
 
 def test_every_private_key_is_readable_by_its_owner_only(kits: Path) -> None:
     keys = private_key_files(kits)
-    assert len(keys) == 2 + 2 + 3 * len(SILOS)  # operator, coordinator, silos
+    assert len(keys) == 3 + 2 + 3 * len(SILOS)  # operator, coordinator, silos
     assert all(path.stat().st_mode & 0o777 == 0o600 for path in keys)
     assert kits.stat().st_mode & 0o077 == 0  # the whole tree starts private to the operator
 
@@ -130,7 +133,7 @@ def secret_forms(key_file: Path) -> list[bytes]:
 def test_every_certificate_chains_to_the_consortium_ca(kits: Path) -> None:
     ca = (kits / "operator" / "ca.crt").read_bytes()
     certificates = sorted(kits.rglob("server.crt")) + sorted(kits.rglob("client.crt"))
-    assert len(certificates) == 1 + len(SILOS)
+    assert len(certificates) == 1 + 1 + len(SILOS)  # the server, the operator, the silos
     for path in certificates:
         assert verify_issued_by(path.read_bytes(), ca), path
     assert all(p.read_bytes() == ca for p in kits.rglob("ca.crt"))
@@ -165,7 +168,8 @@ def test_the_coordinator_kit_knows_each_silo_by_its_real_keys(kits: Path) -> Non
 def test_kit_files_name_the_operator_and_coordinator_keys(kits: Path) -> None:
     operator = read_signing_key(kits / "operator" / "operator.key").verify_key
     coordinator = read_signing_key(kits / "coordinator" / "signing.key").verify_key
-    documents = [kit_yaml(kits / "coordinator")] + [kit_yaml(kits / "silos" / n) for n in SILOS]
+    documents = [kit_yaml(kits / p) for p in ("coordinator", "operator")]
+    documents += [kit_yaml(kits / "silos" / n) for n in SILOS]
     for document in documents:
         assert document["operator_verify_key"] == public_key_hex(operator)
         assert document["coordinator_verify_key"] == public_key_hex(coordinator)
@@ -334,15 +338,19 @@ def test_a_kit_of_the_wrong_role_is_named(kits: Path) -> None:
         load_coordinator_kit(kits / "silos" / "va")
     with pytest.raises(KitError, match="kit of coordinator; a silo needs its own kit"):
         load_silo_kit(kits / "coordinator")
-    with pytest.raises(KitError, match="no kit.yaml, so not a coordinator or silo kit"):
+    with pytest.raises(KitError, match="the operator's kit, for `fedsilo job`"):
         load_kit(kits / "operator")
+    with pytest.raises(KitError, match="kit of 'silo', not the operator's"):
+        load_operator_kit(kits / "silos" / "va")
+    with pytest.raises(KitError, match="no kit.yaml, so not a coordinator, silo or operator kit"):
+        load_kit(kits / "silos")
 
 
 def test_an_unknown_role_is_named(copied: Path) -> None:
     folder = copied / "silos" / "va"
     document = {**kit_yaml(folder), "role": "auditor"}
     (folder / "kit.yaml").write_text(yaml.safe_dump(document))
-    with pytest.raises(KitError, match="role must be 'coordinator' or 'silo', got 'auditor'"):
+    with pytest.raises(KitError, match="role must be .* or 'operator', got 'auditor'"):
         load_kit(folder)
 
 
@@ -452,3 +460,68 @@ def test_provision_returns_where_everything_went(tmp_path: Path) -> None:
     operator = read_signing_key(provisioned.operator / "operator.key")
     assert provisioned.operator_verify_key == public_key_hex(operator.verify_key)
     assert kit_yaml(provisioned.silos["solo"])["peers"] == {}
+
+
+# The operator's kit
+
+
+def test_the_operator_kit_loads_with_its_certificate_and_keys(kits: Path) -> None:
+    kit = load_operator_kit(kits / "operator")
+    assert (kit.consortium, kit.coordinator_address) == ("heart-consortium", "127.0.0.1:50051")
+    assert certificate_common_name(kit.tls.certificate.read_bytes()) == "operator"
+    assert kit.tls.private_key == kits / "operator" / "client.key"
+    assert kit.signing_key == read_signing_key(kits / "operator" / "operator.key")
+    coordinator = load_coordinator_kit(kits / "coordinator")
+    assert kit.coordinator_verify_key == coordinator.signing_key.verify_key
+
+
+def test_an_operator_kit_must_hold_the_operator_key(copied: Path) -> None:
+    folder = copied / "operator"
+    document = {**kit_yaml(folder), "operator_verify_key": public_key_hex(SigningKey.generate())}
+    (folder / "kit.yaml").write_text(yaml.safe_dump(document))
+    with pytest.raises(KitError, match="operator.key: not the key of this kit's"):
+        load_operator_kit(folder)
+
+
+def test_an_older_operator_folder_is_told_how_to_get_its_kit(copied: Path) -> None:
+    folder = copied / "operator"
+    for name in ("kit.yaml", "client.crt", "client.key"):
+        (folder / name).unlink()
+    fix = "fedsilo consortium issue-operator-kit --operator"
+    with pytest.raises(KitError, match=f"without kit.yaml .*{fix}"):
+        load_operator_kit(folder)
+    issue = ["issue-operator-kit", "--operator", str(folder)]
+    issue += ["--coordinator-kit", str(copied / "coordinator")]
+    result = CliRunner().invoke(consortium_group, issue)
+    assert result.exit_code == 0, result.output
+    kit = load_operator_kit(folder)
+    assert kit.coordinator_address == "127.0.0.1:50051"
+    assert (folder / "client.key").stat().st_mode & 0o777 == 0o600
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    again = CliRunner().invoke(consortium_group, issue)
+    assert again.exit_code == 1
+    assert "already holds kit.yaml, client.crt, client.key; a kit is never replaced" in again.output
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+
+
+def test_an_operator_kit_is_issued_only_for_its_own_consortium(
+    copied: Path, tmp_path: Path
+) -> None:
+    folder = copied / "operator"
+    for name in ("kit.yaml", "client.crt", "client.key"):
+        (folder / name).unlink()
+    provision(config(), tmp_path / "other")
+    issue = ["issue-operator-kit", "--operator", str(folder)]
+    issue += ["--coordinator-kit", str(tmp_path / "other" / "coordinator")]
+    result = CliRunner().invoke(consortium_group, issue)
+    assert result.exit_code == 1
+    assert "its operator.key is not the operator key of" in result.output
+    assert sorted(p.name for p in folder.iterdir()) == ["ca.crt", "ca.key", "operator.key"]
+
+
+@pytest.mark.parametrize("name", ["operator", "coordinator", "Operator"])
+def test_the_operator_and_coordinator_names_are_no_silo_names(copied: Path, name: str) -> None:
+    with pytest.raises(PolicyError, match=f"silos.1.name: '{name}' is reserved"):
+        config(silos=[{"name": "va"}, {"name": name}])
+    with pytest.raises(ProvisionError, match=f"NAME: '{name}' is reserved"):
+        add_silo(name, config(), copied / "operator", copied / "coordinator", copied)
