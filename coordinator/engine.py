@@ -40,7 +40,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Generator, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import takewhile
 from typing import Any, Protocol, runtime_checkable
@@ -154,12 +154,15 @@ class RoundEngine:
         policy_digest: str = "",
         secret: bytes = b"",
         handoff_keys: Mapping[str, bytes] | None = None,
+        should_stop: Callable[[], str | None] = lambda: None,
     ) -> None:
         """`store`: where to save rounds and resume from (None: nothing is saved);
         `policy_digest`: what binds the store to this policy (default: `digest_policy`);
         `secret`: the coordinator's key material for noise no silo may predict (a simulation,
         with no one to hide it from, may leave it empty); `handoff_keys`: each member's X25519
-        public key (from its provisioned identity), which sealed daisy-chain hand-offs need."""
+        public key (from its provisioned identity), which sealed daisy-chain hand-offs need;
+        `should_stop`: why the run must stop before its next round (None: go on), checked
+        before each round and the final evaluation; a reason ends the run with `RunAborted`."""
         if not silos:
             raise ValueError("a consortium needs at least one silo")
         self.strategy = strategy
@@ -174,6 +177,7 @@ class RoundEngine:
         self.revoked: set[str] = set()
         self.secret = secret
         self.handoff_keys = dict(handoff_keys or {})
+        self.should_stop = should_stop
         self.ckks_keys: CkksKeys | None = None  # made by the key holder at the first CKKS sum
 
     # -- the run ----------------------------------------------------------------------------
@@ -190,6 +194,7 @@ class RoundEngine:
         state, records = self._start()
         failures_in_a_row = sum(1 for _ in takewhile(_failed, reversed(records)))
         for round_no in range(records[-1].round + 1 if records else 1, total + 1):
+            self._check_stop()
             record, state = self._run_round(state, round_no)
             failures_in_a_row = failures_in_a_row + 1 if _failed(record) else 0
             if record.status == "completed" and (
@@ -208,9 +213,15 @@ class RoundEngine:
                 )
         final = next((r for r in reversed(records) if r.evaluation is not None), None)
         if final is None or final.round != records[-1].round:
+            self._check_stop()
             final = RoundRecord(records[-1].round, "final", 0.0)
             self._evaluate(state, final.round, final)
         return RunHistory(records, state, final)
+
+    def _check_stop(self) -> None:
+        reason = self.should_stop()
+        if reason is not None:
+            raise RunAborted(reason)
 
     def _start(self) -> tuple[ServerState, list[RoundRecord]]:
         """The state and records to go on from: the store's last saved round, or a new setup."""

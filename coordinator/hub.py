@@ -10,6 +10,11 @@ not prepare the job, and said why), fail at once instead of waiting for their de
 
 A silo counts as connected while it holds a task, or was heard from within a window (its long
 poll plus a margin); an agent that left drops out of it, a revoked silo is never in it.
+
+A long-running coordinator (`fedsilo coordinator serve`) runs a sequence of jobs through one
+hub: `start_job` forgets the last job's acceptances, refusals, tasks and its end, and keeps the
+consortium's (the roster, revocations, when each silo was last heard from); `end_job` tells the
+silos the job is over; `abort` fails every task of the running job at once and refuses new ones.
 """
 
 from __future__ import annotations
@@ -50,6 +55,61 @@ class SiloHub:
         self.refused: dict[str, str] = {}
         self.revoked: set[str] = set()
         self.finished = threading.Event()
+        self.job: str | None = None  # the current job of a coordinator that serves several
+        self.aborted: str | None = None  # why the current job stops, once it is aborted
+
+    # -- jobs -------------------------------------------------------------------------------
+
+    def set_roster(self, roster: list[str]) -> None:
+        """The consortium's silos from now on (one enrolled while serving joins later jobs)."""
+        with self._lock:
+            self.roster = tuple(roster)
+            for silo in roster:
+                self._outboxes.setdefault(silo, deque())
+
+    def start_job(self, job: str) -> None:
+        """Job `job` starts: every silo joins it afresh (accepts or refuses its policy)."""
+        with self._lock:
+            self._fail_all(f"job {job} started")
+            self.accepted.clear()
+            self.refused.clear()
+            self.aborted = None
+            self.finished.clear()
+            self.job = job
+            self._lock.notify_all()
+
+    def end_job(self) -> None:
+        """The current job is over: silos that poll hear it finished, and none is current."""
+        with self._lock:
+            self.job = None
+            self.finished.set()
+            self._lock.notify_all()
+
+    def wait_for_job(self, silo: str, timeout_s: float) -> str | None:
+        """The current job once there is one `silo` has not refused, waiting up to `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            while self.job is None or silo in self.refused:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return None
+                self._lock.wait(timeout=remaining)
+            return self.job
+
+    def abort(self, reason: str) -> None:
+        """Stop the current job: every task waiting or queued fails at once with `reason`, a
+        task posted from now on too, and the wait for members ends."""
+        with self._lock:
+            self.aborted = reason
+            self._fail_all(reason)
+            self._lock.notify_all()
+
+    def _fail_all(self, failure: str) -> None:
+        for outbox in self._outboxes.values():
+            outbox.clear()
+        for task_id, (silo, replies) in list(self._pending.items()):
+            del self._pending[task_id]
+            replies.put(Reply(silo, task_id, None, failure))
 
     # -- membership -------------------------------------------------------------------------
 
@@ -101,8 +161,10 @@ class SiloHub:
         has accepted or refused it), or when `timeout_s` passed."""
         deadline = time.monotonic() + timeout_s
         with self._lock:
-            while len(self.accepted) < wanted and self.accepted | set(self.refused) < (
-                set(self.roster) - self.revoked
+            while (
+                len(self.accepted) < wanted
+                and self.accepted | set(self.refused) < (set(self.roster) - self.revoked)
+                and self.aborted is None
             ):
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
@@ -114,11 +176,13 @@ class SiloHub:
 
     def post(self, task: PostedTask, replies: queue.Queue[Reply]) -> None:
         """Queue `task` for its silo's next poll; a silo that is revoked or has not accepted the
-        policy gets a failed reply at once instead."""
+        policy, or any silo of an aborted job, gets a failed reply at once instead."""
         with self._lock:
-            if task.silo in self.revoked or task.silo not in self.accepted:
+            if task.silo in self.revoked or task.silo not in self.accepted or self.aborted:
                 failure = (
-                    REVOKED
+                    self.aborted
+                    if self.aborted
+                    else REVOKED
                     if task.silo in self.revoked
                     else f"{REFUSED}: {self.refused[task.silo]}"
                     if task.silo in self.refused

@@ -7,6 +7,12 @@ must be the envelope's sender, the sender must be in the roster, and the envelop
 for a task waiting for that very silo (coordinator/hub.py). A rejected request is refused with
 a gRPC status naming the reason, logged, and counted in `fedsilo_rejected_messages_total{reason}`;
 nothing of it reaches the engine.
+
+The service answers for one job at a time: `coordinator start` builds it with its one policy;
+`coordinator serve` sets each job's policy as the job starts and clears it when it ends
+(`more_jobs`: FINISHED then tells the silos to stay and join the next). A silo that joins while
+no job runs, or that refused the current one, is held up to the long poll for a job to start
+and then told the policy, or IDLE.
 """
 
 from __future__ import annotations
@@ -67,11 +73,13 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         hub: SiloHub,
         verifier: EnvelopeVerifier,
         signing_key: SigningKey,
-        policy: SignedPolicy,
+        policy: SignedPolicy | None,
         metrics: CoordinatorMetrics,
         max_payload_bytes: int,
         poll_seconds: float = 5.0,
+        more_jobs: bool = False,
     ) -> None:
+        """`policy`: the one job's policy (`coordinator start`), or None until `set_job`."""
         self.deployment = deployment
         self.hub = hub
         self.verifier = verifier
@@ -80,6 +88,17 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         self.metrics = metrics
         self.max_payload_bytes = max_payload_bytes
         self.poll_seconds = poll_seconds
+        self.more_jobs = more_jobs
+
+    def set_job(self, policy: SignedPolicy, job: str) -> None:
+        """Job `job` runs `policy` from now on; every silo joins it afresh."""
+        self.policy = policy
+        self.hub.start_job(job)
+
+    def clear_job(self) -> None:
+        """The current job ended: silos hear FINISHED, and joins wait for the next job."""
+        self.hub.end_job()
+        self.policy = None
 
     def Exchange(
         self, request_iterator: Iterator[bytes], context: grpc.ServicerContext
@@ -124,17 +143,9 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             return self._result(silo, payload)
         message = decode_control(payload)
         if message.type == JOIN:
-            log.info("silo %s joined; sending the signed policy", silo)
-            return Control(
-                POLICY,
-                {
-                    "deployment": self.deployment,
-                    "policy": self.policy.text,
-                    "signature": self.policy.signature,
-                },
-            ).encode()
+            return self._join(silo)
         if message.type == ACCEPT:
-            if message.get("policy_digest") != self.policy.digest:
+            if self.policy is None or message.get("policy_digest") != self.policy.digest:
                 return _ack(False, "the accepted policy digest is not this deployment's policy")
             self.hub.accept(silo)
             log.info("silo %s accepted policy %s", silo, self.policy.digest[:12])
@@ -148,16 +159,39 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             return self._pull(silo)
         raise MessageRejected("malformed", f"a silo may not send {message.type!r}")
 
+    def _join(self, silo: str) -> bytes:
+        policy = self.policy
+        if policy is None or (self.more_jobs and silo in self.hub.refused):
+            self.hub.wait_for_job(silo, self.poll_seconds)
+            policy = self.policy
+            if policy is None or silo in self.hub.refused:
+                return Control(IDLE).encode()
+        log.info("silo %s joined; sending the signed policy", silo)
+        return Control(
+            POLICY,
+            {
+                "deployment": self.deployment,
+                "policy": policy.text,
+                "signature": policy.signature,
+                "more": self.more_jobs,
+            },
+        ).encode()
+
+    def _finished(self) -> bytes:
+        return Control(
+            FINISHED, {"reason": "the deployment is complete", "more": self.more_jobs}
+        ).encode()
+
     def _pull(self, silo: str) -> bytes | AnyPayload:
         if silo not in self.hub.accepted:
             return _ack(False, NOT_A_MEMBER)
         if self.hub.finished.is_set():
-            return Control(FINISHED, {"reason": "the deployment is complete"}).encode()
+            return self._finished()
         task = self.hub.next_task(silo, self.poll_seconds)
         if task is not None:
             return task.payload
         if self.hub.finished.is_set():
-            return Control(FINISHED, {"reason": "the deployment is complete"}).encode()
+            return self._finished()
         return Control(IDLE).encode()
 
     def _result(self, silo: str, payload: AnyPayload) -> bytes:

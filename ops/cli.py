@@ -34,6 +34,7 @@ from fedsilo.ops.coordinator_process import (
     revoke,
     run_coordinator,
 )
+from fedsilo.ops.coordinator_serve import ServeOptions, serve_coordinator
 from fedsilo.ops.demo import DemoFailed, run_demo
 from fedsilo.ops.examples_cli import examples_group
 from fedsilo.ops.job_cli import job_group, print_remote_status
@@ -501,6 +502,81 @@ def coordinator_start(
             )
     if out is not None:
         console.print(f"final model and history in {out}/")
+
+
+@coordinator.command("serve")
+@click.option(
+    "--kit", "kit_dir", required=True, type=click.Path(path_type=Path), help="The coordinator kit."
+)
+@click.option(
+    "--state",
+    "state_file",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="SQLite state file: every job, the queue; a job left running resumes from it.",
+)
+@click.option(
+    "--metrics-port",
+    type=int,
+    callback=within(1, 65535),
+    help="Serve Prometheus metrics on 127.0.0.1:PORT.",
+)
+@click.option(
+    "--poll-seconds",
+    default=5.0,
+    show_default=True,
+    callback=within(0.01, 3600),
+    help="Long-poll window for silos.",
+)
+@click.option(
+    "--join-timeout",
+    default=600.0,
+    show_default=True,
+    callback=within(0.01, MAX_SECONDS),
+    help="Seconds each job waits for silos to join.",
+)
+@click.option(
+    "--max-payload-mb",
+    default=1024,
+    show_default=True,
+    callback=within(1, 1 << 20),
+    help="Largest message accepted.",
+)
+@click.option(
+    "--jobs-dir",
+    type=click.Path(path_type=Path),
+    help="Each job's results and log go to JOBS_DIR/<job>/ (default: <state stem>.jobs/).",
+)
+@click.option("--log-json", is_flag=True, help="Log JSON lines instead of key=value lines.")
+def coordinator_serve(
+    kit_dir: Path,
+    state_file: Path,
+    metrics_port: int | None,
+    poll_seconds: float,
+    join_timeout: float,
+    max_payload_mb: int,
+    jobs_dir: Path | None,
+    log_json: bool,
+) -> None:
+    """Serve the consortium and run the jobs the operator submits (`fedsilo job submit`), one
+    at a time, until stopped."""
+    check_state_file(state_file)
+    if jobs_dir is not None and jobs_dir.exists() and not jobs_dir.is_dir():
+        raise click.ClickException(f"--jobs-dir {jobs_dir}: not a folder")
+    configure_logging(log_json)
+    options = ServeOptions(
+        kit_dir,
+        state_file,
+        metrics_port,
+        poll_seconds,
+        join_timeout,
+        max_payload_mb << 20,
+        jobs_dir,
+    )
+    try:
+        serve_coordinator(options, _stop_on_signals())
+    except DEPLOYMENT_ERRORS as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 @coordinator.command("revoke")

@@ -14,33 +14,39 @@ The consortium and the job are separate: the wire (envelopes, joining) and revoc
 to the consortium, while the rounds, checkpoints, participants, task ids and metric labels
 belong to the job (`ops/job_id.py`: the policy's name and a short digest of the signed policy),
 so one state file holds every job of the consortium and a new policy starts a new job.
+`coordinator serve` (ops/coordinator_serve.py) runs job after job through the same pieces:
+`open_serving` (what lives as long as the process), `prepare_job`, `check_job` and `run_job`.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
 import grpc
 
-from fedsilo.coordinator.engine import RoundEngine, RoundRecord, RunHistory
+from fedsilo.coordinator.engine import RoundEngine, RoundRecord, RunAborted, RunHistory
 from fedsilo.coordinator.grpc_transport import GrpcTransport
 from fedsilo.coordinator.hub import SiloHub
 from fedsilo.coordinator.replay_store import ReplayStore
 from fedsilo.coordinator.service import CoordinatorService, SignedPolicy, handler
 from fedsilo.coordinator.state import StateStore
 from fedsilo.coordinator.strategies import make_strategy
+from fedsilo.coordinator.strategies.base import Strategy
 from fedsilo.coordinator.strategies.references import Central
 from fedsilo.ops.job_id import job_id
 from fedsilo.ops.memory import return_freed_memory
-from fedsilo.ops.metrics import CoordinatorMetrics, serve_metrics
+from fedsilo.ops.metrics import CoordinatorMetrics, MetricsServer, serve_metrics
 from fedsilo.ops.provision import CoordinatorKit, load_coordinator_kit
 from fedsilo.ops.report import write_deployment_results
 from fedsilo.ops.synthetic import snapshots_for
 from fedsilo.policies.loading import parse_policy_text
+from fedsilo.policies.schema import Policy
 from fedsilo.privacy.identity import noise_secret
 from fedsilo.privacy.policy_signing import signature_path, verify_policy
 from fedsilo.wire.envelope import MAX_AGE_S, EnvelopeVerifier
@@ -73,117 +79,232 @@ def run_coordinator(options: CoordinatorOptions, stop: threading.Event | None = 
     stop = stop or threading.Event()
     return_freed_memory()
     kit = load_coordinator_kit(options.kit)
-    signed = signed_policy(options.policy, kit)
-    policy = parse_policy_text(signed.text, source=str(options.policy))
+    job = prepare_job(signed_policy(options.policy, kit), str(options.policy))
+    serving = open_serving(
+        kit,
+        options.state,
+        options.metrics_port,
+        options.poll_seconds,
+        options.max_payload_bytes,
+        job.signed,
+        workers=2 * len(kit.silos) + 8,
+    )
+    serving.metrics.deployment = job.id
+    try:
+        check_job(serving, job)
+        threading.Thread(
+            target=watch,
+            args=(stop, serving.revocations, serving.connections),
+            daemon=True,
+            name="watchers",
+        ).start()
+        serving.server.start()
+        log.info(
+            "coordinator of %s serving mTLS gRPC on %s (job %s)",
+            kit.consortium,
+            kit.address,
+            job.id,
+        )
+        history, snapshots = run_job(serving, job, options.join_timeout_s)
+        serving.hub.finish()
+        require_a_completed_round(history)
+        if options.out is not None:
+            write_deployment_results(
+                options.out, job.policy, history, snapshots, options.overwrite, job.id
+            )
+        log.info("job %s complete at round %d", job.id, history.final.round)
+        stop.wait(max(options.poll_seconds + 1.0, options.linger_s))  # silos hear "finished"
+        return history
+    finally:
+        stop.set()
+        close_serving(serving)
+
+
+@dataclass(frozen=True)
+class Job:
+    """One signed policy to run, checked and parsed, with its id (ops/job_id.py)."""
+
+    id: str
+    signed: SignedPolicy
+    policy: Policy
+    strategy: Strategy
+
+
+def prepare_job(signed: SignedPolicy, source: str) -> Job:
+    """The job that runs `signed` (its signature already verified); a policy whose fields do
+    not check, or that only a simulation may run, is refused."""
+    policy = parse_policy_text(signed.text, source=source)
     strategy = make_strategy(policy)
     if isinstance(strategy, Central):
         raise DeploymentError(
             "algorithm 'central' pools every silo's data: a simulation reference only"
         )
-    job = job_id(policy.name, signed.digest)
-    metrics = CoordinatorMetrics(deployment=job)
-    metrics_server = (
-        serve_metrics(metrics.registry, options.metrics_port)
-        if options.metrics_port is not None
-        else None
-    )
-    store = StateStore(options.state)
-    replays = ReplayStore(options.state, MAX_AGE_S)
-    deployment = kit.consortium
+    return Job(job_id(policy.name, signed.digest), signed, policy, strategy)
+
+
+@dataclass
+class Serving:
+    """What a coordinator holds while it serves its consortium, one job or many: the state
+    store, the replay memory, the hub, the envelope verifier, the gRPC service and server,
+    the metrics and the watchers of revocations and connections."""
+
+    kit: CoordinatorKit
+    store: StateStore
+    replays: ReplayStore
+    hub: SiloHub
+    verifier: EnvelopeVerifier
+    service: CoordinatorService
+    metrics: CoordinatorMetrics
+    metrics_server: MetricsServer | None
+    server: grpc.Server
+    revocations: RevocationWatcher
+    connections: ConnectionGauge
+
+    def use_kit(self, kit: CoordinatorKit) -> None:
+        """Take the kit's roster as it is now (a silo enrolled since joins the next job);
+        revoked silos stay out."""
+        self.kit = kit
+        self.hub.set_roster(sorted(kit.silos))
+        self.revocations.kit = kit
+        self.revocations.sync()
+
+
+def open_serving(
+    kit: CoordinatorKit,
+    state: Path,
+    metrics_port: int | None,
+    poll_seconds: float,
+    max_payload_bytes: int,
+    policy: SignedPolicy | None,
+    workers: int,
+) -> Serving:
+    """Everything but the server's start; `policy`: the one job's (None: jobs come later)."""
+    store = StateStore(state)
+    try:
+        store.open_consortium(kit.consortium)
+    except BaseException:
+        store.close()
+        raise
+    replays = ReplayStore(state, MAX_AGE_S)
+    metrics = CoordinatorMetrics()
     hub = SiloHub(sorted(kit.silos))
     verifier = EnvelopeVerifier(
-        deployment,
+        kit.consortium,
         {name: silo.verify_key for name, silo in kit.silos.items()},
         max_age_s=MAX_AGE_S,
-        max_payload_bytes=options.max_payload_bytes,
+        max_payload_bytes=max_payload_bytes,
         memory=replays,
     )
     service = CoordinatorService(
-        deployment,
+        kit.consortium,
         hub,
         verifier,
         kit.signing_key,
-        signed,
+        policy,
         metrics,
-        options.max_payload_bytes,
-        options.poll_seconds,
+        max_payload_bytes,
+        poll_seconds,
+        more_jobs=policy is None,
     )
-    server = grpc_server(kit, service, workers=2 * len(kit.silos) + 8)
-    revocations = RevocationWatcher(store, deployment, hub, verifier, kit, metrics)
-    connections = ConnectionGauge(hub, metrics, options.poll_seconds + CONNECTED_MARGIN_S)
-    try:
-        store.open_consortium(deployment)
-        store.open_deployment(job, signed.digest, policy.model_dump_json())
-        revocations.sync()
-        members_left = sorted(set(kit.silos) - hub.revoked)
-        if len(members_left) < policy.participants.min_silos:
-            raise DeploymentError(
-                f"participants.min_silos is {policy.participants.min_silos}, but the consortium "
-                f"has {len(members_left)} silo(s) not revoked ({', '.join(members_left)}): no "
-                "round could reach its quorum; lower participants.min_silos or provision more"
-            )
-        problem = policy.secure_aggregation_problem(len(members_left))
-        if problem:
-            raise DeploymentError(problem)
-        threading.Thread(
-            target=watch, args=(stop, revocations, connections), daemon=True, name="watchers"
-        ).start()
-        server.start()
-        log.info(
-            "coordinator of %s serving mTLS gRPC on %s (job %s)",
-            deployment,
-            kit.address,
-            job,
+    server = grpc_server(kit, service, workers)
+    metrics_server = (
+        serve_metrics(metrics.registry, metrics_port) if metrics_port is not None else None
+    )
+    return Serving(
+        kit,
+        store,
+        replays,
+        hub,
+        verifier,
+        service,
+        metrics,
+        metrics_server,
+        server,
+        RevocationWatcher(store, kit.consortium, hub, verifier, kit, metrics),
+        ConnectionGauge(hub, metrics, poll_seconds + CONNECTED_MARGIN_S),
+    )
+
+
+def close_serving(serving: Serving) -> None:
+    serving.hub.finish()
+    serving.server.stop(grace=1.0).wait()
+    serving.replays.close()
+    serving.store.close()
+    if serving.metrics_server is not None:
+        serving.metrics_server.close()
+
+
+def check_job(serving: Serving, job: Job) -> None:
+    """Open the job in the state store (a job saved earlier resumes) and refuse it when the
+    consortium, less its revoked silos, cannot meet its quorum or secure aggregation."""
+    policy = job.policy
+    serving.store.open_deployment(job.id, job.signed.digest, policy.model_dump_json())
+    serving.revocations.sync()
+    members_left = sorted(set(serving.kit.silos) - serving.hub.revoked)
+    if len(members_left) < policy.participants.min_silos:
+        raise DeploymentError(
+            f"participants.min_silos is {policy.participants.min_silos}, but the consortium "
+            f"has {len(members_left)} silo(s) not revoked ({', '.join(members_left)}): no "
+            "round could reach its quorum; lower participants.min_silos or provision more"
         )
-        wanted = len(kit.silos) - len(hub.revoked)
-        members = hub.wait_for_members(wanted, options.join_timeout_s)
-        if len(members) < policy.participants.min_silos:
-            raise DeploymentError(
-                f"{len(members)} of {wanted} silos accepted the policy within "
-                f"{options.join_timeout_s:.0f}s, min_silos is {policy.participants.min_silos}; "
-                f"refused: {hub.refused or 'none'}"
-            )
-        earlier = store.participants(job)  # a resumed job keeps its retirements
-        for silo in members:
-            if earlier.get(silo, ("", ""))[0] == "retired":
-                metrics.set_silo_status(silo, "retired")
-                continue
-            metrics.set_silo_status(silo, "active")
-            store.set_participant(job, silo, "active")
-        for silo, reason in hub.refused.items():
-            metrics.set_silo_status(silo, "refused")
-            store.set_participant(job, silo, "refused", reason)
-            log.warning("silo %s is not participating: %s", silo, reason)
-        snapshots = snapshots_for(policy)
-        engine = RoundEngine(
-            strategy,
-            GrpcTransport(hub),
-            policy,
-            members,
-            observers=[metrics, _RoundLog(), *([snapshots] if snapshots else [])],
-            deployment=job,
-            store=store,
-            policy_digest=signed.digest,
-            secret=noise_secret(kit.signing_key),
-            handoff_keys={name: bytes(silo.sealing_public_key) for name, silo in kit.silos.items()},
+    problem = policy.secure_aggregation_problem(len(members_left))
+    if problem:
+        raise DeploymentError(problem)
+
+
+def run_job(
+    serving: Serving,
+    job: Job,
+    join_timeout_s: float,
+    should_stop: Callable[[], str | None] = lambda: None,
+) -> tuple[RunHistory, dict[int, Any]]:
+    """Wait for the silos to accept the job's policy and run its rounds (resuming saved ones);
+    returns the history and the snapshots its results include (FedEvg's synthetic set)."""
+    kit, hub, store, metrics, policy = (
+        serving.kit,
+        serving.hub,
+        serving.store,
+        serving.metrics,
+        job.policy,
+    )
+    wanted = len(kit.silos) - len(hub.revoked)
+    members = hub.wait_for_members(wanted, join_timeout_s)
+    stopping = should_stop()
+    if stopping is not None:
+        raise RunAborted(stopping)
+    if len(members) < policy.participants.min_silos:
+        raise DeploymentError(
+            f"{len(members)} of {wanted} silos accepted the policy within "
+            f"{join_timeout_s:.0f}s, min_silos is {policy.participants.min_silos}; "
+            f"refused: {hub.refused or 'none'}"
         )
-        history = engine.run()
-        hub.finish()
-        require_a_completed_round(history)
-        if options.out is not None:
-            taken = snapshots.taken if snapshots else {}
-            write_deployment_results(options.out, policy, history, taken, options.overwrite, job)
-        log.info("job %s complete at round %d", job, history.final.round)
-        stop.wait(max(options.poll_seconds + 1.0, options.linger_s))  # silos hear "finished"
-        return history
-    finally:
-        stop.set()
-        hub.finish()
-        server.stop(grace=1.0).wait()
-        replays.close()
-        store.close()
-        if metrics_server is not None:
-            metrics_server.close()
+    earlier = store.participants(job.id)  # a resumed job keeps its retirements
+    for silo in members:
+        if earlier.get(silo, ("", ""))[0] == "retired":
+            metrics.set_silo_status(silo, "retired")
+            continue
+        metrics.set_silo_status(silo, "active")
+        store.set_participant(job.id, silo, "active")
+    for silo, reason in hub.refused.items():
+        metrics.set_silo_status(silo, "refused")
+        store.set_participant(job.id, silo, "refused", reason)
+        log.warning("silo %s is not participating: %s", silo, reason)
+    snapshots = snapshots_for(policy)
+    engine = RoundEngine(
+        job.strategy,
+        GrpcTransport(hub),
+        policy,
+        members,
+        observers=[metrics, _RoundLog(), *([snapshots] if snapshots else [])],
+        deployment=job.id,
+        store=store,
+        policy_digest=job.signed.digest,
+        secret=noise_secret(kit.signing_key),
+        handoff_keys={name: bytes(silo.sealing_public_key) for name, silo in kit.silos.items()},
+        should_stop=should_stop,
+    )
+    history = engine.run()
+    return history, (snapshots.taken if snapshots else {})
 
 
 def require_a_completed_round(history: RunHistory) -> None:
@@ -258,7 +379,7 @@ def grpc_server(kit: CoordinatorKit, service: CoordinatorService, workers: int) 
     return server
 
 
-@dataclass(frozen=True)
+@dataclass
 class RevocationWatcher:
     """Applies revocations written to the state store to the running coordinator."""
 
@@ -294,7 +415,11 @@ class ConnectionGauge:
         self.metrics.set_connected(len(self.hub.connected(self.window_s)))
 
 
-def watch(stop: threading.Event, *watchers: RevocationWatcher | ConnectionGauge) -> None:
+class Watcher(Protocol):
+    def sync(self) -> None: ...
+
+
+def watch(stop: threading.Event, *watchers: Watcher) -> None:
     """Bring every watcher up to date once a second until `stop`."""
     while not stop.wait(1.0):
         for watcher in watchers:

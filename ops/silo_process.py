@@ -3,7 +3,9 @@
 It reads the site's own configuration (silo/config.py) and kit, connects out to the
 coordinator over mTLS, joins, checks the operator's signature on the policy and the site's
 local rules, records the digest of every policy it accepted, loads its own data, and runs
-tasks until the deployment is complete.
+tasks until the deployment is complete. Under a coordinator that serves several jobs
+(`coordinator serve`) it stays connected and takes part in job after job, each with an agent of
+its own (`_start_agent`), refusing the jobs its rules do not allow.
 """
 
 from __future__ import annotations

@@ -2,7 +2,10 @@
 
 It joins, receives the deployment policy and checks the operator's signature on it, checks
 the site's local rules, and accepts (pinning the policy digest) or refuses naming the rule.
-Then it long-polls for tasks, runs each with the agent, and pushes the result. A lost
+Then it long-polls for tasks, runs each with the agent, and pushes the result. A coordinator
+that serves several jobs (`coordinator serve`) says so (`more` in POLICY and FINISHED): the
+silo stays connected when a job finishes or when it refused one, and joins the next (with a new
+agent; the last job's is dropped first); a single-policy coordinator's FINISHED ends the run. A lost
 connection is retried with exponential backoff and jitter; a task it has already answered
 (the coordinator restarted, or an acknowledgement was lost) gets the very bytes it got before
 from the agent's answer store (kept in the silo's state folder, so across restarts too), so
@@ -198,40 +201,65 @@ class SiloClient:
         self.check_policy = check_policy
         self.start_agent = start_agent
         self.record_decision = record_decision
+        self._current: tuple[str, Callable[[bytes], bytes]] | None = None  # digest, endpoint
 
     def run(self) -> str:
-        """Take part until the deployment finishes; returns why it ended."""
-        digest, endpoint = self.join()
+        """Take part in job after job: join, accept or refuse the job's policy, work until the
+        job finishes, and join again while the coordinator says more jobs may come; returns
+        why it ended (the coordinator's last FINISHED without `more`, or "stopped")."""
         while not self.connection.stop.is_set():
+            if self.join() is None:
+                continue  # no job yet, or one this silo refused: join again
+            finished = self._work()
+            if finished is None:
+                continue  # the coordinator does not know this silo (restarted): join again
+            reason = str(finished.get("reason", "finished"))
+            if not finished.get("more"):
+                return reason
+            log.info("job finished (%s); waiting for the next job", reason)
+            self._current = None  # the finished job's agent and data go
+        return "stopped"
+
+    def _work(self) -> Control | None:
+        """Run the current job's tasks until the coordinator says it finished (its FINISHED)
+        or no longer knows this silo (None)."""
+        while not self.connection.stop.is_set() and self._current is not None:
             reply = self.connection.exchange(Control(PULL).encode(), PULL)
             kind = _readable(payload_type, reply)
             if kind == "task":
-                self._answer(reply, endpoint)
+                self._answer(reply, self._current[1])
                 continue
             control = _readable(decode_control, reply)
             if control.type == FINISHED:
-                return str(control.get("reason", "finished"))
+                return control
             if control.type == ACK and not control.get("accepted"):
                 log.info(
                     "coordinator does not know this silo (%s); joining again", control.get("reason")
                 )
-                digest, endpoint = self.join(running=(digest, endpoint))
-            elif control.type != IDLE:
+                return None
+            if control.type != IDLE:
                 log.warning("unexpected %s from the coordinator; ignored", control.type)
-        return "stopped"
+        return None
 
-    def join(
-        self, running: tuple[str, Callable[[bytes], bytes]] | None = None
-    ) -> tuple[str, Callable[[bytes], bytes]]:
+    def join(self) -> tuple[str, Callable[[bytes], bytes]] | None:
         """Join, verify the policy, check the local rules and get ready to work under it (load
-        the data, build the agent; `running` is reused when its digest is the policy's), and
-        only then accept: acceptance means ready. A policy this silo cannot work under is
-        refused with the reason. Returns the accepted digest and the agent's endpoint."""
+        the data, build the agent; the current one is reused when its digest is the policy's,
+        else dropped first), and only then accept: acceptance means ready. A policy this silo
+        cannot work under is refused with the reason. Returns the accepted digest and the
+        agent's endpoint; None when no job is running yet, or when a coordinator that serves
+        several jobs (POLICY's `more`) is told this silo refuses (or missed) this one: the silo
+        then joins again for the next. A single-policy coordinator's refused policy raises
+        `PolicyRefused`."""
         reply = _readable(decode_control, self.connection.exchange(Control(JOIN).encode(), JOIN))
+        if reply.type == IDLE:
+            return None
         if reply.type != POLICY:
             raise PolicyRefused(f"the coordinator answered a join with {reply.type!r}")
+        more = bool(reply.get("more"))
         policy, digest = self._verified_policy(reply)
-        endpoint = running[1] if running is not None and running[0] == digest else None
+        if self._current is not None and self._current[0] != digest:
+            self._current = None  # the last job's agent goes before the next one is built
+        endpoint = self._current[1] if self._current is not None else None
         try:
             problems = self.check_policy(policy, digest)
             if not problems and endpoint is None:
@@ -244,15 +272,22 @@ class SiloClient:
             self.connection.exchange(
                 Control(REFUSE, {"reason": "; ".join(problems)}).encode(), REFUSE
             )
+            if more:
+                log.warning("refused policy %s: %s", policy.name, "; ".join(problems))
+                return None
             raise PolicyRefused("refused the policy: " + "; ".join(problems))
         ack = _readable(
             decode_control,
             self.connection.exchange(Control(ACCEPT, {"policy_digest": digest}).encode(), ACCEPT),
         )
         if not ack.get("accepted"):
+            if more:  # the job ended while this silo got ready: join the next
+                log.info("acceptance of %s not taken: %s", policy.name, ack.get("reason"))
+                return None
             raise PolicyRefused(f"the coordinator did not take our acceptance: {ack.get('reason')}")
         log.info("accepted policy %s (%s)", policy.name, digest[:12])
-        return digest, endpoint
+        self._current = (digest, endpoint)
+        return self._current
 
     def _verified_policy(self, reply: Control) -> tuple[Policy, str]:
         text = str(reply.get("policy", ""))

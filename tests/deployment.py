@@ -18,6 +18,7 @@ import yaml
 from click.testing import CliRunner
 
 from fedsilo.ops.cli import main
+from fedsilo.ops.coordinator_serve import submit_local
 from fedsilo.ops.demo import free_port
 
 SILOS = ("silo-0", "silo-1", "silo-2")
@@ -136,6 +137,29 @@ class Consortium:
             str(join_timeout_s),
             *extra,
         )
+
+    def start_serve(
+        self, *extra: str, state: str = "state.db", name: str = "coordinator"
+    ) -> subprocess.Popen:
+        """`fedsilo coordinator serve`: jobs come later (`submit`)."""
+        return self.start(
+            name,
+            "coordinator",
+            "serve",
+            "--kit",
+            str(self.kits / "coordinator"),
+            "--state",
+            str(self.root / state),
+            "--poll-seconds",
+            "0.5",
+            "--join-timeout",
+            "60",
+            *extra,
+        )
+
+    def submit(self, policy: Path, state: str = "state.db") -> str:
+        """Queue the signed `policy` on a serving coordinator's state file; its job id."""
+        return submit_local(self.root / state, self.kits / "coordinator", policy).job_id
 
     def start_silo(self, silo: str, config: Path | None = None) -> subprocess.Popen:
         config = config or self.write_silo_config(silo)

@@ -1,0 +1,335 @@
+"""`fedsilo coordinator serve`: a long-running coordinator that runs the jobs its operator submits.
+
+One gRPC server (the silos' `Exchange` and the operator's admin channel, both mTLS), one hub,
+one envelope verifier and one metrics server live as long as the process; revocations and
+connections are watched all the time. Jobs (signed policies, `coordinator/jobs.py`) run one at
+a time, in submission order, each exactly as `coordinator start` runs its one policy
+(ops/coordinator_process.py: `check_job`, `run_job`); silo agents stay connected between jobs
+and join each in turn. A job's results go to `<jobs dir>/<job>/results/` and its log lines to
+`<jobs dir>/<job>/coordinator.log` (the jobs dir defaults to `<state stem>.jobs/` beside the
+state file). A job that fails ends `failed` with the one-line reason and the next one runs; an
+aborted job stops before its next round (its waiting tasks fail at once) and ends `aborted`,
+its rounds so far kept in the state file. The coordinator kit is read again before each job,
+so a silo enrolled meanwhile (`fedsilo consortium add-silo`) takes part in later jobs; revoked
+silos stay out. Restarted with the same command, the coordinator resumes the job that was
+running (bit-identical, from the state file) and keeps the queue.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fedsilo.coordinator.admin_api import AdminError
+from fedsilo.coordinator.admin_service import admin_handler
+from fedsilo.coordinator.engine import RunAborted
+from fedsilo.coordinator.hub import SiloHub
+from fedsilo.coordinator.jobs import (
+    ABORTED,
+    COMPLETED,
+    ENDED,
+    FAILED,
+    RUNNING,
+    JobError,
+    JobInfo,
+    JobQueue,
+    QueuedPolicy,
+)
+from fedsilo.coordinator.service import SignedPolicy
+from fedsilo.coordinator.state import StateError, StateStore
+from fedsilo.ops.coordinator_process import (
+    REVOKED,
+    DeploymentError,
+    Serving,
+    check_job,
+    close_serving,
+    open_serving,
+    prepare_job,
+    require_a_completed_round,
+    signed_policy,
+    watch,
+)
+from fedsilo.ops.coordinator_process import run_job as run_job_rounds
+from fedsilo.ops.memory import return_freed_memory
+from fedsilo.ops.provision import CoordinatorKit, load_coordinator_kit
+from fedsilo.ops.report import write_deployment_results
+from fedsilo.ops.status import deployment_status
+from fedsilo.privacy.policy_signing import verify_policy
+
+log = logging.getLogger("fedsilo.coordinator")
+
+IDLE_WAIT_S = 0.5  # how often an idle coordinator looks at its queue
+ABORTED_BY_OPERATOR = "aborted by the operator"
+JOB_LOG = "coordinator.log"
+RESULTS = "results"
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    kit: Path
+    state: Path
+    metrics_port: int | None = None
+    poll_seconds: float = 5.0
+    join_timeout_s: float = 600.0  # per job
+    max_payload_bytes: int = 1 << 30
+    jobs_dir: Path | None = None  # default: `<state stem>.jobs/` beside the state file
+
+    @property
+    def jobs_folder(self) -> Path:
+        return self.jobs_dir or self.state.with_name(f"{self.state.stem}.jobs")
+
+
+def serve_coordinator(options: ServeOptions, stop: threading.Event | None = None) -> None:
+    """Serve the consortium and run its queued jobs until `stop`."""
+    stop = stop or threading.Event()
+    return_freed_memory()
+    kit = load_coordinator_kit(options.kit)
+    serving = open_serving(
+        kit,
+        options.state,
+        options.metrics_port,
+        options.poll_seconds,
+        options.max_payload_bytes,
+        None,
+        workers=2 * len(kit.silos) + 16,  # room for silos enrolled while serving
+    )
+    queue = JobQueue(options.state)  # after the StateStore made (or checked) the file
+    try:
+        backend = ServeBackend(serving, queue, options.jobs_folder, options.state)
+        serving.server.add_generic_rpc_handlers(
+            (
+                admin_handler(
+                    backend,
+                    kit.consortium,
+                    kit.operator_verify_key,
+                    kit.signing_key,
+                    serving.replays,
+                    options.max_payload_bytes,
+                ),
+            )
+        )
+        aborts = AbortWatcher(queue, serving.hub)
+        threading.Thread(
+            target=watch,
+            args=(stop, serving.revocations, serving.connections, aborts),
+            daemon=True,
+            name="watchers",
+        ).start()
+        serving.revocations.sync()
+        serving.server.start()
+        log.info(
+            "coordinator of %s serving mTLS gRPC on %s; jobs in %s",
+            kit.consortium,
+            kit.address,
+            options.jobs_folder,
+        )
+        while not stop.is_set():
+            job = queue.next_to_run()
+            if job is None:
+                stop.wait(IDLE_WAIT_S)
+                continue
+            run_queued_job(serving, queue, job, options, stop)
+    finally:
+        stop.set()
+        queue.close()
+        close_serving(serving)
+
+
+def run_queued_job(
+    serving: Serving, queue: JobQueue, job_id: str, options: ServeOptions, stop: threading.Event
+) -> None:
+    """Run job `job_id` to its end and record how it ended; a job that fails, or is aborted,
+    is recorded so and returns. Stopping the coordinator leaves it `running`, to resume."""
+    folder = options.jobs_folder / job_id
+    folder.mkdir(parents=True, exist_ok=True)
+    handler = _job_log(folder / JOB_LOG)
+    hub = serving.hub
+
+    def should_stop() -> str | None:
+        return "the coordinator is stopping" if stop.is_set() else hub.aborted
+
+    try:
+        resumed = queue.job(job_id).status == RUNNING
+        queue.mark_running(job_id)
+        serving.use_kit(load_coordinator_kit(options.kit))
+        job = prepare_job(_signed(queue.policy(job_id)), f"job {job_id}")
+        serving.metrics.deployment = job.id
+        serving.service.set_job(job.signed, job.id)
+        log.info("job %s %s", job.id, "resumes" if resumed else "starts")
+        check_job(serving, job)
+        history, snapshots = run_job_rounds(serving, job, options.join_timeout_s, should_stop)
+        require_a_completed_round(history)
+        write_deployment_results(
+            folder / RESULTS, job.policy, history, snapshots, overwrite=True, job=job.id
+        )
+        log.info("job %s complete at round %d", job.id, history.final.round)
+        queue.mark_ended(job_id, COMPLETED)
+    except Exception as exc:  # noqa: BLE001 (a failing job never stops the server)
+        if stop.is_set():
+            log.info("job %s stays running: the coordinator is stopping", job_id)
+        elif queue.abort_requested(job_id):
+            log.warning("job %s aborted by the operator", job_id)
+            queue.mark_ended(job_id, ABORTED, ABORTED_BY_OPERATOR)
+        else:
+            reason = _one_line(exc)
+            log.error("job %s failed: %s", job_id, reason, exc_info=not _expected(exc))
+            queue.mark_ended(job_id, FAILED, reason)
+    finally:
+        serving.service.clear_job()
+        logging.getLogger("fedsilo").removeHandler(handler)
+        handler.close()
+        return_freed_memory()
+
+
+@dataclass
+class AbortWatcher:
+    """Stops the running job within a second of the operator's abort: its waiting tasks fail
+    at once and the engine stops before its next round."""
+
+    queue: JobQueue
+    hub: SiloHub
+
+    def sync(self) -> None:
+        job = self.hub.job
+        if job is not None and self.hub.aborted is None and self.queue.abort_requested(job):
+            log.warning("job %s: abort requested; stopping it", job)
+            self.hub.abort(ABORTED_BY_OPERATOR)
+
+
+class ServeBackend:
+    """What the admin channel asks of a serving coordinator (coordinator/admin_api.py)."""
+
+    def __init__(self, serving: Serving, queue: JobQueue, jobs_folder: Path, state: Path) -> None:
+        self.serving = serving
+        self.queue = queue
+        self.jobs_folder = jobs_folder
+        self.state = state
+
+    def submit(self, policy_text: str, signature: str, submitted_by: str) -> JobInfo:
+        return submit_job(self.queue, self.serving.kit, policy_text, signature, submitted_by)
+
+    def jobs(self) -> list[JobInfo]:
+        return self.queue.jobs()
+
+    def job(self, job_id: str) -> JobInfo:
+        try:
+            return self.queue.job(job_id)
+        except JobError as exc:
+            raise AdminError(str(exc)) from None
+
+    def abort(self, job_id: str) -> JobInfo:
+        try:
+            return self.queue.request_abort(job_id)
+        except JobError as exc:
+            raise AdminError(str(exc)) from None
+
+    def logs(self, job_id: str, tail: int | None) -> str:
+        self.job(job_id)
+        path = self.jobs_folder / job_id / JOB_LOG
+        if not path.is_file():
+            return ""
+        lines = path.read_text(errors="replace").splitlines(keepends=True)
+        return "".join(lines[-tail:] if tail is not None and tail > 0 else lines)
+
+    def results(self, job_id: str) -> dict[str, bytes]:
+        info = self.job(job_id)
+        if info.status not in ENDED:
+            raise AdminError(f"job {job_id} has not ended ({info.status}): no results yet")
+        folder = self.jobs_folder / job_id / RESULTS
+        if not folder.is_dir():
+            raise AdminError(f"job {job_id} ended {info.status} without results")
+        return {
+            path.relative_to(folder).as_posix(): path.read_bytes()
+            for path in sorted(folder.rglob("*"))
+            if path.is_file()
+        }
+
+    def consortium_status(self) -> dict[str, Any]:
+        kit, hub = self.serving.kit, self.serving.hub
+        connected = set(hub.connected(self.serving.connections.window_s))
+        with StateStore(self.state) as store:
+            reasons = {
+                silo: why
+                for silo, (status, why) in store.participants(kit.consortium).items()
+                if status == REVOKED
+            }
+        jobs = self.queue.jobs()
+        try:
+            job: dict[str, Any] | None = dataclasses.asdict(
+                deployment_status(self.state, kit.consortium)
+            )
+        except StateError:
+            job = None
+        return {
+            "consortium": kit.consortium,
+            "silos": {
+                silo: {
+                    "connected": silo in connected,
+                    "revoked": silo in hub.revoked,
+                    "reason": reasons.get(silo, ""),
+                }
+                for silo in sorted(kit.silos)
+            },
+            "running": next((j.job_id for j in jobs if j.status == RUNNING), None),
+            "queued": [j.job_id for j in jobs if j.status == "queued"],
+            "job": job,
+        }
+
+
+def submit_job(
+    queue: JobQueue, kit: CoordinatorKit, policy_text: str, signature: str, submitted_by: str
+) -> JobInfo:
+    """Queue a policy the operator signed, once its signature and fields check."""
+    try:
+        digest = verify_policy(policy_text.encode(), signature, kit.operator_verify_key)
+        job = prepare_job(SignedPolicy(policy_text, signature, digest), "the submitted policy")
+        return queue.submit(
+            job.id,
+            job.policy.name,
+            QueuedPolicy(job.id, policy_text, signature, digest),
+            submitted_by,
+        )
+    except (ValueError, DeploymentError) as exc:  # signature, fields, duplicate, 'central'
+        raise AdminError(_one_line(exc)) from None
+
+
+def submit_local(state: Path, kit: Path, policy: Path, submitted_by: str = "operator") -> JobInfo:
+    """Queue the signed policy file `policy` (POLICY.sig beside it) straight into the state
+    file of a coordinator on this host (tests, and scripts beside the coordinator)."""
+    coordinator_kit = load_coordinator_kit(kit)
+    signed = signed_policy(policy, coordinator_kit)
+    with StateStore(state):  # makes (or checks) the state file before the queue's table
+        pass
+    queue = JobQueue(state)
+    try:
+        return submit_job(queue, coordinator_kit, signed.text, signed.signature, submitted_by)
+    finally:
+        queue.close()
+
+
+def _signed(queued: QueuedPolicy) -> SignedPolicy:
+    return SignedPolicy(queued.text, queued.signature, queued.digest)
+
+
+def _job_log(path: Path) -> logging.Handler:
+    """A handler that copies the "fedsilo" logger's lines to the job's log for its duration."""
+    root = logging.getLogger("fedsilo")
+    handler = logging.FileHandler(path)
+    formatter = next((h.formatter for h in root.handlers if h.formatter is not None), None)
+    handler.setFormatter(formatter or logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    root.addHandler(handler)
+    return handler
+
+
+def _one_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
+
+
+def _expected(exc: Exception) -> bool:
+    """An error a job may end with (its policy, its silos, its quorum), not a bug."""
+    return isinstance(exc, (DeploymentError, RunAborted, ValueError, StateError, OSError))
