@@ -68,8 +68,8 @@ def add_silo_command(
         f"Issued silo '{name}' a kit in {added.kit}/: give it to that institution's IT team "
         "over a channel you trust.\n"
         f"Enrolled '{name}' in {added.coordinator_roster}. If that is a copy, put it in place "
-        "of kit.yaml in the coordinator host's kit. A coordinator started from then on admits "
-        f"'{name}' to its jobs (a running one keeps the roster it started with).\n"
+        "of kit.yaml in the coordinator host's kit. A serving coordinator (`coordinator serve`) "
+        f"admits '{name}' from its next job on, one started afterwards from its start.\n"
         f"The kits of {', '.join(added.existing_silos)} were not changed and do not list "
         f"'{name}' as a peer: jobs with secure aggregation or sealed hand-offs between silos "
         "need every silo's kit to list every other.",

@@ -5,7 +5,9 @@ coordinator over mTLS, joins, checks the operator's signature on the policy and 
 local rules, records the digest of every policy it accepted, loads its own data, and runs
 tasks until the deployment is complete. Under a coordinator that serves several jobs
 (`coordinator serve`) it stays connected and takes part in job after job, each with an agent of
-its own (`_start_agent`), refusing the jobs its rules do not allow.
+its own (`_start_agent`), refusing the jobs its rules do not allow. silo.yaml is read again
+for each job, so a site changes its rules or its data between jobs without restarting the
+agent (the kit and the metrics port stay those it started with).
 """
 
 from __future__ import annotations
@@ -52,9 +54,11 @@ def run_silo(
     client = SiloClient(
         connection,
         kit.operator_verify_key,
-        check_policy=lambda policy, digest: config.rules.violations(policy),
+        # silo.yaml is read again for each job: a site changes its rules or data between jobs
+        # without restarting its agent (the kit and metrics port are the ones it started with)
+        check_policy=lambda policy, digest: load_silo_config(config_path).rules.violations(policy),
         start_agent=lambda policy, digest: _start_agent(
-            config, config_path, kit, policy, digest, metrics
+            load_silo_config(config_path), config_path, kit, policy, digest, metrics
         ),
         record_decision=lambda policy, digest, problems: _record_decision(
             config_path, policy, digest, problems

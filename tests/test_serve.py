@@ -122,6 +122,28 @@ def test_a_silo_that_refuses_a_job_stays_connected_and_takes_part_in_the_next(
     assert [(d["policy"], d["accepted"]) for d in decisions] == [("long", False), ("short", True)]
 
 
+def test_a_site_that_changes_its_rules_between_jobs_needs_no_restart_of_its_agent(
+    consortium: Consortium,
+) -> None:
+    consortium.start_serve()
+    for silo in ("silo-0", "silo-1"):
+        consortium.start_silo(silo)
+    consortium.start_silo("silo-2", consortium.write_silo_config("silo-2", max_rounds=3))
+    first = consortium.submit(
+        consortium.write_policy(policy_document(rounds=2, name="allowed"), "allowed.yaml")
+    )
+    assert wait_until_ended(consortium, first).status == COMPLETED
+    assert participants(consortium, first)["silo-2"] == "active"
+
+    consortium.write_silo_config("silo-2", max_rounds=1)  # the site tightens its rule
+    second = consortium.submit(
+        consortium.write_policy(policy_document(rounds=2, name="now-too-long"), "second.yaml")
+    )
+    assert wait_until_ended(consortium, second).status == COMPLETED
+    assert participants(consortium, second)["silo-2"] == "refused"
+    assert consortium.processes["silo-2"].poll() is None  # the same agent, still connected
+
+
 def test_an_aborted_job_stops_keeps_its_rounds_and_the_next_job_runs(
     consortium: Consortium,
 ) -> None:
