@@ -39,9 +39,8 @@ from fedsilo.wire.envelope import (
     UNKNOWN_SENDER,
     EnvelopeVerifier,
     ReplayMemory,
-    seal,
 )
-from fedsilo.wire.framing import MessageRejected, read_message, to_frames
+from fedsilo.wire.framing import MessageRejected, read_message, seal_reply, to_frames
 from fedsilo.wire.tensors import WireError
 
 log = logging.getLogger("fedsilo.coordinator.admin")
@@ -96,13 +95,12 @@ class AdminService:
             log.warning("refused a malformed admin request: %s", exc)
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed: {exc}")
         reply = self._answer(request).encode()
-        sealed = seal(
+        sealed = seal_reply(
             reply,
+            envelope,
             signing_key=self.signing_key,
             sender=COORDINATOR,
             deployment=self.consortium,
-            round=envelope.round,
-            task_id=f"{envelope.sender}/{envelope.task_id}",
         )
         yield from to_frames(sealed, reply)
 

@@ -42,8 +42,8 @@ from fedsilo.wire.control import (
     decode_control,
     payload_type,
 )
-from fedsilo.wire.envelope import EnvelopeVerifier, seal
-from fedsilo.wire.framing import MALFORMED, MessageRejected, read_message, to_frames
+from fedsilo.wire.envelope import EnvelopeVerifier
+from fedsilo.wire.framing import MALFORMED, MessageRejected, read_message, seal_reply, to_frames
 from fedsilo.wire.messages import TaskResult
 from fedsilo.wire.payload import AnyPayload
 from fedsilo.wire.tensors import WireError
@@ -126,13 +126,12 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             self._refuse(context, peer, rejected)
         except WireError as exc:
             self._refuse(context, peer, MessageRejected("malformed", str(exc)))
-        reply_envelope = seal(
+        reply_envelope = seal_reply(
             reply,
+            envelope,
             signing_key=self.signing_key,
             sender=COORDINATOR,
             deployment=self.deployment,
-            round=envelope.round,
-            task_id=f"{envelope.sender}/{envelope.task_id}",
         )
         self.metrics.count_bytes("to_silo", envelope.sender, len(reply))
         yield from to_frames(reply_envelope, reply)

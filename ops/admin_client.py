@@ -1,7 +1,7 @@
 """The operator's side of the admin channel (coordinator/admin_service.py): an mTLS channel
 with the operator's client certificate, each request signed with operator.key, each reply's
 signature checked under the coordinator's key and its binding to the request checked as a
-silo checks its replies (silo/client.py `check_answers`).
+silo checks its replies (wire/framing.py `check_answers`).
 
 One attempt per request, within a short timeout; what goes wrong is one line: the coordinator
 is unreachable (naming its address), it refuses this identity, or it refuses the request
@@ -19,11 +19,10 @@ from fedsilo.coordinator.admin_api import OPERATOR, AdminError
 from fedsilo.coordinator.admin_service import SERVICE
 from fedsilo.coordinator.service import COORDINATOR
 from fedsilo.ops.provision import OperatorKit
-from fedsilo.silo.client import check_answers
 from fedsilo.wire import fedsilo_pb2 as pb
 from fedsilo.wire.admin import AdminReply, AdminRequest
 from fedsilo.wire.envelope import EnvelopeVerifier, seal
-from fedsilo.wire.framing import MessageRejected, read_message, to_frames
+from fedsilo.wire.framing import MessageRejected, check_answers, read_message, to_frames
 from fedsilo.wire.tensors import WireError
 
 TIMEOUT_S = 60.0

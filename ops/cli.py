@@ -398,10 +398,36 @@ def coordinator() -> None:
     """Run and administer the coordinator of a consortium."""
 
 
-@coordinator.command("start")
-@click.option(
+coordinator_kit_option = click.option(
     "--kit", "kit_dir", required=True, type=click.Path(path_type=Path), help="The coordinator kit."
 )
+metrics_port_option = click.option(
+    "--metrics-port",
+    type=int,
+    callback=within(1, 65535),
+    help="Serve Prometheus metrics on 127.0.0.1:PORT.",
+)
+silo_poll_option = click.option(
+    "--poll-seconds",
+    default=5.0,
+    show_default=True,
+    callback=within(0.01, 3600),
+    help="Long-poll window for silos.",
+)
+max_payload_option = click.option(
+    "--max-payload-mb",
+    default=1024,
+    show_default=True,
+    callback=within(1, 1 << 20),
+    help="Largest message accepted.",
+)
+log_json_option = click.option(
+    "--log-json", is_flag=True, help="Log JSON lines instead of key=value lines."
+)
+
+
+@coordinator.command("start")
+@coordinator_kit_option
 @click.option(
     "--policy",
     "policy_file",
@@ -416,12 +442,7 @@ def coordinator() -> None:
     type=click.Path(path_type=Path),
     help="SQLite state file; an interrupted deployment resumes from it.",
 )
-@click.option(
-    "--metrics-port",
-    type=int,
-    callback=within(1, 65535),
-    help="Serve Prometheus metrics on 127.0.0.1:PORT.",
-)
+@metrics_port_option
 @click.option(
     "--join-timeout",
     default=600.0,
@@ -429,20 +450,8 @@ def coordinator() -> None:
     callback=within(0.01, MAX_SECONDS),
     help="Seconds to wait for silos to join.",
 )
-@click.option(
-    "--poll-seconds",
-    default=5.0,
-    show_default=True,
-    callback=within(0.01, 3600),
-    help="Long-poll window for silos.",
-)
-@click.option(
-    "--max-payload-mb",
-    default=1024,
-    show_default=True,
-    callback=within(1, 1 << 20),
-    help="Largest message accepted.",
-)
+@silo_poll_option
+@max_payload_option
 @click.option(
     "--out", type=click.Path(path_type=Path), help="Write the final model and history here."
 )
@@ -454,7 +463,7 @@ def coordinator() -> None:
     callback=within(0, MAX_SECONDS),
     help="Keep serving metrics this long after the last round.",
 )
-@click.option("--log-json", is_flag=True, help="Log JSON lines instead of key=value lines.")
+@log_json_option
 def coordinator_start(
     kit_dir: Path,
     policy_file: Path,
@@ -505,9 +514,7 @@ def coordinator_start(
 
 
 @coordinator.command("serve")
-@click.option(
-    "--kit", "kit_dir", required=True, type=click.Path(path_type=Path), help="The coordinator kit."
-)
+@coordinator_kit_option
 @click.option(
     "--state",
     "state_file",
@@ -515,19 +522,8 @@ def coordinator_start(
     type=click.Path(path_type=Path),
     help="SQLite state file: every job, the queue; a job left running resumes from it.",
 )
-@click.option(
-    "--metrics-port",
-    type=int,
-    callback=within(1, 65535),
-    help="Serve Prometheus metrics on 127.0.0.1:PORT.",
-)
-@click.option(
-    "--poll-seconds",
-    default=5.0,
-    show_default=True,
-    callback=within(0.01, 3600),
-    help="Long-poll window for silos.",
-)
+@metrics_port_option
+@silo_poll_option
 @click.option(
     "--join-timeout",
     default=600.0,
@@ -535,19 +531,13 @@ def coordinator_start(
     callback=within(0.01, MAX_SECONDS),
     help="Seconds each job waits for silos to join.",
 )
-@click.option(
-    "--max-payload-mb",
-    default=1024,
-    show_default=True,
-    callback=within(1, 1 << 20),
-    help="Largest message accepted.",
-)
+@max_payload_option
 @click.option(
     "--jobs-dir",
     type=click.Path(path_type=Path),
     help="Each job's results and log go to JOBS_DIR/<job>/ (default: <state stem>.jobs/).",
 )
-@click.option("--log-json", is_flag=True, help="Log JSON lines instead of key=value lines.")
+@log_json_option
 def coordinator_serve(
     kit_dir: Path,
     state_file: Path,

@@ -49,8 +49,8 @@ from fedsilo.wire.control import (
     decode_control,
     payload_type,
 )
-from fedsilo.wire.envelope import REPLAY, Envelope, EnvelopeVerifier, seal
-from fedsilo.wire.framing import MessageRejected, read_message, to_frames
+from fedsilo.wire.envelope import EnvelopeVerifier, seal
+from fedsilo.wire.framing import check_answers, read_message, to_frames
 from fedsilo.wire.messages import STATUS_ERROR, BadTaskConfig, TaskHeader, TaskMessage, TaskResult
 from fedsilo.wire.tensors import WireError
 
@@ -171,16 +171,6 @@ class CoordinatorConnection:
 
     def close(self) -> None:
         self.channel.close()
-
-
-def check_answers(reply: Envelope, request: Envelope) -> None:
-    """A reply must name the request it answers: each request carries a fresh random id, so a
-    reply recorded earlier (before a restart of either side too) can never be passed off as
-    the answer to a new one."""
-    if reply.task_id != f"{request.sender}/{request.task_id}" or reply.round != request.round:
-        raise MessageRejected(
-            REPLAY, f"the reply answers {reply.task_id!r}, not this silo's {request.task_id!r}"
-        )
 
 
 class SiloClient:

@@ -1,14 +1,18 @@
 """One channel message as gRPC frames: the signed envelope first, then the payload in chunks;
 and the way back, which checks the envelope before buffering anything and the digest after the
-last chunk, so an unknown sender never gets memory and a corrupted payload is never returned."""
+last chunk, so an unknown sender never gets memory and a corrupted payload is never returned.
+A reply is sealed bound to the request it answers (`seal_reply`), which the requester checks
+(`check_answers`): on the silo channel and on the admin channel alike."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
+from nacl.signing import SigningKey
+
 from fedsilo.wire import fedsilo_pb2 as pb
 from fedsilo.wire.chunks import DEFAULT_CHUNK_BYTES, ChunkAssembler, ChunkError
-from fedsilo.wire.envelope import Envelope, EnvelopeRejected, EnvelopeVerifier
+from fedsilo.wire.envelope import REPLAY, Envelope, EnvelopeRejected, EnvelopeVerifier, seal
 from fedsilo.wire.payload import AnyPayload, as_payload
 from fedsilo.wire.tensors import WireError
 
@@ -89,3 +93,33 @@ def envelope_from_proto(message: pb.Envelope) -> Envelope:
         sent_at=message.sent_at,
         signature=message.signature,
     )
+
+
+def seal_reply(
+    payload: bytes | AnyPayload,
+    request: Envelope,
+    *,
+    signing_key: SigningKey,
+    sender: str,
+    deployment: str,
+) -> Envelope:
+    """The envelope of the reply to `request`: it names the request (its sender and random id)
+    and its round, which `check_answers` requires."""
+    return seal(
+        payload,
+        signing_key=signing_key,
+        sender=sender,
+        deployment=deployment,
+        round=request.round,
+        task_id=f"{request.sender}/{request.task_id}",
+    )
+
+
+def check_answers(reply: Envelope, request: Envelope) -> None:
+    """A reply must name the request it answers: each request carries a fresh random id, so a
+    reply recorded earlier (before a restart of either side too) can never be passed off as
+    the answer to a new one."""
+    if reply.task_id != f"{request.sender}/{request.task_id}" or reply.round != request.round:
+        raise MessageRejected(
+            REPLAY, f"the reply answers {reply.task_id!r}, not this request's {request.task_id!r}"
+        )

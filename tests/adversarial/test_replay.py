@@ -12,9 +12,8 @@ from nacl.signing import SigningKey
 
 from fedsilo.coordinator.replay_store import ReplayStore
 from fedsilo.coordinator.state import StateStore
-from fedsilo.silo.client import check_answers
 from fedsilo.wire.envelope import REPLAY, STALE, EnvelopeRejected, EnvelopeVerifier, seal
-from fedsilo.wire.framing import MessageRejected
+from fedsilo.wire.framing import MessageRejected, check_answers
 
 SILO = SigningKey(bytes([9]) * 32)
 NOW = 1_700_000_000.0
