@@ -22,6 +22,7 @@ from fedsilo.models.card import CARD_KEY, ModelCard, ModelCardError
 from fedsilo.policies.loading import PolicyError
 from fedsilo.silo.config import load_silo_config
 from fedsilo.silo.data import DataError
+from fedsilo.silo.data.sources import read_csv_as_written
 from fedsilo.silo.site_features import SiteFeatures, fit_site_features
 from fedsilo.wire.tasks.tensor_names import MODEL
 from fedsilo.wire.tensors import WireError, decode_tensors
@@ -90,7 +91,7 @@ def predict(model: Path, config: Path, data: Path, out: Path) -> int:
     silo = load_silo_config(config)
     site = fit_site_features(silo.data, card.seed, config.parent)
     try:
-        records = pd.read_csv(data)
+        records = read_csv_as_written(data, silo.data.source.categorical)
     except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as error:
         raise DataError(f"--data {data}: cannot read it as CSV: {error}") from None
     outputs = predict_rows(card, flat, site, site.encode(records, f"--data {data}"))

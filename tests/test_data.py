@@ -327,6 +327,25 @@ def test_csv_booleans_are_numbers(tmp_path: Path) -> None:
     assert len(torch.unique(smoker)) == 2
 
 
+def test_a_categorical_column_matches_its_categories_as_the_file_writes_them(
+    tmp_path: Path,
+) -> None:
+    """TRUE/FALSE or 007 declared as categories match the cells as written (pandas alone
+    would read a bool, printed True, or the number 7)."""
+    frame = table(smoker=["TRUE", "FALSE", None, "FALSE"] * 10, ward=["007", "012"] * 20)
+    silo = load_csv(
+        tmp_path,
+        frame,
+        categorical={"smoker": ["FALSE", "TRUE"], "ward": ["007", "012"]},
+        drop_columns=["site"],
+        missing="impute",
+        partition={"kind": "iid", "silos": 1},
+    )[0]
+    assert silo.feature_names == ("age", "smoker=FALSE", "smoker=TRUE", "ward=007", "ward=012")
+    block = torch.cat([silo.x_train, silo.x_val, silo.x_test])[:, 3:]
+    assert torch.all(block.sum(dim=1) == 1)
+
+
 def test_a_silo_is_preprocessed_without_looking_at_other_silos(tmp_path: Path) -> None:
     partition = {"kind": "natural", "column": "site"}
     frame = table(rows=60)

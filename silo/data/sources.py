@@ -90,12 +90,19 @@ def _read_sklearn(source: str) -> RawSource:
 def _read_csv(path: Path, config: DataConfig) -> RawSource:
     try:
         _check_header(path)
-        frame = pd.read_csv(path)
+        frame = read_csv_as_written(path, config.categorical)
     except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as error:
         raise DataError(f"{SECTION}.path: cannot read CSV file {path}: {error}") from error
     assert config.target is not None  # the policy requires it for csv
     dictionary = DataDictionary(config.target, config.categorical, config.missing_values)
     return RawSource(frame, dictionary, str(path))
+
+
+def read_csv_as_written(path: Path, categorical: Mapping[str, object]) -> pd.DataFrame:
+    """The CSV file, its categorical columns read as the text the file holds: `TRUE` stays
+    `TRUE` (pandas would read a bool and print it `True`), `007` stays `007`, so a cell matches
+    the category declared for it exactly as the export writes it."""
+    return pd.read_csv(path, dtype=dict.fromkeys(categorical, str))
 
 
 def _check_header(path: Path) -> None:
