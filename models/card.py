@@ -10,6 +10,10 @@ its own silo.yaml), so a card written by the coordinator records no names (`feat
 None) but the width of one input row, read from the parameter spec. What makes a model fit a
 site is that the network the card describes, built for the site's own encoded features,
 has exactly the card's parameter spec (`check_fits`).
+
+A plugin model's card records its model config whole (factory, args, pinned architecture), so
+where the plug-in is installed `load_final_model` rebuilds the network from the plug-in's
+module and loads the trained parameters into it.
 """
 
 from __future__ import annotations
@@ -17,15 +21,18 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 from pydantic import TypeAdapter, ValidationError
 from torch import nn
 
+from fedsilo.models.plugins import PluginError
 from fedsilo.models.zoo import build_model, load_flat
-from fedsilo.policies.model import ModelConfig
-from fedsilo.wire.tensors import ParameterSpec, WireError
+from fedsilo.policies.model import ModelConfig, PluginModel
+from fedsilo.wire.tasks.tensor_names import MODEL
+from fedsilo.wire.tensors import ParameterSpec, WireError, decode_tensors
 
 CARD_KEY = "card"
 FORMAT = "fedsilo-model/1"
@@ -60,12 +67,17 @@ class ModelCard:
         scaling: str,
         seed: int,
     ) -> ModelCard:
-        """The card of a zoo model with parameter spec `spec`: the output size (classes, or 1 for
-        regression) is its last layer's bias, the input width its first weight's fan-in."""
+        """The card of a model with parameter spec `spec`: the output size (classes, or 1 for
+        regression) is a zoo model's last layer's bias, the input width its first weight's
+        fan-in; a plugin model's output size is the one its architecture was pinned for (else
+        its last tensor's size), and its input width is not read from its tensors."""
         if not spec.entries:
             raise ModelCardError("the model has no parameters")
         outputs = math.prod(spec.entries[-1].shape)
         first = spec.entries[0].shape
+        if isinstance(model, PluginModel):
+            pinned = model.architecture.output_dim if model.architecture else None
+            outputs, first = pinned or outputs, ()
         return cls(
             fedsilo_version=fedsilo_version,
             algorithm=algorithm,
@@ -150,6 +162,8 @@ class ModelCard:
         output = self.num_classes or 1
         try:
             model = build_model(self.model, input_shape, output, seed=0)
+        except PluginError as error:
+            raise ModelCardError(f"the model cannot be built here: {error}") from None
         except ValueError as error:
             raise ModelCardError(f"the model does not fit this site's data: {error}") from None
         if ParameterSpec.of(dict(model.named_parameters())) != self.spec:
@@ -166,6 +180,49 @@ class ModelCard:
         except WireError as error:
             raise ModelCardError(f"the parameters do not match the card's spec: {error}") from None
         return load_flat(model, flat).eval()
+
+
+def read_final_model(path: Path, origin: str) -> tuple[ModelCard, torch.Tensor]:
+    """The card and flat parameters of a `final_model.safetensors`; `origin` names it in errors."""
+    try:
+        tensors, header = decode_tensors(path.read_bytes())
+    except OSError as error:
+        raise ModelCardError(f"{origin}: cannot read it: {error.strerror}") from None
+    except WireError as error:
+        raise ModelCardError(f"{origin}: not a fedsilo model file: {error}") from None
+    card = ModelCard.from_json(header.get(CARD_KEY), origin)
+    if MODEL not in tensors:
+        raise ModelCardError(f"{origin}: holds no {MODEL!r} tensor")
+    return card, tensors[MODEL]
+
+
+def load_final_model(path: Path, input_shape: tuple[int, ...] | None = None) -> nn.Module:
+    """The trained network of a run's `final_model.safetensors`, rebuilt from its card's model
+    config (a plugin model: by the installed plug-in) for `input_shape` (default: the shape
+    the plugin architecture was pinned for, or a zoo model's input width), in eval mode."""
+    card, flat = read_final_model(Path(path), str(path))
+    shape = input_shape or _input_shape(card)
+    if shape is None:
+        raise ModelCardError(
+            f"{path}: its card records no input shape ({card.model.name} model); pass input_shape"
+        )
+    try:
+        model = build_model(card.model, tuple(shape), card.num_classes or 1, seed=0)
+    except ValueError as error:
+        raise ModelCardError(f"{path}: the model cannot be built here: {error}") from None
+    if ParameterSpec.of(dict(model.named_parameters())) != card.spec:
+        raise ModelCardError(
+            f"{path}: the network built for input shape {tuple(shape)} does not have the "
+            "card's parameter spec"
+        )
+    return card.load(model, flat)
+
+
+def _input_shape(card: ModelCard) -> tuple[int, ...] | None:
+    if isinstance(card.model, PluginModel):
+        pinned = card.model.architecture.input_shape if card.model.architecture else None
+        return tuple(pinned) if pinned else None
+    return None if card.input_width is None else (card.input_width,)
 
 
 def _target(task: str, num_classes: int | None) -> str:

@@ -6,6 +6,9 @@ layers are laid out on the meta device and then filled from a private `torch.Gen
 with PyTorch's default scheme (weights and biases uniform in +-1/sqrt(fan_in)). Concurrent
 silos in one process therefore neither disturb nor depend on each other's random state.
 No BatchNorm or Dropout is used anywhere (DP-SGD compatibility, determinism).
+
+A `plugin` model is built by its installed factory (models/plugins.py) and checked against the
+architecture the policy pins (models/architecture.py).
 """
 
 from __future__ import annotations
@@ -15,7 +18,9 @@ import math
 import torch
 from torch import nn
 
-from fedsilo.policies.model import CnnModel, LinearModel, MlpModel, ModelConfig
+from fedsilo.models import architecture
+from fedsilo.models.plugins import PluginError, build_plugin
+from fedsilo.policies.model import CnnModel, LinearModel, MlpModel, ModelConfig, PluginModel
 from fedsilo.wire.tensors import ParameterSpec
 
 ACTIVATIONS: dict[str, type[nn.Module]] = {"relu": nn.ReLU, "tanh": nn.Tanh, "silu": nn.SiLU}
@@ -30,8 +35,12 @@ def build_model(
 
     The output is logits for classification; for regression `output_dim` is 1 and the caller
     squeezes. Same seed, bit-identical parameters; the global RNG state is left untouched.
+    A plugin model that is not installed, fails to build or differs from its pinned
+    architecture raises PluginError (a ValueError) saying so.
     """
     _check_dimensions(input_shape, output_dim)
+    if isinstance(config, PluginModel):
+        return _pinned_plugin(config, tuple(input_shape), output_dim, seed)
     with torch.device("meta"):
         model = _layers(config, tuple(input_shape), output_dim)
     model.to_empty(device="cpu")
@@ -59,6 +68,23 @@ def load_flat(model: nn.Module, flat: torch.Tensor) -> nn.Module:
     spec = ParameterSpec.of(dict(model.named_parameters()))
     for parameter, value in zip(model.parameters(), spec.unflatten(flat).values(), strict=True):
         parameter.copy_(value)
+    return model
+
+
+def _pinned_plugin(
+    config: PluginModel, input_shape: tuple[int, ...], output_dim: int, seed: int
+) -> nn.Module:
+    if config.architecture is None:
+        raise PluginError(f"model factory {config.factory!r}: the policy pins no architecture")
+    model = build_plugin(config, input_shape, output_dim, seed)
+    difference = architecture.first_difference(
+        config.architecture.tensors, architecture.describe(model)
+    )
+    if difference is not None:
+        raise PluginError(
+            f"model factory {config.factory!r} does not build the network the policy pins: "
+            f"{difference}"
+        )
     return model
 
 

@@ -39,6 +39,7 @@ from fedsilo.ops.demo import DemoFailed, run_demo
 from fedsilo.ops.examples_cli import examples_group
 from fedsilo.ops.job_cli import job_group, print_remote_status
 from fedsilo.ops.logs import configure_logging
+from fedsilo.ops.model_cli import model_group, plugin_report
 from fedsilo.ops.predict import predict_command
 from fedsilo.ops.privacy_cli import privacy_group
 from fedsilo.ops.provision import OPERATOR, KitError, kit_role, load_coordinator_kit
@@ -135,6 +136,8 @@ def validate(file: Path) -> None:
         f"algorithm {loaded.algorithm.name}, model {loaded.model.name}, {loaded.rounds} rounds, "
         f"data {loaded.data.source}"
     )
+    for line in plugin_report(loaded, file):
+        click.echo(line)
 
 
 @main.command("algorithms")
@@ -280,6 +283,7 @@ main.add_command(predict_command)
 main.add_command(examples_group)
 main.add_command(consortium_group)
 main.add_command(job_group)
+main.add_command(model_group)
 policy.add_command(sign_command)
 
 

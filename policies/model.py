@@ -1,16 +1,31 @@
 """The policy's `model:` section: which network each silo trains, chosen by `name`.
 
 `linear` is logistic regression for classification and linear regression for regression;
-`mlp` is a fully connected network; `cnn` is a small convolutional network for images.
+`mlp` is a fully connected network; `cnn` is a small convolutional network for images;
+`plugin` is a network a site's installed package builds (the entry point group
+`fedsilo.models`), pinned by its `architecture`: every parameter's name, shape and dtype, and
+their digest, which the policy's signature covers.
 """
 
 from __future__ import annotations
 
+import hashlib
+import re
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, JsonValue, ValidationInfo, field_validator, model_validator
 
 from fedsilo.policies.base import PolicyModel
+
+FACTORY_PATTERN = r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$"  # an entry point's value, module:attr
+TENSOR_LINE = re.compile(r"^\S+ \[(\d+(,\d+)*)?\] \w+$")  # name [a,b,...] dtype
+PINNING = "pinning"  # validation context: read a plugin model that has no architecture yet
+PIN_COMMAND = "fedsilo model pin POLICY --input-shape C,H,W --output-dim K"
+
+
+def architecture_digest(lines: list[str]) -> str:
+    """BLAKE2b-256 (hex) of the architecture's tensor lines joined by newlines."""
+    return hashlib.blake2b("\n".join(lines).encode(), digest_size=32).hexdigest()
 
 
 class LinearModel(PolicyModel):
@@ -42,4 +57,62 @@ class CnnModel(PolicyModel):
     norm: Literal["none", "group"] = "none"
 
 
-ModelConfig = Annotated[LinearModel | MlpModel | CnnModel, Field(discriminator="name")]
+class ModelArchitecture(PolicyModel):
+    """The network a plugin model must be: `tensors` lists every parameter, in
+    `named_parameters()` order, as `<name> [<shape>] <dtype>` (e.g. `fc.weight [10,64] float32`),
+    and `digest` is `architecture_digest(tensors)`. `input_shape` and `output_dim` are the data
+    schema it was pinned for (`fedsilo model pin` writes them), with which a final model is
+    rebuilt on its own."""
+
+    digest: str = Field(pattern=r"^[0-9a-f]{64}$")
+    tensors: list[str] = Field(min_length=1)
+    input_shape: list[Annotated[int, Field(ge=1)]] | None = Field(default=None, min_length=1)
+    output_dim: int | None = Field(default=None, ge=1)
+
+    @field_validator("tensors")
+    @classmethod
+    def _tensor_lines(cls, tensors: list[str]) -> list[str]:
+        for index, line in enumerate(tensors):
+            if not TENSOR_LINE.match(line):
+                raise ValueError(
+                    f"tensor {index} {line!r} is not '<name> [<shape>] <dtype>' "
+                    "(e.g. 'fc.weight [10,64] float32')"
+                )
+        return tensors
+
+    @model_validator(mode="after")
+    def _digest_matches(self) -> ModelArchitecture:
+        expected = architecture_digest(self.tensors)
+        if self.digest != expected:
+            raise ValueError(
+                f"digest {self.digest} is not the digest of the tensors listed ({expected}); "
+                f"print the block again with `{PIN_COMMAND}`"
+            )
+        return self
+
+
+class PluginModel(PolicyModel):
+    """A network from a package installed at each site: `factory` is the value (`module:attr`)
+    of an entry point in the group `fedsilo.models`, called as
+    `factory(input_shape, output_dim, **args)`; `architecture` pins what it must build.
+    No code travels with the policy: a site without the package refuses the job."""
+
+    name: Literal["plugin"]
+    factory: str = Field(pattern=FACTORY_PATTERN)
+    args: dict[str, JsonValue] = Field(default_factory=dict)
+    architecture: ModelArchitecture | None = None
+
+    @model_validator(mode="after")
+    def _pinned(self, info: ValidationInfo) -> PluginModel:
+        pinning = bool(info.context and info.context.get(PINNING))
+        if self.architecture is None and not pinning:
+            raise ValueError(
+                f"architecture is required for a plugin model: it pins the network every "
+                f"silo must build; print it with `{PIN_COMMAND}` and paste it under model:"
+            )
+        return self
+
+
+ModelConfig = Annotated[
+    LinearModel | MlpModel | CnnModel | PluginModel, Field(discriminator="name")
+]

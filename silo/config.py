@@ -32,6 +32,7 @@ rules:                          # LocalRules: what this site allows
   epsilon_cap: 8.0
   total_epsilon_cap: 20.0       # this site's epsilon over all jobs of the consortium
   allowed_reports: null         # None: every report kind the policy allows
+  allowed_model_factories: []   # plugin models (module:attr of fedsilo.models) this site runs
 ledger: privacy-ledger.jsonl    # this site's privacy ledger
 state: silo-state               # what outlives the agent
 ```
@@ -48,8 +49,9 @@ from pydantic import Field, ValidationError
 
 from fedsilo.policies.base import PolicyModel
 from fedsilo.policies.compute import ComputeConfig
-from fedsilo.policies.data import FILE_SOURCES, DataConfig, IidPartition
+from fedsilo.policies.data import SITE_SOURCES, DataConfig, IidPartition
 from fedsilo.policies.loading import PolicyError, describe_errors, read_text_file, read_yaml
+from fedsilo.policies.model import PluginModel
 from fedsilo.policies.privacy import REPORT_KINDS, ReportKind
 from fedsilo.policies.schema import Policy
 from fedsilo.silo.data import DataError, SiloDataset, load_consortium
@@ -62,7 +64,9 @@ class LocalRules(PolicyModel):
     budget per job, enforced by its ledger beside the policy's (the stricter wins), and
     so only for DP jobs; `total_epsilon_cap`: this site's budget over all jobs of the
     consortium (the jobs' epsilons add up), which no peer enforces; a job without DP spends
-    none of it; `allowed_reports`: the kinds of scalar report that may leave.
+    none of it; `allowed_reports`: the kinds of scalar report that may leave;
+    `allowed_model_factories`: the plugin model factories (entry point values `module:attr`
+    of group `fedsilo.models`) this site runs; none by default.
     """
 
     allowed_algorithms: list[str] | None = None  # None: any algorithm
@@ -71,6 +75,7 @@ class LocalRules(PolicyModel):
     epsilon_cap: float | None = Field(default=None, gt=0)
     total_epsilon_cap: float | None = Field(default=None, gt=0)
     allowed_reports: list[ReportKind] | None = None  # None: every kind the policy allows
+    allowed_model_factories: list[str] = Field(default_factory=list)
 
     def violations(self, policy: Policy) -> list[str]:
         """Each rule the policy breaks, as `rule: why`."""
@@ -100,6 +105,13 @@ class LocalRules(PolicyModel):
                     f"allowed_reports: the policy lets {extra} reports leave; this site allows "
                     f"{sorted(self.allowed_reports)} (privacy.reports.forbidden can keep them)"
                 )
+        model = policy.model
+        if isinstance(model, PluginModel) and model.factory not in self.allowed_model_factories:
+            problems.append(
+                f"allowed_model_factories: the policy's model factory {model.factory!r} is not in "
+                f"{self.allowed_model_factories} (a site runs a plugin model only once its "
+                "silo.yaml lists it under rules.allowed_model_factories)"
+            )
         return problems
 
 
@@ -119,7 +131,7 @@ class SiloData(PolicyModel):
 
     def site_source(self) -> DataConfig:
         """The data section as this site reads it: a file with no partition is one silo."""
-        if self.source.source in FILE_SOURCES and self.source.partition is None:
+        if self.source.source in SITE_SOURCES and self.source.partition is None:
             return self.source.model_copy(update={"partition": IidPartition(kind="iid", silos=1)})
         return self.source
 

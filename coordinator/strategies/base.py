@@ -19,6 +19,7 @@ import torch
 from fedsilo.coordinator.phases import Identical, Phase, PhaseOutcome, Task, WeightedMean
 from fedsilo.coordinator.seeding import derive_rng, derive_seed
 from fedsilo.coordinator.strategies.mixing_state import MixingState
+from fedsilo.models.architecture import spec_difference
 from fedsilo.policies.schema import Policy
 from fedsilo.wire.tasks import (
     EvaluateTask,
@@ -119,6 +120,9 @@ class Strategy:
                     "feature schemas or model settings disagree"
                 )
         assert out.spec is not None
+        difference = spec_difference(self.policy.model, out.spec)
+        if difference is not None:
+            raise SetupError(f"the initial model is not the one the policy pins: {difference}")
         return ServerState({MODEL: tensors[MODEL]}, out.spec)
 
     def federated_scaling(self, ctx: RoundContext) -> Generator[Phase, PhaseOutcome, None]:

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import Field
 
 from fedsilo.policies.algorithms.base import AlgorithmBase
+from fedsilo.policies.model import PluginModel
 from fedsilo.policies.training import MAX_LR
 
 if TYPE_CHECKING:
@@ -52,7 +53,13 @@ class FedEvgConfig(AlgorithmBase):
                 "data.scaling: fedevg's synthetic points live in [0, 1], so the silos' features "
                 "must too: use scaling 'none' on data in [0, 1] (e.g. sklearn:digits' pixels)"
             )
-        if policy.data.task == "regression" or policy.data.source == "sklearn:diabetes":
+        if isinstance(policy.model, PluginModel):
+            raise ValueError(
+                "model: fedevg trains its classifier at the coordinator, which runs no model "
+                "plug-in; use a zoo model (linear, mlp or cnn)"
+            )
+        data = policy.data
+        if data.task not in (None, "classification") or data.source == "sklearn:diabetes":
             raise ValueError("algorithm: fedevg's energies come from a classifier's logits")
         if policy.privacy.dp_sgd is not None and self.spectral_norm:
             raise ValueError(

@@ -1,0 +1,84 @@
+"""Model plug-ins: networks built by packages installed at a site, found through the entry
+point group `fedsilo.models`.
+
+A policy's plugin model names its factory by the entry point's value (`module:attr`); only an
+installed entry point with exactly that value is ever loaded, so a policy cannot make a site
+import a module of its choosing. The factory is called as
+`factory(input_shape, output_dim, **args)` with the global torch RNG seeded from the policy
+for the call and restored after it: same seed, bit-identical parameters, and the caller's
+random state untouched.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from importlib.metadata import EntryPoint, entry_points
+
+import torch
+from torch import nn
+
+from fedsilo.policies.model import PluginModel
+
+GROUP = "fedsilo.models"
+
+# The global RNG is seeded for a factory's call: one build at a time, so concurrent builds in
+# one process (silos of a simulation) neither interleave nor see each other's seeds.
+_BUILD_LOCK = threading.Lock()
+
+
+class PluginError(ValueError):
+    """A plugin model this site cannot build as the policy pins it."""
+
+
+def installed_factories() -> list[EntryPoint]:
+    """The entry points of group `fedsilo.models` installed here."""
+    return list(entry_points(group=GROUP))
+
+
+def find_factory(factory: str) -> EntryPoint | None:
+    """The installed entry point whose value is `factory`, or None."""
+    return next((ep for ep in installed_factories() if ep.value == factory), None)
+
+
+def load_factory(factory: str) -> Callable[..., nn.Module]:
+    """The callable the installed entry point `factory` (`module:attr`) names."""
+    entry_point = find_factory(factory)
+    if entry_point is None:
+        installed = sorted(ep.value for ep in installed_factories())
+        raise PluginError(
+            f"model factory {factory!r} is not installed at this site (entry points {GROUP}: "
+            f"{installed})"
+        )
+    try:
+        loaded = entry_point.load()
+    except Exception as error:  # the package is broken: say so, never a traceback
+        raise PluginError(
+            f"model factory {factory!r} cannot be loaded: {type(error).__name__}: {error}"
+        ) from None
+    if not callable(loaded):
+        raise PluginError(f"model factory {factory!r} is a {type(loaded).__name__}, not callable")
+    return loaded
+
+
+def build_plugin(
+    config: PluginModel, input_shape: tuple[int, ...], output_dim: int, seed: int
+) -> nn.Module:
+    """The network `config.factory` builds for the schema, seeded with `seed`; unchecked
+    against the policy's pin (`zoo.build_model` checks it)."""
+    factory = load_factory(config.factory)
+    try:
+        with _BUILD_LOCK, torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = factory(tuple(input_shape), output_dim, **config.args)
+    except Exception as error:  # arguments the factory refuses, or a bug in it
+        raise PluginError(
+            f"model factory {config.factory!r} failed for input shape {tuple(input_shape)} and "
+            f"{output_dim} outputs with args {config.args}: {type(error).__name__}: {error}"
+        ) from None
+    if not isinstance(model, nn.Module):
+        raise PluginError(
+            f"model factory {config.factory!r} returned a {type(model).__name__}, not a "
+            "torch.nn.Module"
+        )
+    return model
