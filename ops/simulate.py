@@ -21,6 +21,7 @@ from fedsilo.ops.synthetic import snapshots_for
 from fedsilo.policies.schema import Policy
 from fedsilo.silo.agent import SiloAgent
 from fedsilo.silo.data import DataError, SiloDataset, load_consortium, pool
+from fedsilo.silo.data.plugins import is_plugin_task, task_plugin
 from fedsilo.silo.device import resolve_device
 from fedsilo.silo.domains import check_domains
 
@@ -58,6 +59,8 @@ class SimulationResult:
 
     @property
     def headline_metric(self) -> str:
+        if is_plugin_task(self.task):  # a task plug-in names the metric that selects
+            return task_plugin(self.task).selection
         return "accuracy" if self.task == "classification" else "rmse"
 
 

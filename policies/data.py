@@ -8,6 +8,12 @@ Sources:
   csv                    a CSV file at `path`, with the label in column `target`
   npz                    a NumPy .npz file at `path` holding arrays named "x" (features, 2-D or
                          image-shaped) and "y" (labels)
+  plugin                 what an installed data plug-in returns: `loader` is the value of an
+                         entry point of group `fedsilo.datasets` ("module:attr"), called with
+                         `args` (silo/data/plugins.py); only a registered loader is ever loaded
+
+Tasks: classification, regression, or a task plug-in named by the value of its entry point of
+group `fedsilo.tasks` ("module:attr", silo/data/plugins.py `TaskPlugin`).
 
 Everything here is a fact agreed by the consortium before any row is read (the data dictionary:
 category lists, missing-value markers); no statistic of the data appears in a policy.
@@ -29,7 +35,11 @@ SKLEARN_SOURCES = (
     "sklearn:wine",
 )
 FILE_SOURCES = ("csv", "npz")
-SOURCES = ("heart", *SKLEARN_SOURCES, *FILE_SOURCES)
+PLUGIN_SOURCE = "plugin"
+SOURCES = ("heart", *SKLEARN_SOURCES, *FILE_SOURCES, PLUGIN_SOURCE)
+# The sources a site reads as its own data: one silo unless the section partitions them.
+SITE_SOURCES = (*FILE_SOURCES, PLUGIN_SOURCE)
+BUILTIN_TASKS = ("classification", "regression")
 
 # The task each built-in source is; csv and npz infer theirs from the target unless told.
 KNOWN_TASKS: dict[str, str] = {
@@ -132,7 +142,11 @@ class DataConfig(PolicyModel):
     source: str = "heart"
     path: str | None = None
     target: str | None = None
-    task: Literal["classification", "regression"] | None = None
+    # classification, regression, or a task plug-in's entry point value ("module:attr")
+    task: str | None = None
+    # source plugin: the entry point value of an installed data loader, and its keyword arguments
+    loader: str | None = None
+    args: dict[str, Any] = Field(default_factory=dict)
     categorical: dict[str, list[str]] = Field(default_factory=dict)
     missing: Literal["error", "impute"] = "error"
     missing_values: dict[str, list[float]] = Field(default_factory=dict)
@@ -172,6 +186,26 @@ class DataConfig(PolicyModel):
             )
         return source
 
+    @field_validator("task")
+    @classmethod
+    def _known_task(cls, task: str | None) -> str | None:
+        if task is not None and task not in BUILTIN_TASKS and not is_entry_point_value(task):
+            raise ValueError(
+                f"unknown task '{task}'; allowed: {', '.join(BUILTIN_TASKS)}, or a task "
+                "plug-in's entry point value 'module:attr'"
+            )
+        return task
+
+    @field_validator("loader")
+    @classmethod
+    def _loader_names_an_entry_point(cls, loader: str | None) -> str | None:
+        if loader is not None and not is_entry_point_value(loader):
+            raise ValueError(
+                f"loader '{loader}' is not an entry point value 'module:attr' (the value of an "
+                "installed data plug-in of group fedsilo.datasets)"
+            )
+        return loader
+
     @field_validator("categorical")
     @classmethod
     def _category_lists_are_sets(cls, categorical: dict[str, list[str]]) -> dict[str, list[str]]:
@@ -189,6 +223,10 @@ class DataConfig(PolicyModel):
             raise ValueError(f"source '{source}' needs a path to the file")
         if source not in FILE_SOURCES and self.path is not None:
             raise ValueError(f"path applies to csv and npz sources only, not '{source}'")
+        if source == PLUGIN_SOURCE and self.loader is None:
+            raise ValueError("source 'plugin' needs a loader: an installed data plug-in")
+        if source != PLUGIN_SOURCE and (self.loader is not None or self.args):
+            raise ValueError(f"loader and args apply to plugin sources only, not '{source}'")
         if source == "csv" and self.target is None:
             raise ValueError("source 'csv' needs target: the name of the label column")
         if source != "csv" and self.target is not None:
@@ -231,3 +269,11 @@ class DataConfig(PolicyModel):
             )
         resized = type(partition).model_validate({**partition.model_dump(), "silos": n})
         return self.model_copy(update={"partition": resized})
+
+
+def is_entry_point_value(name: str) -> bool:
+    """Whether `name` reads as an entry point's value, "module:attr" (dotted on both sides)."""
+    module, colon, attr = name.partition(":")
+    return bool(colon) and all(
+        part.isidentifier() for part in (*module.split("."), *attr.split("."))
+    )

@@ -1,7 +1,9 @@
 """Per-silo metrics and the training loss, computed at the silo on its own test/val split.
 
 Classification reports loss (mean cross-entropy), accuracy and AUROC; regression reports loss
-(MSE), RMSE and MAE. `HIGHER_IS_BETTER` tells the coordinator which direction is good.
+(MSE), RMSE and MAE. `HIGHER_IS_BETTER` tells the coordinator which direction is good. Any other
+task is an installed task plug-in (silo/data/plugins.py `TaskPlugin`), named by its entry point
+value: its loss, its per-row loss when it defines one, and its metrics (plus the mean loss).
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from fedsilo.silo.data.plugins import is_plugin_task, task_plugin
 
 TASKS = ("classification", "regression")
 
@@ -60,6 +64,8 @@ def regression_metrics(pred: Tensor, y: Tensor) -> dict[str, float]:
 
 def metrics_for(task: str, output: Tensor, y: Tensor) -> dict[str, float]:
     """The metrics of `task` for a model's `output`; regression output (n, 1) is squeezed."""
+    if is_plugin_task(task):
+        return _plugin_metrics(task, output, y)
     _check_task(task)
     if task == "classification":
         return classification_metrics(output, y)
@@ -67,7 +73,10 @@ def metrics_for(task: str, output: Tensor, y: Tensor) -> dict[str, float]:
 
 
 def loss_function(task: str) -> LossFunction:
-    """The training loss of `task` (mean reduction): cross-entropy, or MSE on squeezed output."""
+    """The training loss of `task` (mean reduction): cross-entropy, MSE on squeezed output, or
+    a task plug-in's loss."""
+    if is_plugin_task(task):
+        return task_plugin(task).loss
     _check_task(task)
     if task == "classification":
         return F.cross_entropy
@@ -75,11 +84,38 @@ def loss_function(task: str) -> LossFunction:
 
 
 def per_sample_loss_function(task: str) -> LossFunction:
-    """The training loss of `task` for each row, unreduced (shape (n,)): what DP-SGD clips."""
+    """The training loss of `task` for each row, unreduced (shape (n,)): what DP-SGD clips, the
+    mixing schedules' probes report and domain weights weigh. A task plug-in without
+    `per_sample_loss` is refused."""
+    if is_plugin_task(task):
+        per_row = getattr(task_plugin(task), "per_sample_loss", None)
+        if per_row is None:
+            raise ValueError(
+                f"task plug-in '{task}' defines no per_sample_loss, which per-row losses need "
+                "(DP-SGD, the mixing schedules' loss probes, domain weights, SuPerFed)"
+            )
+        return per_row
     _check_task(task)
     if task == "classification":
         return partial(F.cross_entropy, reduction="none")
     return partial(_regression_loss, reduction="none")
+
+
+def task_metrics(task: str) -> tuple[str, ...]:
+    """The metrics an evaluation of `task` reports besides the loss."""
+    if is_plugin_task(task):
+        return tuple(name for name in task_plugin(task).higher_is_better if name != "loss")
+    _check_task(task)
+    return ("accuracy", "auroc") if task == "classification" else ("rmse", "mae")
+
+
+def _plugin_metrics(task: str, output: Tensor, y: Tensor) -> dict[str, float]:
+    plugin = task_plugin(task)
+    output, y = output.detach().cpu(), y.detach().cpu()
+    metrics = {name: float(value) for name, value in plugin.metrics(output, y).items()}
+    if "loss" not in metrics:
+        metrics["loss"] = float(plugin.loss(output, y))
+    return metrics
 
 
 def _regression_loss(output: Tensor, y: Tensor, reduction: str = "mean") -> Tensor:
@@ -93,7 +129,9 @@ def _squeeze_regression(output: Tensor) -> Tensor:
 
 def _check_task(task: str) -> None:
     if task not in TASKS:
-        raise ValueError(f"unknown task '{task}'; allowed: {', '.join(TASKS)}")
+        raise ValueError(
+            f"unknown task '{task}'; allowed: {', '.join(TASKS)}, or a task plug-in 'module:attr'"
+        )
 
 
 def _auroc(probabilities: Tensor, y: Tensor) -> float:

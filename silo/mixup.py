@@ -75,6 +75,11 @@ def mixed_per_sample_loss(
     """Each mixed row's loss (shape (rows,)): gamma CE(output, y) + (1 - gamma)
     CE(output, y_partner) for classification, the loss against gamma y + (1 - gamma) y_partner
     for regression."""
+    if task not in ("classification", "regression"):
+        raise ValueError(
+            f"mixup (mixup_alpha) mixes class labels or regression targets; task plug-in "
+            f"'{task}' has neither"
+        )
     loss = per_sample_loss_function(task)
     gamma = gamma.to(output)
     if task == "classification":

@@ -30,18 +30,19 @@ class Objective(Protocol):
 
 
 class RowLoss:
-    """The task's loss of `model` on rows of (x, y)."""
+    """The task's loss of `model` on rows of (x, y); the per-row loss is looked up when first
+    asked for (a task plug-in may define none)."""
 
     def __init__(self, task: str, model: nn.Module, x: Tensor, y: Tensor) -> None:
+        self.task = task
         self.mean_loss = loss_function(task)
-        self.row_loss = per_sample_loss_function(task)
         self.model, self.x, self.y = model, x, y
 
     def batch_loss(self, index: Tensor) -> Tensor:
         return self.mean_loss(self.model(self.x[index]), self.y[index])
 
     def per_sample_loss(self, index: Tensor) -> Tensor:
-        return self.row_loss(self.model(self.x[index]), self.y[index])
+        return per_sample_loss_function(self.task)(self.model(self.x[index]), self.y[index])
 
 
 class MeanOfRows:

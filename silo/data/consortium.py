@@ -75,6 +75,7 @@ def _build_silo(
         num_classes=table.num_classes,
         feature_names=table.feature_names,
         input_shape=table.input_shape,
+        outputs=table.outputs,
         domains=table.domains,
         domain_codes=(
             {}
@@ -106,7 +107,7 @@ def load_consortium(
     partition = config.resolved_partition()
     table = tabulate(read_source(config, base_dir), config, partition)
     assigned = assign_silos(table, partition, seed)
-    noisy = noisy_silo_indices(config, len(assigned), seed)
+    noisy = noisy_silo_indices(table, config, len(assigned), seed)
     return [
         _build_silo(name, rows, index, table, config, seed, index in noisy)
         for index, (name, rows) in enumerate(assigned)

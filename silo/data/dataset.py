@@ -46,7 +46,11 @@ class SiloDataset:
     # into `domains`). Without: no domains (the silo is one domain).
     domains: tuple[str, ...] = ()
     domain_codes: Mapping[str, torch.Tensor] = field(default_factory=dict)
+    # A task plug-in's output width (its `output_dim` of the source's targets); else None.
+    outputs: int | None = None
 
     @property
     def output_dim(self) -> int:
+        if self.outputs is not None:
+            return self.outputs
         return self.num_classes if self.num_classes is not None else 1

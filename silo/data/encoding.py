@@ -1,7 +1,9 @@
 """Validation and row-wise encoding of a raw table: features (numeric columns as floats,
 booleans as 0/1, declared categoricals one-hot, missing-value markers as NaN), the target (class
 codes from the whole source's sorted label set, or regression targets), the natural-partition
-column and the domain column. No statistics: the same at every silo."""
+column and the domain column. A data plug-in's labels come beside its table, and a task
+plug-in's targets (float, (n,) or (n, k)) are kept as they are. No statistics: the same at every
+silo."""
 
 from __future__ import annotations
 
@@ -10,9 +12,11 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+import torch
 
 from fedsilo.policies.data import DataConfig, NaturalPartition, Partition
 from fedsilo.silo.data.dataset import SECTION, DataError
+from fedsilo.silo.data.plugins import is_plugin_task, task_plugin
 from fedsilo.silo.data.sources import RawSource
 
 # A csv/npz target is a classification label when it is not numeric, or when it is an integer
@@ -28,12 +32,13 @@ class Table:
     numeric: np.ndarray  # (F,) bool: the columns each silo imputes and standardises
     feature_names: tuple[str, ...]
     input_shape: tuple[int, ...]
-    y: np.ndarray  # class codes 0..C-1 (int64) or regression targets (float64)
+    y: np.ndarray  # class codes 0..C-1 (int64), regression or a task plug-in's targets (float64)
     task: str
     num_classes: int | None
     groups: np.ndarray | None  # the natural-partition column, when there is one
     domains: tuple[str, ...] = ()  # with data.domain: its categories
     domain_codes: np.ndarray | None = None  # and each row's index into them
+    outputs: int | None = None  # a task plug-in's output width for these targets
 
 
 def _columns_listing(frame: pd.DataFrame) -> str:
@@ -176,7 +181,9 @@ def _feature_columns(source: RawSource, config: DataConfig, partition: Partition
     frame = source.frame
     for column in config.drop_columns:
         _require_column(frame, column, "drop", "drop_columns", source.origin)
-    excluded = {source.dictionary.target, *source.dictionary.not_features, *config.drop_columns}
+    excluded = {*source.dictionary.not_features, *config.drop_columns}
+    if source.labels is None:
+        excluded.add(source.dictionary.target)
     if isinstance(partition, NaturalPartition):
         excluded.add(partition.column)
     features = [str(column) for column in frame.columns if column not in excluded]
@@ -230,16 +237,38 @@ def _natural_groups(source: RawSource, column: str) -> np.ndarray:
     return values.to_numpy()
 
 
+def _encode_labels(source: RawSource, config: DataConfig) -> tuple[np.ndarray, str, int | None]:
+    """The target of the source: its frame's target column, or a plug-in's labels."""
+    task = config.task or source.task
+    if source.labels is None:
+        return _encode_target(source.frame[source.dictionary.target], task, source.origin)
+    if task == "classification" and source.num_classes is not None:
+        return source.labels.astype(np.int64), task, source.num_classes
+    assert task is not None  # a plug-in always says its task
+    if is_plugin_task(task):
+        return source.labels, task, None
+    return _encode_target(pd.Series(source.labels, name="y"), task, source.origin)
+
+
+def _plugin_outputs(y: np.ndarray, task: str) -> int | None:
+    """A task plug-in's output width for the targets `y` (None for a built-in task)."""
+    if not is_plugin_task(task):
+        return None
+    outputs = task_plugin(task).output_dim(torch.from_numpy(y))
+    if not isinstance(outputs, int) or outputs < 1:
+        raise DataError(f"{SECTION}.task: task plug-in '{task}' gives output_dim {outputs!r}")
+    return outputs
+
+
 def tabulate(source: RawSource, config: DataConfig, partition: Partition) -> Table:
-    target = source.dictionary.target
-    _require_column(source.frame, target, "target", "target", source.origin)
+    if source.labels is None:
+        target = source.dictionary.target
+        _require_column(source.frame, target, "target", "target", source.origin)
     if source.image_shape is not None and config.drop_columns:
         raise DataError(f"{SECTION}.drop_columns: does not apply to image rows ({source.origin})")
     features = _feature_columns(source, config, partition)
     x, numeric, names = _encode_features(source, features, config)
-    y, task, num_classes = _encode_target(
-        source.frame[target], config.task or source.task, source.origin
-    )
+    y, task, num_classes = _encode_labels(source, config)
     groups = None
     if isinstance(partition, NaturalPartition):
         groups = _natural_groups(source, partition.column)
@@ -255,6 +284,7 @@ def tabulate(source: RawSource, config: DataConfig, partition: Partition) -> Tab
         groups,
         domains,
         codes,
+        _plugin_outputs(y, task),
     )
 
 
@@ -283,6 +313,10 @@ def _domain_codes(
 
 def class_labels(source: RawSource) -> tuple[str, ...]:
     """The source's class labels in class-code order (the sorted label set `tabulate` codes)."""
+    if source.labels is not None:
+        return tuple(str(label) for label in range(source.num_classes or 0)) or tuple(
+            str(label) for label in np.unique(source.labels)
+        )
     target = source.frame[source.dictionary.target]
     values = target.dropna().to_numpy()
     if not _is_number_dtype(target):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from fedsilo.policies.data import DataConfig
+from fedsilo.silo.data.dataset import SECTION, DataError
 from fedsilo.silo.data.encoding import Table
 from fedsilo.silo.data.seeds import Purpose, rng_for
 from fedsilo.silo.partition import add_label_noise, flip_labels, noisy_silos
@@ -22,9 +23,14 @@ def noisy_labels(
     return add_label_noise(y, noise.probability, noise.std, rng)
 
 
-def noisy_silo_indices(config: DataConfig, silos: int, seed: int) -> set[int]:
+def noisy_silo_indices(table: Table, config: DataConfig, silos: int, seed: int) -> set[int]:
     if config.label_noise is None:
         return set()
+    if table.task not in ("classification", "regression"):
+        raise DataError(
+            f"{SECTION}.label_noise: flips class labels or perturbs regression targets; task "
+            f"plug-in '{table.task}' has neither"
+        )
     chosen = noisy_silos(
         silos, config.label_noise.silo_fraction, rng_for(seed, Purpose.NOISY_SILOS)
     )

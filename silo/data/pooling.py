@@ -37,6 +37,7 @@ def pool(silos: Sequence[SiloDataset], name: str = "pooled") -> SiloDataset:
         num_classes=first.num_classes,
         feature_names=first.feature_names,
         input_shape=first.input_shape,
+        outputs=first.outputs,
         domains=first.domains,
         domain_codes={
             split: torch.cat([silo.domain_codes[split] for silo in silos])

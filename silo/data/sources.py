@@ -1,6 +1,6 @@
-"""Source readers: the bundled heart table, scikit-learn's datasets, a CSV or an npz file, each
-read into a raw table with what is known about it (its data dictionary, its task, its image
-shape)."""
+"""Source readers: the bundled heart table, scikit-learn's datasets, a CSV or an npz file, or an
+installed data plug-in (silo/data/plugins.py), each read into a raw table with what is known
+about it (its data dictionary, its task, its image shape)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from fedsilo.policies.data import KNOWN_TASKS, DataConfig
+from fedsilo.policies.data import KNOWN_TASKS, PLUGIN_SOURCE, DataConfig
 from fedsilo.silo.data.dataset import SECTION, DataError
+from fedsilo.silo.data.plugins import load_plugin_data
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,9 @@ class RawSource:
     origin: str  # how messages name the source: a file path or the source name
     task: str | None = None  # known task, or None to infer from the target
     image_shape: tuple[int, ...] | None = None  # per-row shape when the rows are images
+    # A plug-in's labels, kept beside the frame (they may be (n, k)), and its class count.
+    labels: np.ndarray | None = None
+    num_classes: int | None = None
 
 
 def _resolve_path(path: str, base_dir: Path | None) -> Path:
@@ -141,7 +145,24 @@ def _read_npz(path: Path) -> RawSource:
     return RawSource(frame, DataDictionary("y"), str(path), image_shape=image_shape)
 
 
+def _read_plugin(config: DataConfig) -> RawSource:
+    loaded = load_plugin_data(config)
+    x = loaded.x
+    frame = pd.DataFrame(x.reshape(len(x), -1), columns=list(loaded.feature_names))
+    return RawSource(
+        frame,
+        DataDictionary("y"),
+        f"data plug-in '{config.loader}'",
+        loaded.task,
+        tuple(x.shape[1:]) if x.ndim > 2 else None,
+        labels=loaded.y,
+        num_classes=loaded.num_classes,
+    )
+
+
 def read_source(config: DataConfig, base_dir: Path | None) -> RawSource:
+    if config.source == PLUGIN_SOURCE:
+        return _read_plugin(config)
     if config.source == "heart":
         return _read_heart()
     if config.source == "csv":

@@ -1,6 +1,7 @@
 """`evaluate` and `loss`: held-out metrics of a received model, and a loss report.
 
-`evaluate` returns the task's metrics (accuracy, AUROC, loss, or RMSE, MAE, loss) on one split;
+`evaluate` returns the task's metrics (accuracy, AUROC, loss, or RMSE, MAE, loss, or a task
+plug-in's metrics and loss) on one split;
 `loss` returns only the mean loss on a split (train by default), the scalar that the
 distributionally robust strategies consume. Both report through silo/reports.py: in a DP
 deployment only the noisy count, accuracy and clipped mean loss leave; a forbidden kind never.
@@ -25,7 +26,7 @@ import torch
 
 from fedsilo.privacy.accounting import Mechanism
 from fedsilo.silo.domains import split_domains
-from fedsilo.silo.evaluation import metrics_for, per_sample_loss_function
+from fedsilo.silo.evaluation import metrics_for, per_sample_loss_function, task_metrics
 from fedsilo.silo.mixup import MixupDraws, mixed_losses, mixup_on
 from fedsilo.silo.reports import DOMAIN_REPORTS, LOSSES, METRICS, Reports, reports_mechanism
 from fedsilo.silo.tasks.base import SiloContext, config_of
@@ -40,9 +41,9 @@ from fedsilo.wire.tasks import EvaluateTask, LossProbe
 from fedsilo.wire.tensors import WireError
 
 EVAL_BATCH = 4096
-# Metrics with a bounded sensitivity, the only ones a DP deployment reports (besides the loss).
+# Metrics with a bounded sensitivity, the only ones a DP deployment reports (besides the loss);
+# a task plug-in's metrics have no known sensitivity: under DP only its loss leaves.
 BOUNDED_METRICS = {"classification": ("accuracy",), "regression": ()}
-ALL_METRICS = {"classification": ("accuracy", "auroc"), "regression": ("rmse", "mae")}
 
 
 def evaluate(message: TaskMessage, ctx: SiloContext) -> TaskResult:
@@ -150,8 +151,13 @@ def _split(message: TaskMessage) -> str:
 def evaluated_metrics(ctx: SiloContext) -> tuple[str, ...]:
     """The metrics an evaluate task reports under this silo's policy."""
     forbidden = ctx.privacy.reports.forbidden
-    table = BOUNDED_METRICS if ctx.privacy.differentially_private else ALL_METRICS
-    metrics = () if METRICS in forbidden else table[ctx.data.task]
+    task = ctx.data.task
+    if METRICS in forbidden:
+        metrics: tuple[str, ...] = ()
+    elif ctx.privacy.differentially_private:
+        metrics = BOUNDED_METRICS.get(task, ())
+    else:
+        metrics = task_metrics(task)
     return metrics + (() if LOSSES in forbidden else ("loss",))
 
 

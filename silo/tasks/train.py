@@ -20,7 +20,8 @@ The task composes one local loop (silo/local_loop.py) from the pieces its config
 
 When the silo's own policy asks for DP-SGD (`privacy.dp_sgd`), the loop runs through
 silo/dp_training.py with the DP parameters of that policy, whatever the task says, each row of
-the objective clipped as a sample (ApproxFedAvg's objective has no per-row loss: refused). The
+the objective clipped as a sample (ApproxFedAvg's objective, and a task plug-in without
+`per_sample_loss`, have no per-row loss: refused). The
 sample count then leaves as a noisy report and the training loss not at all (silo/reports.py);
 `train_releases` is what the task releases.
 """
@@ -31,6 +32,7 @@ from typing import TYPE_CHECKING
 
 from fedsilo.privacy.accounting import Mechanism
 from fedsilo.silo.client_dp import clipped_update, share_mechanism
+from fedsilo.silo.data.plugins import is_plugin_task, per_sample_loss_of
 from fedsilo.silo.domains import domain_objective
 from fedsilo.silo.drfa_training import Checkpoint, checkpoint_step, scaled, update_scale
 from fedsilo.silo.local_loop import (
@@ -75,6 +77,7 @@ def train_releases(message: TaskMessage, ctx: SiloContext) -> list[Mechanism]:
 def train(message: TaskMessage, ctx: SiloContext) -> TaskResult:
     task = config_of(message, TrainTask)
     local = task.local
+    _refuse_dp_sgd_without_rows(ctx)
     model, spec = ctx.load_model(message)
     x, y = ctx.split("train")
     n = len(y)
@@ -132,6 +135,15 @@ def train(message: TaskMessage, ctx: SiloContext) -> TaskResult:
         tensors={MODEL: trained} | checkpoint.tensors(),
         spec=spec,
     )
+
+
+def _refuse_dp_sgd_without_rows(ctx: SiloContext) -> None:
+    task = ctx.data.task
+    if ctx.privacy.dp_sgd is not None and is_plugin_task(task) and per_sample_loss_of(task) is None:
+        raise ValueError(
+            f"privacy.dp_sgd: DP-SGD clips each row's loss, and task plug-in '{task}' defines "
+            "no per_sample_loss"
+        )
 
 
 def _objective(
