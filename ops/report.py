@@ -167,10 +167,10 @@ def _sha256(path: Path) -> str:
 
 
 def write_results(
-    out: Path, results: Mapping[str, SimulationResult], overwrite: bool = False
+    out: str | Path, results: Mapping[str, SimulationResult], overwrite: bool = False
 ) -> None:
     """One subfolder per algorithm, plus a comparison when there are several."""
-    with atomic_directory(out, overwrite) as staging:
+    with atomic_directory(Path(out), overwrite) as staging:
         for name, result in results.items():
             folder = staging / name if len(results) > 1 else staging
             folder.mkdir(exist_ok=True)

@@ -80,10 +80,14 @@ def load_silos(policy: Policy, base_dir: Path | None) -> list[SiloDataset]:
 
 def simulate(
     policy: Policy,
-    datasets: Sequence[SiloDataset],
+    datasets: Sequence[SiloDataset] | None = None,
     observers: Sequence[EngineObserver] = (),
 ) -> SimulationResult:
+    """Run `policy` on `datasets` (default: the silos its data section yields) in one
+    process, every silo an agent of its own, and return the run."""
     started = time.perf_counter()
+    if datasets is None:
+        datasets = load_silos(policy, None)
     device, device_note = resolve_device(policy.compute.device)
 
     # Simulated silos get fresh identities, known to each other: what provisioning gives a
