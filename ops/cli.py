@@ -27,6 +27,7 @@ from fedsilo.coordinator.engine import RoundRecord, RunAborted
 from fedsilo.coordinator.state import StateError
 from fedsilo.coordinator.strategies import STRATEGIES
 from fedsilo.coordinator.strategies.base import SetupError
+from fedsilo.models.plugins import PluginError
 from fedsilo.ops.consortium_cli import consortium_group
 from fedsilo.ops.coordinator_process import (
     CoordinatorOptions,
@@ -65,9 +66,19 @@ from fedsilo.privacy.policy_signing import PolicySignatureError
 from fedsilo.silo.client import ChannelError, PolicyRefused, SiloRefused
 from fedsilo.silo.data import DataError
 from fedsilo.silo.device import DeviceError
+from fedsilo.silo.dp_training import DpSgdError
 
 DEFAULT_POLICY = "examples/heart-fedavg.yaml"
-USER_ERRORS = (PolicyError, DataError, DeviceError, RunAborted, SetupError, OutputFolderError)
+USER_ERRORS = (
+    PolicyError,
+    DataError,
+    DeviceError,
+    RunAborted,
+    SetupError,
+    OutputFolderError,
+    PluginError,
+    DpSgdError,
+)
 DEPLOYMENT_ERRORS = (
     *USER_ERRORS,
     StateError,

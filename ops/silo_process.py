@@ -19,7 +19,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from fedsilo.models.zoo import build_model
 from fedsilo.ops.job_id import job_id
 from fedsilo.ops.metrics import SiloMetrics, serve_metrics
 from fedsilo.ops.provision import SiloKit, load_silo_kit
@@ -31,7 +30,7 @@ from fedsilo.silo.client import ChannelSettings, CoordinatorConnection, SiloClie
 from fedsilo.silo.config import SiloConfig, load_silo_config
 from fedsilo.silo.device import resolve_device
 from fedsilo.silo.domains import check_domains
-from fedsilo.silo.dp_training import check_model as check_dp_model
+from fedsilo.silo.readiness import check_model_for
 from fedsilo.wire.messages import STATUS_BUDGET_EXHAUSTED, BadTaskConfig, TaskMessage
 
 log = logging.getLogger("fedsilo.silo")
@@ -103,10 +102,7 @@ def _start_agent(
     device, why = resolve_device((config.compute or policy.compute).device)
     data = config.data.load(policy.seed, base_dir=config_path.parent)
     check_domains(policy, data)
-    # acceptance means ready: the model builds here (a plugin model: installed, as pinned)
-    model = build_model(policy.model, data.input_shape, data.output_dim, policy.seed)
-    if policy.privacy.dp_sgd is not None:
-        check_dp_model(model)
+    check_model_for(policy, data)  # acceptance means ready: the model builds and trains here
     log.info("silo %s: %d training rows, device %s", kit.name, len(data.y_train), why)
     ledger = PrivacyLedger(config.ledger_path(config_path))
     job = job_id(policy.name, digest)

@@ -24,6 +24,7 @@ from fedsilo.silo.data import DataError, SiloDataset, load_consortium, pool
 from fedsilo.silo.data.plugins import is_plugin_task, task_plugin
 from fedsilo.silo.device import resolve_device
 from fedsilo.silo.domains import check_domains
+from fedsilo.silo.readiness import check_model_for
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,8 @@ def simulate(
     started = time.perf_counter()
     if datasets is None:
         datasets = load_silos(policy, None)
+    for data in {(d.input_shape, d.output_dim): d for d in datasets}.values():
+        check_model_for(policy, data)  # what each silo of a deployment checks before it accepts
     device, device_note = resolve_device(policy.compute.device)
 
     # Simulated silos get fresh identities, known to each other: what provisioning gives a

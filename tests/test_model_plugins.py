@@ -398,3 +398,10 @@ def test_a_simulation_trains_a_plugin_model_whose_final_model_loads_back_into_th
     model = load_final_model(path)
     assert type(model).__name__ == "SmallNet" and not model.training
     assert torch.equal(state.spec.flatten(dict(model.named_parameters())), state.model)
+
+
+def test_a_simulation_refuses_a_batchnorm_plugin_under_dp_before_its_first_round() -> None:
+    """What each silo of a deployment checks before it accepts, `simulate` checks too."""
+    policy = parse_policy(plugin_policy(pinned(BATCHNORM), privacy=DP))
+    with pytest.raises(DpSgdError, match="bn1"):
+        simulate(policy)

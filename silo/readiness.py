@@ -1,0 +1,19 @@
+"""What a silo checks before it accepts a job, beside its data: the policy's model builds on
+this silo's data (a plug-in model: installed here and exactly as the policy pins it) and, under
+DP-SGD, every layer can be trained privately (a BatchNorm is refused naming the layer, never
+swapped). A simulation checks the same before its first round."""
+
+from __future__ import annotations
+
+from fedsilo.models.zoo import build_model
+from fedsilo.policies.schema import Policy
+from fedsilo.silo.data import SiloDataset
+from fedsilo.silo.dp_training import check_model as check_dp_model
+
+
+def check_model_for(policy: Policy, data: SiloDataset) -> None:
+    """Raise (PluginError, DpSgdError or ValueError, each naming what is wrong) unless the
+    policy's model can be trained on `data` under the policy's privacy section."""
+    model = build_model(policy.model, data.input_shape, data.output_dim, policy.seed)
+    if policy.privacy.dp_sgd is not None:
+        check_dp_model(model)
