@@ -6,8 +6,10 @@ only the key, and the sender checks it belongs to a member) or in the clear. `re
 sender whose recipient dropped out is given another recipient, one whose own sender dropped
 out, and packs its model again for it (a sealed box cannot be re-addressed), so no model is
 lost. `deliver`: each recipient gets its hand-off, without the sender's name (the coordinator's
-own signed task carries it). A model that cannot be delivered stays hosted at its sender,
-which keeps every model it hands off until a replacement arrives.
+own signed task carries it). A recipient may also be a silo outside the phase (cyclic weight
+transfer hands the model to the next silo of its cycle), which only takes delivery. A model
+that cannot be delivered stays hosted at its sender, which keeps every model it hands off until
+a replacement arrives.
 
 The strategy sees the senders' reports and the routes delivered, never a hand-off.
 """
@@ -45,13 +47,17 @@ class HandoffRouter:
     def run(self, phase: Phase) -> PhaseOutcome:
         route = dict(phase.route or {})
         silos = {task.silo for task in phase.tasks}
-        strangers = sorted((set(route) | set(route.values())) - silos)
+        strangers = sorted(set(route) - silos)
         if strangers:
             raise ValueError(
                 f"phase {phase.name!r} routes models of silos without tasks: {strangers}"
             )
-        if sorted(route.values()) != sorted(route):
-            raise ValueError(f"phase {phase.name!r}: a route must be a permutation of its senders")
+        inside = sorted(r for r in route.values() if r in silos)
+        if len(set(route.values())) != len(route) or not set(inside) <= set(route):
+            raise ValueError(
+                f"phase {phase.name!r}: a route must be a permutation of its senders, or hand "
+                "models on to distinct silos outside the phase (a cyclic visit)"
+            )
         sent, dropped = self.collect(
             "send",
             [self._routed(t, route[t.silo]) if t.silo in route else t for t in phase.tasks],
@@ -67,7 +73,7 @@ class HandoffRouter:
             )
         ready = {s for s in route if s in sent and HANDOFF in sent[s].result.tensors}
         blobs = {s: sent[s].result.tensors[HANDOFF] for s in ready}
-        targets = {s: route[s] for s in ready if route[s] in sent}
+        targets = {s: route[s] for s in ready if route[s] in sent or route[s] not in silos}
         orphans = sorted(ready - set(targets))
         hungry = sorted(r for s, r in route.items() if r in sent and s not in ready)
         for sender, recipient in self._matched(orphans, hungry).items():

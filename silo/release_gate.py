@@ -19,7 +19,9 @@ from fedsilo.wire.messages import TaskMessage
 from fedsilo.wire.tasks import DaisyReseal, DaisyTrain, EncryptedInput, MaskedInput
 
 # What `secagg_mask` and `ckks_encrypt` may wrap: kinds whose result they mask or encrypt.
-WRAPPABLE = frozenset({"train", "superfed_train", "energy_signals", "daisy_train"})
+WRAPPABLE = frozenset(
+    {"train", "superfed_train", "energy_signals", "daisy_train", "scaffold_train"}
+)
 WRAPPERS = {"secagg_mask": "masking", "ckks_encrypt": "ckks"}
 PROTOCOL_OF = {Release.MASKED: "masking", Release.ENCRYPTED: "ckks"}
 

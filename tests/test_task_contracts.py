@@ -41,6 +41,7 @@ from fedsilo.wire.tasks import (
     LocalTraining,
     LossProbe,
     MaskedInput,
+    ScaffoldTrain,
     SchemaTask,
     SecAggAdvertise,
     SecAggConfirm,
@@ -99,6 +100,7 @@ EXAMPLES: list[TaskConfig] = [
     DaisyEvaluate(split="train"),
     SuperFedTrain(local=LOCAL, mixing="layer", mixing_on=True, local_seed=9, ortho_nu=0.5),
     SuperFedEvaluate(local_seed=9, lambda_grid=5, min_validation=3),
+    ScaffoldTrain(local=LOCAL),
     EnergySignals(
         local=LOCAL,
         sgld_steps=1,
@@ -227,6 +229,8 @@ BUILT_TODAY: list[tuple[str, str, dict[str, Any]]] = [
     ("daisy_receive", "Routing.run", {"sealed": True}),
     ("daisy_receive", "Routing.run, plain", {"sealed": False}),
     ("daisy_evaluate", "FedDC.evaluate", {"split": "test"}),
+    ("daisy_train", "Cyclic.round, last visit", BY_STEPS | {"adopt": False, "send": True}),
+    ("scaffold_train", "Scaffold.train_config", BY_STEPS),
     (
         "superfed_train",
         "SuperFed.train_settings",
@@ -438,6 +442,8 @@ SIMULATED = {
     },
     "fedavg_client_dp.yaml": {"rounds": 1},
     "heart-fedavg.yaml": {"rounds": 1, "secure_aggregation": "ckks"},
+    "heart-scaffold.yaml": {"rounds": 1, "training": {"steps": 2}},
+    "heart-cyclic.yaml": {"rounds": 1, "training": {"steps": 2}},
 }
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from fedsilo.coordinator.strategies.base import Strategy
+from fedsilo.coordinator.strategies.cyclic import Cyclic
 from fedsilo.coordinator.strategies.drfa import Drfa, Drflm
 from fedsilo.coordinator.strategies.fedavg import ApproxFedAvg, FedAvg, FedProx
 from fedsilo.coordinator.strategies.feddc import FedDC
@@ -17,6 +18,7 @@ from fedsilo.coordinator.strategies.loss_weighted import (
     Term,
 )
 from fedsilo.coordinator.strategies.references import Central, Local
+from fedsilo.coordinator.strategies.scaffold import Scaffold
 from fedsilo.coordinator.strategies.superfed import SuperFed
 from fedsilo.policies.schema import Policy
 
@@ -25,6 +27,7 @@ STRATEGIES: dict[str, type[Strategy]] = {
     for cls in (
         *(FedAvg, FedProx, FedAdam, FedYogi, FedAdagrad, Central, Local, FedDC, SuperFed, FedEvg),
         *(Drfa, Drflm, Afl, AgnosticFedAvg, QFedAvg, Term, PropFair, AAggFF, ApproxFedAvg),
+        *(Scaffold, Cyclic),
     )
 }
 

@@ -8,6 +8,7 @@ from typing import Annotated
 
 from pydantic import Field
 
+from fedsilo.policies.algorithms.cyclic import CyclicConfig
 from fedsilo.policies.algorithms.drfa import DrfaConfig, DrflmConfig
 from fedsilo.policies.algorithms.fedavg import ApproxFedAvgConfig, FedAvgConfig, FedProxConfig
 from fedsilo.policies.algorithms.feddc import FedDcConfig
@@ -22,6 +23,7 @@ from fedsilo.policies.algorithms.loss_weighted import (
     TermConfig,
 )
 from fedsilo.policies.algorithms.references import CentralConfig, LocalConfig
+from fedsilo.policies.algorithms.scaffold import ScaffoldConfig
 from fedsilo.policies.algorithms.superfed import SuperFedConfig
 
 AlgorithmConfig = Annotated[
@@ -41,6 +43,8 @@ AlgorithmConfig = Annotated[
     | AAggFFConfig
     | ApproxFedAvgConfig
     | SuperFedConfig
-    | FedEvgConfig,
+    | FedEvgConfig
+    | ScaffoldConfig
+    | CyclicConfig,
     Field(discriminator="name"),
 ]

@@ -13,6 +13,8 @@ The task composes one local loop (silo/local_loop.py) from the pieces its config
   `domain_temperature` (AgnosticFedAvg, ApproxFedAvg) the rows' domains weigh in
   (silo/domains.py);
 * with `prox_mu` > 0, FedProx's proximal term (silo/proximal.py);
+* with a `CONTROL_CORRECTION` tensor (SCAFFOLD), c - c_i added to every gradient
+  (silo/scaffold.py);
 * with `checkpoint_step`, DRFA's checkpoint, and with `update_scale`, its scaled update
   (silo/drfa_training.py);
 * with the silo's `privacy.client_dp`, the update clipped and noised before it leaves
@@ -46,6 +48,7 @@ from fedsilo.silo.mixup import MixupDraws, mixed_loss_of, mixup_on
 from fedsilo.silo.objectives import MeanOfRows, Objective, RowLoss
 from fedsilo.silo.proximal import Proximal
 from fedsilo.silo.reports import reports_mechanism
+from fedsilo.silo.scaffold import ControlCorrection
 from fedsilo.silo.schedule import LocalSchedule
 from fedsilo.silo.tasks.base import SiloContext, config_of, flat_parameters
 from fedsilo.wire.messages import TaskMessage, TaskResult
@@ -85,7 +88,9 @@ def train(message: TaskMessage, ctx: SiloContext) -> TaskResult:
         raise ValueError(f"silo {ctx.name!r} has no training samples")
     schedule = LocalSchedule.of(local, n)
     optimizer = optimizer_for(model.parameters(), local)
-    proximal = Proximal.of(local.prox_mu, message.tensors, model, spec)
+    proximal = Proximal.of(local.prox_mu, message.tensors, model, spec) or ControlCorrection.of(
+        message.tensors, model, spec
+    )  # a data-independent term: FedProx's, or SCAFFOLD's correction
     objective = _objective(task, ctx, model, x, y)
     scale = update_scale(task.scale, ctx.privacy)
     step = checkpoint_step(task.checkpoint_step, schedule.steps, ctx.privacy)

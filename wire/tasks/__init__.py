@@ -13,6 +13,7 @@ from fedsilo.wire.tasks.daisy import (
 )
 from fedsilo.wire.tasks.evaluation import EvaluateTask, LossProbe, SuperFedEvaluate
 from fedsilo.wire.tasks.registry import TASK_CONFIGS, decode_task_config
+from fedsilo.wire.tasks.scaffold import ScaffoldTrain
 from fedsilo.wire.tasks.secure_sum import (
     MaskedInput,
     SecAggAdvertise,
@@ -41,6 +42,7 @@ __all__ = [
     "LocalTraining",
     "LossProbe",
     "MaskedInput",
+    "ScaffoldTrain",
     "SchemaTask",
     "SecAggAdvertise",
     "SecAggConfirm",

@@ -34,3 +34,7 @@ CONTRIBUTION = "ckks/signature"  # a contributor's signature over its encrypted 
 # gradient weighted by s = exp(-sign E) and the weight s itself (back).
 SYNTHETIC, SYNTHETIC_LABELS = "synthetic", "synthetic_labels"
 WEIGHTED_GRADIENT, WEIGHT = "weighted_gradient", "weight"
+
+# SCAFFOLD: the server's control variate c (to the silos), each silo's change of its own c_i
+# (back), and the correction c - c_i its training task adds to every step's gradient.
+CONTROL, CONTROL_DELTA, CONTROL_CORRECTION = "control", "control_delta", "control_correction"
