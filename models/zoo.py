@@ -20,12 +20,20 @@ from torch import nn
 
 from fedsilo.models import architecture
 from fedsilo.models.plugins import PluginError, build_plugin
-from fedsilo.policies.model import CnnModel, LinearModel, MlpModel, ModelConfig, PluginModel
+from fedsilo.policies.model import (
+    CnnModel,
+    LinearModel,
+    LogisticModel,
+    MlpModel,
+    ModelConfig,
+    PluginModel,
+)
 from fedsilo.wire.tensors import ParameterSpec
 
 ACTIVATIONS: dict[str, type[nn.Module]] = {"relu": nn.ReLU, "tanh": nn.Tanh, "silu": nn.SiLU}
 GROUPS = 8  # GroupNorm's groups (or the largest divisor of the channels below it)
 MIN_IMAGE_SIDE = 4
+BINARY = 2  # the classes of the one-logit `logistic` model
 
 
 def build_model(
@@ -33,8 +41,9 @@ def build_model(
 ) -> nn.Module:
     """The network for `config`, mapping inputs of shape (n, *input_shape) to (n, output_dim).
 
-    The output is logits for classification; for regression `output_dim` is 1 and the caller
-    squeezes. Same seed, bit-identical parameters; the global RNG state is left untouched.
+    The output is logits for classification (`logistic`: one logit for two classes, and any
+    other output size refused); for regression `output_dim` is 1 and the caller squeezes.
+    Same seed, bit-identical parameters; the global RNG state is left untouched.
     A plugin model that is not installed, fails to build or differs from its pinned
     architecture raises PluginError (a ValueError) saying so.
     """
@@ -98,6 +107,8 @@ def _check_dimensions(input_shape: tuple[int, ...], output_dim: int) -> None:
 def _layers(config: ModelConfig, input_shape: tuple[int, ...], output_dim: int) -> nn.Sequential:
     if isinstance(config, LinearModel):
         return _linear(input_shape, output_dim)
+    if isinstance(config, LogisticModel):
+        return _logistic(input_shape, output_dim)
     if isinstance(config, MlpModel):
         return _mlp(config, input_shape, output_dim)
     if isinstance(config, CnnModel):
@@ -107,6 +118,15 @@ def _layers(config: ModelConfig, input_shape: tuple[int, ...], output_dim: int) 
 
 def _linear(input_shape: tuple[int, ...], output_dim: int) -> nn.Sequential:
     return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), output_dim))
+
+
+def _logistic(input_shape: tuple[int, ...], output_dim: int) -> nn.Sequential:
+    if output_dim != BINARY:
+        raise ValueError(
+            f"model 'logistic' is for binary classification only (one logit for 2 classes), but "
+            f"the task needs {output_dim} output(s); use model name 'linear'"
+        )
+    return _linear(input_shape, 1)
 
 
 def _mlp(config: MlpModel, input_shape: tuple[int, ...], output_dim: int) -> nn.Sequential:

@@ -23,6 +23,7 @@ from fedsilo.policies.loading import PolicyError
 from fedsilo.silo.config import load_silo_config
 from fedsilo.silo.data import DataError
 from fedsilo.silo.data.sources import read_csv_as_written
+from fedsilo.silo.evaluation import class_probabilities
 from fedsilo.silo.site_features import SiteFeatures, fit_site_features
 from fedsilo.wire.tasks.tensor_names import MODEL
 from fedsilo.wire.tensors import WireError, decode_tensors
@@ -55,7 +56,7 @@ def predict_rows(
     model = card.load(model, flat)
     with torch.no_grad():
         outputs = torch.cat([model(x[i : i + BATCH]) for i in range(0, len(x), BATCH)])
-    return outputs.softmax(dim=1) if card.task == "classification" else outputs.reshape(-1)
+    return class_probabilities(outputs) if card.task == "classification" else outputs.reshape(-1)
 
 
 def write_predictions(out: Path, site: SiteFeatures, outputs: torch.Tensor) -> None:

@@ -3,6 +3,9 @@ splits them, and which silos get noisy labels.
 
 Sources:
   heart                  the bundled UCI heart-disease table, four hospitals (natural silos)
+  tcga_brca              the bundled TCGA-BRCA clinical survival table (FLamby's Fed-TCGA-BRCA):
+                         1,088 patients in six regions (natural silos), each with its static
+                         train/test split (column `split`)
   sklearn:breast_cancer, sklearn:diabetes, sklearn:digits, sklearn:wine
                          scikit-learn's bundled datasets (no download)
   csv                    a CSV file at `path`, with the label in column `target`
@@ -12,8 +15,14 @@ Sources:
                          entry point of group `fedsilo.datasets` ("module:attr"), called with
                          `args` (silo/data/plugins.py); only a registered loader is ever loaded
 
-Tasks: classification, regression, or a task plug-in named by the value of its entry point of
-group `fedsilo.tasks` ("module:attr", silo/data/plugins.py `TaskPlugin`).
+Tasks: classification, regression, survival (targets (time, event), Cox partial likelihood,
+concordance index; silo/data/survival.py), or a task plug-in named by the value of its entry
+point of group `fedsilo.tasks` ("module:attr", silo/data/plugins.py `TaskPlugin`).
+
+Splits: fractions of each silo's rows drawn at random (`split: {train, val, test}`), or each
+row's split read from a column of the source (`split: {column: NAME}`, values train/val/test).
+Missing values: refused (`error`), imputed locally at each silo (`impute`), or the rows holding
+one dropped (`drop`, after `drop_columns` are dropped).
 
 Everything here is a fact agreed by the consortium before any row is read (the data dictionary:
 category lists, missing-value markers); no statistic of the data appears in a policy.
@@ -24,7 +33,13 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import (
+    Field,
+    SerializerFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from fedsilo.policies.base import PolicyModel, closest
 
@@ -36,14 +51,17 @@ SKLEARN_SOURCES = (
 )
 FILE_SOURCES = ("csv", "npz")
 PLUGIN_SOURCE = "plugin"
-SOURCES = ("heart", *SKLEARN_SOURCES, *FILE_SOURCES, PLUGIN_SOURCE)
+BUNDLED_SOURCES = ("heart", "tcga_brca")
+SOURCES = (*BUNDLED_SOURCES, *SKLEARN_SOURCES, *FILE_SOURCES, PLUGIN_SOURCE)
 # The sources a site reads as its own data: one silo unless the section partitions them.
 SITE_SOURCES = (*FILE_SOURCES, PLUGIN_SOURCE)
-BUILTIN_TASKS = ("classification", "regression")
+SURVIVAL = "survival"
+BUILTIN_TASKS = ("classification", "regression", SURVIVAL)
 
 # The task each built-in source is; csv and npz infer theirs from the target unless told.
 KNOWN_TASKS: dict[str, str] = {
     "heart": "classification",
+    "tcga_brca": SURVIVAL,
     "sklearn:breast_cancer": "classification",
     "sklearn:diabetes": "regression",
     "sklearn:digits": "classification",
@@ -51,6 +69,10 @@ KNOWN_TASKS: dict[str, str] = {
 }
 DEFAULT_SILOS = 4
 HEART_SILO_COLUMN = "dataset"
+TCGA_SILO_COLUMN = "region"
+TCGA_SPLIT_COLUMN = "split"
+# A split column's values, and which split each names.
+SPLIT_VALUES = ("train", "val", "test")
 
 
 class NaturalPartition(PolicyModel):
@@ -109,11 +131,35 @@ Partition = Annotated[
 
 
 class SplitConfig(PolicyModel):
-    """The fractions of each silo's rows used for training, validation and test."""
+    """The fractions of each silo's rows used for training, validation and test; or, with
+    `column`, the column of the source whose value (train, val or test) is each row's split
+    (a predefined split, e.g. a benchmark's; the column is not a feature)."""
 
     train: float = Field(default=0.8, gt=0, le=1)
     val: float = Field(default=0.1, ge=0, le=1)
     test: float = Field(default=0.1, gt=0, le=1)
+    column: str | None = Field(default=None, min_length=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _column_or_fractions(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("column") is not None:
+            given = [name for name in ("train", "val", "test") if name in data]
+            if given:
+                raise ValueError(
+                    f"column '{data['column']}' gives each row's split; drop the fractions "
+                    f"({', '.join(given)}), or drop column to split at random"
+                )
+        return data
+
+    @model_serializer(mode="wrap")
+    def _as_written(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """Either the column or the fractions, as a policy writes them (so a dump reloads)."""
+        dumped = handler(self)
+        if self.column is None:
+            dumped.pop("column", None)
+            return dumped
+        return {"column": self.column}
 
     @model_validator(mode="after")
     def _fractions_sum_to_one(self) -> SplitConfig:
@@ -148,7 +194,7 @@ class DataConfig(PolicyModel):
     loader: str | None = None
     args: dict[str, Any] = Field(default_factory=dict)
     categorical: dict[str, list[str]] = Field(default_factory=dict)
-    missing: Literal["error", "impute"] = "error"
+    missing: Literal["error", "impute", "drop"] = "error"
     missing_values: dict[str, list[float]] = Field(default_factory=dict)
     drop_columns: list[str] = Field(default_factory=list)
     partition: Partition | None = None
@@ -173,6 +219,15 @@ class DataConfig(PolicyModel):
         """The bundled heart table is known to have gaps at every hospital: impute unless told."""
         if isinstance(data, dict) and data.get("source", "heart") == "heart":
             return {"missing": "impute", **data}
+        return data
+
+    @model_validator(mode="before")
+    @classmethod
+    def _tcga_splits_as_published(cls, data: Any) -> Any:
+        """The bundled TCGA-BRCA table comes with its static train/test split: used unless
+        told."""
+        if isinstance(data, dict) and data.get("source") == "tcga_brca":
+            return {"split": {"column": TCGA_SPLIT_COLUMN}, **data}
         return data
 
     @field_validator("source")
@@ -236,6 +291,11 @@ class DataConfig(PolicyModel):
             )
         if source != "csv" and self.categorical:
             raise ValueError(f"categorical applies to csv sources only, not '{source}'")
+        if self.task == SURVIVAL and source not in ("tcga_brca", PLUGIN_SOURCE):
+            raise ValueError(
+                f"task survival reads (time, event) targets from the tcga_brca source or a data "
+                f"plug-in, not from '{source}'"
+            )
         if self.domain is not None and source not in ("heart", "csv"):
             raise ValueError(
                 f"domain names a categorical column of a heart or csv source, not of '{source}'"
@@ -252,11 +312,14 @@ class DataConfig(PolicyModel):
 
     def resolved_partition(self) -> Partition:
         """The partition in force: the one given, else the source's natural default (heart: one
-        silo per hospital; any other source: iid into DEFAULT_SILOS silos)."""
+        silo per hospital; tcga_brca: one per region; any other source: iid into DEFAULT_SILOS
+        silos)."""
         if self.partition is not None:
             return self.partition
         if self.source == "heart":
             return NaturalPartition(kind="natural", column=HEART_SILO_COLUMN)
+        if self.source == "tcga_brca":
+            return NaturalPartition(kind="natural", column=TCGA_SILO_COLUMN)
         return IidPartition(kind="iid", silos=DEFAULT_SILOS)
 
     def with_silos(self, n: int) -> DataConfig:

@@ -1,6 +1,8 @@
 """The policy's `model:` section: which network each silo trains, chosen by `name`.
 
 `linear` is logistic regression for classification and linear regression for regression;
+`logistic` is binary logistic regression as one logit (FLamby's Fed-Heart-Disease baseline),
+trained with binary cross-entropy on the logit;
 `mlp` is a fully connected network; `cnn` is a small convolutional network for images;
 `plugin` is a network a site's installed package builds (the entry point group
 `fedsilo.models`), pinned by its `architecture`: every parameter's name, shape and dtype, and
@@ -32,6 +34,13 @@ class LinearModel(PolicyModel):
     """One linear layer on the flattened input."""
 
     name: Literal["linear"]
+
+
+class LogisticModel(PolicyModel):
+    """One linear layer to one logit, for binary classification only: P(class 1) is the
+    sigmoid of the logit (the `linear` model's two-logit softmax has twice the weights)."""
+
+    name: Literal["logistic"]
 
 
 class MlpModel(PolicyModel):
@@ -114,5 +123,5 @@ class PluginModel(PolicyModel):
 
 
 ModelConfig = Annotated[
-    LinearModel | MlpModel | CnnModel | PluginModel, Field(discriminator="name")
+    LinearModel | LogisticModel | MlpModel | CnnModel | PluginModel, Field(discriminator="name")
 ]

@@ -1,9 +1,12 @@
 """Per-silo metrics and the training loss, computed at the silo on its own test/val split.
 
-Classification reports loss (mean cross-entropy), accuracy and AUROC; regression reports loss
-(MSE), RMSE and MAE. `HIGHER_IS_BETTER` tells the coordinator which direction is good. Any other
-task is an installed task plug-in (silo/data/plugins.py `TaskPlugin`), named by its entry point
-value: its loss, its per-row loss when it defines one, and its metrics (plus the mean loss).
+Classification reports loss (mean cross-entropy), accuracy and AUROC; a model with one logit
+(`logistic`) is binary: binary cross-entropy on the logit, P(class 1) its sigmoid, accuracy at
+0.5. Regression reports loss (MSE), RMSE and MAE. `HIGHER_IS_BETTER` tells the coordinator which
+direction is good. Any other task is a `TaskPlugin` (silo/data/plugins.py): the built-in
+survival task (silo/data/survival.py: Cox loss, c_index) or an installed task plug-in named by
+its entry point value: its loss, its per-row loss when it defines one, and its metrics (plus the
+mean loss).
 """
 
 from __future__ import annotations
@@ -16,7 +19,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from fedsilo.policies.data import SURVIVAL
 from fedsilo.silo.data.plugins import is_plugin_task, task_plugin
+from fedsilo.silo.data.survival import NO_PER_ROW_LOSS
 
 TASKS = ("classification", "regression")
 
@@ -26,29 +31,58 @@ HIGHER_IS_BETTER: dict[str, bool] = {
     "auroc": True,
     "rmse": False,
     "mae": False,
+    "c_index": True,
 }
 
 LossFunction = Callable[[Tensor, Tensor], Tensor]
 
 
 def classification_metrics(logits: Tensor, y: Tensor) -> dict[str, float]:
-    """Loss, accuracy and AUROC of `logits` (n, C) against integer labels `y` (n,).
+    """Loss, accuracy and AUROC of `logits` (n, C) against integer labels `y` (n,); C = 1 is
+    one binary logit (loss: binary cross-entropy, accuracy: the sigmoid at 0.5).
 
-    AUROC uses softmax probabilities: for C = 2 the probability of class 1; for C > 2 the
-    one-vs-rest AUROC of each class present in `y`, averaged unweighted (macro), which is
-    sklearn's `multi_class="ovr"` when every class is present. When `y` holds a single class
-    AUROC is undefined and is returned as float("nan"); the coordinator excludes it.
+    AUROC uses the class probabilities (`class_probabilities`): for two classes the probability
+    of class 1; for C > 2 the one-vs-rest AUROC of each class present in `y`, averaged
+    unweighted (macro), which is sklearn's `multi_class="ovr"` when every class is present.
+    When `y` holds a single class AUROC is undefined and is returned as float("nan"); the
+    coordinator excludes it.
     """
     logits, y = logits.detach().cpu(), y.detach().cpu()
-    if logits.dim() != 2 or logits.shape[1] < 2 or logits.shape[0] != y.shape[0]:
+    if logits.dim() != 2 or logits.shape[0] != y.shape[0]:
         raise ValueError(
-            f"need logits (n, C>=2) for labels (n,), got {tuple(logits.shape)} and {tuple(y.shape)}"
+            f"need logits (n, C) for labels (n,), got {tuple(logits.shape)} and {tuple(y.shape)}"
         )
     return {
-        "loss": F.cross_entropy(logits.double(), y).item(),
-        "accuracy": (logits.argmax(dim=1) == y).double().mean().item(),
-        "auroc": _auroc(torch.softmax(logits.double(), dim=1), y),
+        "loss": classification_loss(logits.double(), y).item(),
+        "accuracy": (predicted_classes(logits) == y).double().mean().item(),
+        "auroc": _auroc(class_probabilities(logits.double()), y),
     }
+
+
+def classification_loss(logits: Tensor, y: Tensor, reduction: str = "mean") -> Tensor:
+    """Cross-entropy of `logits` (n, C) against labels `y`; one logit (C = 1): binary
+    cross-entropy on the logit."""
+    if logits.shape[1] == 1:
+        return F.binary_cross_entropy_with_logits(
+            logits[:, 0], y.to(logits.dtype), reduction=reduction
+        )
+    return F.cross_entropy(logits, y, reduction=reduction)
+
+
+def class_probabilities(logits: Tensor) -> Tensor:
+    """Each row's class probabilities, (n, C): the softmax of the logits; one logit z gives
+    (1 - sigmoid(z), sigmoid(z))."""
+    if logits.shape[1] == 1:
+        positive = torch.sigmoid(logits)
+        return torch.cat([1 - positive, positive], dim=1)
+    return torch.softmax(logits, dim=1)
+
+
+def predicted_classes(logits: Tensor) -> Tensor:
+    """Each row's most probable class: the argmax; one logit: class 1 where it is > 0."""
+    if logits.shape[1] == 1:
+        return (logits[:, 0] > 0).long()
+    return logits.argmax(dim=1)
 
 
 def regression_metrics(pred: Tensor, y: Tensor) -> dict[str, float]:
@@ -73,13 +107,13 @@ def metrics_for(task: str, output: Tensor, y: Tensor) -> dict[str, float]:
 
 
 def loss_function(task: str) -> LossFunction:
-    """The training loss of `task` (mean reduction): cross-entropy, MSE on squeezed output, or
-    a task plug-in's loss."""
+    """The training loss of `task` (mean reduction): cross-entropy (binary on one logit), MSE on
+    squeezed output, or the task's `TaskPlugin` loss (survival's Cox loss)."""
     if is_plugin_task(task):
         return task_plugin(task).loss
     _check_task(task)
     if task == "classification":
-        return F.cross_entropy
+        return classification_loss
     return _regression_loss
 
 
@@ -90,14 +124,19 @@ def per_sample_loss_function(task: str) -> LossFunction:
     if is_plugin_task(task):
         per_row = getattr(task_plugin(task), "per_sample_loss", None)
         if per_row is None:
+            reason = (
+                NO_PER_ROW_LOSS
+                if task == SURVIVAL
+                else f"task plug-in '{task}' defines no per_sample_loss"
+            )
             raise ValueError(
-                f"task plug-in '{task}' defines no per_sample_loss, which per-row losses need "
-                "(DP-SGD, the mixing schedules' loss probes, domain weights, SuPerFed)"
+                f"{reason}; per-row losses are what DP-SGD, the mixing schedules' loss probes, "
+                "domain weights and SuPerFed need"
             )
         return per_row
     _check_task(task)
     if task == "classification":
-        return partial(F.cross_entropy, reduction="none")
+        return partial(classification_loss, reduction="none")
     return partial(_regression_loss, reduction="none")
 
 

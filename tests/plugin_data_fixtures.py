@@ -1,8 +1,6 @@
 """Plug-ins as a site would install them, registered by tests/test_data_plugins.py: data loaders
-returning arrays or a torch Dataset, loaders returning bad rows, and a Cox survival task.
-
-The Cox task's concordance index is written here (Harrell's C, ties in risk counting one half):
-lifelines' `concordance_index` is not installed in this venv.
+returning arrays or a torch Dataset, loaders returning bad rows, and a Cox survival task (a
+plug-in's own loss, Breslow's; its concordance index the built-in survival task's, lifelines').
 """
 
 from __future__ import annotations
@@ -14,6 +12,7 @@ from torch import Tensor
 from torch.utils.data import Dataset
 
 from fedsilo.silo.data.plugins import PluginData, PluginDataset
+from fedsilo.silo.data.survival import concordance_index
 
 COX_TASK = "tests.plugin_data_fixtures:CoxTask"
 
@@ -97,15 +96,3 @@ class CoxTask:
 
     def metrics(self, output: Tensor, y: Tensor) -> dict[str, float]:
         return {"c_index": concordance_index(output.reshape(-1), y[:, 0], y[:, 1])}
-
-
-def concordance_index(risk: Tensor, time: Tensor, event: Tensor) -> float:
-    """Harrell's C: among pairs where the row with the shorter time died, the fraction whose
-    risk is higher (ties in risk count one half); NaN without a comparable pair."""
-    risk, time, event = risk.double(), time.double(), event.double()
-    comparable = (time[:, None] < time[None, :]) & (event[:, None] == 1)
-    pairs = comparable.sum()
-    if pairs == 0:
-        return float("nan")
-    higher = (risk[:, None] > risk[None, :]).double() + 0.5 * (risk[:, None] == risk[None, :])
-    return float((higher * comparable).sum() / pairs)

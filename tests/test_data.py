@@ -15,7 +15,7 @@ from fedsilo.policies.data import DataConfig, IidPartition
 from fedsilo.silo.data import DataError, SiloDataset, load_consortium, pool
 
 HEART_CSV = Path(__file__).parents[1] / "silo" / "datasets" / "heart" / "heart_disease_uci.csv"
-HOSPITALS = {"Cleveland": 304, "Hungary": 293, "VA Long Beach": 200, "Switzerland": 123}
+HOSPITALS = {"Cleveland": 303, "Hungary": 294, "VA Long Beach": 200, "Switzerland": 123}
 
 
 def config(**fields: Any) -> DataConfig:
@@ -73,7 +73,7 @@ def heart() -> list[SiloDataset]:
 def test_unknown_source_is_refused_with_a_close_match_and_the_allowed_list() -> None:
     with pytest.raises(ValidationError, match="unknown source 'hearts' \\(did you mean 'heart'"):
         config(source="hearts")
-    with pytest.raises(ValidationError, match="allowed: heart, sklearn:breast_cancer"):
+    with pytest.raises(ValidationError, match="allowed: heart, tcga_brca, sklearn:breast_cancer"):
         config(source="mnist")
 
 

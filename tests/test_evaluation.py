@@ -136,4 +136,5 @@ def test_direction_of_every_metric_is_declared():
         "loss": False,
         "rmse": False,
         "mae": False,
+        "c_index": True,
     }

@@ -67,8 +67,8 @@ def test_a_selected_hospital_of_the_bundled_data_is_summarised_alone(tmp_path: P
     )
     result = check(config)
     assert result.exit_code == 0, result.output
-    assert "dataset Hungary: 293 rows" in result.output
-    assert "labels (2 classes): False: 187 (64%), True: 106 (36%)" in result.output
+    assert "dataset Hungary: 294 rows" in result.output
+    assert "labels (2 classes): False: 188 (64%), True: 106 (36%)" in result.output
 
 
 def test_missing_values_are_counted_per_column_and_imputed_when_asked(tmp_path: Path) -> None:

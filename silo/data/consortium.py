@@ -20,7 +20,7 @@ from fedsilo.silo.data.label_noise import noisy_labels, noisy_silo_indices
 from fedsilo.silo.data.scaling import fitted_standardiser
 from fedsilo.silo.data.seeds import Purpose, rng_for
 from fedsilo.silo.data.sources import read_source
-from fedsilo.silo.data.splits import split_positions, split_sizes
+from fedsilo.silo.data.splits import predefined_splits, split_positions, split_sizes
 
 
 def _features_tensor(x: np.ndarray, input_shape: tuple[int, ...]) -> torch.Tensor:
@@ -35,7 +35,10 @@ def _labels_tensor(y: np.ndarray, task: str) -> torch.Tensor:
 def split_rows(
     name: str, rows: np.ndarray, index: int, table: Table, config: DataConfig, seed: int
 ) -> list[np.ndarray]:
-    """The table rows of silo `name` (the `index`-th) in its train, val and test splits."""
+    """The table rows of silo `name` (the `index`-th) in its train, val and test splits: as
+    the split column says, or drawn at random in the section's fractions."""
+    if table.splits is not None:
+        return predefined_splits(name, rows, table.splits[rows], config)
     sizes = split_sizes(len(rows), config.split, name)
     labels = table.y[rows] if table.task == "classification" else None
     return [

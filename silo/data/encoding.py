@@ -1,12 +1,14 @@
 """Validation and row-wise encoding of a raw table: features (numeric columns as floats,
 booleans as 0/1, declared categoricals one-hot, missing-value markers as NaN), the target (class
 codes from the whole source's sorted label set, or regression targets), the natural-partition
-column and the domain column. A data plug-in's labels come beside its table, and a task
-plug-in's targets (float, (n,) or (n, k)) are kept as they are. No statistics: the same at every
-silo."""
+column, the split column and the domain column. With `missing: drop` the rows missing a feature
+value are dropped first. A data plug-in's labels come beside its table, and a task plug-in's
+targets (float, (n,) or (n, k); survival's (time, event)) are kept as they are. No statistics:
+the same at every silo."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -14,7 +16,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from fedsilo.policies.data import DataConfig, NaturalPartition, Partition
+from fedsilo.policies.data import SPLIT_VALUES, SURVIVAL, DataConfig, NaturalPartition, Partition
 from fedsilo.silo.data.dataset import SECTION, DataError
 from fedsilo.silo.data.plugins import is_plugin_task, task_plugin
 from fedsilo.silo.data.sources import RawSource
@@ -39,6 +41,7 @@ class Table:
     domains: tuple[str, ...] = ()  # with data.domain: its categories
     domain_codes: np.ndarray | None = None  # and each row's index into them
     outputs: int | None = None  # a task plug-in's output width for these targets
+    splits: np.ndarray | None = None  # with data.split.column: each row's index in SPLIT_VALUES
 
 
 def _columns_listing(frame: pd.DataFrame) -> str:
@@ -186,21 +189,47 @@ def _feature_columns(source: RawSource, config: DataConfig, partition: Partition
         excluded.add(source.dictionary.target)
     if isinstance(partition, NaturalPartition):
         excluded.add(partition.column)
+    if config.split.column is not None:
+        excluded.add(config.split.column)
     features = [str(column) for column in frame.columns if column not in excluded]
     if not features:
         raise DataError(f"{SECTION}.drop_columns: {source.origin} has no feature columns left")
     return features
 
 
-def _encode_features(
-    source: RawSource, features: list[str], config: DataConfig
-) -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]:
-    dictionary = source.dictionary
-    markers = dict(dictionary.missing_values)
+def _markers(source: RawSource, config: DataConfig) -> dict[str, tuple[float, ...]]:
+    """Each column's missing-value markers: the data dictionary's and the section's."""
+    markers = {column: tuple(values) for column, values in source.dictionary.missing_values.items()}
     for column, extra in config.missing_values.items():
         markers[column] = (*markers.get(column, ()), *extra)
     for column in markers:
         _require_column(source.frame, column, "declared", "missing_values", source.origin)
+    return markers
+
+
+def _without_missing_rows(source: RawSource, features: list[str], config: DataConfig) -> RawSource:
+    """`missing: drop`: the source without the rows missing a value of a feature column (a
+    blank cell or a declared marker)."""
+    markers = _markers(source, config)
+    missing = np.zeros(len(source.frame), dtype=bool)
+    for column in features:
+        missing |= _replace_markers(source.frame[column], markers.get(column, ())).isna().to_numpy()
+    if missing.all():
+        raise DataError(
+            f"{SECTION}.missing: every row of {source.origin} misses a feature value; dropping "
+            f"them leaves no data (drop the emptiest columns with {SECTION}.drop_columns)"
+        )
+    kept = ~missing
+    labels = None if source.labels is None else source.labels[kept]
+    frame = source.frame[kept].reset_index(drop=True)
+    return dataclasses.replace(source, frame=frame, labels=labels)
+
+
+def _encode_features(
+    source: RawSource, features: list[str], config: DataConfig
+) -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]:
+    dictionary = source.dictionary
+    markers = _markers(source, config)
     for column in dictionary.categorical:
         _require_column(source.frame, column, "declared", "categorical", source.origin)
     blocks: list[np.ndarray] = []
@@ -250,6 +279,38 @@ def _encode_labels(source: RawSource, config: DataConfig) -> tuple[np.ndarray, s
     return _encode_target(pd.Series(source.labels, name="y"), task, source.origin)
 
 
+def _split_codes(source: RawSource, config: DataConfig) -> np.ndarray | None:
+    """With `split.column`: each row's split, as its index in SPLIT_VALUES; else None."""
+    column = config.split.column
+    if column is None:
+        return None
+    _require_column(source.frame, column, "split", "split.column", source.origin)
+    values = source.frame[column]
+    bad = values[~values.isin(SPLIT_VALUES)]
+    if not bad.empty:
+        raise DataError(
+            f"{SECTION}.split.column: split column '{column}' in {source.origin} has value "
+            f"'{bad.iloc[0]}' ({len(bad)} rows); each row's split must be one of "
+            f"{', '.join(SPLIT_VALUES)}"
+        )
+    return values.map(SPLIT_VALUES.index).to_numpy(dtype=np.int64)
+
+
+def _check_survival_targets(y: np.ndarray, origin: str) -> None:
+    """Survival targets: (n, 2) rows of (time, event), times at least 0 (TCGA-BRCA records
+    day 0 for some), events 0 or 1."""
+    if y.ndim != 2 or y.shape[1] != 2:
+        raise DataError(
+            f"{SECTION}.task: task survival needs targets (time, event) of shape (n, 2); "
+            f"{origin} gives shape {y.shape}"
+        )
+    if not (y[:, 0] >= 0).all() or not np.isin(y[:, 1], (0.0, 1.0)).all():
+        raise DataError(
+            f"{SECTION}.task: task survival needs times of at least 0 and events 0 or 1; "
+            f"{origin} gives other values"
+        )
+
+
 def _plugin_outputs(y: np.ndarray, task: str) -> int | None:
     """A task plug-in's output width for the targets `y` (None for a built-in task)."""
     if not is_plugin_task(task):
@@ -267,8 +328,12 @@ def tabulate(source: RawSource, config: DataConfig, partition: Partition) -> Tab
     if source.image_shape is not None and config.drop_columns:
         raise DataError(f"{SECTION}.drop_columns: does not apply to image rows ({source.origin})")
     features = _feature_columns(source, config, partition)
+    if config.missing == "drop":
+        source = _without_missing_rows(source, features, config)
     x, numeric, names = _encode_features(source, features, config)
     y, task, num_classes = _encode_labels(source, config)
+    if task == SURVIVAL:
+        _check_survival_targets(y, source.origin)
     groups = None
     if isinstance(partition, NaturalPartition):
         groups = _natural_groups(source, partition.column)
@@ -285,6 +350,7 @@ def tabulate(source: RawSource, config: DataConfig, partition: Partition) -> Tab
         domains,
         codes,
         _plugin_outputs(y, task),
+        _split_codes(source, config),
     )
 
 

@@ -7,7 +7,8 @@ No code travels: every site runs the plug-ins installed at that site.
 
 A data loader, called `loader(**args)`, returns a `PluginData` (arrays) or a `PluginDataset` (a
 torch Dataset of (x, y) pairs and its schema). A task plug-in is a `TaskPlugin`, or a class (a
-factory) whose instances are.
+factory) whose instances are. The built-in survival task (silo/data/survival.py) is a
+`TaskPlugin` too, so it takes the same path through training and evaluation.
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from fedsilo.policies.data import BUILTIN_TASKS, DataConfig, is_entry_point_value
+from fedsilo.policies.data import BUILTIN_TASKS, SURVIVAL, DataConfig, is_entry_point_value
 from fedsilo.silo.data.dataset import SECTION, DataError
+from fedsilo.silo.data.survival import SurvivalTask
 
 DATASETS_GROUP = "fedsilo.datasets"
 TASKS_GROUP = "fedsilo.tasks"
@@ -101,12 +103,16 @@ def _registered(group: str, value: str, key: str) -> Any:
 
 
 def is_plugin_task(task: str) -> bool:
-    """Whether `task` names a task plug-in (an entry point value, "module:attr")."""
-    return task not in BUILTIN_TASKS and is_entry_point_value(task)
+    """Whether a `TaskPlugin` defines `task`: the built-in survival task, or a task plug-in (an
+    entry point value, "module:attr")."""
+    return task == SURVIVAL or (task not in BUILTIN_TASKS and is_entry_point_value(task))
 
 
 def task_plugin(task: str, key: str = "task") -> TaskPlugin:
-    """The installed task plug-in whose entry point value is `task` (a class is instantiated)."""
+    """The `TaskPlugin` of `task`: the built-in survival task, or the installed task plug-in
+    whose entry point value is `task` (a class is instantiated)."""
+    if task == SURVIVAL:
+        return SurvivalTask()
     loaded = _registered(TASKS_GROUP, task, key)
     plugin = loaded() if isinstance(loaded, type) else loaded
     if not isinstance(plugin, TaskPlugin):

@@ -1,6 +1,6 @@
-"""Source readers: the bundled heart table, scikit-learn's datasets, a CSV or an npz file, or an
-installed data plug-in (silo/data/plugins.py), each read into a raw table with what is known
-about it (its data dictionary, its task, its image shape)."""
+"""Source readers: the bundled heart and TCGA-BRCA tables, scikit-learn's datasets, a CSV or an
+npz file, or an installed data plug-in (silo/data/plugins.py), each read into a raw table with
+what is known about it (its data dictionary, its task, its image shape)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from fedsilo.policies.data import KNOWN_TASKS, PLUGIN_SOURCE, DataConfig
+from fedsilo.policies.data import (
+    KNOWN_TASKS,
+    PLUGIN_SOURCE,
+    TCGA_SILO_COLUMN,
+    TCGA_SPLIT_COLUMN,
+    DataConfig,
+)
 from fedsilo.silo.data.dataset import SECTION, DataError
 from fedsilo.silo.data.plugins import load_plugin_data
 
@@ -47,6 +53,12 @@ HEART_DICTIONARY = DataDictionary(
     not_features=("id", "dataset"),
 )
 HEART_CSV = "datasets/heart/heart_disease_uci.csv"
+# The bundled TCGA-BRCA clinical table (silo/datasets/tcga_brca/README.md): the patients of the
+# split file, each with its region (the natural silo, named as centers.csv names it) and its
+# static split (train/test, from `fold2`); the 39 feature columns are brca.csv's, the targets
+# (time, event) its T and E.
+TCGA_FOLDER = "datasets/tcga_brca"
+TCGA_DICTIONARY = DataDictionary(target="T", not_features=("pid", "T", "E"))
 DIGITS_INTENSITIES = 16.0  # scikit-learn's 8x8 digits count 0..16 per pixel
 
 
@@ -76,6 +88,30 @@ def _read_heart() -> RawSource:
         frame = pd.read_csv(handle)
     frame[HEART_DICTIONARY.target] = frame[HEART_DICTIONARY.target] > 0
     return RawSource(frame, HEART_DICTIONARY, "the bundled heart data", KNOWN_TASKS["heart"])
+
+
+def _read_tcga_brca() -> RawSource:
+    folder = files("fedsilo.silo") / TCGA_FOLDER
+    with (folder / "brca.csv").open("rb") as handle:
+        patients = pd.read_csv(handle)
+    with (folder / "train_test_split.csv").open("rb") as handle:
+        folds = pd.read_csv(handle)
+    with (folder / "centers.csv").open("rb") as handle:  # site codes are text, never NaN
+        centers = pd.read_csv(handle, keep_default_na=False)
+    frame = folds.merge(patients, on="pid", how="inner", validate="one_to_one")
+    frame[TCGA_SPLIT_COLUMN] = frame["fold2"].str.split("_").str[0]
+    regions = dict(zip(centers["TSS Code"], centers["Region"], strict=True))
+    frame.insert(1, TCGA_SILO_COLUMN, frame["pid"].str[5:7].map(regions))
+    frame = frame.drop(columns=["fold", "fold2"])
+    labels = frame[["T", "E"]].to_numpy(dtype=np.float64)  # (time, event)
+    return RawSource(
+        frame,
+        TCGA_DICTIONARY,
+        "the bundled TCGA-BRCA data",
+        KNOWN_TASKS["tcga_brca"],
+        None,
+        labels=labels,
+    )
 
 
 def _read_sklearn(source: str) -> RawSource:
@@ -165,6 +201,8 @@ def read_source(config: DataConfig, base_dir: Path | None) -> RawSource:
         return _read_plugin(config)
     if config.source == "heart":
         return _read_heart()
+    if config.source == "tcga_brca":
+        return _read_tcga_brca()
     if config.source == "csv":
         assert config.path is not None  # the policy requires it for csv
         return _read_csv(_resolve_path(config.path, base_dir), config)

@@ -1,12 +1,13 @@
 """A silo's rows into train, validation and test: proportional sizes with at least one row in
-each split asked for, shuffled, and stratified by label when every class allows it."""
+each split asked for, shuffled, and stratified by label when every class allows it; or, with a
+split column, as each row's value says."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from fedsilo.policies.data import SplitConfig
-from fedsilo.silo.data.dataset import DataError
+from fedsilo.policies.data import SPLIT_VALUES, DataConfig, SplitConfig
+from fedsilo.silo.data.dataset import SECTION, DataError
 
 
 def split_sizes(n: int, split: SplitConfig, silo: str) -> list[int]:
@@ -51,3 +52,18 @@ def split_positions(
         order = order[np.argsort(labels[order], kind="stable")]
     assignment = _interleave(sizes)
     return [np.sort(order[assignment == split]) for split in range(len(sizes))]
+
+
+def predefined_splits(
+    silo: str, rows: np.ndarray, codes: np.ndarray, config: DataConfig
+) -> list[np.ndarray]:
+    """The rows of `silo` whose split column says train, val and test (codes index
+    SPLIT_VALUES), in table order; a silo without training or test rows is refused."""
+    parts = [rows[codes == code] for code in range(len(SPLIT_VALUES))]
+    for code in (0, 2):
+        if len(parts[code]) == 0:
+            raise DataError(
+                f"{SECTION}.split.column: silo '{silo}' has no row whose column "
+                f"'{config.split.column}' says {SPLIT_VALUES[code]}"
+            )
+    return parts

@@ -26,7 +26,12 @@ import torch
 
 from fedsilo.privacy.accounting import Mechanism
 from fedsilo.silo.domains import split_domains
-from fedsilo.silo.evaluation import metrics_for, per_sample_loss_function, task_metrics
+from fedsilo.silo.evaluation import (
+    metrics_for,
+    per_sample_loss_function,
+    predicted_classes,
+    task_metrics,
+)
 from fedsilo.silo.mixup import MixupDraws, mixed_losses, mixup_on
 from fedsilo.silo.reports import DOMAIN_REPORTS, LOSSES, METRICS, Reports, reports_mechanism
 from fedsilo.silo.tasks.base import SiloContext, config_of
@@ -184,7 +189,7 @@ def measured(
         return {
             name: reports.mean_loss(per_sample_loss_function(task)(output, y))
             if name == "loss"
-            else reports.accuracy(output.argmax(dim=1) == y)
+            else reports.accuracy(predicted_classes(output) == y)
             for name in names
         }
     exact = metrics_for(task, output, y)

@@ -32,9 +32,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from fedsilo.policies.data import SURVIVAL
 from fedsilo.privacy.accounting import Mechanism
 from fedsilo.silo.client_dp import clipped_update, share_mechanism
 from fedsilo.silo.data.plugins import is_plugin_task, per_sample_loss_of
+from fedsilo.silo.data.survival import NO_PER_ROW_LOSS
 from fedsilo.silo.domains import domain_objective
 from fedsilo.silo.drfa_training import Checkpoint, checkpoint_step, scaled, update_scale
 from fedsilo.silo.local_loop import (
@@ -145,10 +147,12 @@ def train(message: TaskMessage, ctx: SiloContext) -> TaskResult:
 def _refuse_dp_sgd_without_rows(ctx: SiloContext) -> None:
     task = ctx.data.task
     if ctx.privacy.dp_sgd is not None and is_plugin_task(task) and per_sample_loss_of(task) is None:
-        raise ValueError(
-            f"privacy.dp_sgd: DP-SGD clips each row's loss, and task plug-in '{task}' defines "
-            "no per_sample_loss"
+        reason = (
+            NO_PER_ROW_LOSS
+            if task == SURVIVAL
+            else f"task plug-in '{task}' defines no per_sample_loss"
         )
+        raise ValueError(f"privacy.dp_sgd: DP-SGD clips each row's loss, and {reason}")
 
 
 def _objective(
