@@ -8,9 +8,11 @@ STAMP := $(VENV)/.installed
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml constraints.txt
+# The example plug-in package (examples/fedsilo-example-plugins) too: its tests need it installed.
+$(STAMP): pyproject.toml constraints.txt examples/fedsilo-example-plugins/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet -c constraints.txt -e ".[dev]"
+	$(BIN)/pip install --quiet --no-deps -e examples/fedsilo-example-plugins
 	touch $(STAMP)
 
 # The real deployment path: a provisioned consortium of processes over mutual-TLS gRPC.
