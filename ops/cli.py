@@ -59,7 +59,13 @@ from fedsilo.ops.silo_setup import data_section_options, write_silo_config
 from fedsilo.ops.simulate import SimulationResult, load_silos, simulate
 from fedsilo.ops.status import deployment_status
 from fedsilo.ops.status_view import print_status
-from fedsilo.policies.loading import PolicyError, load_policy, with_algorithm, with_overrides
+from fedsilo.policies.loading import (
+    PolicyError,
+    load_policy,
+    policy_folder,
+    with_algorithm,
+    with_overrides,
+)
 from fedsilo.policies.schema import MAX_SEED, Policy
 from fedsilo.privacy.identity import IdentityError
 from fedsilo.privacy.policy_signing import PolicySignatureError
@@ -195,7 +201,7 @@ def simulate_command(
 ) -> None:
     """Run a consortium in this process and write results, tables and plots."""
     base = _load(policy_file) if policy_file else _default_policy()
-    base_dir = policy_file.parent if policy_file else None
+    base_dir = policy_folder(policy_file) if policy_file else None
     out = out or Path("runs") / base.name
     try:
         base = with_overrides(base, seed, silos)

@@ -9,14 +9,16 @@ from __future__ import annotations
 import difflib
 import json
 import os
+import re
 from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
+import yaml
 
-from fedsilo.policies.loading import example_file, example_names
+from fedsilo.policies.loading import EXAMPLE_PREFIX, example_file, example_names, policy_folder
 from fedsilo.wire.durable import fsync_folder
 
 if TYPE_CHECKING:
@@ -89,15 +91,33 @@ def copy_example(name: str, out: Path | None) -> None:
     """Copy example NAME out of the package, to edit it or deploy it."""
     example = _find(name)
     target = _target(out, example.file.name)
+    data, moved = _with_absolute_data_path(example)
     try:
-        write_new_file(target, example.file.read_bytes())
+        write_new_file(target, data)
     except FileExistsError:
         raise click.ClickException(_exists(target)) from None
     except OSError as exc:
         raise click.ClickException(f"{target}: cannot write it: {exc.strerror}") from None
     click.echo(f"Copied {name} to {target}")
+    if moved is not None:
+        click.echo(f"Its data.path now names the packaged file itself: {moved}")
     if example.kind == POLICIES:
         click.echo(f"Edit it, then: fedsilo policy validate {target}")
+
+
+def _with_absolute_data_path(example: Example) -> tuple[bytes, Path | None]:
+    """The example's bytes, with a `data.path` relative to the packaged examples' folder made
+    absolute (a copy lives elsewhere), and that absolute path (None when nothing changed)."""
+    text = example.file.read_text(encoding="utf-8")
+    if example.kind != POLICIES:
+        return text.encode(), None
+    relative = (yaml.safe_load(text).get("data") or {}).get("path")
+    if not relative or Path(relative).is_absolute():
+        return text.encode(), None
+    absolute = (policy_folder(f"{EXAMPLE_PREFIX}{example.name}") / relative).resolve()
+    line = re.compile(rf"^(\s*path:\s*){re.escape(relative)}(\s|$)", flags=re.MULTILINE)
+    copied = line.sub(lambda m: f"{m.group(1)}{absolute}{m.group(2)}", text, count=1)
+    return copied.encode(), absolute
 
 
 def _find(name: str) -> Example:

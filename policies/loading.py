@@ -50,6 +50,14 @@ def example_name(path: str | Path) -> str | None:
     return text.removeprefix(EXAMPLE_PREFIX) if text.startswith(EXAMPLE_PREFIX) else None
 
 
+def policy_folder(path: str | Path) -> Path:
+    """The folder a policy's relative data paths are read from: the policy file's own, or the
+    packaged examples' folder for `example:NAME`."""
+    if example_name(path) is not None:
+        return Path(str(example_folder()))
+    return Path(path).parent
+
+
 def example_folder() -> Traversable:
     """The packaged example policies (`policies/examples/`)."""
     return files("fedsilo.policies") / "examples"

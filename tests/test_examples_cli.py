@@ -131,3 +131,23 @@ def test_the_package_data_holds_every_example_and_deploy_file() -> None:
         relative = path.relative_to(ROOT).as_posix()
         assert any(fnmatch.fnmatch(relative, pattern) for pattern in shipped), relative
     assert loading.example_names() == sorted(path.stem for path in EXAMPLE_POLICIES)
+
+
+def test_an_example_reading_a_packaged_csv_runs_from_the_package_and_from_a_copy(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """flamby-heart-fedavg reads a CSV relative to the packaged examples: `example:NAME` reads
+    it from there, and a copy elsewhere names the packaged file by its absolute path."""
+    monkeypatch.chdir(tmp_path)
+    result = invoke("examples", "copy", "flamby-heart-fedavg")
+    assert result.exit_code == 0, result.output
+    copied = yaml.safe_load((tmp_path / "flamby-heart-fedavg.yaml").read_text())
+    packaged = (ROOT / "silo" / "datasets" / "flamby_heart" / "heart.csv").resolve()
+    assert Path(copied["data"]["path"]) == packaged
+    assert f"names the packaged file itself: {packaged}" in result.output
+    for policy in ("example:flamby-heart-fedavg", str(tmp_path / "flamby-heart-fedavg.yaml")):
+        assert invoke("policy", "validate", policy).exit_code == 0
+    short = tmp_path / "short.yaml"
+    short.write_text(yaml.safe_dump({**copied, "rounds": 1}))
+    out = tmp_path / "out"
+    assert invoke("simulate", "--policy", str(short), "--out", str(out)).exit_code == 0
