@@ -1,10 +1,13 @@
 """How tasks reach silos. The engine hands a transport encoded task messages and a deadline and
 gets back whichever encoded results arrived in time; strategies never see the transport.
 
-`InProcessTransport` calls each silo's endpoint (bytes in, bytes out) on its own daemon thread,
-so a silo that hangs costs only its own deadline and never blocks the process from exiting.
-Messages are encoded exactly as on the network, so the in-process path exercises the same
-contract as the gRPC one.
+`InProcessTransport` calls the silos' endpoints (bytes in, bytes out) on at most `max_parallel`
+daemon worker threads, kept from one dispatch to the next, so a silo that hangs costs only its
+own deadline (and, for as long as it hangs, its worker) and never blocks the process from
+exiting. The workers live as long as the transport: a thread started per task would also start
+its own OpenMP team in torch, whose threads, busy-waiting after each call, took the CPU from the
+engine's aggregation (bench/engine_overhead.py). Messages are encoded exactly as on the
+network, so the in-process path exercises the same contract as the gRPC one.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+import weakref
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
@@ -76,7 +80,11 @@ class InProcessTransport:
         if max_parallel < 1:
             raise ValueError("max_parallel must be >= 1")
         self._endpoints = dict(endpoints)
-        self._slots = threading.BoundedSemaphore(max_parallel)
+        self._max_parallel = max_parallel
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._workers: list[threading.Thread] = []
+        # workers hold the job queue, not the transport: one dropped unclosed still stops them
+        weakref.finalize(self, _stop, self._jobs, self._workers)
 
     def silos(self) -> list[str]:
         return list(self._endpoints)
@@ -86,26 +94,41 @@ class InProcessTransport:
         expected = 0
         for delivery in deliveries:
             expected += 1
-            if delivery.silo not in self._endpoints:
+            endpoint = self._endpoints.get(delivery.silo)
+            if endpoint is None:
                 replies.put(Reply(delivery.silo, delivery.task_id, None, "unknown silo"))
                 continue
-            worker = threading.Thread(
-                target=self._call,
-                args=(self._endpoints[delivery.silo], delivery, replies),
-                name=f"silo-{delivery.silo}",
-                daemon=True,
-            )
-            worker.start()
+            if len(self._workers) < self._max_parallel:
+                worker = threading.Thread(
+                    target=_work, args=(self._jobs,), name="silo-worker", daemon=True
+                )
+                worker.start()
+                self._workers.append(worker)
+            self._jobs.put((endpoint, delivery, replies))
         return collect_replies(replies, expected, deadline)
-
-    def _call(self, endpoint: SiloEndpoint, delivery: Delivery, replies: queue.Queue) -> None:
-        with self._slots:
-            try:
-                payload = endpoint(delivery.payload.to_bytes())
-            except Exception as exc:  # a silo's crash is that silo's dropout, not ours
-                replies.put(Reply(delivery.silo, delivery.task_id, None, f"silo crashed: {exc!r}"))
-                return
-        replies.put(Reply(delivery.silo, delivery.task_id, as_payload(payload)))
 
     def close(self) -> None:
         self._endpoints.clear()
+        _stop(self._jobs, self._workers)
+
+
+_Job = tuple[SiloEndpoint, Delivery, "queue.Queue[Reply]"]
+
+
+def _work(jobs: queue.SimpleQueue[_Job | None]) -> None:
+    """A worker: call each job's endpoint and queue its reply, until told to stop (None)."""
+    while (job := jobs.get()) is not None:
+        endpoint, delivery, replies = job
+        try:
+            payload = endpoint(delivery.payload.to_bytes())
+        except Exception as exc:  # a silo's crash is that silo's dropout, not ours
+            replies.put(Reply(delivery.silo, delivery.task_id, None, f"silo crashed: {exc!r}"))
+            continue
+        replies.put(Reply(delivery.silo, delivery.task_id, as_payload(payload)))
+
+
+def _stop(jobs: queue.SimpleQueue[_Job | None], workers: list[threading.Thread]) -> None:
+    """Tell every worker to stop once the jobs queued before are done."""
+    for _ in workers:
+        jobs.put(None)
+    workers.clear()
