@@ -21,8 +21,15 @@ cryptography both ends share. The protocol's four steps live with their parties
   silo, to get its seed, one without, to get its key) to t silos each.
 - `weight_problem`: the rule coordinator-chosen weights must follow (in [0, 1], summing to at
   most 1, and at least `min_group` silos of the sum carrying `min_weight` or more).
-- `split_secret` / `combine_shares`: t-of-n Shamir sharing of 16-byte blocks over GF(2^128)
-  (PyCryptodome's `Shamir`), block by block for longer secrets.
+- `split_secret` / `combine_shares`: t-of-n Shamir sharing of 16-byte blocks over GF(2^128),
+  block by block for longer secrets, in the field and share encoding of PyCryptodome's
+  `Shamir` (x^128 + x^7 + x^2 + x + 1, 16-byte big-endian elements, indices 1..n), with a
+  4-bit windowed multiplication instead of its bit by bit one. Reconstruction takes the
+  Lagrange coefficients at 0 of the shares' index set from a cache (an aggregation rebuilds
+  every secret from the same survivors, and the next round usually from the same ones again),
+  so each 16-byte block costs t multiplications. Like PyCryptodome's pure-Python field, this
+  arithmetic is not constant-time: a silo's split runs on its own machine, and the
+  coordinator's reconstruction handles only secrets the protocol lets it learn.
 - `prg`: a mask stream in Z_{2^32}: AES-256-CTR keystream under a key derived with HKDF-SHA256
   from a seed (a self-mask seed, or a pairwise secret from X25519 agreement).
 - `mask` and `unmask_total`: y_u = x_u + PRG(b_u) + sum_v sign(u, v) PRG(s_uv), sign +1 when
@@ -41,9 +48,9 @@ import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
-from Crypto.Protocol.SecretSharing import Shamir
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
@@ -189,13 +196,14 @@ def split_secret(secret: bytes, threshold: int, parties: int) -> list[bytes]:
         raise MaskingError(f"threshold {threshold} must lie in 1..{parties}")
     shares = [b""] * parties
     for start in range(0, len(secret), BLOCK):
-        block = secret[start : start + BLOCK]
-        if threshold == 1:  # a polynomial of degree 0: every share is the secret
-            pieces = [(i + 1, block) for i in range(parties)]
-        else:
-            pieces = Shamir.split(threshold, parties, block, ssss=False)
-        for index, piece in pieces:
-            shares[index - 1] += piece
+        # p(x) = secret + c_1 x + ... + c_{t-1} x^{t-1}, the c_i from the CSPRNG
+        coefficients = [_element(random_bytes(BLOCK)) for _ in range(threshold - 1)]
+        constant = _element(secret[start : start + BLOCK])
+        for index in range(1, parties + 1):
+            value = 0
+            for coefficient in coefficients:  # Horner's rule, highest degree first
+                value = _gf_multiply(value ^ coefficient, _window_table(index))
+            shares[index - 1] += (value ^ constant).to_bytes(BLOCK, "big")
     return shares
 
 
@@ -207,12 +215,76 @@ def combine_shares(shares: Mapping[int, bytes], threshold: int) -> bytes:
     length = len(chosen[0][1])
     if any(len(piece) != length for _, piece in chosen) or length % BLOCK:
         raise MaskingError("shares of one secret must have the same length")
-    if threshold == 1:
-        return chosen[0][1]
-    return b"".join(
-        Shamir.combine([(i, piece[start : start + BLOCK]) for i, piece in chosen], ssss=False)
-        for start in range(0, length, BLOCK)
-    )
+    if any(index < 1 for index, _ in chosen):
+        raise MaskingError("Shamir indices start at 1")
+    tables = _lagrange_at_zero(tuple(index for index, _ in chosen))
+    secret = bytearray()
+    for start in range(0, length, BLOCK):
+        value = 0
+        for table, (_, piece) in zip(tables, chosen, strict=True):
+            value ^= _gf_multiply(_element(piece[start : start + BLOCK]), table)
+        secret += value.to_bytes(BLOCK, "big")
+    return bytes(secret)
+
+
+# GF(2^128) as PyCryptodome's Shamir has it: bit i of an int is the coefficient of x^i
+_FIELD_BITS = 128
+_FIELD_MASK = (1 << _FIELD_BITS) - 1
+
+
+def _element(block: bytes) -> int:
+    return int.from_bytes(block, "big")
+
+
+@lru_cache(maxsize=1024)
+def _window_table(a: int) -> tuple[int, ...]:
+    """a times every polynomial of degree < 4, unreduced: the table `_gf_multiply` reads."""
+    table = [0, a]
+    for nibble in range(2, 16):
+        table.append(table[nibble >> 1] << 1 if nibble % 2 == 0 else table[nibble - 1] ^ a)
+    return tuple(table)
+
+
+def _gf_multiply(b: int, table: tuple[int, ...]) -> int:
+    """a * b in GF(2^128), `table` being `_window_table(a)`: b read 4 bits at a time, then
+    the product reduced by x^128 = x^7 + x^2 + x + 1."""
+    product = 0
+    for shift in range(_FIELD_BITS - 4, -4, -4):
+        product = (product << 4) ^ table[(b >> shift) & 15]
+    high = product >> _FIELD_BITS
+    while high:
+        product = (product & _FIELD_MASK) ^ high ^ (high << 1) ^ (high << 2) ^ (high << 7)
+        high = product >> _FIELD_BITS
+    return product
+
+
+def _gf_inverse(a: int) -> int:
+    """a^-1 in GF(2^128) (a != 0), by the extended Euclidean algorithm over GF(2)[x]."""
+    u, v, g1, g2 = a, (1 << _FIELD_BITS) | 0x87, 1, 0
+    while u != 1:
+        shift = u.bit_length() - v.bit_length()
+        if shift < 0:
+            u, v, g1, g2, shift = v, u, g2, g1, -shift
+        u ^= v << shift
+        g1 ^= g2 << shift
+    return g1
+
+
+@lru_cache(maxsize=256)
+def _lagrange_at_zero(indices: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
+    """For each index x_j, the window table of l_j(0) = prod_{m != j} x_m / (x_j - x_m)
+    (subtraction is addition, XOR, in characteristic 2): the secret is sum_j y_j l_j(0)."""
+    tables = []
+    for j, x_j in enumerate(indices):
+        numerator, denominator = 1, 1
+        for m, x_m in enumerate(indices):
+            if m != j:
+                numerator = _gf_multiply(numerator, _window_table(x_m))
+                denominator = _gf_multiply(denominator, _window_table(x_j ^ x_m))
+        tables.append(
+            _window_table(_gf_multiply(_gf_inverse(denominator), _window_table(numerator)))
+        )
+    return tuple(tables)
 
 
 def encrypt_share(

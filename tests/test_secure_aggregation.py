@@ -13,11 +13,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from itertools import combinations
 from typing import ClassVar
 
 import numpy as np
 import pytest
 import torch
+from Crypto.Protocol.SecretSharing import Shamir
 from nacl.exceptions import CryptoError
 from nacl.public import PrivateKey
 from nacl.signing import SigningKey
@@ -328,6 +330,24 @@ def test_masks_cancel_and_any_t_shares_rebuild_a_secret() -> None:
     assert combine_shares({1: shares[0], 3: shares[2], 4: shares[3]}, 3) == secret
     with pytest.raises(MaskingError, match="2 shares cannot recover"):
         combine_shares({1: shares[0], 2: shares[1]}, 3)
+
+
+@pytest.mark.parametrize(("threshold", "parties"), [(1, 3), (2, 2), (3, 5), (6, 10)])
+def test_shamir_shares_are_pycryptodomes_and_any_threshold_of_them_recover_the_secret(
+    threshold: int, parties: int
+) -> None:
+    """The field and encoding of PyCryptodome's Shamir (the reference it is checked against),
+    reconstruction from any `threshold` shares, cached Lagrange coefficients included."""
+    secret = bytes(range(32))
+    shares = split_secret(secret, threshold, parties)
+    for chosen in combinations(range(1, parties + 1), threshold):
+        for _ in range(2):  # the second time from the cache
+            assert combine_shares({i: shares[i - 1] for i in chosen}, threshold) == secret
+    if threshold > 1:
+        theirs = Shamir.split(threshold, parties, secret[:16])
+        assert combine_shares(dict(theirs[-threshold:]), threshold) == secret[:16]
+        mine = [(i, shares[i - 1][:16]) for i in range(1, threshold + 1)]
+        assert Shamir.combine(mine) == secret[:16]
 
 
 @pytest.mark.parametrize(
