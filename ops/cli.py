@@ -22,6 +22,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+import fedsilo.ops.openmp  # noqa: F401 (first, before torch loads: see the module)
 from fedsilo import __version__
 from fedsilo.coordinator.engine import RoundRecord, RunAborted
 from fedsilo.coordinator.state import StateError
