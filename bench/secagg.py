@@ -9,8 +9,8 @@ falls on all of them alike. Every silo endpoint is wrapped to count the bytes of
 receives and the results it sends, and to time the silo's work (decoding, the task,
 encoding) in wall and thread CPU time (torch runs on one thread).
 
-Silos answer one at a time (the in-process transport with max_parallel=1: a thread per task,
-one running at a time), so a round is the coordinator's work plus the sum of the silos'; the
+Silos answer one at a time (the in-process transport with max_parallel=1: one worker thread
+that runs the tasks in turn), so a round is the coordinator's work plus the sum of the silos'; the
 coordinator's share is the difference. Reported beside the wall time: the process's CPU time
 per round (steadier on a shared machine), and the round time a deployment would see with
 every silo on its own machine, network excluded, estimated from CPU times as the
@@ -618,7 +618,7 @@ def main() -> None:
                 "rounds": rounds,
                 "steady_state": "median of rounds 2..R; the methods take turns, one round each",
                 "precision": "max |model - plaintext's| after round 1 (and by round)",
-                "transport": "InProcessTransport: a thread per task",
+                "transport": "InProcessTransport: one worker thread, tasks in turn",
                 "max_parallel": MAX_PARALLEL,
                 "torch_threads": 1,
                 "ckks": CkksParameters().__dict__,

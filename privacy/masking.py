@@ -107,9 +107,11 @@ class FixedPoint:
     def encode(self, values: np.ndarray, weight: float) -> np.ndarray:
         if not 0.0 <= weight <= 1.0:
             raise MaskingError(f"a weight must lie in [0, 1], not {weight!r}")
-        clipped = np.clip(np.asarray(values, dtype=np.float64), -self.bound, self.bound)
-        scaled = np.rint(clipped * (weight * 2.0**self.fraction_bits)).astype(np.int64)
-        return scaled.astype(np.uint32)  # two's complement: negatives wrap modulo 2^32
+        # one float64 buffer, scaled and rounded in place (a fresh one per step cost as much)
+        scaled = np.clip(np.asarray(values, dtype=np.float64), -self.bound, self.bound)
+        np.multiply(scaled, weight * 2.0**self.fraction_bits, out=scaled)
+        np.rint(scaled, out=scaled)
+        return scaled.astype(np.int64).astype(np.uint32)  # negatives wrap modulo 2^32
 
     def decode(self, total: np.ndarray) -> np.ndarray:
         """A sum of encoded terms (modulo 2^32) as float64."""

@@ -161,9 +161,8 @@ def masked_input(message: TaskMessage, ctx: SiloContext) -> TaskResult:
     peers = {p: session["adverts"][p].masking_key for p in sharers if p != ctx.name}
     masked = {}
     for name in config.tensors:
-        update = (result.tensors[name].double().cpu() - inner.tensors[name].double().cpu()).reshape(
-            -1
-        )
+        update = result.tensors[name].to("cpu", torch.float64, copy=True).reshape(-1)
+        update.sub_(inner.tensors[name].cpu().reshape(-1))  # in float64, as a - b would be
         encoded = encoding.encode(update.numpy(), weight)
         total = mask(encoded, ctx.name, session["seed"], keys.masking, peers, label)
         masked[name] = torch.from_numpy(total.view(np.int32))
