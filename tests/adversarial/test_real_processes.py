@@ -76,7 +76,10 @@ def test_a_real_silo_restarted_answers_a_reposted_task_id_with_the_same_bytes(
         first = coordinator.ask(coordinator.train_task(SILO, initial.result))
         assert first.result.ok, first.result.error
         consortium.kill(SILO)
-        start_silo(consortium, document)  # joins again; the re-posted task waits for its poll
+        start_silo(consortium, document)
+        # Post only once the new process has joined: a task popped by the killed process's
+        # last long poll (its server-side handler outlives it by up to a poll) would be lost.
+        consortium.wait_for_log(SILO, "accepted policy", timeout=60)
         again = coordinator.ask(coordinator.train_task(SILO, shifted(initial.result, 0.5)))
     assert again.raw == first.raw, (
         "the restarted silo trained the re-posted task id again: "
