@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import matplotlib
+import psutil
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -26,6 +27,7 @@ def machine() -> dict[str, Any]:
         "python": platform.python_version(),
         "torch": torch.__version__,
         "cpus": os.cpu_count(),
+        "memory_bytes": psutil.virtual_memory().total,
         "torch_threads": torch.get_num_threads(),
         "processor": platform.processor() or platform.machine(),
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
