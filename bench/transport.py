@@ -273,10 +273,6 @@ def _figure(rows: list[dict], silo_counts: list[int]) -> plt.Figure:
     return fig
 
 
-if __name__ == "__main__":
-    main()
-
-
 def _portable(interpreter: Path) -> str:
     """The interpreter as a path inside the repository when it lives there (results carry no
     absolute paths of the machine that wrote them), else its file name."""
@@ -284,3 +280,7 @@ def _portable(interpreter: Path) -> str:
         return str(interpreter.absolute().relative_to(REPO))
     except ValueError:
         return interpreter.name
+
+
+if __name__ == "__main__":
+    main()
