@@ -78,6 +78,23 @@ class Consortium:
             str(self.root / state),
         )
 
+    def add_silo(self, silo: str) -> None:
+        """`fedsilo consortium add-silo SILO`: one more kit from the consortium's CA, enrolled in
+        the coordinator kit's roster (no other kit touched)."""
+        fedsilo(
+            "consortium",
+            "add-silo",
+            silo,
+            "--ca-kit",
+            str(self.kits / "operator"),
+            "--coordinator-kit",
+            str(self.kits / "coordinator"),
+            "--consortium",
+            str(self.root / "consortium.yaml"),
+            "--out",
+            str(self.kits),
+        )
+
     def write_silo_config(
         self,
         silo: str,

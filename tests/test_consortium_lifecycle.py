@@ -156,19 +156,7 @@ def test_three_jobs_on_agents_started_once_with_a_revocation_an_enrolment_and_a_
     for name in expected:
         assert torch.equal(got[name], expected[name]), name
 
-    fedsilo(
-        "consortium",
-        "add-silo",
-        "silo-3",
-        "--ca-kit",
-        str(consortium.kits / "operator"),
-        "--coordinator-kit",
-        str(consortium.kits / "coordinator"),
-        "--consortium",
-        str(consortium.root / "consortium.yaml"),
-        "--out",
-        str(consortium.kits),
-    )
+    consortium.add_silo("silo-3")
     consortium.start_silo("silo-3", consortium.write_silo_config("silo-3", data=DATA))
     third = submit(consortium, consortium.write_policy(job_3, "job-3.yaml"))
     wait_for_job(consortium, third, timeout=180)

@@ -295,19 +295,7 @@ def test_a_coordinator_started_after_add_silo_admits_the_new_silo_to_its_job(
     tmp_path: Path,
 ) -> None:
     consortium = deployment.provision(tmp_path)
-    deployment.fedsilo(
-        "consortium",
-        "add-silo",
-        "silo-3",
-        "--ca-kit",
-        str(consortium.kits / "operator"),
-        "--coordinator-kit",
-        str(consortium.kits / "coordinator"),
-        "--consortium",
-        str(tmp_path / "consortium.yaml"),
-        "--out",
-        str(consortium.kits),
-    )
+    consortium.add_silo("silo-3")
     document = deployment.policy_document(rounds=1)
     document["participants"]["min_silos"] = 4  # the job cannot run without the new silo
     document["data"]["partition"]["silos"] = 4

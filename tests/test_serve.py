@@ -24,7 +24,7 @@ from fedsilo.ops.provision import load_coordinator_kit
 from fedsilo.privacy.identity import read_signing_key
 from fedsilo.privacy.ledger import PrivacyLedger
 from fedsilo.privacy.policy_signing import sign_policy
-from tests.deployment import SILOS, Consortium, fedsilo, policy_document, provision, wait_for
+from tests.deployment import SILOS, Consortium, policy_document, provision, wait_for
 
 
 @pytest.fixture
@@ -182,19 +182,7 @@ def test_a_silo_enrolled_while_the_coordinator_serves_takes_part_in_the_next_job
         for silo in SILOS[:2]:
             consortium.start_silo(silo)
         consortium.wait_for_log("coordinator", "serving mTLS gRPC")
-        fedsilo(
-            "consortium",
-            "add-silo",
-            "silo-2",
-            "--ca-kit",
-            str(consortium.kits / "operator"),
-            "--coordinator-kit",
-            str(consortium.kits / "coordinator"),
-            "--consortium",
-            str(tmp_path / "consortium.yaml"),
-            "--out",
-            str(consortium.kits),
-        )
+        consortium.add_silo("silo-2")
         consortium.start_silo("silo-2")
         job = consortium.submit(consortium.write_policy(policy_document(rounds=2)))
         assert wait_until_ended(consortium, job).status == COMPLETED
