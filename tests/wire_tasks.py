@@ -25,6 +25,7 @@ from fedsilo.wire.tasks import (
     LocalTraining,
     LossProbe,
     MaskedInput,
+    ScaffoldTrain,
     SchemaTask,
     SecAggAdvertise,
     SecAggConfirm,
@@ -67,6 +68,7 @@ ONE_PER_KIND: dict[str, TaskConfig] = {
         DaisyReceive(),
         DaisyEvaluate(),
         SuperFedTrain(local=LOCAL, mixing="model", mixing_on=False, local_seed=0),
+        ScaffoldTrain(local=LOCAL),
         SuperFedEvaluate(local_seed=0),
         EnergySignals(
             local=LOCAL,

@@ -279,6 +279,7 @@ def decodes(estimate: np.ndarray | None, update: np.ndarray, weight: float) -> b
 PLAIN = {
     "train": TRAIN,
     "superfed_train": TRAIN | {"mixing": "model", "mixing_on": False, "local_seed": 0},
+    "scaffold_train": TRAIN,
     "feature_moments": {},
 }
 
