@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from fedsilo.silo.model_skeleton import ModelSkeleton
+
 if TYPE_CHECKING:
     import tenseal as ts
     from torch import Tensor
@@ -30,7 +32,8 @@ class SiloMemory:
     `hosted`: the daisy chain's model. `sessions`: per secure-aggregation protocol, the one
     aggregation under way, by session id, its steps' values. `ckks_contexts`: the CKKS secret
     context by digest (one at a time). `aggregation_log`: the silo's log of the protocol steps
-    it took, read from its state folder when first needed."""
+    it took, read from its state folder when first needed. `skeleton`: the network a task's
+    model is loaded into (silo/model_skeleton.py)."""
 
     released_counts: set[str] = field(default_factory=set)
     features: dict[str, Tensor] | None = None
@@ -38,3 +41,4 @@ class SiloMemory:
     sessions: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
     ckks_contexts: dict[str, ts.Context] = field(default_factory=dict)
     aggregation_log: AggregationLog | None = None
+    skeleton: ModelSkeleton = field(default_factory=ModelSkeleton)

@@ -5,9 +5,10 @@ from typing import Any
 import pytest
 import torch
 
-from fedsilo.policies.model import LinearModel
+from fedsilo.policies.model import LinearModel, MlpModel
 from fedsilo.silo.agent import SiloAgent
 from fedsilo.silo.data import SiloDataset
+from fedsilo.silo.model_skeleton import ModelSkeleton
 from fedsilo.wire.messages import TaskMessage, TaskResult
 from fedsilo.wire.tasks import (
     EvaluateTask,
@@ -86,6 +87,33 @@ def test_training_is_reproducible_for_a_seed(agent: SiloAgent) -> None:
     initial = run(agent, InitTask(seed=0))
     first, second = (run(agent, train_config(optimizer="adam", lr=0.01), initial) for _ in range(2))
     assert first.tensors["model"].equal(second.tensors["model"])
+
+
+def test_a_silo_that_ran_tasks_before_trains_as_a_fresh_one() -> None:
+    """The silo's kept network (silo/model_skeleton.py) is refilled for each task: training,
+    evaluating and training again leaves nothing that changes the next task's answer."""
+    worn = SiloAgent("a", separable(), MlpModel(name="mlp", hidden=[8]))
+    initial = run(worn, InitTask(seed=0))
+    trained = run(worn, train_config(optimizer="adam", lr=0.01), initial)
+    run(worn, EvaluateTask(split="test"), trained)
+    again = run(worn, train_config(optimizer="adam", lr=0.01, seed=4), trained)
+    fresh = SiloAgent("a", separable(), MlpModel(name="mlp", hidden=[8]))
+    alone = run(fresh, train_config(optimizer="adam", lr=0.01, seed=4), trained)
+    assert again.tensors["model"].equal(alone.tensors["model"])
+
+
+def test_the_kept_network_is_reset_to_a_fresh_builds_state() -> None:
+    skeleton = ModelSkeleton()
+    built = skeleton.take(
+        lambda: torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.BatchNorm1d(2))
+    )
+    built(torch.randn(4, 2)).sum().backward()  # statistics move, gradients appear
+    built[0].weight.requires_grad_(False)
+    built.eval()
+    again = skeleton.take(lambda: pytest.fail("built twice"))
+    assert again is built and again.training
+    assert all(p.grad is None and p.requires_grad for p in again.parameters())
+    assert again[1].running_mean.equal(torch.zeros(2)) and again[1].running_var.equal(torch.ones(2))
 
 
 def test_steps_mode_runs_exactly_that_many_steps(agent: SiloAgent) -> None:

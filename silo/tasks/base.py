@@ -15,7 +15,7 @@ from nacl.signing import SigningKey, VerifyKey
 from torch import nn
 
 from fedsilo.models.zoo import build_model, load_flat
-from fedsilo.policies.model import ModelConfig
+from fedsilo.policies.model import ModelConfig, PluginModel
 from fedsilo.policies.privacy import PrivacyConfig
 from fedsilo.policies.secure_aggregation import SecureAggregationConfig
 from fedsilo.privacy.accounting import Mechanism
@@ -85,10 +85,15 @@ class SiloContext:
         )
 
     def load_model(self, message: TaskMessage) -> tuple[nn.Module, ParameterSpec]:
-        """The model the task carries, on this silo's device; refuses a model of another shape."""
+        """The model the task carries, on this silo's device; refuses a model of another shape.
+        A zoo network is the silo's kept one, refilled (silo/model_skeleton.py): one per task."""
         if MODEL not in message.tensors or message.spec is None:
             raise WireError(f"{message.kind} task carries no model")
-        model = self.new_model(seed=0)
+        model = (
+            self.new_model(seed=0)
+            if isinstance(self.model_config, PluginModel)
+            else self.store.skeleton.take(lambda: self.new_model(seed=0))
+        )
         spec = parameter_spec(model)
         if spec != message.spec:
             raise WireError(
