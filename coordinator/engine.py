@@ -38,14 +38,11 @@ again on the same store goes on after the last saved round. Every random choice 
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import takewhile
 from typing import Any, Protocol, runtime_checkable
-
-import torch
 
 from fedsilo.coordinator.ckks_sum import CkksKeys, CkksMean
 from fedsilo.coordinator.client_dp import ClientDpRound, published_epsilon
@@ -60,15 +57,14 @@ from fedsilo.coordinator.phases import (
     WeightedMean,
 )
 from fedsilo.coordinator.replies import (
-    SLICE_ELEMENTS,
     Accepted,
     Dropout,
     accept,
     keep_receipt,
-    raw_weights,
     reports_of,
 )
 from fedsilo.coordinator.routing import HandoffRouter
+from fedsilo.coordinator.running_mean import RunningMean
 from fedsilo.coordinator.secure_sum import MaskedMean
 from fedsilo.coordinator.seeding import derive_rng
 from fedsilo.coordinator.state import StateStore, digest_policy
@@ -408,7 +404,14 @@ class RoundEngine:
                     self.ckks_keys = ckks.keys
             label = aggregation_label(self.deployment, round_no, phase.name)
             return MaskedMean(collect, secure, label, quorum).run(phase)
-        results, dropped = self.collect(phase.name, phase.tasks, round_no, phase.aggregate, record)
+        running = (
+            RunningMean(phase.aggregate, [t.silo for t in phase.tasks])
+            if isinstance(phase.aggregate, WeightedMean)
+            else None
+        )
+        results, dropped = self.collect(
+            phase.name, phase.tasks, round_no, phase.aggregate, record, running=running
+        )
         if len(results) < quorum:
             reasons = "; ".join(f"{s}: {why}" for s, why in sorted(dropped.items()))
             raise QuorumNotMet(
@@ -433,7 +436,8 @@ class RoundEngine:
             return PhaseOutcome(
                 phase.name, reports, dropped, tensors=copy, spec=spec, digests=digests
             )
-        mean, total = _weighted_mean(results, phase.aggregate)
+        assert running is not None  # the phase's aggregate is a WeightedMean
+        mean, total = running.mean(results)
         if total <= 0:
             raise QuorumNotMet(
                 f"phase {phase.name!r}: the answering silos carry zero total weight",
@@ -459,9 +463,11 @@ class RoundEngine:
         aggregate: WeightedMean | Identical | None,
         record: RoundRecord | None,
         step: str | None = None,
+        running: RunningMean | None = None,
     ) -> tuple[dict[str, Accepted], dict[str, str]]:
-        """Dispatch `tasks` (of `phase`, or of one `step` of it) and check every reply: the
-        accepted results, and each other silo's reason for dropping out."""
+        """Dispatch `tasks` (of `phase`, or of one `step` of it) and check every reply as it
+        arrives (feeding `running`, the phase's mean, if given): the accepted results, and
+        each other silo's reason for dropping out."""
         prefix = f"{self.deployment}/r{round_no}/{phase}" + (f"/{step}" if step else "")
         messages = {
             task.silo: TaskMessage(
@@ -478,31 +484,41 @@ class RoundEngine:
         }
         deadline = time.monotonic() + self.policy.participants.phase_timeout_s
         sent = {silo: m for silo, m in messages.items() if silo not in self.revoked}
-        replies = self.transport.dispatch(_deliveries(sent, round_no), deadline)
+        checked: dict[str, Reply | Accepted | Dropout] = {}  # a failed reply, or one checked
+        for reply in self.transport.dispatch(_deliveries(sent, round_no), deadline):
+            if reply.silo not in sent or reply.silo in checked:
+                continue
+            if reply.failure is not None or reply.payload is None:
+                checked[reply.silo] = reply
+            else:  # checked as it arrives, while other silos still work
+                checked[reply.silo] = accept(reply.payload, sent[reply.silo], aggregate)
+            if running is not None:
+                fate = checked[reply.silo]
+                if isinstance(fate, Accepted):
+                    running.accepted(reply.silo, fate)
+                else:
+                    running.dropped(reply.silo)
 
         results: dict[str, Accepted] = {}
         dropped: dict[str, str] = {}
         for silo, message in messages.items():
-            reply = (
-                replies.pop(silo, None)
-                if silo in sent
-                else Reply(silo, message.task_id, None, REVOKED)
+            fate = (
+                checked.get(silo) if silo in sent else Reply(silo, message.task_id, None, REVOKED)
             )
-            if reply is None:
+            if fate is None:
                 dropped[silo] = "no reply before the deadline"
-            elif reply.failure is not None or reply.payload is None:
-                dropped[silo] = reply.failure or "empty reply"
-                if reply.failure == REVOKED:
+            elif isinstance(fate, Reply):
+                dropped[silo] = fate.failure or "empty reply"
+                if fate.failure == REVOKED:
                     self._revoke(silo, record)
             else:
-                checked = accept(reply.payload, message, aggregate)
-                keep_receipt(self.store, self.deployment, silo, checked)
-                if isinstance(checked, Dropout):
-                    dropped[silo] = checked.reason
-                    if checked.retire:
-                        self._retire(silo, checked.reason, record)
+                keep_receipt(self.store, self.deployment, silo, fate)
+                if isinstance(fate, Dropout):
+                    dropped[silo] = fate.reason
+                    if fate.retire:
+                        self._retire(silo, fate.reason, record)
                 else:
-                    results[silo] = checked
+                    results[silo] = fate
         return results, dropped
 
 
@@ -542,31 +558,3 @@ def _digest(tensors: Mapping[str, LazyTensor], names: Sequence[str]) -> str:
             yield from tensor.byte_chunks()
 
     return blake2b(parts()).hex()
-
-
-def _weighted_mean(
-    results: Mapping[str, Accepted], aggregate: WeightedMean
-) -> tuple[dict[str, torch.Tensor], float]:
-    """sum_k a_k x_k / sum_k a_k in float64, summed in sorted silo order (deterministic).
-
-    Computed slice by slice over the results' unread tensors, so memory is the output plus one
-    float64 slice whatever the number of silos; every element goes through the same operations
-    in the same order as a whole-tensor sum would, so the mean is bit-identical to one."""
-    weights = raw_weights(aggregate.weights, results)
-    total = math.fsum(weights.values())
-    means: dict[str, torch.Tensor] = {}
-    if total <= 0:
-        return means, total
-    contributing = [s for s in sorted(results) if weights[s] != 0.0]
-    for name in aggregate.tensors:
-        first = results[min(results)].lazy[name]
-        mean = torch.empty(first.shape, dtype=first.dtype)
-        flat = mean.view(-1)
-        for start in range(0, first.numel, SLICE_ELEMENTS):
-            stop = min(start + SLICE_ELEMENTS, first.numel)
-            acc = torch.zeros(stop - start, dtype=torch.float64)
-            for silo in contributing:
-                acc.add_(results[silo].lazy[name].read(start, stop), alpha=weights[silo])
-            flat[start:stop] = acc / total
-        means[name] = mean
-    return means, total

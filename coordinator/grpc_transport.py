@@ -8,10 +8,10 @@ the network sit in between.
 from __future__ import annotations
 
 import queue
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 from fedsilo.coordinator.hub import PostedTask, SiloHub
-from fedsilo.coordinator.transport import Delivery, Reply, collect_replies
+from fedsilo.coordinator.transport import Delivery, Reply, replies_until
 
 
 class GrpcTransport:
@@ -21,11 +21,11 @@ class GrpcTransport:
     def silos(self) -> list[str]:
         return sorted(self.hub.accepted)
 
-    def dispatch(self, deliveries: Iterable[Delivery], deadline: float) -> dict[str, Reply]:
+    def dispatch(self, deliveries: Iterable[Delivery], deadline: float) -> Iterator[Reply]:
         replies: queue.Queue[Reply] = queue.Queue()
         task_ids = self._post(deliveries, replies)
         try:
-            return collect_replies(replies, len(task_ids), deadline)
+            yield from replies_until(replies, len(task_ids), deadline)
         finally:
             self.hub.withdraw(task_ids)
 

@@ -1,5 +1,6 @@
 """How tasks reach silos. The engine hands a transport encoded task messages and a deadline and
-gets back whichever encoded results arrived in time; strategies never see the transport.
+gets back each encoded result as it arrives, until all came or the deadline passed, so it checks
+and sums one reply while the other silos still work; strategies never see the transport.
 
 `InProcessTransport` calls the silos' endpoints (bytes in, bytes out) on at most `max_parallel`
 daemon worker threads, kept from one dispatch to the next, so a silo that hangs costs only its
@@ -16,7 +17,7 @@ import queue
 import threading
 import time
 import weakref
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -47,9 +48,9 @@ class Reply:
 class Transport(Protocol):
     def silos(self) -> list[str]: ...
 
-    def dispatch(self, deliveries: Iterable[Delivery], deadline: float) -> dict[str, Reply]:
-        """Deliver every task; return the replies received before `deadline` (time.monotonic),
-        keyed by silo. A silo absent from the answer did not reply in time.
+    def dispatch(self, deliveries: Iterable[Delivery], deadline: float) -> Iterator[Reply]:
+        """Deliver every task; yield each reply as it arrives, until every task has one or
+        `deadline` (time.monotonic) passed. A silo that yields nothing did not reply in time.
 
         `deliveries` is consumed once and not kept: the engine encodes each task as it is
         handed over, so no transport holds a phase's encoded tasks longer than it must."""
@@ -58,21 +59,17 @@ class Transport(Protocol):
     def close(self) -> None: ...
 
 
-def collect_replies(
-    replies: queue.Queue[Reply], expected: int, deadline: float
-) -> dict[str, Reply]:
-    """The replies that arrive on `replies` before `deadline`, keyed by silo."""
-    received: dict[str, Reply] = {}
-    while len(received) < expected:
+def replies_until(replies: queue.Queue[Reply], expected: int, deadline: float) -> Iterator[Reply]:
+    """The replies that arrive on `replies`, as they arrive, until `expected` came or
+    `deadline` passed."""
+    for _ in range(expected):
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            break
+            return
         try:
-            reply = replies.get(timeout=remaining)
+            yield replies.get(timeout=remaining)
         except queue.Empty:
-            break
-        received[reply.silo] = reply
-    return received
+            return
 
 
 class InProcessTransport:
@@ -89,7 +86,7 @@ class InProcessTransport:
     def silos(self) -> list[str]:
         return list(self._endpoints)
 
-    def dispatch(self, deliveries: Iterable[Delivery], deadline: float) -> dict[str, Reply]:
+    def dispatch(self, deliveries: Iterable[Delivery], deadline: float) -> Iterator[Reply]:
         replies: queue.Queue[Reply] = queue.Queue()
         expected = 0
         for delivery in deliveries:
@@ -105,7 +102,7 @@ class InProcessTransport:
                 worker.start()
                 self._workers.append(worker)
             self._jobs.put((endpoint, delivery, replies))
-        return collect_replies(replies, expected, deadline)
+        yield from replies_until(replies, expected, deadline)
 
     def close(self) -> None:
         self._endpoints.clear()

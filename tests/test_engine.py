@@ -1,13 +1,14 @@
 """The round engine: exact aggregation, quorum and deadlines, and refusing bad replies."""
 
+import math
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 
-from fedsilo.coordinator import engine as engine_module
-from fedsilo.coordinator import strategies
+from fedsilo.coordinator import running_mean, strategies
 from fedsilo.coordinator.engine import RoundEngine, RunAborted
 from fedsilo.coordinator.phases import Identical, Phase, Task, WeightedMean
 from fedsilo.coordinator.strategies import make_strategy
@@ -254,18 +255,43 @@ def test_a_resumed_deployment_keeps_the_consortium_it_started_with(tmp_path) -> 
     assert len(history.records) == 3
 
 
-def test_slice_by_slice_aggregation_is_bit_identical_to_a_whole_tensor_sum(monkeypatch) -> None:
+@pytest.mark.parametrize("running_sum_bytes", [1 << 30, 0], ids=["running", "at-the-end"])
+@pytest.mark.parametrize("arrival", ["abc", "cba", "bca"])
+def test_the_mean_is_bit_identical_to_a_whole_tensor_sum_in_sorted_order(
+    monkeypatch, running_sum_bytes: int, arrival: str
+) -> None:
+    """Summed while replies arrive or once all are in, in slices that end mid-tensor, in any
+    arrival order: the same bits as one float64 sum over whole tensors in sorted silo order."""
     generator = torch.Generator().manual_seed(3)
     models = {s: torch.randn(SPEC.numel, generator=generator) for s in "abc"}
-    counts = {"a": 3, "b": 7, "c": 11}
-    endpoints = {s: constant_silo(s, models[s].tolist(), num_samples=counts[s]) for s in "abc"}
-    phase = Phase("train", tuple(Task(s, TRAIN, spec=SPEC) for s in "abc"), WeightedMean())
+    weights = {"a": 0.3, "b": 1.7, "c": 2.9}  # inexact products: the order shows in the bits
+    turn = {s: threading.Event() for s in arrival}
+
+    def in_turn(silo: str) -> Callable[[bytes], bytes]:
+        answer = constant_silo(silo, models[silo].tolist())
+
+        def endpoint(payload: bytes) -> bytes:
+            turn[silo].wait(timeout=10)
+            reply = answer(payload)
+            later = arrival[arrival.index(silo) + 1 :]
+            if later:
+                threading.Timer(0.05, turn[later[0]].set).start()
+            return reply
+
+        return endpoint
+
+    phase = Phase(
+        "train", tuple(Task(s, TRAIN, spec=SPEC) for s in "abc"), WeightedMean(weights=weights)
+    )
     whole = torch.zeros(SPEC.numel, dtype=torch.float64)
     for s in "abc":
-        whole.add_(models[s], alpha=float(counts[s]))
-    expected = (whole / 21).to(torch.float32)
-    monkeypatch.setattr(engine_module, "SLICE_ELEMENTS", 2)  # slices end mid-tensor
-    mean = engine_for(endpoints).execute(phase, round_no=1).mean["model"]
+        whole.add_(models[s], alpha=weights[s])
+    expected = (whole / math.fsum(weights.values())).to(torch.float32)
+    monkeypatch.setattr(running_mean, "SLICE_ELEMENTS", 2)
+    monkeypatch.setattr(running_mean, "RUNNING_SUM_BYTES", running_sum_bytes)
+    turn[arrival[0]].set()
+    engine = engine_for({s: in_turn(s) for s in "abc"})
+    mean = engine.execute(phase, round_no=1).mean["model"]
     assert torch.equal(mean, expected)
 
 

@@ -4,7 +4,7 @@ audit, and a coordinator that restarts after a crash ending exactly where it wou
 import hashlib
 import sqlite3
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -386,7 +386,7 @@ class PowerLoss(Exception):
 
 
 class DiesAtFirstTraining(InProcessTransport):
-    def dispatch(self, deliveries: Iterable[Delivery], deadline: float) -> dict[str, Reply]:
+    def dispatch(self, deliveries: Iterable[Delivery], deadline: float) -> Iterator[Reply]:
         deliveries = list(deliveries)
         if any(TaskMessage.decode(d.payload).kind == "train" for d in deliveries):
             raise PowerLoss("the coordinator lost power during round 1")

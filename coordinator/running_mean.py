@@ -1,0 +1,111 @@
+"""The weighted mean of a phase's replies in the clear: sum_k a_k x_k / sum_k a_k in float64,
+in sorted silo order, so the mean is bit-identical whatever order the replies arrive in.
+
+The sum runs while replies arrive: a reply is added as soon as every silo before it in sorted
+order has answered or dropped out, so with silos that answer in turn (in-process, one at a
+time) the coordinator sums one while the next trains, and the mean is one division once the
+last reply is in. That needs a float64 running sum of the model's size; above
+`RUNNING_SUM_BYTES` the replies are summed once all are in instead, slice by slice over their
+unread tensors, so memory stays the output plus one float64 slice whatever the model's size.
+Either way every element goes through the same operations (slices of `SLICE_ELEMENTS`, the
+same silos in the same order), so both give the same bits.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import torch
+
+from fedsilo.coordinator.phases import WeightedMean
+from fedsilo.coordinator.replies import SLICE_ELEMENTS, Accepted, raw_weights
+
+RUNNING_SUM_BYTES = 256 << 20
+
+
+class RunningMean:
+    """Feed it each silo's fate (`accepted` or `dropped`, any order); `mean` once all are in."""
+
+    def __init__(self, aggregate: WeightedMean, silos: Sequence[str]) -> None:
+        self.aggregate = aggregate
+        self._order = sorted(silos)
+        self._next = 0  # silos before it in `_order` are summed or skipped
+        self._fates: dict[str, Accepted | None] = {}
+        self._sums: dict[str, torch.Tensor] | None = None  # name -> float64 running sum
+        self._summed: list[str] = []
+
+    def accepted(self, silo: str, accepted: Accepted) -> None:
+        self._fates[silo] = accepted
+        self._advance()
+
+    def dropped(self, silo: str) -> None:
+        self._fates[silo] = None
+        self._advance()
+
+    def _advance(self) -> None:
+        while self._next < len(self._order) and self._order[self._next] in self._fates:
+            silo = self._order[self._next]
+            accepted = self._fates[silo]
+            if accepted is not None and self._weight(silo, accepted) != 0.0:
+                self._add(silo, accepted)
+            self._next += 1
+
+    def _weight(self, silo: str, accepted: Accepted) -> float:
+        return raw_weights(self.aggregate.weights, {silo: accepted})[silo]
+
+    def _add(self, silo: str, accepted: Accepted) -> None:
+        if self._sums is None:
+            numel = sum(accepted.lazy[name].numel for name in self.aggregate.tensors)
+            if 8 * numel > RUNNING_SUM_BYTES:
+                self._next = len(self._order)  # too large to keep: summed at the end
+                return
+            self._sums = {
+                name: torch.zeros(accepted.lazy[name].numel, dtype=torch.float64)
+                for name in self.aggregate.tensors
+            }
+        weight = self._weight(silo, accepted)
+        for name, running in self._sums.items():
+            tensor = accepted.lazy[name]
+            for start in range(0, tensor.numel, SLICE_ELEMENTS):
+                stop = min(start + SLICE_ELEMENTS, tensor.numel)
+                running[start:stop].add_(tensor.read(start, stop), alpha=weight)
+        self._summed.append(silo)
+
+    def mean(self, results: Mapping[str, Accepted]) -> tuple[dict[str, torch.Tensor], float]:
+        """The mean of `results` (the accepted replies) and their total weight; an empty mean
+        when the total is not positive."""
+        weights = raw_weights(self.aggregate.weights, results)
+        total = math.fsum(weights.values())
+        if total <= 0:
+            return {}, total
+        terms = [(s, weights[s]) for s in sorted(results) if weights[s] != 0.0]
+        summed = self._sums if self._summed == [s for s, _ in terms] else None
+        return {
+            name: _divided(results, name, terms, total, None if summed is None else summed[name])
+            for name in self.aggregate.tensors
+        }, total
+
+
+def _divided(
+    results: Mapping[str, Accepted],
+    name: str,
+    terms: list[tuple[str, float]],
+    total: float,
+    summed: torch.Tensor | None,
+) -> torch.Tensor:
+    """Tensor `name` of the mean: `summed` (the running sum) over `total`, or, without one,
+    `terms` (silo, weight) summed slice by slice over their unread tensors."""
+    first = results[min(results)].lazy[name]
+    mean = torch.empty(first.shape, dtype=first.dtype)
+    flat = mean.view(-1)
+    for start in range(0, first.numel, SLICE_ELEMENTS):
+        stop = min(start + SLICE_ELEMENTS, first.numel)
+        if summed is not None:
+            acc = summed[start:stop]
+        else:
+            acc = torch.zeros(stop - start, dtype=torch.float64)
+            for silo, weight in terms:
+                acc.add_(results[silo].lazy[name].read(start, stop), alpha=weight)
+        flat[start:stop] = acc / total
+    return mean
