@@ -4,7 +4,9 @@ Each request is checked before it is used: a revoked silo (by its TLS client cer
 common name) is refused before anything of its request is read, the certificate's common name
 must be the envelope's sender, the sender must be in the roster, and the envelope must verify
 (signature, deployment, freshness, replay, digest; wire/framing.py); a result is taken only
-for a task waiting for that very silo (coordinator/hub.py). A rejected request is refused with
+for a task waiting for that very silo (coordinator/hub.py), and its reply is what a PULL would
+get (the silo's next task, IDLE or FINISHED, after the same long poll), so a silo sends one
+message per task, not two. A rejected request is refused with
 a gRPC status naming the reason, logged, and counted in `fedsilo_rejected_messages_total{reason}`;
 nothing of it reaches the engine.
 
@@ -35,6 +37,8 @@ from fedsilo.wire.control import (
     FINISHED,
     IDLE,
     JOIN,
+    LATE,
+    NOT_A_MEMBER,
     POLICY,
     PULL,
     REFUSE,
@@ -51,12 +55,7 @@ from fedsilo.wire.tensors import WireError
 log = logging.getLogger("fedsilo.coordinator")
 
 COORDINATOR = "coordinator"
-IDENTITY_MISMATCH, REVOKED, NOT_A_MEMBER, LATE = (
-    "identity_mismatch",
-    "revoked",
-    "not_a_member",
-    "late",
-)
+IDENTITY_MISMATCH, REVOKED = "identity_mismatch", "revoked"
 
 
 @dataclass(frozen=True)
@@ -205,7 +204,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
                 result.task_id,
             )
             return _ack(False, LATE)
-        return _ack(True)
+        return self._pull(silo)  # the reply to a result is the next task: no PULL needed
 
     def _refuse(self, context: grpc.ServicerContext, peer: str, rejected: MessageRejected) -> None:
         self.metrics.count_rejected(rejected.reason)

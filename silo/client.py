@@ -42,6 +42,7 @@ from fedsilo.wire.control import (
     FINISHED,
     IDLE,
     JOIN,
+    LATE,
     POLICY,
     PULL,
     REFUSE,
@@ -212,16 +213,21 @@ class SiloClient:
 
     def _work(self) -> Control | None:
         """Run the current job's tasks until the coordinator says it finished (its FINISHED)
-        or no longer knows this silo (None)."""
+        or no longer knows this silo (None). The reply to a result is the next task (or IDLE,
+        or FINISHED), so the silo pulls only when it holds no reply."""
+        reply: bytes | None = None
         while not self.connection.stop.is_set() and self._current is not None:
-            reply = self.connection.exchange(Control(PULL).encode(), PULL)
-            kind = _readable(payload_type, reply)
-            if kind == "task":
-                self._answer(reply, self._current[1])
+            if reply is None:
+                reply = self.connection.exchange(Control(PULL).encode(), PULL)
+            if _readable(payload_type, reply) == "task":
+                reply = self._answer(reply, self._current[1])
                 continue
             control = _readable(decode_control, reply)
+            reply = None
             if control.type == FINISHED:
                 return control
+            if control.type == ACK and (control.get("accepted") or control.get("reason") == LATE):
+                continue  # the result was taken, or came too late to count: pull the next task
             if control.type == ACK and not control.get("accepted"):
                 log.info(
                     "coordinator does not know this silo (%s); joining again", control.get("reason")
@@ -289,14 +295,15 @@ class SiloClient:
             raise PolicyRefused(f"policy signature check failed: {exc}") from None
         return parse_policy_text(text, source="the deployment policy"), digest
 
-    def _answer(self, payload: bytes, endpoint: Callable[[bytes], bytes]) -> None:
-        """Run the task and send its result; a failure outside the handler is answered with an
-        error result naming the task. A task whose header does not read cannot be named: it is
-        logged and left to its deadline."""
+    def _answer(self, payload: bytes, endpoint: Callable[[bytes], bytes]) -> bytes | None:
+        """Run the task, send its result and return the coordinator's reply (the next task,
+        IDLE, FINISHED, or why the result was not taken); a failure outside the handler is
+        answered with an error result naming the task. A task whose header does not read cannot
+        be named: it is logged and left to its deadline (None: pull again)."""
         task = _header(payload)
         if task is None:
             log.warning("a task whose header does not read: not answered")
-            return
+            return None
         try:
             result = endpoint(payload)  # a task id answered before gets the same bytes
         except Exception as exc:  # decoding, booking or storing the answer failed
@@ -308,9 +315,12 @@ class SiloClient:
                 STATUS_ERROR,
                 error=failure_reason(exc),
             ).encode()
-        ack = _readable(decode_control, self.connection.exchange(result, task.task_id, task.round))
-        if ack.type == ACK and not ack.get("accepted"):
-            log.warning("result for %s not taken: %s", task.task_id, ack.get("reason"))
+        reply = self.connection.exchange(result, task.task_id, task.round)
+        if _readable(payload_type, reply) != "task":
+            control = _readable(decode_control, reply)
+            if control.type == ACK and not control.get("accepted"):
+                log.warning("result for %s not taken: %s", task.task_id, control.get("reason"))
+        return reply
 
 
 def _header(payload: bytes) -> TaskHeader | None:

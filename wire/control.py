@@ -5,6 +5,10 @@ every payload on the channel has one format and one type field:
 
   silo -> coordinator: join, accept, refuse, pull, and results (wire/messages.py)
   coordinator -> silo: policy, ack, idle, finished, and tasks (wire/messages.py)
+
+A result is answered like a pull (the silo's next task, idle or finished), or with an ack that
+refuses it (`LATE`: no task waits for it; `NOT_A_MEMBER`: the silo has not accepted the
+current job's policy).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from fedsilo.wire.tensors import WireError, decode_tensors, encode_tensors, inde
 JOIN, ACCEPT, REFUSE, PULL = "join", "accept", "refuse", "pull"
 POLICY, ACK, IDLE, FINISHED = "policy", "ack", "idle", "finished"
 CONTROL_TYPES = {JOIN, ACCEPT, REFUSE, PULL, POLICY, ACK, IDLE, FINISHED}
+LATE, NOT_A_MEMBER = "late", "not_a_member"  # why an ack refuses a result or a pull
 
 
 @dataclass(frozen=True)

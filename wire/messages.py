@@ -30,7 +30,7 @@ from fedsilo.wire.tensors import (
     tensor_block,
 )
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: a result is answered with the next task, not an ack
 
 SiloEndpoint = Callable[[bytes], bytes]
 
