@@ -60,7 +60,7 @@ from fedsilo.coordinator.replies import (
     Accepted,
     Dropout,
     accept,
-    keep_receipt,
+    keep_receipts,
     reports_of,
 )
 from fedsilo.coordinator.routing import HandoffRouter
@@ -501,6 +501,10 @@ class RoundEngine:
 
         results: dict[str, Accepted] = {}
         dropped: dict[str, str] = {}
+        answered = {
+            s: checked[s] for s in messages if isinstance(checked.get(s), Accepted | Dropout)
+        }
+        keep_receipts(self.store, self.deployment, answered)
         for silo, message in messages.items():
             fate = (
                 checked.get(silo) if silo in sent else Reply(silo, message.task_id, None, REVOKED)
@@ -511,14 +515,12 @@ class RoundEngine:
                 dropped[silo] = fate.failure or "empty reply"
                 if fate.failure == REVOKED:
                     self._revoke(silo, record)
+            elif isinstance(fate, Dropout):
+                dropped[silo] = fate.reason
+                if fate.retire:
+                    self._retire(silo, fate.reason, record)
             else:
-                keep_receipt(self.store, self.deployment, silo, fate)
-                if isinstance(fate, Dropout):
-                    dropped[silo] = fate.reason
-                    if fate.retire:
-                        self._retire(silo, fate.reason, record)
-                else:
-                    results[silo] = fate
+                results[silo] = fate
         return results, dropped
 
 

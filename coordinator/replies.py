@@ -63,12 +63,15 @@ class Dropout:
     receipt: Receipt | None = None
 
 
-def keep_receipt(
-    store: StateStore | None, deployment: str, silo: str, checked: Accepted | Dropout
+def keep_receipts(
+    store: StateStore | None, deployment: str, checked: Mapping[str, Accepted | Dropout]
 ) -> None:
-    """Store the reply's receipt, if it has one and there is a store."""
-    if store is not None and checked.receipt is not None:
-        store.save_receipt(deployment, silo, checked.receipt.to_json())
+    """Store the replies' receipts (those that have one, in silo order), if there is a store."""
+    if store is not None:
+        store.save_receipts(
+            deployment,
+            [(s, c.receipt.to_json()) for s, c in checked.items() if c.receipt is not None],
+        )
 
 
 def accept(

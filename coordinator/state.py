@@ -24,7 +24,7 @@ import json
 import os
 import sqlite3
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -370,21 +370,29 @@ class StateStore:
 
     # -- release receipts -------------------------------------------------------------------
 
-    def save_receipt(self, deployment_id: str, silo: str, receipt: Mapping[str, Any]) -> None:
-        """Keep a silo's signed receipt of a booked release (`privacy/receipts.py`), once: the
-        same answer sent again (a retry, a resumed round) carries the same receipt."""
+    def save_receipts(
+        self, deployment_id: str, receipts: Sequence[tuple[str, Mapping[str, Any]]]
+    ) -> None:
+        """Keep silos' signed receipts of booked releases (`privacy/receipts.py`), (silo,
+        receipt) pairs in one transaction, each once: the same answer sent again (a retry, a
+        resumed round) carries the same receipt."""
+        if not receipts:
+            return
         with self._transaction() as db:
             self._require_deployment(db, deployment_id)
-            db.execute(
+            db.executemany(
                 "INSERT OR IGNORE INTO receipts VALUES (?, ?, ?, ?, ?, ?)",
-                (
-                    deployment_id,
-                    silo,
-                    str(receipt["task_id"]),
-                    str(receipt["ledger_head"]),
-                    json.dumps(dict(receipt), sort_keys=True),
-                    _now(),
-                ),
+                [
+                    (
+                        deployment_id,
+                        silo,
+                        str(receipt["task_id"]),
+                        str(receipt["ledger_head"]),
+                        json.dumps(dict(receipt), sort_keys=True),
+                        _now(),
+                    )
+                    for silo, receipt in receipts
+                ],
             )
 
     def receipts(
