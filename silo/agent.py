@@ -54,6 +54,7 @@ from fedsilo.wire.messages import (
     TaskMessage,
     TaskResult,
 )
+from fedsilo.wire.payload import AnyPayload
 from fedsilo.wire.tensors import WireError, tensor_block
 
 
@@ -164,7 +165,7 @@ class SiloAgent:
         result = replace(result, compute_seconds=time.perf_counter() - started, epsilon=epsilon)
         return self._send(message.header, result, releases, self.policy_digest)
 
-    def handle_bytes(self, payload: bytes) -> bytes:
+    def handle_bytes(self, payload: bytes | AnyPayload) -> bytes:
         try:
             message = TaskMessage.decode(payload)
         except BadTaskConfig as exc:  # a task it names, of an unknown kind or a bad config

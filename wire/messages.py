@@ -4,7 +4,8 @@ Each message is one safetensors blob: its tensors, and a JSON header with everyt
 (ids, round, task kind, configuration, scalar reports). A task's configuration is its kind's
 typed config (wire/tasks/); a header whose config does not read as its kind's is refused with
 a `BadTaskConfig` that still names the task. `SiloEndpoint` is what every transport delivers
-bytes to: a function from an encoded task to an encoded result.
+a task to: a function from an encoded task (bytes, or the payload's parts unjoined, as the
+in-process transport hands them over) to an encoded result.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from fedsilo.wire.tensors import (
 
 PROTOCOL_VERSION = 2  # 2: a result is answered with the next task, not an ack
 
-SiloEndpoint = Callable[[bytes], bytes]
+SiloEndpoint = Callable[[bytes | AnyPayload], bytes]
 
 STATUS_OK = "ok"
 STATUS_ERROR = "error"
