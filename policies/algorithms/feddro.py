@@ -26,7 +26,8 @@ class FedDroConfig(AlgorithmBase):
     FedAvg on each silo's records mapped onto the barycenter (barycentric projection), with the
     penalty-form WDRO adversary of Sinha et al. when `adversarial_penalty` is set. The clouds
     are data-like: the policy must say `release_point_clouds: true`; `point_cloud_clip` and
-    `point_cloud_noise` add the Gaussian mechanism to them."""
+    `point_cloud_noise` add the Gaussian mechanism to them. A run of no more rounds than
+    `barycenter_rounds` and `server_epochs` 0 builds the barycenter and trains no model."""
 
     name: Literal["feddro"]
     releases_data: ClassVar[bool] = True
@@ -56,15 +57,6 @@ class FedDroConfig(AlgorithmBase):
             raise ValueError(
                 "algorithm.point_cloud_clip and point_cloud_noise: set both (the Gaussian "
                 "mechanism on the point clouds) or neither"
-            )
-        if policy.rounds < self.barycenter_rounds:
-            raise ValueError(
-                f"rounds: {policy.rounds} is fewer than barycenter_rounds "
-                f"{self.barycenter_rounds} (stage A)"
-            )
-        if policy.rounds == self.barycenter_rounds and self.server_epochs == 0:
-            raise ValueError(
-                "rounds: no stage B round is left and server_epochs is 0, so no model is trained"
             )
         data = policy.data
         if data.task not in (None, "classification") or data.source == "sklearn:diabetes":
