@@ -15,7 +15,7 @@ The silos' transformed data is not something a policy's data section expresses, 
 FedDRO's own functions (silo/feddro.py, coordinator/feddro.py) in one process, not the round
 engine; the engine's path is covered by tests/test_feddro.py and tests/test_faults.py.
 
-    python -m bench.feddro             # about 3 minutes on 2 cores
+    python -m bench.feddro             # about 5 minutes on 2 shared cores
 """
 
 from __future__ import annotations
