@@ -121,6 +121,7 @@ def _start_agent(
         total_epsilon_cap=config.rules.total_epsilon_cap,
         consortium=len(kit.peers) + 1,
         secure_aggregation=policy.secure_aggregation,
+        algorithm=policy.algorithm,
         identity=kit.signing_key,
         roster={
             kit.name: kit.signing_key.verify_key,

@@ -110,6 +110,7 @@ def simulate(
             rounds=policy.rounds,
             consortium=len(datasets),
             secure_aggregation=policy.silo_secure_aggregation,
+            algorithm=policy.algorithm,
             identity=identities.get(name),
             roster=roster,
             sealing_key=sealing.get(name),

@@ -33,6 +33,7 @@ import torch
 from nacl.public import PrivateKey, PublicKey
 from nacl.signing import SigningKey, VerifyKey
 
+from fedsilo.policies.algorithms.base import AlgorithmBase
 from fedsilo.policies.model import ModelConfig
 from fedsilo.policies.privacy import PrivacyConfig
 from fedsilo.policies.secure_aggregation import SecureAggregationConfig
@@ -81,6 +82,7 @@ class SiloAgent:
         sealing_key: PrivateKey | None = None,
         sealing_roster: Mapping[str, PublicKey] | None = None,
         state: Path | None = None,
+        algorithm: AlgorithmBase | None = None,
     ) -> None:
         """`policy_digest`: the policy this silo accepted; tasks under another are refused
         (None in simulations, where there is no signed policy). `privacy` and `rounds`: that
@@ -95,7 +97,8 @@ class SiloAgent:
         members seal to this silo (CKKS keys, daisy-chain hand-offs) and `sealing_roster` holds
         every member's public sealing key, as provisioning pinned it. `state`: the folder where
         the silo keeps what must outlive its process (SuPerFed's local model, its answers;
-        None: memory)."""
+        None: memory). `algorithm`: the policy's algorithm section, which decides what the
+        silo's own data-like releases may be (FedDRO's point clouds)."""
         local_state = LocalState(state, deployment)
         self.context = SiloContext(
             name,
@@ -114,6 +117,7 @@ class SiloAgent:
             sealing_key=sealing_key,
             sealing_roster=dict(sealing_roster or {}),
             state=local_state,
+            algorithm=algorithm,
         )
         self.policy_digest = policy_digest
         self.ledger = ledger

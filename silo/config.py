@@ -33,6 +33,7 @@ rules:                          # LocalRules: what this site allows
   total_epsilon_cap: 20.0       # this site's epsilon over all jobs of the consortium
   allowed_reports: null         # None: every report kind the policy allows
   allowed_model_factories: []   # plugin models (module:attr of fedsilo.models) this site runs
+  forbid_data_releases: false   # refuse algorithms that send data-like point clouds (feddro)
 ledger: privacy-ledger.jsonl    # this site's privacy ledger
 state: silo-state               # what outlives the agent
 ```
@@ -66,7 +67,8 @@ class LocalRules(PolicyModel):
     consortium (the jobs' epsilons add up), which no peer enforces; a job without DP spends
     none of it; `allowed_reports`: the kinds of scalar report that may leave;
     `allowed_model_factories`: the plugin model factories (entry point values `module:attr`
-    of group `fedsilo.models`) this site runs; none by default.
+    of group `fedsilo.models`) this site runs; none by default; `forbid_data_releases`: refuse
+    algorithms that send data-like releases (FedDRO's point clouds built from the records).
     """
 
     allowed_algorithms: list[str] | None = None  # None: any algorithm
@@ -76,6 +78,7 @@ class LocalRules(PolicyModel):
     total_epsilon_cap: float | None = Field(default=None, gt=0)
     allowed_reports: list[ReportKind] | None = None  # None: every kind the policy allows
     allowed_model_factories: list[str] = Field(default_factory=list)
+    forbid_data_releases: bool = False
 
     def violations(self, policy: Policy) -> list[str]:
         """Each rule the policy breaks, as `rule: why`."""
@@ -111,6 +114,11 @@ class LocalRules(PolicyModel):
                 f"allowed_model_factories: the policy's model factory {model.factory!r} is not in "
                 f"{self.allowed_model_factories} (a site runs a plugin model only once its "
                 "silo.yaml lists it under rules.allowed_model_factories)"
+            )
+        if self.forbid_data_releases and policy.algorithm.releases_data:
+            problems.append(
+                f"forbid_data_releases: {policy.algorithm.name} sends point clouds built from "
+                "this site's records, a data-like release this site forbids"
             )
         return problems
 

@@ -19,7 +19,14 @@ import torch
 from fedsilo.silo.reports import LOSSES
 from fedsilo.silo.schedule import LocalSchedule, shuffled_batches
 from fedsilo.wire.messages import TaskMessage
-from fedsilo.wire.tasks import EnergySignals, LocalTraining, SuperFedTrain, TaskConfig, TrainTask
+from fedsilo.wire.tasks import (
+    EnergySignals,
+    FedDroTrain,
+    LocalTraining,
+    SuperFedTrain,
+    TaskConfig,
+    TrainTask,
+)
 from fedsilo.wire.tensors import WireError
 
 if TYPE_CHECKING:  # Opacus loads only on the DP path; the task context imports every handler
@@ -29,7 +36,7 @@ if TYPE_CHECKING:  # Opacus loads only on the DP path; the task context imports 
 
 def local_training(config: TaskConfig) -> LocalTraining:
     """The local-training settings a training task's config carries."""
-    if isinstance(config, TrainTask | SuperFedTrain | EnergySignals):
+    if isinstance(config, TrainTask | SuperFedTrain | EnergySignals | FedDroTrain):
         return config.local
     raise WireError(f"a {config.KIND} task carries no local-training settings")
 

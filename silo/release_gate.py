@@ -21,6 +21,7 @@ from fedsilo.wire.tasks import DaisyReseal, DaisyTrain, EncryptedInput, MaskedIn
 # What `secagg_mask` and `ckks_encrypt` may wrap: kinds whose result they mask or encrypt.
 WRAPPABLE = frozenset(
     {"train", "superfed_train", "energy_signals", "daisy_train", "scaffold_train"}
+    | {"feddro_train"}
 )
 WRAPPERS = {"secagg_mask": "masking", "ckks_encrypt": "ckks"}
 PROTOCOL_OF = {Release.MASKED: "masking", Release.ENCRYPTED: "ckks"}

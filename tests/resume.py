@@ -23,7 +23,10 @@ def resumed_and_uninterrupted(
 
     def engine(rounds: int, store: StateStore) -> RoundEngine:
         shorter = policy.model_copy(update={"rounds": rounds})
-        agents = {d.name: SiloAgent(d.name, d, shorter.model) for d in datasets}
+        agents = {
+            d.name: SiloAgent(d.name, d, shorter.model, algorithm=shorter.algorithm)
+            for d in datasets
+        }
         transport = InProcessTransport({n: a.handle_bytes for n, a in agents.items()})
         return RoundEngine(
             make_strategy(shorter), transport, shorter, sorted(agents), store=store,

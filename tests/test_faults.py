@@ -94,9 +94,20 @@ def test_a_silo_killed_mid_run_is_a_dropout_and_the_others_finish_the_run(
 
 
 SUPERFED = {"name": "superfed", "start_fraction": 0.25, "ortho_nu": 1.0}  # mixing from round 3
+# killed in stage A (the barycenter), resumed through stage B (FedAvg on the mapped records)
+FEDDRO = {
+    "name": "feddro",
+    "release_point_clouds": True,
+    "barycenter_rounds": 4,
+    "support_points": 5,
+}
 
 
-@pytest.mark.parametrize("algorithm", [{"name": "fedavg"}, SUPERFED], ids=["fedavg", "superfed"])
+@pytest.mark.parametrize(
+    "algorithm",
+    [{"name": "fedavg"}, SUPERFED, FEDDRO],
+    ids=["fedavg", "superfed", "feddro"],
+)
 def test_a_coordinator_killed_mid_run_resumes_from_its_state_and_ends_with_the_same_model(
     consortium: Consortium, algorithm: dict
 ) -> None:

@@ -36,6 +36,8 @@ from fedsilo.wire.tasks import (
     EnergySignals,
     EvaluateTask,
     FeatureMoments,
+    FedDroSupport,
+    FedDroTrain,
     Handoff,
     InitTask,
     LocalTraining,
@@ -111,6 +113,8 @@ EXAMPLES: list[TaskConfig] = [
         model_seed=4,
         spectral_norm=True,
     ),
+    FedDroSupport(),
+    FedDroTrain(local=LOCAL),
 ]
 
 
@@ -265,6 +269,8 @@ BUILT_TODAY: list[tuple[str, str, dict[str, Any]]] = [
             "model_seed": 5,
         },
     ),
+    ("feddro_support", "FedDro.round, stage A", {}),
+    ("feddro_train", "FedDro.train_config", TRAIN),
 ]
 
 
@@ -444,6 +450,11 @@ SIMULATED = {
     "heart-fedavg.yaml": {"rounds": 1, "secure_aggregation": "ckks"},
     "heart-scaffold.yaml": {"rounds": 1, "training": {"steps": 2}},
     "heart-cyclic.yaml": {"rounds": 1, "training": {"steps": 2}},
+    "digits-feddro.yaml": {
+        "rounds": 2,
+        "algorithm": {"barycenter_rounds": 1, "support_points": 3},
+        "training": {"epochs": None, "steps": 1},
+    },
 }
 
 

@@ -7,6 +7,7 @@ from fedsilo.coordinator.strategies.cyclic import Cyclic
 from fedsilo.coordinator.strategies.drfa import Drfa, Drflm
 from fedsilo.coordinator.strategies.fedavg import ApproxFedAvg, FedAvg, FedProx
 from fedsilo.coordinator.strategies.feddc import FedDC
+from fedsilo.coordinator.strategies.feddro import FedDro
 from fedsilo.coordinator.strategies.fedevg import FedEvg
 from fedsilo.coordinator.strategies.fedopt import FedAdagrad, FedAdam, FedYogi
 from fedsilo.coordinator.strategies.loss_weighted import (
@@ -28,6 +29,7 @@ STRATEGIES: dict[str, type[Strategy]] = {
         *(FedAvg, FedProx, FedAdam, FedYogi, FedAdagrad, Central, Local, FedDC, SuperFed, FedEvg),
         *(Drfa, Drflm, Afl, AgnosticFedAvg, QFedAvg, Term, PropFair, AAggFF, ApproxFedAvg),
         *(Scaffold, Cyclic),
+        *(FedDro,),
     )
 }
 

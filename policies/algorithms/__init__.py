@@ -12,6 +12,7 @@ from fedsilo.policies.algorithms.cyclic import CyclicConfig
 from fedsilo.policies.algorithms.drfa import DrfaConfig, DrflmConfig
 from fedsilo.policies.algorithms.fedavg import ApproxFedAvgConfig, FedAvgConfig, FedProxConfig
 from fedsilo.policies.algorithms.feddc import FedDcConfig
+from fedsilo.policies.algorithms.feddro import FedDroConfig
 from fedsilo.policies.algorithms.fedevg import FedEvgConfig
 from fedsilo.policies.algorithms.fedopt import FedOptConfig
 from fedsilo.policies.algorithms.loss_weighted import (
@@ -45,6 +46,7 @@ AlgorithmConfig = Annotated[
     | SuperFedConfig
     | FedEvgConfig
     | ScaffoldConfig
-    | CyclicConfig,
+    | CyclicConfig
+    | FedDroConfig,
     Field(discriminator="name"),
 ]

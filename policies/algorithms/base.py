@@ -29,6 +29,7 @@ class AlgorithmBase(PolicyModel):
     needs_fixed_steps: ClassVar[bool] = False  # local work is `training.steps`, never epochs
     # why DP-SGD's per-row clipping would not bound a record's influence (None: it does)
     dp_sgd_problem: ClassVar[str | None] = None
+    releases_data: ClassVar[bool] = False  # sends data-like releases (point clouds of records)
     name: str
 
     @property

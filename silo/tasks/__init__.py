@@ -23,6 +23,12 @@ from fedsilo.silo.tasks.daisy import (
 )
 from fedsilo.silo.tasks.energy import energy_signals, energy_signals_releases
 from fedsilo.silo.tasks.evaluate import evaluate, evaluate_releases, loss_releases, report_loss
+from fedsilo.silo.tasks.feddro import (
+    feddro_support,
+    feddro_support_releases,
+    feddro_train,
+    feddro_train_releases,
+)
 from fedsilo.silo.tasks.init import describe, initialise, public_release
 from fedsilo.silo.tasks.scaffold import scaffold_train, scaffold_train_releases
 from fedsilo.silo.tasks.scaling import feature_moments, moments_releases, standardise
@@ -75,4 +81,7 @@ TASK_KINDS: dict[str, TaskKind] = {
     # s * g per synthetic point: a gradient
     "energy_signals": TaskKind(energy_signals, energy_signals_releases, Release.IN_THE_CLEAR),
     "scaffold_train": TaskKind(scaffold_train, scaffold_train_releases, Release.IN_THE_CLEAR),
+    # point clouds built from the silo's records: data, opted into by the policy, never a model
+    "feddro_support": TaskKind(feddro_support, feddro_support_releases, Release.DATA),
+    "feddro_train": TaskKind(feddro_train, feddro_train_releases, Release.IN_THE_CLEAR),
 }

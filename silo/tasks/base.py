@@ -15,6 +15,7 @@ from nacl.signing import SigningKey, VerifyKey
 from torch import nn
 
 from fedsilo.models.zoo import build_model, load_flat
+from fedsilo.policies.algorithms.base import AlgorithmBase
 from fedsilo.policies.model import ModelConfig, PluginModel
 from fedsilo.policies.privacy import PrivacyConfig
 from fedsilo.policies.secure_aggregation import SecureAggregationConfig
@@ -50,6 +51,7 @@ class SiloContext:
     roster: Mapping[str, VerifyKey] = field(default_factory=dict)  # every member's identity
     sealing_key: PrivateKey | None = field(default=None, repr=False)  # opens what is sealed to it
     sealing_roster: Mapping[str, PublicKey] = field(default_factory=dict)  # members', pinned
+    algorithm: AlgorithmBase | None = None  # the silo's own copy of the policy's algorithm
 
     def private_seed(self, task_id: str, purpose: str) -> int:
         """A seed for one task's noise (DP-SGD's noise and Poisson draws, noisy reports): from
@@ -206,6 +208,7 @@ class Release(Enum):
     MASKED = "pairwise-masked protocol messages"
     ENCRYPTED = "CKKS protocol messages"
     SEALED_HANDOFF = "a model sealed to another member, or sent in the clear when told to"
+    DATA = "point clouds built from the silo's records, which only the policy's opt-in allows"
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from fedsilo.wire.tasks.daisy import (
     Handoff,
 )
 from fedsilo.wire.tasks.evaluation import EvaluateTask, LossProbe, SuperFedEvaluate
+from fedsilo.wire.tasks.feddro import FedDroSupport, FedDroTrain
 from fedsilo.wire.tasks.registry import TASK_CONFIGS, decode_task_config
 from fedsilo.wire.tasks.scaffold import ScaffoldTrain
 from fedsilo.wire.tasks.secure_sum import (
@@ -35,6 +36,8 @@ __all__ = [
     "DaisyTrain",
     "EncryptedInput",
     "EnergySignals",
+    "FedDroSupport",
+    "FedDroTrain",
     "EvaluateTask",
     "FeatureMoments",
     "Handoff",

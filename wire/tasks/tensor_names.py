@@ -38,3 +38,7 @@ WEIGHTED_GRADIENT, WEIGHT = "weighted_gradient", "weight"
 # SCAFFOLD: the server's control variate c (to the silos), each silo's change of its own c_i
 # (back), and the correction c - c_i its training task adds to every step's gradient.
 CONTROL, CONTROL_DELTA, CONTROL_CORRECTION = "control", "control_delta", "control_correction"
+
+# FedDRO: a silo's cloud of support points and the barycenter, (groups, points, dim) each, and
+# which groups (classes) a silo holds.
+SUPPORT, BARYCENTER, PRESENT = "feddro/support", "feddro/barycenter", "feddro/present"
