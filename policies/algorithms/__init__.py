@@ -22,6 +22,7 @@ from fedsilo.policies.algorithms.loss_weighted import (
     QFedAvgConfig,
     TermConfig,
 )
+from fedsilo.policies.algorithms.multiboost import MultiBoostConfig
 from fedsilo.policies.algorithms.references import CentralConfig, LocalConfig
 from fedsilo.policies.algorithms.scaffold import ScaffoldConfig
 from fedsilo.policies.algorithms.superfed import SuperFedConfig
@@ -45,6 +46,7 @@ AlgorithmConfig = Annotated[
     | SuperFedConfig
     | FedEvgConfig
     | ScaffoldConfig
-    | CyclicConfig,
+    | CyclicConfig
+    | MultiBoostConfig,
     Field(discriminator="name"),
 ]

@@ -24,6 +24,7 @@ from fedsilo.silo.tasks.daisy import (
 from fedsilo.silo.tasks.energy import energy_signals, energy_signals_releases
 from fedsilo.silo.tasks.evaluate import evaluate, evaluate_releases, loss_releases, report_loss
 from fedsilo.silo.tasks.init import describe, initialise, public_release
+from fedsilo.silo.tasks.multiboost import boost_probe, boost_probe_releases
 from fedsilo.silo.tasks.scaffold import scaffold_train, scaffold_train_releases
 from fedsilo.silo.tasks.scaling import feature_moments, moments_releases, standardise
 from fedsilo.silo.tasks.secure_sum import (
@@ -75,4 +76,6 @@ TASK_KINDS: dict[str, TaskKind] = {
     # s * g per synthetic point: a gradient
     "energy_signals": TaskKind(energy_signals, energy_signals_releases, Release.IN_THE_CLEAR),
     "scaffold_train": TaskKind(scaffold_train, scaffold_train_releases, Release.IN_THE_CLEAR),
+    # MultiBoost's loss and edge sums, or held-out metrics (noisy reports under DP)
+    "boost_probe": TaskKind(boost_probe, boost_probe_releases, Release.NOTHING_PRIVATE),
 }

@@ -8,6 +8,7 @@ from fedsilo.wire.tasks.ckks import CkksDecrypt, CkksJoin, CkksKeygen, Encrypted
 from fedsilo.wire.tasks.codec import TaskConfig
 from fedsilo.wire.tasks.daisy import DaisyEvaluate, DaisyReceive, DaisyReseal, DaisyTrain
 from fedsilo.wire.tasks.evaluation import EvaluateTask, LossProbe, SuperFedEvaluate
+from fedsilo.wire.tasks.multiboost import BoostProbe
 from fedsilo.wire.tasks.scaffold import ScaffoldTrain
 from fedsilo.wire.tasks.secure_sum import (
     MaskedInput,
@@ -47,6 +48,7 @@ TASK_CONFIGS: dict[str, type[TaskConfig]] = {
         SuperFedEvaluate,
         EnergySignals,
         ScaffoldTrain,
+        BoostProbe,
     )
 }
 

@@ -38,3 +38,7 @@ WEIGHTED_GRADIENT, WEIGHT = "weighted_gradient", "weight"
 # SCAFFOLD: the server's control variate c (to the silos), each silo's change of its own c_i
 # (back), and the correction c - c_i its training task adds to every step's gradient.
 CONTROL, CONTROL_DELTA, CONTROL_CORRECTION = "control", "control_delta", "control_correction"
+
+# Federated MultiBoost (wire/tasks/multiboost.py): the ensemble
+BOOST_LEARNERS = "boost/learners"  # the base classifiers' flat parameters, one row each
+BOOST_ALPHA = "boost/alpha"  # their ensemble weights alpha
