@@ -10,10 +10,12 @@ rounds of 1 local epoch, batch 16, SGD lr 0.1. MultiBoost: each hospital trains
 (the local work FedAvg's 50 rounds ask of a silo), from its own seed; then 50 boosting
 rounds, eta_0 = 1. Reported per method over seeds 0, 1, 2 (splits, initialisation, batch
 order): the worst hospital's and the mean test accuracy of the final model (and AUROC).
-The survey (Tyagi & Chukkapalli) publishes no numbers for federated MultiBoost, and Cortes et
-al.'s experiments use other data; there is no published number to set beside these.
+`ensemble` in the JSON gives each seed's alpha and its rounds without a step (the worst
+hospital's own classifiers had no positive edge). The survey (Tyagi & Chukkapalli) publishes
+no numbers for federated MultiBoost, and Cortes et al.'s experiments use other data; there is
+no published number to set beside these.
 
-Run: `python -m bench.multiboost [--rounds 50] [--seeds 0,1,2]` (about 2 minutes on 2 CPU
+Run: `python -m bench.multiboost [--rounds 50] [--seeds 0,1,2]` (about 30 seconds on 2 CPU
 cores); writes bench/results/multiboost.json and .png.
 """
 
@@ -72,7 +74,10 @@ def run(label: str, method: dict[str, Any], seeds: list[int], rounds: int) -> di
             by_silo: dict[str, float] = {}
             for owner, weight in zip(boost["owners"], alpha, strict=True):
                 by_silo[owner] = by_silo.get(owner, 0.0) + weight
-            chosen.append({"alpha_by_silo": by_silo, "alpha": alpha})
+            stalled = sum(c["chosen"] is None for c in boost["chosen"])
+            chosen.append(
+                {"alpha_by_silo": by_silo, "alpha": alpha, "rounds_without_step": stalled}
+            )
     row: dict[str, Any] = {
         "method": label,
         "settings": method,
