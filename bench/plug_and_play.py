@@ -15,7 +15,7 @@ worst-10% (with 4 silos: the worst hospital) and Gini of per-hospital test AUROC
 of the final model, beside the thesis' Table 3.10 (its column headers were lost in extraction;
 the spec reads them as heart AUROC avg and worst-10%, in %).
 
-Run: `python -m bench.plug_and_play [--rounds 200] [--seeds 0,1,2]` (about 10 minutes on 2 CPU
+Run: `python -m bench.plug_and_play [--rounds 200] [--seeds 0,1,2]` (about 3 minutes on 2 CPU
 cores); writes bench/results/plug_and_play.json and .png.
 """
 
