@@ -25,6 +25,7 @@ from fedsilo.policies.schema import Policy
 from fedsilo.silo.tasks import TASK_KINDS
 from fedsilo.wire.tasks import (
     TASK_CONFIGS,
+    BoostProbe,
     CkksDecrypt,
     CkksJoin,
     CkksKeygen,
@@ -101,6 +102,8 @@ EXAMPLES: list[TaskConfig] = [
     SuperFedTrain(local=LOCAL, mixing="layer", mixing_on=True, local_seed=9, ortho_nu=0.5),
     SuperFedEvaluate(local_seed=9, lambda_grid=5, min_validation=3),
     ScaffoldTrain(local=LOCAL),
+    BoostProbe(),
+    BoostProbe(split="test", evaluate=True, edges=(0, 3)),
     EnergySignals(
         local=LOCAL,
         sgld_steps=1,
@@ -265,6 +268,8 @@ BUILT_TODAY: list[tuple[str, str, dict[str, Any]]] = [
             "model_seed": 5,
         },
     ),
+    ("boost_probe", "MultiBoost.round", {"split": "train", "evaluate": False, "edges": [0, 4]}),
+    ("boost_probe", "MultiBoost.evaluate", {"split": "test", "evaluate": True, "edges": []}),
 ]
 
 
@@ -444,6 +449,7 @@ SIMULATED = {
     "heart-fedavg.yaml": {"rounds": 1, "secure_aggregation": "ckks"},
     "heart-scaffold.yaml": {"rounds": 1, "training": {"steps": 2}},
     "heart-cyclic.yaml": {"rounds": 1, "training": {"steps": 2}},
+    "heart-multiboost.yaml": {"rounds": 1, "training": {"epochs": 1}},
 }
 
 
