@@ -89,6 +89,17 @@ class Reports:
             [float(v) + self._gaussian(1.0, self.noise) for v in counts],
         )
 
+    def clipped_sum(self, per_row: torch.Tensor, signed: bool = False) -> float:
+        """The sum of per-row values; under DP each clipped to [0, loss_bound] (`signed`:
+        [-loss_bound, loss_bound]) and the sum noised with std sigma loss_bound (a record adds
+        or removes one row). MultiBoost's loss sums and (signed) edges leave this way."""
+        values = per_row.detach().double().cpu()
+        if not self.noised:
+            return float(values.sum())
+        bound = self.privacy.reports.loss_bound
+        clipped = values.clamp(-bound if signed else 0.0, bound)
+        return float(clipped.sum()) + self._gaussian(bound, self.noise)
+
     def accuracy(self, correct: torch.Tensor) -> float:
         """The fraction of rows marked correct (a boolean per row)."""
         value = float(correct.double().mean())

@@ -25,6 +25,7 @@ from fedsilo.policies.schema import Policy
 from fedsilo.silo.tasks import TASK_KINDS
 from fedsilo.wire.tasks import (
     TASK_CONFIGS,
+    BoostProbe,
     CkksDecrypt,
     CkksJoin,
     CkksKeygen,
@@ -103,6 +104,8 @@ EXAMPLES: list[TaskConfig] = [
     SuperFedTrain(local=LOCAL, mixing="layer", mixing_on=True, local_seed=9, ortho_nu=0.5),
     SuperFedEvaluate(local_seed=9, lambda_grid=5, min_validation=3),
     ScaffoldTrain(local=LOCAL),
+    BoostProbe(),
+    BoostProbe(split="test", evaluate=True, edges=(0, 3)),
     EnergySignals(
         local=LOCAL,
         sgld_steps=1,
@@ -271,6 +274,8 @@ BUILT_TODAY: list[tuple[str, str, dict[str, Any]]] = [
     ),
     ("feddro_support", "FedDro.round, stage A", {}),
     ("feddro_train", "FedDro.train_config", TRAIN),
+    ("boost_probe", "MultiBoost.round", {"split": "train", "evaluate": False, "edges": [0, 4]}),
+    ("boost_probe", "MultiBoost.evaluate", {"split": "test", "evaluate": True, "edges": []}),
 ]
 
 
@@ -455,6 +460,7 @@ SIMULATED = {
         "algorithm": {"barycenter_rounds": 1, "support_points": 3},
         "training": {"epochs": None, "steps": 1},
     },
+    "heart-multiboost.yaml": {"rounds": 1, "training": {"epochs": 1}},
 }
 
 

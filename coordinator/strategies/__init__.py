@@ -18,6 +18,7 @@ from fedsilo.coordinator.strategies.loss_weighted import (
     QFedAvg,
     Term,
 )
+from fedsilo.coordinator.strategies.multiboost import MultiBoost
 from fedsilo.coordinator.strategies.references import Central, Local
 from fedsilo.coordinator.strategies.scaffold import Scaffold
 from fedsilo.coordinator.strategies.superfed import SuperFed
@@ -28,7 +29,7 @@ STRATEGIES: dict[str, type[Strategy]] = {
     for cls in (
         *(FedAvg, FedProx, FedAdam, FedYogi, FedAdagrad, Central, Local, FedDC, SuperFed, FedEvg),
         *(Drfa, Drflm, Afl, AgnosticFedAvg, QFedAvg, Term, PropFair, AAggFF, ApproxFedAvg),
-        *(Scaffold, Cyclic),
+        *(Scaffold, Cyclic, MultiBoost),
         *(FedDro,),
     )
 }

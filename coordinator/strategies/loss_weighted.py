@@ -28,7 +28,10 @@ paper, because secure aggregation needs each silo's weight before its update is 
   (domains no silo reported keep their mass). The probe runs before training (the survey's silos
   send L and N with the update), so the window includes this round's counts.
 - AAggFF (Hahn et al. 2024): AAggFF-S (online Newton step) when every silo takes part,
-  AAggFF-D (FTRL with doubly-robust responses) when `client_fraction` < 1.
+  AAggFF-D (FTRL with doubly-robust responses) when `client_fraction` < 1. With
+  `server_optimizer` the mixed mean is not adopted but is the target of FedAdam's, FedYogi's
+  or FedAdagrad's step (coordinator/strategies/fedopt.py `adaptive_step`), the thesis'
+  plug-and-play pairing (docs/algorithms/aaggff.md, "With a server optimiser").
 
 The coefficients of the last round are kept in the state (`mixing.weights`, by silo): the
 engine exports them as `fedsilo_mixing_weight` and a restarted coordinator resumes them.
@@ -43,6 +46,7 @@ from dataclasses import replace
 from typing import Any
 
 import numpy as np
+import torch
 
 from fedsilo.coordinator.mixing import (
     AAggFFDState,
@@ -65,6 +69,7 @@ from fedsilo.coordinator.strategies.base import (
     ServerState,
     Strategy,
 )
+from fedsilo.coordinator.strategies.fedopt import adaptive_step, with_moments
 from fedsilo.coordinator.strategies.mixing_state import MixingState
 from fedsilo.policies.algorithms.loss_weighted import (
     AAggFFConfig,
@@ -116,9 +121,13 @@ class LossWeighted(Strategy):
         )
         return replace(
             state,
-            tensors={**state.tensors, MODEL: out.mean[MODEL]},
+            tensors=self.server_update(state, out.mean[MODEL]),
             extra={**state.extra, MIXING: mixing.to_json()},
         )
+
+    def server_update(self, state: ServerState, mean: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The server optimiser: the mixed mean becomes the model (FedAvg's step 1)."""
+        return {**state.tensors, MODEL: mean}
 
     def decide_from(
         self, reports: Mapping[str, SiloReport], mixing: MixingState, ctx: RoundContext
@@ -342,6 +351,19 @@ class AAggFF(LossWeighted):
     @property
     def config(self) -> AAggFFConfig:  # type: ignore[override]
         return self.policy.algorithm  # type: ignore[return-value]
+
+    def setup(self, ctx: RoundContext) -> RoundScript:
+        state = yield from super().setup(ctx)
+        step = self.config.server_optimizer
+        if step is None:
+            return state
+        return replace(state, tensors=with_moments(state.tensors, step.tau))
+
+    def server_update(self, state: ServerState, mean: torch.Tensor) -> dict[str, torch.Tensor]:
+        step = self.config.server_optimizer
+        if step is None:
+            return super().server_update(state, mean)
+        return adaptive_step(step.name, step, state.tensors, mean)
 
     def decide(self, reported: Reported, mixing: MixingState, ctx: RoundContext) -> Decision:
         silos = mixing.silos

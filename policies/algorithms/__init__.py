@@ -23,6 +23,7 @@ from fedsilo.policies.algorithms.loss_weighted import (
     QFedAvgConfig,
     TermConfig,
 )
+from fedsilo.policies.algorithms.multiboost import MultiBoostConfig
 from fedsilo.policies.algorithms.references import CentralConfig, LocalConfig
 from fedsilo.policies.algorithms.scaffold import ScaffoldConfig
 from fedsilo.policies.algorithms.superfed import SuperFedConfig
@@ -47,6 +48,7 @@ AlgorithmConfig = Annotated[
     | FedEvgConfig
     | ScaffoldConfig
     | CyclicConfig
-    | FedDroConfig,
+    | FedDroConfig
+    | MultiBoostConfig,
     Field(discriminator="name"),
 ]

@@ -9,6 +9,7 @@ from typing import ClassVar, Literal
 from pydantic import Field
 
 from fedsilo.policies.algorithms.base import SAMPLE_WEIGHTED, AlgorithmBase
+from fedsilo.policies.algorithms.fedopt import ServerOptimizerConfig
 
 RESPONSE_TRANSFORMS = ("weibull", "exponential", "frechet", "normal", "gumbel", "logistic")
 
@@ -86,7 +87,10 @@ class PropFairConfig(LossWeightedConfig):
 
 class AAggFFConfig(LossWeightedConfig):
     """AAggFF (Hahn et al. 2024): AAggFF-S with every silo, AAggFF-D when `client_fraction`
-    < 1; `transform`: the response CDF."""
+    < 1; `transform`: the response CDF; `server_optimizer`: an adaptive server step (FedAdam,
+    FedYogi, FedAdagrad, with their settings) taken towards the AAggFF-mixed mean instead of
+    adopting it (the thesis' plug-and-play)."""
 
     name: Literal["aaggff"]
     transform: Literal[RESPONSE_TRANSFORMS] = "normal"  # type: ignore[valid-type]
+    server_optimizer: ServerOptimizerConfig | None = None

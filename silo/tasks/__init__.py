@@ -30,6 +30,7 @@ from fedsilo.silo.tasks.feddro import (
     feddro_train_releases,
 )
 from fedsilo.silo.tasks.init import describe, initialise, public_release
+from fedsilo.silo.tasks.multiboost import boost_probe, boost_probe_releases
 from fedsilo.silo.tasks.scaffold import scaffold_train, scaffold_train_releases
 from fedsilo.silo.tasks.scaling import feature_moments, moments_releases, standardise
 from fedsilo.silo.tasks.secure_sum import (
@@ -84,4 +85,6 @@ TASK_KINDS: dict[str, TaskKind] = {
     # point clouds built from the silo's records: data, opted into by the policy, never a model
     "feddro_support": TaskKind(feddro_support, feddro_support_releases, Release.DATA),
     "feddro_train": TaskKind(feddro_train, feddro_train_releases, Release.IN_THE_CLEAR),
+    # MultiBoost's loss and edge sums, or held-out metrics (noisy reports under DP)
+    "boost_probe": TaskKind(boost_probe, boost_probe_releases, Release.NOTHING_PRIVATE),
 }

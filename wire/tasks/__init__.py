@@ -13,6 +13,7 @@ from fedsilo.wire.tasks.daisy import (
 )
 from fedsilo.wire.tasks.evaluation import EvaluateTask, LossProbe, SuperFedEvaluate
 from fedsilo.wire.tasks.feddro import FedDroSupport, FedDroTrain
+from fedsilo.wire.tasks.multiboost import BoostProbe
 from fedsilo.wire.tasks.registry import TASK_CONFIGS, decode_task_config
 from fedsilo.wire.tasks.scaffold import ScaffoldTrain
 from fedsilo.wire.tasks.secure_sum import (
@@ -27,6 +28,7 @@ from fedsilo.wire.tasks.training import EnergySignals, LocalTraining, SuperFedTr
 
 __all__ = [
     "TASK_CONFIGS",
+    "BoostProbe",
     "CkksDecrypt",
     "CkksJoin",
     "CkksKeygen",

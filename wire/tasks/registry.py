@@ -9,6 +9,7 @@ from fedsilo.wire.tasks.codec import TaskConfig
 from fedsilo.wire.tasks.daisy import DaisyEvaluate, DaisyReceive, DaisyReseal, DaisyTrain
 from fedsilo.wire.tasks.evaluation import EvaluateTask, LossProbe, SuperFedEvaluate
 from fedsilo.wire.tasks.feddro import FedDroSupport, FedDroTrain
+from fedsilo.wire.tasks.multiboost import BoostProbe
 from fedsilo.wire.tasks.scaffold import ScaffoldTrain
 from fedsilo.wire.tasks.secure_sum import (
     MaskedInput,
@@ -50,6 +51,7 @@ TASK_CONFIGS: dict[str, type[TaskConfig]] = {
         ScaffoldTrain,
         FedDroSupport,
         FedDroTrain,
+        BoostProbe,
     )
 }
 

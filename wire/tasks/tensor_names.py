@@ -42,3 +42,6 @@ CONTROL, CONTROL_DELTA, CONTROL_CORRECTION = "control", "control_delta", "contro
 # FedDRO: a silo's cloud of support points and the barycenter, (groups, points, dim) each, and
 # which groups (classes) a silo holds.
 SUPPORT, BARYCENTER, PRESENT = "feddro/support", "feddro/barycenter", "feddro/present"
+# Federated MultiBoost (wire/tasks/multiboost.py): the ensemble
+BOOST_LEARNERS = "boost/learners"  # the base classifiers' flat parameters, one row each
+BOOST_ALPHA = "boost/alpha"  # their ensemble weights alpha
