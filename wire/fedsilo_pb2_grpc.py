@@ -46,7 +46,8 @@ class CoordinatorServicer:
 
     def Exchange(self, request_iterator, context):
         """Request: join, accept/refuse (policy pinning), pull (long poll for a task) or a result.
-        Reply: the signed policy, an acknowledgement, a task, or "idle" when no task came in time.
+        Reply: the signed policy, an acknowledgement, a task, or "idle" when no task came in time;
+        a result is answered like a pull (the next task, idle or finished), or refused with an ack.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
