@@ -150,7 +150,7 @@ class Checkpoints:
         Written from the encoded parts, without joining them, so saving a model costs one
         encoded copy of it."""
         data = encode_payload(tensor_block(_unshared(tensors)), {"names": list(tensors)})
-        digest = data.digest().hex()
+        digest = blake2b(data.parts).hex()  # content_hash, not the payload digest
         path = self.path_of(digest)
         if not (path.exists() and _file_hash(path) == digest):
             make_private_folder(self.folder)

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import hashlib
 import random
 import tracemalloc
 from collections.abc import Iterable
 
 import pytest
+from blake3 import blake3
 from nacl.signing import SigningKey
 
 from fedsilo.wire.chunks import (
@@ -31,7 +31,7 @@ def payload_of(size: int) -> bytes:
 
 
 def digest(payload: bytes) -> bytes:
-    return hashlib.blake2b(payload, digest_size=32).digest()
+    return blake3(payload).digest()
 
 
 def assemble(

@@ -2,18 +2,16 @@
 
 A payload of any size travels as a stream of chunks of at most `DEFAULT_CHUNK_BYTES`, below
 gRPC's 4 MiB default message limit (`Payload.chunks` cuts them). The receiver learns the
-payload's size and BLAKE2b-256 digest from its signed envelope; `ChunkAssembler` writes the
-chunks into a buffer of exactly that size (a temporary file above `SPOOL_ABOVE_BYTES`, so a
-round's results never have to fit in memory at once), hashes them as they arrive, and refuses
-the stream the moment it runs past the announced size, so a sender cannot make the receiver
-hold more than it announced.
+payload's size and digest (BLAKE3-256, wire/payload.py) from its signed envelope;
+`ChunkAssembler` writes the chunks into a buffer of exactly that size (a temporary file above
+`SPOOL_ABOVE_BYTES`, so a round's results never have to fit in memory at once), hashes them as
+they arrive, and refuses the stream the moment it runs past the announced size, so a sender
+cannot make the receiver hold more than it announced.
 """
 
 from __future__ import annotations
 
-import hashlib
-
-from fedsilo.wire.payload import DIGEST_BYTES, AnyPayload, Payload, SpooledPayload
+from fedsilo.wire.payload import DIGEST_BYTES, AnyPayload, Payload, SpooledPayload, payload_hash
 
 DEFAULT_CHUNK_BYTES = 1 << 20
 SPOOL_ABOVE_BYTES = 1 << 23  # larger payloads are reassembled in a temporary file
@@ -50,7 +48,7 @@ class ChunkAssembler:
         if expected_size < 0:
             raise ValueError(f"expected_size must be non-negative, got {expected_size}")
         if len(expected_digest) != DIGEST_BYTES:
-            raise ValueError(f"expected_digest must be {DIGEST_BYTES} bytes (BLAKE2b-256)")
+            raise ValueError(f"expected_digest must be {DIGEST_BYTES} bytes (BLAKE3-256)")
         if expected_size > max_bytes:
             raise ChunkError(
                 OVERSIZED, f"announced {expected_size} bytes, the limit is {max_bytes}"
@@ -60,7 +58,7 @@ class ChunkAssembler:
         self._spool = SpooledPayload() if expected_size > spool_above else None
         self._buffer = bytearray(0 if self._spool is not None else expected_size)
         self._received = 0
-        self._hash = hashlib.blake2b(digest_size=DIGEST_BYTES)
+        self._hash = payload_hash()
 
     def add(self, chunk: bytes | memoryview) -> None:
         """Append one chunk; raise OVERSIZED, without buffering it, if it runs past the size."""
@@ -85,7 +83,7 @@ class ChunkAssembler:
                 TRUNCATED,
                 f"stream ended after {self._received} of {self._expected_size} bytes",
             )
-        if self._hash.digest() != self._expected_digest:
+        if self._hash.digest(length=DIGEST_BYTES) != self._expected_digest:
             raise ChunkError(CORRUPTED, "payload digest differs from the announced one")
         if self._spool is not None:
             return self._spool.seal(self._expected_digest)

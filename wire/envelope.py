@@ -1,12 +1,12 @@
 """Signed message envelopes: sealing a payload, and deciding whether to accept one.
 
-Every payload between coordinator and silos (tasks, results, joins) travels with an
-`Envelope`: deployment, round, task id, sender, a random nonce, the BLAKE2b-256 digest and size
-of the payload, the send time, and the sender's Ed25519 signature over all of these. `seal`
-makes one; `EnvelopeVerifier` accepts it or raises `EnvelopeRejected`, whose `reason` is one
-of the stable label values in `REJECTION_REASONS` (for metrics). A verifier given a
-`ReplayMemory` writes every accepted message to it before accepting, and recalls the ones still
-fresh when it is made, so replay protection survives a restart.
+Every payload between coordinator and silos (tasks, results, joins) travels with an `Envelope`:
+deployment, round, task id, sender, a random nonce, the digest (BLAKE3-256, wire/payload.py) and
+size of the payload, the send time, and the sender's Ed25519 signature over all of these. `seal`
+makes one; `EnvelopeVerifier` accepts it or raises `EnvelopeRejected`, whose `reason` is one of
+the stable label values in `REJECTION_REASONS` (for metrics). A verifier given a `ReplayMemory`
+writes every accepted message to it before accepting, and recalls the ones still fresh when it
+is made, so replay protection survives a restart.
 """
 
 from __future__ import annotations
@@ -281,7 +281,7 @@ class EnvelopeVerifier:
             self._check_not_replayed(envelope)
 
     def check_payload(self, envelope: Envelope, payload: bytes | AnyPayload) -> None:
-        """Refuse a payload whose size or BLAKE2b-256 digest differs from the envelope's."""
+        """Refuse a payload whose size or digest differs from the envelope's."""
         if len(payload) != envelope.payload_size:
             raise EnvelopeRejected(
                 SIZE_MISMATCH,
