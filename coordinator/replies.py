@@ -152,4 +152,4 @@ def _slices(tensor: torch.Tensor | LazyTensor) -> Iterator[torch.Tensor]:
         yield tensor
         return
     for start in range(0, tensor.numel, SLICE_ELEMENTS):
-        yield tensor.read(start, min(start + SLICE_ELEMENTS, tensor.numel))
+        yield tensor.peek(start, min(start + SLICE_ELEMENTS, tensor.numel))

@@ -69,7 +69,7 @@ class RunningMean:
             tensor = accepted.lazy[name]
             for start in range(0, tensor.numel, SLICE_ELEMENTS):
                 stop = min(start + SLICE_ELEMENTS, tensor.numel)
-                running[start:stop].add_(tensor.read(start, stop), alpha=weight)
+                running[start:stop].add_(tensor.peek(start, stop), alpha=weight)
         self._summed.append(silo)
 
     def mean(self, results: Mapping[str, Accepted]) -> tuple[dict[str, torch.Tensor], float]:
@@ -106,6 +106,6 @@ def _divided(
         else:
             acc = torch.zeros(stop - start, dtype=torch.float64)
             for silo, weight in terms:
-                acc.add_(results[silo].lazy[name].read(start, stop), alpha=weight)
+                acc.add_(results[silo].lazy[name].peek(start, stop), alpha=weight)
         flat[start:stop] = acc / total
     return mean

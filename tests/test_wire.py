@@ -176,3 +176,20 @@ def test_tensors_that_overlap_or_leave_trailing_bytes_are_refused() -> None:
     text += b" " * (-len(text) % 8)
     with pytest.raises(WireError, match="overlaps"):
         index_tensors(Payload([len(text).to_bytes(8, "little") + text + data[8 + header_len :]]))
+
+
+@pytest.mark.parametrize("cut", [None, 3, 37], ids=["one part", "header cut", "tensor cut"])
+def test_peek_reads_what_read_reads_and_shares_memory_where_one_part_holds_the_slice(
+    cut: int | None,
+) -> None:
+    tensors = {"a": torch.arange(10, dtype=torch.float32), "b": torch.randn(7, dtype=torch.float64)}
+    data = bytearray(encode_tensors(tensors, {}))
+    payload = Payload([data] if cut is None else [data[:cut], data[cut:]])
+    lazy, _ = index_tensors(payload)
+    for name, tensor in tensors.items():
+        assert torch.equal(lazy[name].peek(2, 6), lazy[name].read(2, 6))
+        assert torch.equal(lazy[name].peek(0, tensor.numel()), tensor)
+    if cut is None:  # a view of the received bytes: what the payload holds, it shows
+        peeked = lazy["a"].peek(0, 10)
+        data[peeked.data_ptr() - torch.frombuffer(data, dtype=torch.uint8).data_ptr()] ^= 0xFF
+        assert not torch.equal(peeked, tensors["a"])

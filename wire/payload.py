@@ -98,6 +98,15 @@ class Payload(_Sized):
             return
         raise ValueError(f"payload ends {len(buffer) - filled} bytes short")
 
+    def view(self, offset: int, length: int) -> memoryview | None:
+        """Bytes [offset, offset + length) without a copy where one part holds them all, else
+        None."""
+        for part in self.parts:
+            if offset < len(part):
+                return part[offset : offset + length] if offset + length <= len(part) else None
+            offset -= len(part)
+        return None
+
     def chunks(self, chunk_bytes: int) -> Iterator[bytes | memoryview]:
         """Consecutive slices of at most `chunk_bytes`; a chunk copies only where it spans two
         parts. An empty payload yields one empty chunk, so a receiver always sees a frame."""
