@@ -79,7 +79,7 @@ from fedsilo.coordinator.transport import Delivery, Reply, Transport
 from fedsilo.policies.schema import Policy
 from fedsilo.privacy.masking import aggregation_label
 from fedsilo.wire.messages import TaskMessage
-from fedsilo.wire.payload import blake2b
+from fedsilo.wire.payload import digest_of
 from fedsilo.wire.tensors import LazyTensor, TensorBlocks
 
 log = logging.getLogger("fedsilo.coordinator")
@@ -551,7 +551,7 @@ def _deliveries(messages: Mapping[str, TaskMessage], round_no: int) -> Iterator[
 
 
 def _digest(tensors: Mapping[str, LazyTensor], names: Sequence[str]) -> str:
-    """BLAKE2b of the named tensors' names, dtypes, shapes and bytes, read chunk by chunk."""
+    """BLAKE3 (`digest_of`) of the named tensors' names, dtypes, shapes and bytes, by chunks."""
 
     def parts() -> Iterator[bytes]:
         for name in names:
@@ -559,4 +559,4 @@ def _digest(tensors: Mapping[str, LazyTensor], names: Sequence[str]) -> str:
             yield f"{name}|{tensor.dtype}|{tensor.shape}|".encode()
             yield from tensor.byte_chunks()
 
-    return blake2b(parts()).hex()
+    return digest_of(parts()).hex()

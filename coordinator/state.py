@@ -4,11 +4,13 @@ as content-addressed checkpoints. The same file also holds the envelope verifier
 window (table `accepted_envelopes`, owned by coordinator/replay_store.py).
 
 Layout: `<name>.db` (WAL journal, `synchronous=FULL`, foreign keys on) and beside it the folder
-`<name>.checkpoints/`, one safetensors file per distinct state, named by the BLAKE2b-256 of its
-bytes, so identical states (a failed round keeps the previous one) are stored once and a file
-that changed on disk is caught when it is loaded. A round is saved checkpoint first (written
-to a temporary file, fsynced, renamed), then its row in one transaction: a crash in between
-leaves at worst an orphan checkpoint, never a row naming a missing file.
+`<name>.checkpoints/`, one safetensors file per distinct state, named by the BLAKE3-256 of its
+bytes (the payload digest, wire/payload.py; a file named by its BLAKE2b-256, as state files
+before BLAKE3 named them, still loads), so identical states (a failed round keeps the previous
+one) are stored once and a file that changed on disk is caught when it is loaded. A round is
+saved checkpoint first (written to a temporary file, fsynced, renamed), then its row in one
+transaction: a crash in between leaves at worst an orphan checkpoint, never a row naming a
+missing file.
 
 Thread safety: one connection shared by every thread (`check_same_thread=False`) behind a
 lock. SQLite runs one writer at a time anyway, so per-thread connections would only add
@@ -37,7 +39,7 @@ import torch
 from fedsilo.coordinator.strategies.base import ServerState
 from fedsilo.policies.schema import Policy
 from fedsilo.wire.durable import make_private_folder, write_atomically
-from fedsilo.wire.payload import blake2b
+from fedsilo.wire.payload import digest_of
 from fedsilo.wire.tensors import ParameterSpec, decode_tensors, encode_payload, tensor_block
 
 SCHEMA_VERSION = 1
@@ -125,9 +127,9 @@ def content_hash(data: bytes) -> str:
 
 
 def _file_hash(path: Path) -> str:
-    """`content_hash` of a file's bytes, read a few MiB at a time."""
+    """A checkpoint's name for a file's bytes, read a few MiB at a time."""
     with path.open("rb") as file:
-        return blake2b(iter(lambda: file.read(1 << 22), b"")).hex()
+        return digest_of(iter(lambda: file.read(1 << 22), b"")).hex()
 
 
 def digest_policy(policy: Policy) -> str:
@@ -150,7 +152,7 @@ class Checkpoints:
         Written from the encoded parts, without joining them, so saving a model costs one
         encoded copy of it."""
         data = encode_payload(tensor_block(_unshared(tensors)), {"names": list(tensors)})
-        digest = blake2b(data.parts).hex()  # content_hash, not the payload digest
+        digest = data.digest().hex()
         path = self.path_of(digest)
         if not (path.exists() and _file_hash(path) == digest):
             make_private_folder(self.folder)
@@ -164,8 +166,8 @@ class Checkpoints:
             data = path.read_bytes()
         except FileNotFoundError as exc:
             raise StateError(f"checkpoint {path} is missing") from exc
-        actual = content_hash(data)
-        if actual != digest:
+        actual = digest_of([data]).hex()
+        if digest not in (actual, content_hash(data)):
             raise StateError(
                 f"checkpoint {path} is corrupted: its content hashes to {actual}, not {digest}"
             )

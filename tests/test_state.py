@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from blake3 import blake3
 
 from fedsilo.coordinator.engine import RoundEngine, RoundRecord, RunAborted, RunHistory
-from fedsilo.coordinator.state import SavedRound, StateError, StateStore, digest_policy
+from fedsilo.coordinator.state import Checkpoints, SavedRound, StateError, StateStore, digest_policy
 from fedsilo.coordinator.strategies import make_strategy
 from fedsilo.coordinator.strategies.base import ServerState
 from fedsilo.coordinator.transport import Delivery, InProcessTransport, Reply
@@ -157,9 +158,23 @@ def test_checkpoints_are_named_by_the_hash_of_their_bytes_and_identical_states_s
     files = checkpoint_files(store_path)
     assert len(files) == 2
     for file in files:
-        assert file.stem == hashlib.blake2b(file.read_bytes(), digest_size=32).hexdigest()
+        assert file.stem == blake3(file.read_bytes()).hexdigest()
         assert file.stat().st_mode & 0o077 == 0
     assert not list(files[0].parent.glob(".*"))  # no temporary file is left behind
+
+
+def test_a_checkpoint_named_by_its_blake2b_as_older_state_files_name_them_still_loads(
+    tmp_path: Path,
+) -> None:
+    checkpoints = Checkpoints(tmp_path)
+    saved = checkpoints.save({"w": torch.arange(6.0)})
+    data = checkpoints.path_of(saved).read_bytes()
+    older = hashlib.blake2b(data, digest_size=32).hexdigest()
+    checkpoints.path_of(older).write_bytes(data)
+    assert torch.equal(checkpoints.load(older)["w"], torch.arange(6.0))
+    checkpoints.path_of(older).write_bytes(data[:-1] + b"\x00")
+    with pytest.raises(StateError, match="corrupted"):
+        checkpoints.load(older)
 
 
 def test_tensors_that_share_memory_are_saved_as_separate_entries(store: StateStore) -> None:

@@ -21,7 +21,6 @@ model of 1e6 parameters or more (bench/transport.py).
 
 from __future__ import annotations
 
-import hashlib
 import os
 import tempfile
 from collections.abc import Iterable, Iterator
@@ -31,15 +30,6 @@ from blake3 import blake3
 
 DIGEST_BYTES = 32
 READ_BYTES = 1 << 22  # how much `SpooledPayload` reads at once when it walks the whole payload
-
-
-def blake2b(parts: Iterable[bytes | memoryview]) -> bytes:
-    """BLAKE2b-256 over the concatenation of `parts` (digests kept in state files and records,
-    whose format predates BLAKE3 payload digests)."""
-    digest = hashlib.blake2b(digest_size=DIGEST_BYTES)
-    for part in parts:
-        digest.update(part)
-    return digest.digest()
 
 
 def payload_hash() -> blake3:
