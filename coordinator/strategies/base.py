@@ -21,11 +21,13 @@ from fedsilo.coordinator.seeding import derive_rng, derive_seed
 from fedsilo.coordinator.strategies.mixing_state import MixingState
 from fedsilo.models.architecture import spec_difference
 from fedsilo.policies.schema import Policy
+from fedsilo.wire.messages import schema_of
 from fedsilo.wire.tasks import (
     EvaluateTask,
     FeatureMoments,
     InitTask,
     LocalTraining,
+    SchemaTask,
     Standardise,
     TaskConfig,
     TrainTask,
@@ -124,6 +126,26 @@ class Strategy:
         if difference is not None:
             raise SetupError(f"the initial model is not the one the policy pins: {difference}")
         return ServerState({MODEL: tensors[MODEL]}, out.spec)
+
+    def classification_schema(
+        self, ctx: RoundContext
+    ) -> Generator[Phase, PhaseOutcome, tuple[tuple[int, ...], int]]:
+        """The silos' common input shape and number of classes (a `schema` phase); refused
+        when two silos disagree or the task is not a classification."""
+        out = yield Phase("schema", tuple(Task(s, SchemaTask()) for s in ctx.silos), quorum=1)
+        schemas = {s: schema_of(r.metrics) for s, r in out.reports.items()}
+        first = min(schemas)
+        for silo, schema in sorted(schemas.items()):
+            if schema != schemas[first]:
+                raise SetupError(
+                    f"silo {silo!r} has inputs {schema}, {first!r} has {schemas[first]}"
+                )
+        shape, classes = schemas[first]
+        if classes < 2:
+            raise SetupError(
+                f"{self.name} needs a classification task (the silos report no classes)"
+            )
+        return shape, classes
 
     def federated_scaling(self, ctx: RoundContext) -> Generator[Phase, PhaseOutcome, None]:
         """Consortium-wide feature mean and std from the silos' summed moments, then broadcast.

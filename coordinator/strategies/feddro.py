@@ -33,14 +33,12 @@ from fedsilo.coordinator.strategies.base import (
     RoundContext,
     RoundScript,
     ServerState,
-    SetupError,
     Strategy,
 )
 from fedsilo.coordinator.synthetic import train_classifier
 from fedsilo.models.zoo import build_model
 from fedsilo.policies.algorithms import FedDroConfig
-from fedsilo.wire.messages import schema_of
-from fedsilo.wire.tasks import FedDroSupport, FedDroTrain, LocalTraining, SchemaTask, TaskConfig
+from fedsilo.wire.tasks import FedDroSupport, FedDroTrain, LocalTraining, TaskConfig
 from fedsilo.wire.tasks.tensor_names import BARYCENTER, MODEL, PRESENT, SUPPORT
 
 SCHEMA = "schema"  # state.extra: the silos' input shape and number of classes
@@ -62,17 +60,7 @@ class FedDro(Strategy):
 
     def setup(self, ctx: RoundContext) -> RoundScript:
         state = yield from super().setup(ctx)
-        out = yield Phase(SCHEMA, tuple(Task(s, SchemaTask()) for s in ctx.silos), quorum=1)
-        schemas = {s: schema_of(r.metrics) for s, r in out.reports.items()}
-        first = min(schemas)
-        for silo, schema in sorted(schemas.items()):
-            if schema != schemas[first]:
-                raise SetupError(
-                    f"silo {silo!r} has inputs {schema}, {first!r} has {schemas[first]}"
-                )
-        shape, classes = schemas[first]
-        if classes < 2:
-            raise SetupError("feddro needs a classification task (the silos report no classes)")
+        shape, classes = yield from self.classification_schema(ctx)
         width = int(np.prod(shape))
         groups, dim = (
             (classes, width) if self.config.variant == "classwise" else (1, width + classes)

@@ -27,7 +27,6 @@ from fedsilo.coordinator.strategies.base import (
     RoundContext,
     RoundScript,
     ServerState,
-    SetupError,
     Strategy,
 )
 from fedsilo.coordinator.synthetic import (
@@ -39,8 +38,7 @@ from fedsilo.coordinator.synthetic import (
 )
 from fedsilo.models.zoo import build_model
 from fedsilo.policies.algorithms import FedEvgConfig
-from fedsilo.wire.messages import schema_of
-from fedsilo.wire.tasks import EnergySignals, LocalTraining, SchemaTask, TaskConfig
+from fedsilo.wire.tasks import EnergySignals, LocalTraining, TaskConfig
 from fedsilo.wire.tasks.tensor_names import (
     MODEL,
     SYNTHETIC,
@@ -63,17 +61,7 @@ class FedEvg(Strategy):
 
     def setup(self, ctx: RoundContext) -> RoundScript:
         state = yield from super().setup(ctx)
-        out = yield Phase(SCHEMA, tuple(Task(s, SchemaTask()) for s in ctx.silos), quorum=1)
-        schemas = {s: schema_of(r.metrics) for s, r in out.reports.items()}
-        first = min(schemas)
-        for silo, schema in sorted(schemas.items()):
-            if schema != schemas[first]:
-                raise SetupError(
-                    f"silo {silo!r} has inputs {schema}, {first!r} has {schemas[first]}"
-                )
-        shape, classes = schemas[first]
-        if classes < 2:
-            raise SetupError("fedevg needs a classification task (the silos report no classes)")
+        shape, classes = yield from self.classification_schema(ctx)
         generator = torch.Generator().manual_seed(derive_seed(ctx.seed, "synthetic-init"))
         x, labels = initial_synthetic_set(self.config.samples_per_class, classes, shape, generator)
         return replace(
