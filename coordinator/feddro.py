@@ -7,7 +7,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import numpy as np
-import ot
 
 
 def initial_clouds(groups: int, points: int, dim: int, rng: np.random.Generator) -> np.ndarray:
@@ -21,6 +20,8 @@ def barycenter(
     """Per group, the free-support barycenter (uniform weights over the silos that hold the
     group, uniform point weights) of the silos' clouds (groups, points, dim), started from the
     previous barycenter's support; a group no silo holds keeps its previous support."""
+    import ot  # POT loads with FedDRO only (it brings scipy and scikit-learn)
+
     result = previous.copy()
     for g in range(previous.shape[0]):
         holders = [s for s in sorted(clouds) if present[s][g] > 0]

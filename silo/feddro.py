@@ -11,7 +11,6 @@ comes from a generator the caller seeds.
 from __future__ import annotations
 
 import numpy as np
-import ot
 import torch
 from torch import Tensor, nn
 
@@ -21,6 +20,8 @@ from fedsilo.silo.evaluation import loss_function, per_sample_loss_function
 def plan(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """The exact OT plan between uniform measures on the rows of `x` and `y`, squared Euclidean
     cost, the cost matrix scaled by its maximum when that is above 1 (R-FedWaD's `interp_meas`)."""
+    import ot  # POT loads with FedDRO only (it brings scipy and scikit-learn)
+
     cost = ot.dist(x, y)  # squared Euclidean
     largest = float(cost.max()) if cost.size else 0.0
     if largest > 1.0:
