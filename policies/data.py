@@ -6,6 +6,10 @@ Sources:
   tcga_brca              the bundled TCGA-BRCA clinical survival table (FLamby's Fed-TCGA-BRCA):
                          1,088 patients in six regions (natural silos), each with its static
                          train/test split (column `split`)
+  molecules:esol, molecules:freesolv, molecules:lipophilicity
+                         the bundled MoleculeNet regression sets, each SMILES featurised with
+                         RDKit into a molecular graph (silo/data/molecules.py; `molecules:`
+                         options), for the graph models (gcn, gat, mpnn)
   sklearn:breast_cancer, sklearn:diabetes, sklearn:digits, sklearn:wine
                          scikit-learn's bundled datasets (no download)
   csv                    a CSV file at `path`, with the label in column `target`
@@ -50,9 +54,21 @@ SKLEARN_SOURCES = (
     "sklearn:wine",
 )
 FILE_SOURCES = ("csv", "npz")
+# Each bundled molecular set: its file (silo/datasets/molecules/), SMILES column, target column.
+MOLECULE_SOURCES: dict[str, tuple[str, str, str]] = {
+    "molecules:esol": ("esol", "smiles", "measured log solubility in mols per litre"),
+    "molecules:freesolv": ("freesolv", "smiles", "expt"),
+    "molecules:lipophilicity": ("lipophilicity", "smiles", "lipo"),
+}
 PLUGIN_SOURCE = "plugin"
 BUNDLED_SOURCES = ("heart", "tcga_brca")
-SOURCES = (*BUNDLED_SOURCES, *SKLEARN_SOURCES, *FILE_SOURCES, PLUGIN_SOURCE)
+SOURCES = (
+    *BUNDLED_SOURCES,
+    *SKLEARN_SOURCES,
+    *MOLECULE_SOURCES,
+    *FILE_SOURCES,
+    PLUGIN_SOURCE,
+)
 # The sources a site reads as its own data: one silo unless the section partitions them.
 SITE_SOURCES = (*FILE_SOURCES, PLUGIN_SOURCE)
 SURVIVAL = "survival"
@@ -66,6 +82,7 @@ KNOWN_TASKS: dict[str, str] = {
     "sklearn:diabetes": "regression",
     "sklearn:digits": "classification",
     "sklearn:wine": "classification",
+    **dict.fromkeys(MOLECULE_SOURCES, "regression"),
 }
 DEFAULT_SILOS = 4
 HEART_SILO_COLUMN = "dataset"
@@ -124,8 +141,22 @@ class QuantitySkewPartition(PolicyModel):
     total: int | None = Field(default=None, ge=1)
 
 
+class ScaffoldPartition(PolicyModel):
+    """Molecules grouped by Bemis-Murcko scaffold, no scaffold in two silos (a `molecules:`
+    source only): the groups, largest first (equal sizes in a seeded random order), each to the
+    silo holding the fewest molecules so far."""
+
+    kind: Literal["scaffold"]
+    silos: int = Field(ge=1)
+
+
 Partition = Annotated[
-    NaturalPartition | IidPartition | DirichletPartition | ShardsPartition | QuantitySkewPartition,
+    NaturalPartition
+    | IidPartition
+    | DirichletPartition
+    | ShardsPartition
+    | QuantitySkewPartition
+    | ScaffoldPartition,
     Field(discriminator="kind"),
 ]
 
@@ -182,6 +213,15 @@ class LabelNoiseConfig(PolicyModel):
     std: float = Field(default=1.0, gt=0)
 
 
+class MoleculeOptions(PolicyModel):
+    """How a `molecules:` source's SMILES become graphs: at most `max_atoms` heavy atoms per
+    molecule (the padded graph's size); a SMILES that does not parse, or a larger molecule,
+    refused with its row named (`error`) or dropped and counted (`drop`)."""
+
+    max_atoms: int = Field(default=64, ge=1, le=256)
+    invalid: Literal["error", "drop"] = "error"
+
+
 class DataConfig(PolicyModel):
     """The `data:` section of a policy."""
 
@@ -200,6 +240,8 @@ class DataConfig(PolicyModel):
     partition: Partition | None = None
     split: SplitConfig = Field(default_factory=SplitConfig)
     label_noise: LabelNoiseConfig | None = None
+    # A `molecules:` source's featurisation options (silo/data/molecules.py).
+    molecules: MoleculeOptions | None = None
     # A categorical column whose value is each row's domain (e.g. sex, or the scanner), for the
     # algorithms that weight domains (agnostic_fedavg with domains: data, approx_fedavg).
     # Its declared categories are the domain names every silo agrees on; it stays a feature.
@@ -305,10 +347,21 @@ class DataConfig(PolicyModel):
                 f"domain: column '{self.domain}' must be declared in categorical (its categories "
                 "are the domain names every silo agrees on)"
             )
+        if self.molecules is not None and source not in MOLECULE_SOURCES:
+            raise ValueError(f"molecules applies to molecules: sources only, not '{source}'")
+        if isinstance(self.partition, ScaffoldPartition) and source not in MOLECULE_SOURCES:
+            raise ValueError(
+                f"a scaffold partition groups molecules by scaffold: it needs a molecules: "
+                f"source, not '{source}'"
+            )
         known = KNOWN_TASKS.get(source)
         if known is not None and self.task not in (None, known):
             raise ValueError(f"source '{source}' is a {known} task, not {self.task}")
         return self
+
+    def molecule_options(self) -> MoleculeOptions:
+        """The `molecules:` options in force (the defaults when not given)."""
+        return self.molecules or MoleculeOptions()
 
     def resolved_partition(self) -> Partition:
         """The partition in force: the one given, else the source's natural default (heart: one

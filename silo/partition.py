@@ -152,6 +152,26 @@ def by_column(values: np.ndarray) -> dict[str, np.ndarray]:
     }
 
 
+def by_group(groups: np.ndarray, silos: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """Whole groups (e.g. molecular scaffolds) dealt to `silos` silos, no group in two: the
+    groups largest first (equal sizes in random order), each to the silo with the fewest rows
+    so far (the lowest index among equals). Fewer groups than silos is an error."""
+    keys = np.asarray(groups).astype(str)
+    distinct, inverse = np.unique(keys, return_inverse=True)
+    if len(distinct) < silos:
+        raise ValueError(f"{len(distinct)} groups cannot fill {silos} silos")
+    sizes = np.bincount(inverse, minlength=len(distinct))
+    shuffled = rng.permutation(len(distinct))
+    order = shuffled[np.argsort(-sizes[shuffled], kind="stable")]
+    members: list[list[int]] = [[] for _ in range(silos)]
+    held = np.zeros(silos, dtype=np.int64)
+    for group in order:
+        silo = int(np.argmin(held))
+        members[silo].append(int(group))
+        held[silo] += sizes[group]
+    return [np.flatnonzero(np.isin(inverse, chosen)).astype(np.int64) for chosen in members]
+
+
 def flip_labels(
     y: np.ndarray, num_classes: int, probability: float, rng: np.random.Generator
 ) -> np.ndarray:

@@ -1,6 +1,6 @@
 """Which rows go to which silo: the policy's partition (natural by a column, or simulated:
-iid, Dirichlet label skew, label shards, quantity skew; the maths in silo/partition.py), seeded
-from the consortium's seed."""
+iid, Dirichlet label skew, label shards, quantity skew, molecular scaffolds; the maths in
+silo/partition.py), seeded from the consortium's seed."""
 
 from __future__ import annotations
 
@@ -12,12 +12,20 @@ from fedsilo.policies.data import (
     NaturalPartition,
     Partition,
     QuantitySkewPartition,
+    ScaffoldPartition,
     ShardsPartition,
 )
 from fedsilo.silo.data.dataset import SECTION, DataError
 from fedsilo.silo.data.encoding import Table
 from fedsilo.silo.data.seeds import Purpose, rng_for
-from fedsilo.silo.partition import by_column, dirichlet_label_skew, iid, label_shards, quantity_skew
+from fedsilo.silo.partition import (
+    by_column,
+    by_group,
+    dirichlet_label_skew,
+    iid,
+    label_shards,
+    quantity_skew,
+)
 
 
 def _partition_rows(table: Table, partition: Partition, seed: int) -> list[np.ndarray]:
@@ -41,6 +49,9 @@ def _partition_rows(table: Table, partition: Partition, seed: int) -> list[np.nd
                 "is regression"
             )
         return label_shards(table.y, partition.silos, partition.shards_per_silo, rng)
+    if isinstance(partition, ScaffoldPartition):
+        assert table.groups is not None  # a molecular source's scaffolds
+        return by_group(table.groups, partition.silos, rng)
     assert isinstance(partition, QuantitySkewPartition)
     total = n if partition.total is None else partition.total
     if total > n:

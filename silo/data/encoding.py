@@ -4,7 +4,8 @@ codes from the whole source's sorted label set, or regression targets), the natu
 column, the split column and the domain column. With `missing: drop` the rows missing a feature
 value are dropped first. A data plug-in's labels come beside its table, and a task plug-in's
 targets (float, (n,) or (n, k); survival's (time, event)) are kept as they are. No statistics:
-the same at every silo."""
+the same at every silo. Rows the source gives already encoded (molecular graphs) are taken as
+they are: no column of theirs is numeric (none is imputed or standardised)."""
 
 from __future__ import annotations
 
@@ -16,10 +17,17 @@ import numpy as np
 import pandas as pd
 import torch
 
-from fedsilo.policies.data import SPLIT_VALUES, SURVIVAL, DataConfig, NaturalPartition, Partition
+from fedsilo.policies.data import (
+    SPLIT_VALUES,
+    SURVIVAL,
+    DataConfig,
+    NaturalPartition,
+    Partition,
+    ScaffoldPartition,
+)
 from fedsilo.silo.data.dataset import SECTION, DataError
 from fedsilo.silo.data.plugins import is_plugin_task, task_plugin
-from fedsilo.silo.data.sources import RawSource
+from fedsilo.silo.data.sources import SCAFFOLD_COLUMN, RawSource
 
 # A csv/npz target is a classification label when it is not numeric, or when it is an integer
 # with at most this many distinct values.
@@ -37,7 +45,8 @@ class Table:
     y: np.ndarray  # class codes 0..C-1 (int64), regression or a task plug-in's targets (float64)
     task: str
     num_classes: int | None
-    groups: np.ndarray | None  # the natural-partition column, when there is one
+    # the natural-partition column, or each molecule's scaffold for a scaffold partition
+    groups: np.ndarray | None
     domains: tuple[str, ...] = ()  # with data.domain: its categories
     domain_codes: np.ndarray | None = None  # and each row's index into them
     outputs: int | None = None  # a task plug-in's output width for these targets
@@ -327,16 +336,23 @@ def tabulate(source: RawSource, config: DataConfig, partition: Partition) -> Tab
         _require_column(source.frame, target, "target", "target", source.origin)
     if source.image_shape is not None and config.drop_columns:
         raise DataError(f"{SECTION}.drop_columns: does not apply to image rows ({source.origin})")
-    features = _feature_columns(source, config, partition)
-    if config.missing == "drop":
-        source = _without_missing_rows(source, features, config)
-    x, numeric, names = _encode_features(source, features, config)
+    if source.encoded is not None:
+        x = source.encoded.reshape(len(source.encoded), -1)
+        numeric = np.zeros(x.shape[1], dtype=bool)
+        names = tuple(f"x{i}" for i in range(x.shape[1]))
+    else:
+        features = _feature_columns(source, config, partition)
+        if config.missing == "drop":
+            source = _without_missing_rows(source, features, config)
+        x, numeric, names = _encode_features(source, features, config)
     y, task, num_classes = _encode_labels(source, config)
     if task == SURVIVAL:
         _check_survival_targets(y, source.origin)
     groups = None
     if isinstance(partition, NaturalPartition):
         groups = _natural_groups(source, partition.column)
+    elif isinstance(partition, ScaffoldPartition):
+        groups = source.frame[SCAFFOLD_COLUMN].to_numpy()
     domains, codes = _domain_codes(source, config)
     return Table(
         x,

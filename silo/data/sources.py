@@ -1,6 +1,7 @@
-"""Source readers: the bundled heart and TCGA-BRCA tables, scikit-learn's datasets, a CSV or an
-npz file, or an installed data plug-in (silo/data/plugins.py), each read into a raw table with
-what is known about it (its data dictionary, its task, its image shape)."""
+"""Source readers: the bundled heart and TCGA-BRCA tables, the bundled molecular sets (as graph
+rows, silo/data/molecules.py), scikit-learn's datasets, a CSV or an npz file, or an installed
+data plug-in (silo/data/plugins.py), each read into a raw table with what is known about it
+(its data dictionary, its task, its image shape)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import pandas as pd
 
 from fedsilo.policies.data import (
     KNOWN_TASKS,
+    MOLECULE_SOURCES,
     PLUGIN_SOURCE,
     TCGA_SILO_COLUMN,
     TCGA_SPLIT_COLUMN,
@@ -59,6 +61,8 @@ HEART_CSV = "datasets/heart/heart_disease_uci.csv"
 # (time, event) its T and E.
 TCGA_FOLDER = "datasets/tcga_brca"
 TCGA_DICTIONARY = DataDictionary(target="T", not_features=("pid", "T", "E"))
+# A molecular source's frame: each molecule's Bemis-Murcko scaffold (not a feature).
+SCAFFOLD_COLUMN = "scaffold"
 DIGITS_INTENSITIES = 16.0  # scikit-learn's 8x8 digits count 0..16 per pixel
 
 
@@ -72,6 +76,9 @@ class RawSource:
     # A plug-in's labels, kept beside the frame (they may be (n, k)), and its class count.
     labels: np.ndarray | None = None
     num_classes: int | None = None
+    # Rows already encoded, image-shaped (molecular graphs): the features, in place of the
+    # frame's columns (the frame then holds the target and the columns that are not features).
+    encoded: np.ndarray | None = None
 
 
 def _resolve_path(path: str, base_dir: Path | None) -> Path:
@@ -196,7 +203,25 @@ def _read_plugin(config: DataConfig) -> RawSource:
     )
 
 
+def _read_molecules(config: DataConfig) -> RawSource:
+    # only here: RDKit's import costs every other process's start-up
+    from fedsilo.silo.data.molecules import read_molecules
+
+    table, origin = read_molecules(config.source, config.molecule_options())
+    frame = pd.DataFrame({SCAFFOLD_COLUMN: table.scaffolds, "target": table.targets})
+    return RawSource(
+        frame,
+        DataDictionary("target", not_features=(SCAFFOLD_COLUMN,)),
+        origin,
+        KNOWN_TASKS[config.source],
+        tuple(table.graphs.shape[1:]),
+        encoded=table.graphs,
+    )
+
+
 def read_source(config: DataConfig, base_dir: Path | None) -> RawSource:
+    if config.source in MOLECULE_SOURCES:
+        return _read_molecules(config)
     if config.source == PLUGIN_SOURCE:
         return _read_plugin(config)
     if config.source == "heart":
