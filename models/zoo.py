@@ -19,13 +19,17 @@ import torch
 from torch import nn
 
 from fedsilo.models import architecture
+from fedsilo.models.graphs import Gat, Gcn, GraphEncoder, Mpnn, graph_atoms
 from fedsilo.models.plugins import PluginError, build_plugin
 from fedsilo.policies.model import (
     CnnModel,
+    GatModel,
+    GcnModel,
     LinearModel,
     LogisticModel,
     MlpModel,
     ModelConfig,
+    MpnnModel,
     PluginModel,
 )
 from fedsilo.wire.tensors import ParameterSpec
@@ -58,10 +62,11 @@ def build_model(
 
 
 def embedding_and_head(model: nn.Module) -> tuple[nn.Module, nn.Module]:
-    """A zoo model as g (every layer but the last: the embedding) and its last, linear layer
-    (the head reading g(x)); refused for a model whose last layer reads the inputs."""
+    """A zoo model as g (every layer but the last: the embedding; a graph model's is its
+    message passing and readout) and its last, linear layer (the head reading g(x)); refused
+    for a model whose last layer reads the inputs."""
     if not isinstance(model, nn.Sequential) or not any(
-        isinstance(layer, (nn.Linear, nn.Conv2d)) for layer in model[:-1]
+        isinstance(layer, (nn.Linear, nn.Conv2d, GraphEncoder)) for layer in model[:-1]
     ):
         raise ValueError(
             "this model has no embedding: its last layer reads the inputs (mix the inputs, or "
@@ -113,6 +118,8 @@ def _layers(config: ModelConfig, input_shape: tuple[int, ...], output_dim: int) 
         return _mlp(config, input_shape, output_dim)
     if isinstance(config, CnnModel):
         return _cnn(config, input_shape, output_dim)
+    if isinstance(config, (GcnModel, GatModel, MpnnModel)):
+        return _graph(config, input_shape, output_dim)
     raise TypeError(f"unknown model config {type(config).__name__}")
 
 
@@ -159,6 +166,22 @@ def _cnn(config: CnnModel, input_shape: tuple[int, ...], output_dim: int) -> nn.
         width = config.hidden
     layers.append(nn.Linear(width, output_dim))
     return nn.Sequential(*layers)
+
+
+def _graph(
+    config: GcnModel | GatModel | MpnnModel, input_shape: tuple[int, ...], output_dim: int
+) -> nn.Sequential:
+    """A graph encoder (models/graphs.py) and a linear head on its readout g(x)."""
+    graph_atoms(input_shape)
+    encoder: GraphEncoder
+    if isinstance(config, GcnModel):
+        encoder, width = Gcn(config.hidden, config.readout), config.hidden[-1]
+    elif isinstance(config, GatModel):
+        encoder = Gat(config.hidden, config.heads, config.readout)
+        width = config.hidden[-1] * config.heads
+    else:
+        encoder, width = Mpnn(config.hidden, config.steps, config.readout), config.hidden
+    return nn.Sequential(encoder, nn.Linear(width, output_dim))
 
 
 def _image_shape(input_shape: tuple[int, ...]) -> tuple[int, int, int]:

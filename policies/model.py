@@ -4,6 +4,8 @@
 `logistic` is binary logistic regression as one logit (FLamby's Fed-Heart-Disease baseline),
 trained with binary cross-entropy on the logit;
 `mlp` is a fully connected network; `cnn` is a small convolutional network for images;
+`gcn`, `gat` and `mpnn` are graph neural networks for molecular graphs (a `molecules:` data
+source; models/graphs.py): message passing, a readout g(x) over the atoms, and a linear head;
 `plugin` is a network a site's installed package builds (the entry point group
 `fedsilo.models`), pinned by its `architecture`: every parameter's name, shape and dtype, and
 their digest, which the policy's signature covers.
@@ -66,6 +68,37 @@ class CnnModel(PolicyModel):
     norm: Literal["none", "group"] = "none"
 
 
+class GcnModel(PolicyModel):
+    """Graph convolutions (Kipf & Welling) of the given widths, then the readout."""
+
+    name: Literal["gcn"]
+    hidden: list[Annotated[int, Field(ge=1)]] = Field(default=[64, 64, 64], min_length=1)
+    readout: Literal["sum", "mean"] = "sum"
+
+
+class GatModel(PolicyModel):
+    """Graph attention layers (Velickovic et al.) of `heads` heads of the given widths each
+    (concatenated), then the readout."""
+
+    name: Literal["gat"]
+    hidden: list[Annotated[int, Field(ge=1)]] = Field(default=[32, 32], min_length=1)
+    heads: int = Field(default=2, ge=1, le=8)
+    readout: Literal["sum", "mean"] = "sum"
+
+
+class MpnnModel(PolicyModel):
+    """A message-passing network (Gilmer et al.'s edge network) of `steps` steps at width
+    `hidden`, then the readout."""
+
+    name: Literal["mpnn"]
+    hidden: int = Field(default=64, ge=1)
+    steps: int = Field(default=3, ge=1, le=8)
+    readout: Literal["sum", "mean"] = "sum"
+
+
+GRAPH_MODELS = ("gcn", "gat", "mpnn")
+
+
 class ModelArchitecture(PolicyModel):
     """The network a plugin model must be: `tensors` lists every parameter, in
     `named_parameters()` order, as `<name> [<shape>] <dtype>` (e.g. `fc.weight [10,64] float32`),
@@ -123,5 +156,13 @@ class PluginModel(PolicyModel):
 
 
 ModelConfig = Annotated[
-    LinearModel | LogisticModel | MlpModel | CnnModel | PluginModel, Field(discriminator="name")
+    LinearModel
+    | LogisticModel
+    | MlpModel
+    | CnnModel
+    | GcnModel
+    | GatModel
+    | MpnnModel
+    | PluginModel,
+    Field(discriminator="name"),
 ]
