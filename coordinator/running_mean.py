@@ -64,6 +64,10 @@ class RunningMean:
                 name: torch.zeros(accepted.lazy[name].numel, dtype=torch.float64)
                 for name in self.aggregate.tensors
             }
+        if any(accepted.lazy[n].numel != s.numel() for n, s in self._sums.items()):
+            self._sums, self._summed = None, []  # sizes differ: left to the sum at the end
+            self._next = len(self._order)
+            return
         weight = self._weight(silo, accepted)
         for name, running in self._sums.items():
             tensor = accepted.lazy[name]

@@ -2,7 +2,8 @@
 
 It joins, receives the deployment policy and checks the operator's signature on it, checks
 the site's local rules, and accepts (pinning the policy digest) or refuses naming the rule.
-Then it long-polls for tasks, runs each with the agent, and pushes the result. A coordinator
+Then it long-polls for a task, runs it with the agent and sends the result, whose reply is its
+next task (or IDLE, or FINISHED), so it pulls only when it holds no reply. A coordinator
 that serves several jobs (`coordinator serve`) says so (`more` in POLICY and FINISHED): the
 silo stays connected when a job finishes or when it refused one, and joins the next (with a new
 agent; the last job's is dropped first); a single-policy coordinator's FINISHED ends the run. A lost

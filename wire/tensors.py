@@ -314,4 +314,3 @@ def _header_of(document: Mapping) -> dict:
     if not isinstance(header, dict):
         raise WireError("message header is not a JSON object")
     return header
-

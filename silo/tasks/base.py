@@ -166,15 +166,23 @@ def session_id(message: TaskMessage) -> str:
 
 
 def task_result(
-    message: TaskMessage, ctx: SiloContext, tensors: dict[str, torch.Tensor], num_samples: int = 0
+    message: TaskMessage,
+    ctx: SiloContext,
+    tensors: dict[str, torch.Tensor],
+    num_samples: int = 0,
+    metrics: dict[str, float] | None = None,
+    spec: ParameterSpec | None = None,
 ) -> TaskResult:
-    """An answer made only of `tensors` (and a count): what protocol steps send."""
+    """The answer to `message`: `tensors` (a model's in `spec`'s layout), the count released
+    and the metrics reported (protocol steps send tensors only)."""
     return TaskResult(
         task_id=message.task_id,
         silo=ctx.name,
         kind=message.kind,
         num_samples=num_samples,
+        metrics=metrics or {},
         tensors=tensors,
+        spec=spec,
     )
 
 

@@ -24,7 +24,7 @@ from fedsilo.privacy.accounting import Mechanism
 from fedsilo.silo.energy import EnergySettings, EnergyTraining, with_spectral_norm
 from fedsilo.silo.local_loop import local_steps, optimizer_for, released_training
 from fedsilo.silo.schedule import LocalSchedule
-from fedsilo.silo.tasks.base import SiloContext, config_of
+from fedsilo.silo.tasks.base import SiloContext, config_of, task_result
 from fedsilo.silo.tasks.train import train_releases
 from fedsilo.wire.messages import (
     TaskMessage,
@@ -80,14 +80,8 @@ def energy_signals(message: TaskMessage, ctx: SiloContext) -> TaskResult:
         ctx.state.save(LOCAL_MODEL, message.round, model.state_dict())
     weighted, weights = training.signals()
     count = released_training(ctx, message, schedule, losses, metrics)
-    return TaskResult(
-        task_id=message.task_id,
-        silo=ctx.name,
-        kind=message.kind,
-        num_samples=count,
-        metrics=metrics,
-        tensors={WEIGHTED_GRADIENT: weighted.cpu(), WEIGHT: weights.cpu()},
-    )
+    tensors = {WEIGHTED_GRADIENT: weighted.cpu(), WEIGHT: weights.cpu()}
+    return task_result(message, ctx, tensors, count, metrics)
 
 
 def _synthetic_set(message: TaskMessage, ctx: SiloContext) -> tuple[torch.Tensor, torch.Tensor]:

@@ -38,7 +38,7 @@ from fedsilo.silo.feddro import (
 from fedsilo.silo.local_loop import gradient_steps, local_steps, optimizer_for, released_training
 from fedsilo.silo.objectives import Objective, RowLoss
 from fedsilo.silo.schedule import LocalSchedule
-from fedsilo.silo.tasks.base import SiloContext, config_of, flat_parameters
+from fedsilo.silo.tasks.base import SiloContext, config_of, flat_parameters, task_result
 from fedsilo.silo.tasks.train import train_releases
 from fedsilo.wire.messages import TaskMessage, TaskResult
 from fedsilo.wire.tasks import FedDroTrain
@@ -148,15 +148,7 @@ def feddro_train(message: TaskMessage, ctx: SiloContext) -> TaskResult:
         private,
     )
     count = released_training(ctx, message, schedule, losses, metrics)
-    return TaskResult(
-        task_id=message.task_id,
-        silo=ctx.name,
-        kind=message.kind,
-        num_samples=count,
-        metrics=metrics,
-        tensors={MODEL: flat_parameters(model, spec)},
-        spec=spec,
-    )
+    return task_result(message, ctx, {MODEL: flat_parameters(model, spec)}, count, metrics, spec)
 
 
 def _classes(ctx: SiloContext) -> int:

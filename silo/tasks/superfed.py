@@ -46,7 +46,7 @@ from fedsilo.silo.superfed import (
     mixed,
     orthogonality,
 )
-from fedsilo.silo.tasks.base import SiloContext, config_of, flat_parameters
+from fedsilo.silo.tasks.base import SiloContext, config_of, flat_parameters, task_result
 from fedsilo.silo.tasks.evaluate import evaluated_metrics, measured
 from fedsilo.silo.tasks.train import train_releases
 from fedsilo.wire.messages import TaskMessage, TaskResult
@@ -95,15 +95,7 @@ def superfed_train(message: TaskMessage, ctx: SiloContext) -> TaskResult:
         with torch.no_grad():
             metrics["orthogonality"] = float(orthogonality(training.federated, training.local))
     count = released_training(ctx, message, schedule, losses, metrics)
-    return TaskResult(
-        task_id=message.task_id,
-        silo=ctx.name,
-        kind=message.kind,
-        num_samples=count,
-        metrics=metrics,
-        tensors={MODEL: flat_parameters(model, spec)},
-        spec=spec,
-    )
+    return task_result(message, ctx, {MODEL: flat_parameters(model, spec)}, count, metrics, spec)
 
 
 def local_model(

@@ -52,7 +52,7 @@ from fedsilo.silo.proximal import Proximal
 from fedsilo.silo.reports import reports_mechanism
 from fedsilo.silo.scaffold import ControlCorrection
 from fedsilo.silo.schedule import LocalSchedule
-from fedsilo.silo.tasks.base import SiloContext, config_of, flat_parameters
+from fedsilo.silo.tasks.base import SiloContext, config_of, flat_parameters, task_result
 from fedsilo.wire.messages import TaskMessage, TaskResult
 from fedsilo.wire.tasks import TrainTask
 from fedsilo.wire.tasks.tensor_names import MODEL
@@ -133,15 +133,7 @@ def train(message: TaskMessage, ctx: SiloContext) -> TaskResult:
     trained = scaled(received, flat_parameters(model, spec), scale)
     if ctx.privacy.client_dp is not None:
         trained = clipped_update(message, ctx, received.to(trained), trained)
-    return TaskResult(
-        task_id=message.task_id,
-        silo=ctx.name,
-        kind=message.kind,
-        num_samples=count,
-        metrics=metrics,
-        tensors={MODEL: trained} | checkpoint.tensors(),
-        spec=spec,
-    )
+    return task_result(message, ctx, {MODEL: trained} | checkpoint.tensors(), count, metrics, spec)
 
 
 def _refuse_dp_sgd_without_rows(ctx: SiloContext) -> None:
