@@ -1,4 +1,4 @@
-"""FedDRO's Table 1 analogue (spec §13.14; seed 003, Table 1): digits, 5 silos whose training
+"""FedDRO's Table 1 analogue (docs/algorithms/feddro.md): digits, 5 silos whose training
 rows are affinely shifted, x -> A_i x + delta_i with A_i = I + |Lambda| G_i / sqrt(64), G_i iid
 N(0, 1), delta_i per-row Gaussian noise of std p_i std(x), p_i in {5, 15, 25, 35, 45}%; clean,
 untransformed test digits. Stage A class-wise, 50 support points per class, K_bary = 20,
@@ -182,7 +182,7 @@ def main() -> None:
     for arm in arms:
         axis.plot(LAMBDAS, mean[arm], marker="o", label=arm)
     for arm, values in PUBLISHED.items():
-        axis.plot(LAMBDAS, values, linestyle="--", marker="x", label=f"{arm} (seed 003, MNIST)")
+        axis.plot(LAMBDAS, values, linestyle="--", marker="x", label=f"{arm} (paper, MNIST)")
     axis.set_xlabel("|Lambda|")
     axis.set_ylabel("clean test accuracy (%)")
     axis.set_title("FedDRO Table 1 analogue: digits, 5 shifted silos")

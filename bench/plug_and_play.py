@@ -3,7 +3,7 @@ FedAdam, FedYogi and FedAdagrad, each alone and with AAggFF's mixing coefficient
 (`algorithm.server_optimizer` of aaggff, docs/algorithms/aaggff.md), on the thesis' heart
 setting.
 
-Setting (thesis-methods spec §2.10, the reference scripts' heart row): FLamby's
+Setting (the thesis' heart setting, docs/algorithms/aaggff.md): FLamby's
 Fed-Heart-Disease, its four hospitals and its static train/test splits
 (`policies/examples/flamby-heart-fedavg.yaml`), logistic regression, T = 200 rounds, E = 1
 local epoch, B = 20, SGD lr 0.01, no weight decay, the client lr times 0.999 every 2 rounds,

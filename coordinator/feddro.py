@@ -1,4 +1,4 @@
-"""FedDRO's coordinator-side mathematics (docs/algorithms/feddro.md; seed 003): the initial
+"""FedDRO's coordinator-side mathematics (docs/algorithms/feddro.md): the initial
 clouds and the free-support Wasserstein barycenter of the silos' clouds (Cuturi and Doucet
 2014), group by group, with POT's `ot.lp.free_support_barycenter`."""
 

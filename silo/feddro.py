@@ -1,4 +1,4 @@
-"""FedDRO's silo-side mathematics (docs/algorithms/feddro.md; seed 003, eqs. (3)-(5)): the
+"""FedDRO's silo-side mathematics (docs/algorithms/feddro.md; the FedDRO paper, eqs. (3)-(5)): the
 interpolating measure of Rakotomamonjy et al. (2023) between two point clouds through an exact
 OT plan (POT's `ot.emd`), a silo's stage-A support step, the map of its records onto the
 barycenter (barycentric projection), and stage B's penalty-form WDRO adversary (Sinha et al.
@@ -38,7 +38,7 @@ def interpolate(x: np.ndarray, y: np.ndarray, t: float) -> np.ndarray:
 
 def barycentric_map(records: np.ndarray, target: np.ndarray) -> np.ndarray:
     """Each record moved onto `target` by the barycentric projection of the exact OT plan from
-    the records to the target cloud (seed 003's T_i(x_i))."""
+    the records to the target cloud (the paper's T_i(x_i))."""
     return interpolate(records, target, 1.0)
 
 
@@ -100,7 +100,7 @@ def mapped_records(
 
 
 class WassersteinAdversary:
-    """Stage B's objective (seed 003 eq. (5), penalty form of Sinha et al. 2018): each row u is
+    """Stage B's objective (the paper's eq. (5), penalty form of Sinha et al. 2018): each row u is
     moved to u + theta by `steps` gradient-ascent steps of size `step` on
     loss(h(u + theta), y) - penalty ||theta||^2 from theta = 0, and the model's loss is taken
     there. The ascent's gradients do not reach the model's parameters."""

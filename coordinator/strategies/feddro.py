@@ -1,4 +1,4 @@
-"""FedDRO (seed 003, Wasserstein-barycenter DRO; docs/algorithms/feddro.md).
+"""FedDRO (the FedDRO paper, Wasserstein-barycenter DRO; docs/algorithms/feddro.md).
 
 Setup: the silos' common model (`init`) and data schema (`schema`), then one cloud of
 `support_points` points per group (per class with `variant: classwise`, one on (x, one-hot y)
@@ -11,7 +11,7 @@ takes, per group, the free-support barycenter of the answered clouds of the silo
 (uniform weights; coordinator/feddro.py). A silo that drops keeps its last cloud. The clouds
 are data-like and individual, so no secure aggregation covers them. At the last stage-A round,
 with `server_epochs` > 0, the coordinator trains the policy's model on the barycenter's points
-and their groups' labels (seed 003's toy "Ours").
+and their groups' labels (the paper's toy "Ours").
 
 Stage B, the rounds after: FedAvg (sample-weighted mean of the sampled silos' models; secure
 aggregation and DP-SGD apply) of `feddro_train`, local training on each silo's records mapped
@@ -50,7 +50,7 @@ def support_of(silo: str) -> str:
 
 
 class FedDro(Strategy):
-    """A federated Wasserstein barycenter, then (adversarial) FedAvg around it (seed 003)."""
+    """A federated Wasserstein barycenter, then (adversarial) FedAvg around it (FedDRO)."""
 
     name = "feddro"
 

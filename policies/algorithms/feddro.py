@@ -1,4 +1,4 @@
-"""FedDRO (seed 003: Wasserstein-barycenter DRO; docs/algorithms/feddro.md): stage A builds a
+"""FedDRO (Wasserstein-barycenter DRO; docs/algorithms/feddro.md): stage A builds a
 federated Wasserstein barycenter from point clouds the silos derive from their own records,
 stage B trains FedAvg-style on the silos' records mapped onto it, optionally adversarially."""
 
@@ -22,7 +22,7 @@ class FedDroConfig(AlgorithmBase):
     `datawise`) towards its data and the coordinator's barycenter by interpolating measures at
     time `interpolation` (exact OT), and the coordinator takes the free-support Wasserstein
     barycenter of the clouds. With `server_epochs` > 0 the coordinator then trains the policy's
-    model on the barycenter points (seed 003's toy "Ours"). The remaining rounds (stage B) are
+    model on the barycenter points (the paper's toy "Ours"). The remaining rounds (stage B) are
     FedAvg on each silo's records mapped onto the barycenter (barycentric projection), with the
     penalty-form WDRO adversary of Sinha et al. when `adversarial_penalty` is set. The clouds
     are data-like: the policy must say `release_point_clouds: true`; `point_cloud_clip` and
