@@ -47,14 +47,13 @@ class RunningMean:
         while self._next < len(self._order) and self._order[self._next] in self._fates:
             silo = self._order[self._next]
             accepted = self._fates[silo]
-            if accepted is not None and self._weight(silo, accepted) != 0.0:
-                self._add(silo, accepted)
+            if accepted is not None:
+                weight = raw_weights(self.aggregate.weights, {silo: accepted})[silo]
+                if weight != 0.0:
+                    self._add(silo, accepted, weight)
             self._next += 1
 
-    def _weight(self, silo: str, accepted: Accepted) -> float:
-        return raw_weights(self.aggregate.weights, {silo: accepted})[silo]
-
-    def _add(self, silo: str, accepted: Accepted) -> None:
+    def _add(self, silo: str, accepted: Accepted, weight: float) -> None:
         if self._sums is None:
             numel = sum(accepted.lazy[name].numel for name in self.aggregate.tensors)
             if 8 * numel > RUNNING_SUM_BYTES:
@@ -68,7 +67,6 @@ class RunningMean:
             self._sums, self._summed = None, []  # sizes differ: left to the sum at the end
             self._next = len(self._order)
             return
-        weight = self._weight(silo, accepted)
         for name, running in self._sums.items():
             tensor = accepted.lazy[name]
             for start in range(0, tensor.numel, SLICE_ELEMENTS):
