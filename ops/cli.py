@@ -7,32 +7,23 @@ and exits with status 1 before anything is written; an output folder is never de
 
 from __future__ import annotations
 
-import logging
-import math
-import signal
 import tempfile
-import threading
-from collections.abc import Callable
 from importlib.resources import as_file, files
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import click
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 import fedsilo.ops.openmp  # noqa: F401 (first, before torch loads: see the module)
 from fedsilo import __version__
 from fedsilo.coordinator.engine import RoundRecord, RunAborted
-from fedsilo.coordinator.state import StateError
 from fedsilo.coordinator.strategies import STRATEGIES
-from fedsilo.coordinator.strategies.base import SetupError
-from fedsilo.models.plugins import PluginError
+from fedsilo.ops.cli_support import DEPLOYMENT_ERRORS, USER_ERRORS, console, stop_on_signals, within
 from fedsilo.ops.consortium_cli import consortium_group
 from fedsilo.ops.coordinator_process import (
     CoordinatorOptions,
-    DeploymentError,
     revoke,
     run_coordinator,
 )
@@ -40,9 +31,8 @@ from fedsilo.ops.coordinator_serve import ServeOptions, serve_coordinator
 from fedsilo.ops.demo import DemoFailed, run_demo
 from fedsilo.ops.examples_cli import examples_group
 from fedsilo.ops.job_cli import job_group, print_remote_status
+from fedsilo.ops.lazy_group import LazyGroup
 from fedsilo.ops.logs import configure_logging
-from fedsilo.ops.model_cli import model_group, plugin_report
-from fedsilo.ops.predict import predict_command
 from fedsilo.ops.privacy_cli import privacy_group
 from fedsilo.ops.provision import OPERATOR, KitError, kit_role, load_coordinator_kit
 from fedsilo.ops.provision_cli import policy_sign as sign_command
@@ -54,10 +44,6 @@ from fedsilo.ops.report import (
     fmt_metric,
     write_results,
 )
-from fedsilo.ops.silo_check import silo_check
-from fedsilo.ops.silo_process import run_silo
-from fedsilo.ops.silo_setup import data_section_options, write_silo_config
-from fedsilo.ops.simulate import SimulationResult, load_silos, simulate
 from fedsilo.ops.status import deployment_status
 from fedsilo.ops.status_view import print_status
 from fedsilo.policies.loading import (
@@ -68,55 +54,14 @@ from fedsilo.policies.loading import (
     with_overrides,
 )
 from fedsilo.policies.schema import MAX_SEED, Policy
-from fedsilo.privacy.identity import IdentityError
-from fedsilo.privacy.policy_signing import PolicySignatureError
-from fedsilo.silo.client import ChannelError, PolicyRefused, SiloRefused
-from fedsilo.silo.data import DataError
-from fedsilo.silo.device import DeviceError
-from fedsilo.silo.dp_training import DpSgdError
+
+if TYPE_CHECKING:
+    from fedsilo.ops.simulate import SimulationResult
 
 DEFAULT_POLICY = "examples/heart-fedavg.yaml"
-USER_ERRORS = (
-    PolicyError,
-    DataError,
-    DeviceError,
-    RunAborted,
-    SetupError,
-    OutputFolderError,
-    PluginError,
-    DpSgdError,
-)
-DEPLOYMENT_ERRORS = (
-    *USER_ERRORS,
-    StateError,
-    DeploymentError,
-    KitError,
-    IdentityError,
-    PolicySignatureError,
-    PolicyRefused,
-    SiloRefused,
-    ChannelError,
-)
-
 SQLITE_HEADER = b"SQLite format 3\x00"
 MAX_SECONDS = 7 * 24 * 3600.0
 OVERWRITE_HELP = "Replace an --out folder of earlier fedsilo results (nothing else is deleted)."
-
-console = Console()
-
-
-def within(low: float, high: float) -> Callable[[click.Context, click.Parameter, Any], Any]:
-    """An option callback refusing a value outside [low, high] (or not finite) with one message
-    naming the option and exit status 1."""
-
-    def check(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
-        if value is not None and not (math.isfinite(value) and low <= value <= high):
-            raise click.ClickException(
-                f"{param.opts[0]}: {value} is out of range; give a number from {low:g} to {high:g}"
-            )
-        return value
-
-    return check
 
 
 def check_state_file(path: Path) -> None:
@@ -133,7 +78,14 @@ def check_state_file(path: Path) -> None:
             )
 
 
-@click.group()
+@click.group(
+    cls=LazyGroup,
+    lazy_subcommands={
+        "model": "fedsilo.ops.model_cli:model_group",
+        "predict": "fedsilo.ops.predict:predict_command",
+        "silo": "fedsilo.ops.silo_cli:silo",
+    },
+)
 @click.version_option(__version__, prog_name="fedsilo")
 def main() -> None:
     """fedsilo: privacy-hardened cross-silo federated learning."""
@@ -154,6 +106,8 @@ def validate(file: Path) -> None:
         f"algorithm {loaded.algorithm.name}, model {loaded.model.name}, {loaded.rounds} rounds, "
         f"data {loaded.data.source}"
     )
+    from fedsilo.ops.model_cli import plugin_report  # loads the model zoo's checks
+
     for line in plugin_report(loaded, file):
         click.echo(line)
 
@@ -201,6 +155,8 @@ def simulate_command(
     compare: tuple[str, ...],
 ) -> None:
     """Run a consortium in this process and write results, tables and plots."""
+    from fedsilo.ops.simulate import load_silos  # the silo side: data pipeline, Opacus
+
     base = _load(policy_file) if policy_file else _default_policy()
     base_dir = policy_folder(policy_file) if policy_file else None
     out = out or Path("runs") / base.name
@@ -223,6 +179,8 @@ def simulate_command(
 
 
 def _run_all(variants: dict[str, Policy], datasets: list) -> dict[str, SimulationResult]:
+    from fedsilo.ops.simulate import simulate
+
     results: dict[str, SimulationResult] = {}
     with Progress(*_progress_columns(), console=console) as progress:
         for name, variant in variants.items():
@@ -297,122 +255,10 @@ def _default_policy() -> Policy:
 
 main.add_command(provision_command)
 main.add_command(privacy_group)
-main.add_command(predict_command)
 main.add_command(examples_group)
 main.add_command(consortium_group)
 main.add_command(job_group)
-main.add_command(model_group)
 policy.add_command(sign_command)
-
-
-@main.group()
-def silo() -> None:
-    """Run a silo agent next to a hospital's data."""
-
-
-silo.add_command(silo_check)
-
-
-@silo.command("init")
-@click.option(
-    "--kit",
-    "kit_dir",
-    required=True,
-    type=click.Path(path_type=Path),
-    help="This silo's kit folder.",
-)
-@click.option(
-    "--out", required=True, type=click.Path(path_type=Path), help="Where to write silo.yaml."
-)
-@click.option(
-    "--source",
-    default="heart",
-    show_default=True,
-    help="Data source: heart, sklearn:NAME, csv or npz (see README, Data).",
-)
-@click.option(
-    "--data",
-    "data_path",
-    type=click.Path(path_type=Path),
-    help="CSV or NPZ file (csv/npz sources).",
-)
-@click.option("--target", help="Target column of a CSV file.")
-@click.option("--select", help="Which silo of a multi-silo data section this is (e.g. Cleveland).")
-@click.option(
-    "--device", help="Override the policy's compute device at this site (cpu, cuda:0, ...)."
-)
-@click.option(
-    "--metrics-port",
-    type=int,
-    callback=within(1, 65535),
-    help="Serve Prometheus metrics on 127.0.0.1:PORT.",
-)
-@click.option(
-    "--allow-algorithm",
-    "allowed",
-    multiple=True,
-    help="Local rule: only these algorithms (repeatable).",
-)
-@click.option("--require-dp", is_flag=True, help="Local rule: only DP deployments.")
-@click.option(
-    "--epsilon-cap",
-    type=click.FloatRange(min=0, min_open=True),
-    help="Local rule: this site's own epsilon budget per job (the stricter cap wins).",
-)
-@click.option(
-    "--total-epsilon-cap",
-    type=click.FloatRange(min=0, min_open=True),
-    help="Local rule: this site's epsilon budget over all jobs of the consortium.",
-)
-@data_section_options
-def silo_init(
-    kit_dir: Path,
-    out: Path,
-    source: str,
-    data_path: Path | None,
-    target: str | None,
-    select: str | None,
-    device: str | None,
-    metrics_port: int | None,
-    allowed: tuple[str, ...],
-    require_dp: bool,
-    epsilon_cap: float | None,
-    total_epsilon_cap: float | None,
-    data_keys: dict[str, Any],
-) -> None:
-    """Write this site's silo.yaml and a systemd unit to run the agent."""
-    rules: dict[str, Any] = {"allowed_algorithms": list(allowed)} if allowed else {}
-    if require_dp:
-        rules["require_dp"] = True
-    if epsilon_cap is not None:
-        rules["epsilon_cap"] = epsilon_cap
-    if total_epsilon_cap is not None:
-        rules["total_epsilon_cap"] = total_epsilon_cap
-    try:
-        written, summary = write_silo_config(
-            kit_dir, out, source, data_path, target, select, device, metrics_port, rules, data_keys
-        )
-    except (PolicyError, DataError, ValueError) as exc:
-        raise click.ClickException(str(exc)) from None
-    click.echo("\n".join(summary))
-    for path in written:
-        console.print(f"wrote {path}")
-
-
-@silo.command("start")
-@click.option(
-    "--config", "config_file", required=True, type=click.Path(path_type=Path), help="silo.yaml"
-)
-@click.option("--poll-seconds", default=5.0, show_default=True, help="Long-poll window for tasks.")
-@click.option("--log-json", is_flag=True, help="Log JSON lines instead of key=value lines.")
-def silo_start(config_file: Path, poll_seconds: float, log_json: bool) -> None:
-    """Connect to the coordinator and take part until the deployment is complete."""
-    configure_logging(log_json)
-    stop = _stop_on_signals()
-    try:
-        run_silo(config_file, stop, poll_seconds)
-    except DEPLOYMENT_ERRORS as exc:
-        raise click.ClickException(str(exc)) from None
 
 
 @main.group()
@@ -521,7 +367,7 @@ def coordinator_start(
         overwrite,
     )
     try:
-        history = run_coordinator(options, _stop_on_signals())
+        history = run_coordinator(options, stop_on_signals())
     except DEPLOYMENT_ERRORS as exc:
         raise click.ClickException(str(exc)) from None
     final = history.final
@@ -586,7 +432,7 @@ def coordinator_serve(
         jobs_dir,
     )
     try:
-        serve_coordinator(options, _stop_on_signals())
+        serve_coordinator(options, stop_on_signals())
     except DEPLOYMENT_ERRORS as exc:
         raise click.ClickException(str(exc)) from None
 
@@ -615,20 +461,6 @@ def coordinator_revoke(silo_name: str, kit_dir: Path, state_file: Path, reason: 
     console.print(f"revoked {silo_name}: a running coordinator refuses it within a second")
 
 
-def _stop_on_signals() -> threading.Event:
-    """SIGTERM and SIGINT stop a service cleanly: servers closed, state kept at its last round."""
-    stop = threading.Event()
-
-    def handler(signum: int, frame: object) -> None:
-        stop.set()
-        logging.getLogger("fedsilo").info("stopping on %s", signal.Signals(signum).name)
-        raise SystemExit(0)
-
-    signal.signal(signal.SIGTERM, handler)
-    signal.signal(signal.SIGINT, handler)
-    return stop
-
-
 @main.command("demo")
 @click.option(
     "--folder",
@@ -641,7 +473,7 @@ def _stop_on_signals() -> threading.Event:
 def demo(folder: Path | None, rounds: int | None) -> None:
     """Run a real consortium on this machine: coordinator and four hospitals over mTLS."""
     folder = (folder or Path(tempfile.mkdtemp(prefix="fedsilo-demo-"))).resolve()
-    _stop_on_signals()
+    stop_on_signals()
     console.print(f"provisioning a throw-away consortium of four hospitals in {folder}/")
     with Progress(*_progress_columns(), console=console) as progress:
         bar = progress.add_task("rounds", total=None, status="starting processes")

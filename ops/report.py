@@ -23,7 +23,7 @@ import tempfile
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from rich.table import Table
@@ -33,11 +33,13 @@ from fedsilo.coordinator.engine import RunHistory
 from fedsilo.coordinator.strategies.base import ServerState
 from fedsilo.models.card import CARD_KEY, ModelCard
 from fedsilo.ops.plots import pyplot
-from fedsilo.ops.simulate import SimulationResult
 from fedsilo.ops.synthetic import write_synthetic
 from fedsilo.policies.schema import Policy
 from fedsilo.wire.tasks.tensor_names import MODEL, SYNTHETIC
 from fedsilo.wire.tensors import encode_tensors
+
+if TYPE_CHECKING:  # the coordinator writes results without loading the silo side
+    from fedsilo.ops.simulate import SimulationResult
 
 MARKER = ".fedsilo-results.json"
 log = logging.getLogger("fedsilo.report")

@@ -61,16 +61,13 @@ from torch import nn
 
 from fedsilo.policies.privacy import PrivacyConfig
 from fedsilo.privacy.accounting import Mechanism
+from fedsilo.silo.errors import DpSgdError
 from fedsilo.silo.objectives import PerSampleLoss
 from fedsilo.silo.schedule import LocalSchedule, shuffled_batches
 from fedsilo.wire.tasks import LocalTraining
 
 # The layer types Opacus has a per-sample gradient function for.
 _SAMPLED_TYPES = tuple(GradSampleModule.GRAD_SAMPLERS)
-
-
-class DpSgdError(ValueError):
-    """A model or task that cannot be trained with DP-SGD; the message says why and the fix."""
 
 
 @dataclass(frozen=True)

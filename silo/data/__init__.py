@@ -18,7 +18,8 @@ per use, so a seed reproduces a consortium exactly and the uses do not disturb o
 """
 
 from fedsilo.silo.data.consortium import load_consortium
-from fedsilo.silo.data.dataset import DataError, SiloDataset
+from fedsilo.silo.data.dataset import SiloDataset
 from fedsilo.silo.data.pooling import pool
+from fedsilo.silo.errors import DataError
 
 __all__ = ["DataError", "SiloDataset", "load_consortium", "pool"]

@@ -15,9 +15,9 @@ from fedsilo.policies.data import (
     ScaffoldPartition,
     ShardsPartition,
 )
-from fedsilo.silo.data.dataset import SECTION, DataError
 from fedsilo.silo.data.encoding import Table
 from fedsilo.silo.data.seeds import Purpose, rng_for
+from fedsilo.silo.errors import SECTION, DataError
 from fedsilo.silo.partition import (
     by_column,
     by_group,

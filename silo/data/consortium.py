@@ -14,13 +14,14 @@ import torch
 
 from fedsilo.policies.data import DataConfig
 from fedsilo.silo.data.assignment import assign_silos
-from fedsilo.silo.data.dataset import DataError, SiloDataset
+from fedsilo.silo.data.dataset import SiloDataset
 from fedsilo.silo.data.encoding import Table, tabulate
 from fedsilo.silo.data.label_noise import noisy_labels, noisy_silo_indices
 from fedsilo.silo.data.scaling import fitted_standardiser
 from fedsilo.silo.data.seeds import Purpose, rng_for
 from fedsilo.silo.data.sources import read_source
 from fedsilo.silo.data.splits import predefined_splits, split_positions, split_sizes
+from fedsilo.silo.errors import DataError
 
 
 def _features_tensor(x: np.ndarray, input_shape: tuple[int, ...]) -> torch.Tensor:

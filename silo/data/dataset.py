@@ -1,5 +1,5 @@
 """What the data pipeline hands a silo: its `SiloDataset` (splits as tensors, task, schema,
-domains), and `DataError`, the pipeline's one error for unusable input."""
+domains); its one error for unusable input, `DataError`, is in silo/errors.py."""
 
 from __future__ import annotations
 
@@ -7,24 +7,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import torch
-
-# Stands, in a DataError's message, for the key path of the data section: `data` in a policy,
-# `data.source` in a silo's silo.yaml; so a message names the key to change as the reader's
-# file spells it.
-SECTION = "<data>"
-
-
-class DataError(ValueError):
-    """Data that cannot make a consortium; the message names the file, column or silo, and the
-    key to change (written `<data>.key`, rendered under `section`)."""
-
-    def __init__(self, message: str, section: str = "data") -> None:
-        self.template = message
-        super().__init__(message.replace(SECTION, section))
-
-    def within(self, section: str) -> DataError:
-        """The same error naming keys as spelled under `section` (silo.yaml: `data.source`)."""
-        return DataError(self.template, section)
 
 
 @dataclass(frozen=True, eq=False)

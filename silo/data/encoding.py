@@ -25,9 +25,9 @@ from fedsilo.policies.data import (
     Partition,
     ScaffoldPartition,
 )
-from fedsilo.silo.data.dataset import SECTION, DataError
 from fedsilo.silo.data.plugins import is_plugin_task, task_plugin
 from fedsilo.silo.data.sources import SCAFFOLD_COLUMN, RawSource
+from fedsilo.silo.errors import SECTION, DataError
 
 # A csv/npz target is a classification label when it is not numeric, or when it is an integer
 # with at most this many distinct values.

@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 
 from fedsilo.policies.data import DataConfig
-from fedsilo.silo.data.dataset import SECTION, DataError
 from fedsilo.silo.data.encoding import Table
 from fedsilo.silo.data.seeds import Purpose, rng_for
+from fedsilo.silo.errors import SECTION, DataError
 from fedsilo.silo.partition import add_label_noise, flip_labels, noisy_silos
 
 

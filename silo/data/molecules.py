@@ -34,7 +34,7 @@ from rdkit.Chem.Scaffolds import MurckoScaffold
 
 from fedsilo.models.graphs import ATOM_FEATURES, BOND_TYPES, GRAPH_CHANNELS
 from fedsilo.policies.data import MOLECULE_SOURCES, MoleculeOptions
-from fedsilo.silo.data.dataset import SECTION, DataError
+from fedsilo.silo.errors import SECTION, DataError
 
 LOG = logging.getLogger(__name__)
 MOLECULES_FOLDER = "datasets/molecules"

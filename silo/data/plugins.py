@@ -24,8 +24,8 @@ from torch import Tensor
 from torch.utils.data import Dataset
 
 from fedsilo.policies.data import BUILTIN_TASKS, SURVIVAL, DataConfig, is_entry_point_value
-from fedsilo.silo.data.dataset import SECTION, DataError
 from fedsilo.silo.data.survival import SurvivalTask
+from fedsilo.silo.errors import SECTION, DataError
 
 DATASETS_GROUP = "fedsilo.datasets"
 TASKS_GROUP = "fedsilo.tasks"

@@ -24,8 +24,8 @@ from fedsilo.policies.data import (
     TCGA_SPLIT_COLUMN,
     DataConfig,
 )
-from fedsilo.silo.data.dataset import SECTION, DataError
 from fedsilo.silo.data.plugins import load_plugin_data
+from fedsilo.silo.errors import SECTION, DataError
 
 
 @dataclass(frozen=True)

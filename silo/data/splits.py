@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from fedsilo.policies.data import SPLIT_VALUES, DataConfig, SplitConfig
-from fedsilo.silo.data.dataset import SECTION, DataError
+from fedsilo.silo.errors import SECTION, DataError
 
 
 def split_sizes(n: int, split: SplitConfig, silo: str) -> list[int]:

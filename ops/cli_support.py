@@ -1,0 +1,81 @@
+"""What the command line's modules share: option range checks, the errors an operator's
+mistake raises (each printed as one message, exit status 1), the console, and a clean stop on
+SIGTERM/SIGINT. Light on purpose: it loads nothing of the silo's data pipeline or Opacus."""
+
+from __future__ import annotations
+
+import logging
+import math
+import signal
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import click
+from rich.console import Console
+
+from fedsilo.coordinator.engine import RunAborted
+from fedsilo.coordinator.state import StateError
+from fedsilo.coordinator.strategies.base import SetupError
+from fedsilo.models.plugins import PluginError
+from fedsilo.ops.coordinator_process import DeploymentError
+from fedsilo.ops.provision import KitError
+from fedsilo.ops.report import OutputFolderError
+from fedsilo.policies.loading import PolicyError
+from fedsilo.privacy.identity import IdentityError
+from fedsilo.privacy.policy_signing import PolicySignatureError
+from fedsilo.silo.client import ChannelError, PolicyRefused, SiloRefused
+from fedsilo.silo.device import DeviceError
+from fedsilo.silo.errors import DataError, DpSgdError
+
+USER_ERRORS = (
+    PolicyError,
+    DataError,
+    DeviceError,
+    RunAborted,
+    SetupError,
+    OutputFolderError,
+    PluginError,
+    DpSgdError,
+)
+DEPLOYMENT_ERRORS = (
+    *USER_ERRORS,
+    StateError,
+    DeploymentError,
+    KitError,
+    IdentityError,
+    PolicySignatureError,
+    PolicyRefused,
+    SiloRefused,
+    ChannelError,
+)
+
+console = Console()
+
+
+def within(low: float, high: float) -> Callable[[click.Context, click.Parameter, Any], Any]:
+    """An option callback refusing a value outside [low, high] (or not finite) with one message
+    naming the option and exit status 1."""
+
+    def check(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+        if value is not None and not (math.isfinite(value) and low <= value <= high):
+            raise click.ClickException(
+                f"{param.opts[0]}: {value} is out of range; give a number from {low:g} to {high:g}"
+            )
+        return value
+
+    return check
+
+
+def stop_on_signals() -> threading.Event:
+    """SIGTERM and SIGINT stop a service cleanly: servers closed, state kept at its last round."""
+    stop = threading.Event()
+
+    def handler(signum: int, frame: object) -> None:
+        stop.set()
+        logging.getLogger("fedsilo").info("stopping on %s", signal.Signals(signum).name)
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+    return stop
