@@ -34,6 +34,7 @@ class RunningMean:
         self._fates: dict[str, Accepted | None] = {}
         self._sums: dict[str, torch.Tensor] | None = None  # name -> float64 running sum
         self._summed: list[str] = []
+        self._widened = torch.empty(0, dtype=torch.float64)  # a slice widened to float64
 
     def accepted(self, silo: str, accepted: Accepted) -> None:
         self._fates[silo] = accepted
@@ -71,7 +72,7 @@ class RunningMean:
             tensor = accepted.lazy[name]
             for start in range(0, tensor.numel, SLICE_ELEMENTS):
                 stop = min(start + SLICE_ELEMENTS, tensor.numel)
-                running[start:stop].add_(tensor.peek(start, stop), alpha=weight)
+                _add_scaled(running[start:stop], tensor.peek(start, stop), weight, self._widened)
         self._summed.append(silo)
 
     def mean(self, results: Mapping[str, Accepted]) -> tuple[dict[str, torch.Tensor], float]:
@@ -101,6 +102,7 @@ def _divided(
     first = results[min(results)].lazy[name]
     mean = torch.empty(first.shape, dtype=first.dtype)
     flat = mean.view(-1)
+    widened = torch.empty(0, dtype=torch.float64)
     for start in range(0, first.numel, SLICE_ELEMENTS):
         stop = min(start + SLICE_ELEMENTS, first.numel)
         if summed is not None:
@@ -108,6 +110,23 @@ def _divided(
         else:
             acc = torch.zeros(stop - start, dtype=torch.float64)
             for silo, weight in terms:
-                acc.add_(results[silo].lazy[name].peek(start, stop), alpha=weight)
-        flat[start:stop] = acc / total
+                _add_scaled(acc, results[silo].lazy[name].peek(start, stop), weight, widened)
+        if flat.is_floating_point():
+            torch.div(acc, total, out=flat[start:stop])  # no temporary of the slice's size
+        else:
+            flat[start:stop] = acc / total
     return mean
+
+
+def _add_scaled(
+    acc: torch.Tensor, part: torch.Tensor, weight: float, widened: torch.Tensor
+) -> None:
+    """acc += weight * part, in float64: `part` widened into the reused buffer `widened` first
+    (exactly), since torch's add with a scale across dtypes is more than twice as slow as the
+    cast and the same-dtype add; the bits are the same."""
+    if part.dtype == acc.dtype:
+        acc.add_(part, alpha=weight)
+        return
+    widened.resize_(part.numel())
+    widened.copy_(part.view(-1))
+    acc.add_(widened, alpha=weight)

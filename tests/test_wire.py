@@ -16,6 +16,7 @@ from fedsilo.wire.tensors import (
     decode_tensors,
     encode_tensors,
     index_tensors,
+    read_only,
 )
 
 
@@ -193,3 +194,29 @@ def test_peek_reads_what_read_reads_and_shares_memory_where_one_part_holds_the_s
         peeked = lazy["a"].peek(0, 10)
         data[peeked.data_ptr() - torch.frombuffer(data, dtype=torch.uint8).data_ptr()] ^= 0xFF
         assert not torch.equal(peeked, tensors["a"])
+
+
+def test_a_tasks_tensors_are_copied_out_when_read_and_its_model_can_be_read_in_place() -> None:
+    spec = ParameterSpec.of({"w": torch.zeros(2, 3)})
+    config = TrainTask(local=LocalTraining(epochs=1, batch_size=8, optimizer="sgd", lr=0.1, seed=0))
+    model, anchor = torch.arange(6, dtype=torch.float32), torch.ones(6)
+    data = bytearray(
+        TaskMessage(
+            "t1", 1, "train", "a", config, {"model": model, "anchor": anchor}, spec
+        ).encode()
+    )
+    base = torch.frombuffer(data, dtype=torch.uint8).data_ptr()
+
+    def in_payload(tensor: torch.Tensor) -> bool:
+        return base <= tensor.data_ptr() < base + len(data)
+
+    message = TaskMessage.decode(Payload([data]))
+    in_place = read_only(message.tensors, "model")
+    assert torch.equal(in_place, model) and in_payload(in_place)  # no copy
+    copied = message.tensors["anchor"]
+    assert torch.equal(copied, anchor) and not in_payload(copied)  # its own storage
+    assert message.tensors["anchor"] is copied  # copied once
+    loaded = message.tensors["model"]
+    assert read_only(message.tensors, "model") is loaded  # once copied, the copy is read
+    assert sorted(message.tensors) == ["anchor", "model"] and len(message.tensors) == 2
+    assert read_only({"model": model}, "model") is model  # a plain mapping: itself

@@ -17,13 +17,14 @@ from typing import Any
 
 import torch
 
-from fedsilo.wire.payload import AnyPayload, Payload
+from fedsilo.wire.payload import AnyPayload, Payload, as_payload
 from fedsilo.wire.tasks import TaskConfig, decode_task_config
 from fedsilo.wire.tensors import (
     LazyTensor,
     ParameterSpec,
     TensorBlock,
     TensorBlocks,
+    TensorsOnDemand,
     WireError,
     decode_tensors,
     encode_payload,
@@ -139,7 +140,9 @@ class TaskMessage:
 
     @classmethod
     def decode(cls, data: bytes | AnyPayload) -> TaskMessage:
-        tensors, header = decode_tensors(data)
+        """The task in `data`; its tensors are copied out when first read (`TensorsOnDemand`)."""
+        lazy, header = index_tensors(as_payload(data))
+        tensors = TensorsOnDemand(lazy)
         h = _checked(header, "task")
         try:
             named = TaskHeader(

@@ -237,6 +237,39 @@ class LazyTensor:
             yield self.payload.read(self.offset + start, min(chunk_bytes, size - start))
 
 
+class TensorsOnDemand(Mapping[str, torch.Tensor]):
+    """A received message's tensors, each copied out of its payload the first time it is asked
+    for (and kept), so a tensor nobody reads is never copied; `read_only` reads one in place."""
+
+    def __init__(self, lazy: Mapping[str, LazyTensor]) -> None:
+        self._lazy = dict(lazy)
+        self._loaded: dict[str, torch.Tensor] = {}
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name not in self._loaded:
+            self._loaded[name] = self._lazy[name].load()
+        return self._loaded[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._lazy)
+
+    def __len__(self) -> int:
+        return len(self._lazy)
+
+    def unread(self, name: str) -> LazyTensor | None:
+        return None if name in self._loaded else self._lazy.get(name)
+
+
+def read_only(tensors: Mapping[str, torch.Tensor], name: str) -> torch.Tensor:
+    """`tensors[name]`, to read and never to write: a view of the payload's memory where
+    `tensors` still holds it unread there (a task's model at a silo: no 4 MB copy per million
+    parameters, and no fresh pages to fault in), else `tensors[name]` itself."""
+    lazy = tensors.unread(name) if isinstance(tensors, TensorsOnDemand) else None
+    if lazy is None:
+        return tensors[name]
+    return lazy.peek(0, lazy.numel).view(lazy.shape)
+
+
 def index_tensors(payload: AnyPayload) -> tuple[dict[str, LazyTensor], dict]:
     """The tensors of a safetensors message without reading their data, and its header.
 

@@ -27,7 +27,7 @@ from fedsilo.silo.state import LocalState
 from fedsilo.wire.messages import TaskMessage, TaskResult
 from fedsilo.wire.tasks import EncryptedInput, MaskedInput, TaskConfig
 from fedsilo.wire.tasks.tensor_names import MODEL
-from fedsilo.wire.tensors import ParameterSpec, WireError
+from fedsilo.wire.tensors import ParameterSpec, WireError, read_only
 
 Config = TypeVar("Config", bound=TaskConfig)
 
@@ -101,7 +101,7 @@ class SiloContext:
             raise WireError(
                 "the model sent does not fit this silo's model (policy or data schema differ)"
             )
-        return load_flat(model, message.tensors[MODEL]), spec
+        return load_flat(model, read_only(message.tensors, MODEL)), spec
 
     def split(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
         """Features (standardised with the consortium's scaler once received) and labels."""

@@ -56,6 +56,7 @@ from fedsilo.silo.tasks.base import SiloContext, config_of, flat_parameters, tas
 from fedsilo.wire.messages import TaskMessage, TaskResult
 from fedsilo.wire.tasks import TrainTask
 from fedsilo.wire.tasks.tensor_names import MODEL
+from fedsilo.wire.tensors import read_only
 
 if TYPE_CHECKING:  # Opacus loads only on the DP path
     from torch import Tensor, nn
@@ -129,7 +130,7 @@ def train(message: TaskMessage, ctx: SiloContext) -> TaskResult:
         private,
     )
     count = released_training(ctx, message, schedule, losses, metrics)
-    received = message.tensors[MODEL]
+    received = read_only(message.tensors, MODEL)
     trained = scaled(received, flat_parameters(model, spec), scale)
     if ctx.privacy.client_dp is not None:
         trained = clipped_update(message, ctx, received.to(trained), trained)
