@@ -390,8 +390,7 @@ def comparison_table(results: Mapping[str, SimulationResult]) -> Table:
 
 
 def _epsilon_caption(delta: float, cap: float | None) -> str:
-    capped = f", cap {cap:g}" if cap is not None else ", no cap"
-    return f"ε: each silo's epsilon at δ={delta:g} as its ledger booked it{capped}"
+    return f"ε: booked at δ={delta:g}, " + ("no cap" if cap is None else f"cap {cap:g}")
 
 
 def _plot_rounds(path: Path, histories: Mapping[str, RunHistory], metric: str) -> None:
