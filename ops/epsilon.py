@@ -105,7 +105,8 @@ def epsilon_figure(
     for ax in flat[len(panels) :]:
         ax.set_visible(False)
     flat[0].set_ylim(bottom=0)
-    for ax in axes[-1]:
+    for ax in flat[max(0, len(panels) - columns) : len(panels)]:  # the lowest in each column
+        ax.xaxis.set_tick_params(labelbottom=True)
         ax.set_xlabel("round")
     for row in axes:
         row[0].set_ylabel("cumulative ε")
