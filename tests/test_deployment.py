@@ -10,13 +10,14 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
+from rich.console import Console
 
 from fedsilo.ops.cli import main
 from fedsilo.ops.job_id import job_id
-from fedsilo.ops.report import write_results
+from fedsilo.ops.report import comparison_table, write_results
 from fedsilo.ops.simulate import load_silos, simulate
 from fedsilo.policies.loading import parse_policy
-from fedsilo.privacy.ledger import PrivacyLedger
+from fedsilo.privacy.ledger import PrivacyLedger, verify
 from fedsilo.privacy.policy_signing import policy_digest
 from fedsilo.wire.tensors import decode_tensors
 from tests.deployment import (
@@ -200,13 +201,21 @@ def test_a_dp_simulation_shows_the_epsilon_each_silo_of_the_deployment_books(
     assert all(0 < e < 50 for e in booked.values()), booked
 
     parsed = parse_policy(document)
-    write_results(tmp_path / "sim", {"fedavg": simulate(parsed, load_silos(parsed, None))})
+    result = simulate(parsed, load_silos(parsed, None))
+    write_results(tmp_path / "sim", {"fedavg": result})
     simulated = json.loads((tmp_path / "sim" / "results.json").read_text())["privacy"]
     assert simulated["epsilon"] == booked
     assert simulated["epsilon_cap"] == 50
-    assert sorted(p.name for p in (tmp_path / "sim" / "ledgers").iterdir()) == [
-        f"{silo}.jsonl" for silo in SILOS
-    ]
+    for silo in SILOS:  # the simulation's own ledgers, audited like a site's
+        (audited,) = verify(tmp_path / "sim" / "ledgers" / f"{silo}.jsonl", cap=50).deployments
+        assert (audited.deployment, audited.booked) == ("breast-cancer-deployed", booked[silo])
+        assert audited.recomputed == audited.booked
+    console = Console(width=120, record=True)
+    console.print(comparison_table({"fedavg": result}))
+    table = console.export_text()
+    assert "ε: booked at δ=1e-05, cap 50" in table
+    (row,) = [line for line in table.splitlines() if line.startswith("│ silo-0 ")]
+    assert row.rstrip(" │").endswith(f"{booked['silo-0']:.3g}")
     deployed = json.loads((consortium.root / "results" / "results.json").read_text())["privacy"]
     assert deployed["epsilon_per_round"] == simulated["epsilon_per_round"]
 

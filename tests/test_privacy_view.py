@@ -1,9 +1,7 @@
 """The privacy officer's view outside the ledger commands: each silo's epsilon over rounds from
 round records (results, status, the coordinator's audit anchors), its plot, the status table
-under DP, and a DP simulation's ledgers, booked by the same agent code as a deployment's."""
-
-import json
-from pathlib import Path
+under DP (a DP simulation's ledgers and results: tests/test_deployment.py, beside the
+deployment whose ledgers they must equal)."""
 
 import pytest
 from matplotlib.ticker import MaxNLocator
@@ -12,12 +10,8 @@ from rich.console import Console
 from fedsilo.coordinator.engine import RoundRecord
 from fedsilo.ops.epsilon import epsilon_by_round, epsilon_figure, ledger_anchors
 from fedsilo.ops.plots import pyplot
-from fedsilo.ops.report import comparison_table, write_results
-from fedsilo.ops.simulate import load_silos, simulate
 from fedsilo.ops.status import DeploymentStatus
 from fedsilo.ops.status_view import print_status
-from fedsilo.policies.loading import parse_policy
-from fedsilo.privacy.ledger import verify
 
 
 def record(round_no: int, **privacy: tuple[float, str]) -> RoundRecord:
@@ -111,41 +105,3 @@ def test_status_wraps_a_reason_between_words_never_inside_one(width: int) -> Non
     )
     for word in ("budget_exhausted:", "epsilon"):
         assert word in cells.split(), text
-
-
-def test_a_dp_simulation_keeps_each_silos_ledger_and_shows_what_it_booked(tmp_path: Path) -> None:
-    policy = parse_policy(
-        {
-            "version": 1,
-            "name": "tiny-dp",
-            "seed": 3,
-            "rounds": 2,
-            "algorithm": {"name": "fedavg"},
-            "model": {"name": "linear"},
-            "training": {"epochs": 1, "batch_size": 32, "lr": 0.05},
-            "participants": {"min_silos": 2},
-            "data": {
-                "source": "sklearn:breast_cancer",
-                "scaling": "local",
-                "partition": {"kind": "iid", "silos": 2},
-            },
-            "privacy": {"epsilon_cap": 30, "dp_sgd": {"noise_multiplier": 1.5}},
-        }
-    )
-    result = simulate(policy, load_silos(policy, None))
-    write_results(tmp_path / "out", {"fedavg": result})
-    privacy = json.loads((tmp_path / "out" / "results.json").read_text())["privacy"]
-    for silo in ("silo-0", "silo-1"):
-        audit = verify(tmp_path / "out" / "ledgers" / f"{silo}.jsonl", cap=30)
-        assert audit.ok
-        (booked,) = audit.deployments
-        assert booked.deployment == "tiny-dp"
-        assert booked.booked == booked.recomputed == privacy["epsilon"][silo] > 0
-        assert [r for r, _ in privacy["epsilon_per_round"][silo]] == [1, 2]
-    assert (tmp_path / "out" / "epsilon_per_round.png").read_bytes().startswith(b"\x89PNG")
-    console = Console(width=120, record=True)
-    console.print(comparison_table({"fedavg": result}))
-    text = console.export_text()
-    assert "ε: booked at δ=1e-05, cap 30" in text
-    (row,) = [line for line in text.splitlines() if "silo-0" in line]
-    assert f"{privacy['epsilon']['silo-0']:.3g}" in row
