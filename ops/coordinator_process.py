@@ -39,6 +39,7 @@ from fedsilo.coordinator.state import StateStore
 from fedsilo.coordinator.strategies import make_strategy
 from fedsilo.coordinator.strategies.base import Strategy
 from fedsilo.coordinator.strategies.references import Central
+from fedsilo.ops.epsilon import ledger_anchors
 from fedsilo.ops.job_id import job_id
 from fedsilo.ops.memory import return_freed_memory
 from fedsilo.ops.metrics import CoordinatorMetrics, MetricsServer, serve_metrics
@@ -90,6 +91,7 @@ def run_coordinator(options: CoordinatorOptions, stop: threading.Event | None = 
         workers=2 * len(kit.silos) + 8,
     )
     serving.metrics.deployment = job.id
+    serving.metrics.set_epsilon_cap(job.policy.privacy.epsilon_cap)
     try:
         check_job(serving, job)
         threading.Thread(
@@ -113,11 +115,25 @@ def run_coordinator(options: CoordinatorOptions, stop: threading.Event | None = 
                 options.out, job.policy, history, snapshots, options.overwrite, job.id
             )
         log.info("job %s complete at round %d", job.id, history.final.round)
+        log_audit_anchors(job.id, history)
         stop.wait(max(options.poll_seconds + 1.0, options.linger_s))  # silos hear "finished"
         return history
     finally:
         stop.set()
         close_serving(serving)
+
+
+def log_audit_anchors(job: str, history: RunHistory) -> None:
+    """Each silo's last reported ledger head: the anchor a privacy officer audits its ledger
+    against (`fedsilo privacy audit --ledger FILE --anchor HEAD`)."""
+    for silo, (round_no, head) in ledger_anchors([*history.records, history.final]).items():
+        log.info(
+            "job %s: silo %s's audit anchor (its ledger head at round %d): %s",
+            job,
+            silo,
+            round_no,
+            head,
+        )
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,7 @@ from fedsilo.ops.coordinator_process import (
     Serving,
     check_job,
     close_serving,
+    log_audit_anchors,
     open_serving,
     prepare_job,
     require_a_completed_round,
@@ -158,6 +159,7 @@ def run_queued_job(
         serving.use_kit(load_coordinator_kit(options.kit))
         job = prepare_job(_signed(queue.policy(job_id)), f"job {job_id}")
         serving.metrics.deployment = job.id
+        serving.metrics.set_epsilon_cap(job.policy.privacy.epsilon_cap)
         serving.service.set_job(job.signed, job.id)
         log.info("job %s %s", job.id, "resumes" if resumed else "starts")
         check_job(serving, job)
@@ -167,6 +169,7 @@ def run_queued_job(
             folder / RESULTS, job.policy, history, snapshots, overwrite=True, job=job.id
         )
         log.info("job %s complete at round %d", job.id, history.final.round)
+        log_audit_anchors(job.id, history)
         queue.mark_ended(job_id, COMPLETED)
     except Exception as exc:  # noqa: BLE001 (a failing job never stops the server)
         if stop.is_set():

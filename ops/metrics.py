@@ -174,8 +174,19 @@ class CoordinatorMetrics:
             ["deployment"],
             registry=r,
         )
+        self.epsilon_cap = Gauge(
+            "fedsilo_privacy_epsilon_cap",
+            "The policy's epsilon cap per silo for the deployment (a site may set a lower one).",
+            ["deployment"],
+            registry=r,
+        )
         for status in ROUND_STATUSES:
             self.rounds.labels(status)
+
+    def set_epsilon_cap(self, cap: float | None) -> None:
+        """The running job's policy cap (nothing exported for a policy without one)."""
+        if cap is not None:
+            self.epsilon_cap.labels(self.deployment).set(cap)
 
     # -- from the round engine ----------------------------------------------------------------
 

@@ -14,3 +14,10 @@ def pyplot() -> Any:
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def integer_ticks(ax: Any) -> None:
+    """Round numbers on `ax`'s x axis only at integers (a 5-round run shows no round 2.5)."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))

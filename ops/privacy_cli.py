@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.table import Table
 
 from fedsilo.coordinator.state import StateError, StateStore
+from fedsilo.ops.epsilon import plot_epsilon
 from fedsilo.ops.provision import KitError, load_silo_kit
 from fedsilo.privacy.identity import IdentityError, parse_verify_key
 from fedsilo.privacy.ledger import AuditReport, LedgerError, LedgerRecord, verify
@@ -164,38 +165,43 @@ def receipts_command(state_file: Path, silo: str | None, deployment: str | None,
 @privacy_group.command("report")
 @click.option(
     "--ledger",
-    "ledger_files",
+    "ledgers",
     required=True,
     multiple=True,
-    type=click.Path(path_type=Path),
-    help="A silo's ledger file (repeatable: one per silo).",
+    help="A silo's ledger file, or NAME=FILE to label it NAME (repeatable: one per silo). "
+    "Unnamed, a ledger is labelled by its file name, or by its folder where file names repeat "
+    "(sites/NAME/privacy-ledger.jsonl).",
 )
+@click.option("--cap", type=float, help="The epsilon cap to draw (the policy's epsilon_cap).")
 @click.option("--out", required=True, type=click.Path(path_type=Path), help="The PNG to write.")
-def report(ledger_files: tuple[Path, ...], out: Path) -> None:
-    """Plot epsilon over rounds per silo (PNG).
+def report(ledgers: tuple[str, ...], cap: float | None, out: Path) -> None:
+    """Plot epsilon over rounds per silo (PNG), one panel per silo with the cap drawn.
 
-    One line per silo and deployment; every ledger is audited first, and one that fails its
-    audit is refused."""
-    series: dict[str, list[tuple[int, float]]] = {}
-    for path, silo in zip(ledger_files, _silo_labels(ledger_files), strict=True):
+    One line per deployment in a silo's panel; every ledger is audited first, and one that
+    fails its audit is refused."""
+    if cap is not None and not cap > 0:
+        raise click.ClickException(f"--cap: must be a positive epsilon, got {cap:g}")
+    named = [_named_ledger(text) for text in ledgers]
+    panels: dict[str, dict[str, list[tuple[int, float]]]] = {}
+    for silo, path in _silo_labels(named):
         audited = _verified(path, None, None)
         if not audited.ok:
             raise click.ClickException(audited.reason)
-        for deployment, points in _epsilon_by_round(audited.records).items():
-            series[f"{silo}: {deployment}"] = points
-    if not series:
+        panels[silo] = _epsilon_by_round(audited.records)
+    if not any(panels.values()):
         raise click.ClickException("no deployment in these ledgers books epsilon (none uses DP)")
     try:
-        _plot(series, out)
+        plot_epsilon(out, panels, cap, "cumulative ε per silo, one line per deployment")
     except OSError as exc:
         raise click.ClickException(f"{out}: cannot write the plot: {exc.strerror or exc}") from None
-    for label, points in series.items():
-        unbounded = [r for r, eps in points if eps == math.inf]
-        if unbounded:
-            console.print(
-                f"{label}: epsilon is unbounded (a release without noise) from round "
-                f"{unbounded[0]} on; those rounds are not plotted"
-            )
+    for silo, lines in panels.items():
+        for deployment, points in lines.items():
+            unbounded = [r for r, eps in points if eps == math.inf]
+            if unbounded:
+                console.print(
+                    f"{silo}: {deployment}: epsilon is unbounded (a release without noise) from "
+                    f"round {unbounded[0]} on; those rounds are not plotted"
+                )
     console.print(f"wrote {out}", soft_wrap=True)
 
 
@@ -294,35 +300,23 @@ def _epsilon_by_round(records: Sequence[LedgerRecord]) -> dict[str, list[tuple[i
     return {name: sorted(rounds.items()) for name, rounds in by_round.items()}
 
 
-def _plot(series: dict[str, list[tuple[int, float]]], out: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
-
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for label, points in series.items():
-        rounds = [r for r, _ in points]
-        spent = [eps if math.isfinite(eps) else math.nan for _, eps in points]
-        ax.step(rounds, spent, where="post", marker="o", markersize=3, label=label)
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_ylim(bottom=0)
-    ax.set_xlabel("round")
-    ax.set_ylabel("cumulative ε")
-    ax.set_title("privacy spent per silo and deployment")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    try:
-        fig.savefig(out, dpi=120)
-    finally:
-        plt.close(fig)
+def _named_ledger(text: str) -> tuple[str | None, Path]:
+    """`NAME=FILE` as (NAME, FILE); a bare FILE (also one whose name holds "=") as (None, FILE)."""
+    name, sep, rest = text.partition("=")
+    if sep and name and "/" not in name and not Path(text).exists():
+        return name, Path(rest)
+    return None, Path(text)
 
 
-def _silo_labels(paths: Sequence[Path]) -> list[str]:
-    """Each ledger's file name without suffix, or its whole path where names repeat."""
-    stems = [path.stem for path in paths]
-    return stems if len(set(stems)) == len(stems) else [str(path) for path in paths]
+def _silo_labels(named: Sequence[tuple[str | None, Path]]) -> list[tuple[str, Path]]:
+    """Each ledger with its label: the name given, else its file name without suffix, else
+    (where those repeat) its folder's name, else its whole path."""
+    paths = [path for _, path in named]
+    for label in (lambda p: p.stem, lambda p: p.resolve().parent.name, str):
+        labels = [name or label(path) for name, path in named]
+        if len(set(labels)) == len(labels):
+            return list(zip(labels, paths, strict=True))
+    return [(name or str(path), path) for name, path in named]
 
 
 def _fmt(value: float | None) -> str:

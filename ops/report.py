@@ -1,6 +1,8 @@
 """Reports of simulations and deployments: results.json, a per-silo CSV and table, PNG plots,
 the final model with its card (models/card.py), and a side-by-side comparison when several
-algorithms ran on the same consortium.
+algorithms ran on the same consortium. Under DP: each silo's epsilon over rounds against the
+cap (results.json's `privacy`, `epsilon_per_round.png`, an epsilon column per algorithm in the
+table) and, for a simulation, each silo's ledger (`ledgers/<silo>.jsonl`).
 
 Everything goes into a temporary sibling of the output folder first and is moved into place
 only when complete, so an interrupted or failed run never leaves a half-written folder. Nothing
@@ -32,7 +34,15 @@ from fedsilo import __version__
 from fedsilo.coordinator.engine import RunHistory
 from fedsilo.coordinator.strategies.base import ServerState
 from fedsilo.models.card import CARD_KEY, ModelCard
-from fedsilo.ops.plots import pyplot
+from fedsilo.ops.epsilon import (
+    epsilon_by_round,
+    final_epsilons,
+    fmt_epsilon,
+    plot_epsilon,
+    privacy_summary,
+    single_lines,
+)
+from fedsilo.ops.plots import integer_ticks, pyplot
 from fedsilo.ops.synthetic import write_synthetic
 from fedsilo.policies.schema import Policy
 from fedsilo.wire.tasks.tensor_names import MODEL, SYNTHETIC
@@ -42,6 +52,7 @@ if TYPE_CHECKING:  # the coordinator writes results without loading the silo sid
     from fedsilo.ops.simulate import SimulationResult
 
 MARKER = ".fedsilo-results.json"
+LEDGERS = "ledgers"  # a DP simulation's folder of silo ledgers, one `<silo>.jsonl` each
 log = logging.getLogger("fedsilo.report")
 
 
@@ -231,6 +242,10 @@ def _reported_profiles(history: RunHistory) -> list[dict[str, Any]]:
 
 
 def write_run(folder: Path, result: SimulationResult) -> None:
+    if result.ledgers:
+        (folder / LEDGERS).mkdir()
+        for silo, ledger in result.ledgers.items():
+            (folder / LEDGERS / f"{silo}.jsonl").write_bytes(ledger)
     document = {
         "device": result.device,
         "seconds": result.seconds,
@@ -252,10 +267,13 @@ def write_report(
     """One run's results in `folder`; `document`: results.json's device, seconds and silos."""
     card = write_final_model(folder, policy, history.state)
     final = history.final
+    epsilon = _epsilon_series(history)
+    privacy = {"privacy": privacy_summary(policy.privacy, epsilon)} if epsilon else {}
     results = {
         "fedsilo_version": __version__,
         "policy": policy.model_dump(mode="json"),
         **document,
+        **privacy,
         "model": card.to_json() if card else None,
         "final": {"round": final.round, "per_silo": final.evaluation, "summary": final.summary},
         "history": history.to_json()["rounds"],
@@ -279,9 +297,17 @@ def write_report(
         histories = {policy.algorithm.name: history}
         _plot_rounds(folder / "metric_per_round.png", histories, metric)
         _plot_final(folder / "final_per_silo.png", histories, silos, metric)
+    if epsilon:
+        plot_epsilon(
+            folder / "epsilon_per_round.png", single_lines(epsilon), policy.privacy.epsilon_cap
+        )
     _plot_mixing(folder / "mixing_weights.png", history)
     _write_lambda_curves(folder, final.evaluation or {})
     write_synthetic(folder, history.state, snapshots)
+
+
+def _epsilon_series(history: RunHistory) -> dict[str, list[tuple[int, float]]]:
+    return epsilon_by_round([*history.records, history.final])
 
 
 def write_final_model(folder: Path, policy: Policy, state: ServerState) -> ModelCard | None:
@@ -310,6 +336,7 @@ def write_comparison(folder: Path, results: Mapping[str, SimulationResult]) -> N
         name: {
             "per_silo": r.history.final.evaluation,
             "summary": r.history.final.summary,
+            "epsilon": final_epsilons(_epsilon_series(r.history)) or None,
             "seconds": r.seconds,
         }
         for name, r in results.items()
@@ -322,36 +349,50 @@ def write_comparison(folder: Path, results: Mapping[str, SimulationResult]) -> N
 
 
 def comparison_table(results: Mapping[str, SimulationResult]) -> Table:
-    """Per-silo test metric of every algorithm side by side, then mean and worst silo."""
+    """Per-silo test metric of every algorithm side by side (under DP with each silo's final
+    epsilon beside it), then mean and worst silo."""
     first = next(iter(results.values()))
     metric = first.headline_metric
+    spent = {name: final_epsilons(_epsilon_series(r.history)) for name, r in results.items()}
     table = Table(title=f"test {metric} per silo")
     table.add_column("silo")
     table.add_column("train/val/test", justify="right")
     if any(p.positive_rate is not None for p in first.silos):
         table.add_column("positive rate", justify="right")
-    for name in results:
+    for name, result in results.items():
         table.add_column(name, justify="right")
+        if spent[name]:
+            table.add_column("ε", justify="right")
+            table.caption = _epsilon_caption(
+                result.policy.privacy.delta, result.policy.privacy.epsilon_cap
+            )
     for profile in first.silos:
         row = [profile.name, f"{profile.train}/{profile.val}/{profile.test}"]
         if profile.positive_rate is not None:
             row.append(f"{profile.positive_rate:.0%}")
-        for result in results.values():
+        for name, result in results.items():
             row.append(
                 fmt_metric(
                     (result.history.final.evaluation or {}).get(profile.name, {}).get(metric)
                 )
             )
+            if spent[name]:
+                row.append(fmt_epsilon(spent[name].get(profile.name)))
         table.add_row(*row)
     table.add_section()
-    pad = [""] * (len(table.columns) - 1 - len(results))
+    pad = [""] * (len(table.columns) - 1 - len(results) - sum(1 for s in spent.values() if s))
     for label, key in (("mean", "mean"), ("worst silo", "worst"), ("Gini", "gini")):
-        values = [
-            fmt_metric(((r.history.final.summary or {}).get(metric) or {}).get(key))
-            for r in results.values()
-        ]
+        values = []
+        for name, r in results.items():
+            values.append(fmt_metric(((r.history.final.summary or {}).get(metric) or {}).get(key)))
+            if spent[name]:
+                values.append("")
         table.add_row(label, *pad, *values)
     return table
+
+
+def _epsilon_caption(delta: float, cap: float | None) -> str:
+    return f"ε: booked at δ={delta:g}, " + ("no cap" if cap is None else f"cap {cap:g}")
 
 
 def _plot_rounds(path: Path, histories: Mapping[str, RunHistory], metric: str) -> None:
@@ -369,6 +410,7 @@ def _plot_rounds(path: Path, histories: Mapping[str, RunHistory], metric: str) -
             label=f"{name} worst silo",
         )
     ax.set_xlabel("round")
+    integer_ticks(ax)
     ax.set_ylabel(f"test {metric}")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
@@ -408,6 +450,7 @@ def _plot_mixing(path: Path, history: RunHistory) -> None:
             label=silo,
         )
     ax.set_xlabel("round")
+    integer_ticks(ax)
     ax.set_ylabel("mixing coefficient")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, ncol=2)

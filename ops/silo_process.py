@@ -134,12 +134,13 @@ def _start_agent(
         },
         state=config.state_path(config_path),
     )
+    spent = ledger.spent(job)
     log.info(
         "silo %s books every answer in %s (epsilon spent on %s: %s)",
         kit.name,
         ledger.path,
         job,
-        ledger.spent(job),
+        "none, the policy asks for no DP" if spent is None else f"{spent:.6g}",
     )
 
     def endpoint(payload: bytes) -> bytes:

@@ -1,9 +1,15 @@
 """A whole consortium in one process: the policy's data split into silos, one agent per silo,
-the in-process transport, and the round engine running the policy's strategy."""
+the in-process transport, and the round engine running the policy's strategy.
+
+Under a DP policy every simulated silo keeps a privacy ledger, booked by the same agent code a
+deployment's silo runs (`silo/agent.py`, `privacy/ledger.py`): the caps are enforced, each
+round's record holds each silo's epsilon and ledger head, and the ledgers' bytes come back in
+the result (`SimulationResult.ledgers`) for the results folder."""
 
 from __future__ import annotations
 
 import os
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -19,6 +25,7 @@ from fedsilo.coordinator.strategies.references import POOLED_SILO, Central
 from fedsilo.coordinator.transport import InProcessTransport
 from fedsilo.ops.synthetic import snapshots_for
 from fedsilo.policies.schema import Policy
+from fedsilo.privacy.ledger import PrivacyLedger
 from fedsilo.silo.agent import SiloAgent
 from fedsilo.silo.data import DataError, SiloDataset, load_consortium, pool
 from fedsilo.silo.data.plugins import is_plugin_task, task_plugin
@@ -57,6 +64,8 @@ class SimulationResult:
     seconds: float
     # FedEvg: the synthetic set (points, labels) every `image_every` rounds, by round
     snapshots: Mapping[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    # a DP policy: each silo's privacy ledger (JSONL bytes), by silo
+    ledgers: Mapping[str, bytes] = field(default_factory=dict)
 
     @property
     def headline_metric(self) -> str:
@@ -85,7 +94,21 @@ def simulate(
     observers: Sequence[EngineObserver] = (),
 ) -> SimulationResult:
     """Run `policy` on `datasets` (default: the silos its data section yields) in one
-    process, every silo an agent of its own, and return the run."""
+    process, every silo an agent of its own (with a privacy ledger under a DP policy), and
+    return the run."""
+    if not policy.privacy.differentially_private:
+        return _simulate(policy, datasets, observers, None)
+    with tempfile.TemporaryDirectory(prefix="fedsilo-ledgers-") as folder:
+        return _simulate(policy, datasets, observers, Path(folder))
+
+
+def _simulate(
+    policy: Policy,
+    datasets: Sequence[SiloDataset] | None,
+    observers: Sequence[EngineObserver],
+    ledgers: Path | None,
+) -> SimulationResult:
+    """`ledgers`: the folder each silo's ledger (`<silo>.jsonl`) is booked in (None: none)."""
     started = time.perf_counter()
     if datasets is None:
         datasets = load_silos(policy, None)
@@ -101,6 +124,7 @@ def simulate(
     sealing_roster = {name: key.public_key for name, key in sealing.items()}
 
     def agent(name: str, data: SiloDataset) -> SiloAgent:
+        ledger = None if ledgers is None else PrivacyLedger(ledgers / f"{name}.jsonl")
         return SiloAgent(
             name,
             data,
@@ -108,6 +132,8 @@ def simulate(
             device,
             privacy=policy.privacy,
             rounds=policy.rounds,
+            ledger=ledger,
+            deployment=policy.name,
             consortium=len(datasets),
             secure_aggregation=policy.silo_secure_aggregation,
             algorithm=policy.algorithm,
@@ -143,4 +169,7 @@ def simulate(
         device=device_note,
         seconds=time.perf_counter() - started,
         snapshots=snapshots.taken if snapshots else {},
+        ledgers=(
+            {p.stem: p.read_bytes() for p in sorted(ledgers.glob("*.jsonl"))} if ledgers else {}
+        ),
     )

@@ -3,11 +3,14 @@ to run beside a live coordinator: SQLite readers do not block it)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fedsilo.coordinator.engine import RoundRecord
 from fedsilo.coordinator.state import StateError, StateStore
+from fedsilo.ops.epsilon import epsilon_by_round, final_epsilons
+from fedsilo.policies.privacy import PrivacyConfig
 
 
 @dataclass(frozen=True)
@@ -21,6 +24,9 @@ class DeploymentStatus:
     evaluated_round: int | None
     dropouts: dict[str, int]  # silo -> rounds in which it dropped at least once (not revoked)
     failed_rounds: int
+    epsilon: dict[str, float] = field(default_factory=dict)  # silo -> last epsilon it reported
+    epsilon_cap: float | None = None  # the policy's cap per silo (a site may set a lower one)
+    noised: bool = False  # a DP policy: every metric a silo reports carries Gaussian noise
 
 
 def deployment_status(state: Path, consortium: str) -> DeploymentStatus:
@@ -42,6 +48,7 @@ def deployment_status(state: Path, consortium: str) -> DeploymentStatus:
         raise StateError(f"{state}: deployment {deployment!r} has not started")
     records = saved.records
     evaluated = next((r for r in reversed(records) if r.get("evaluation")), None)
+    privacy = PrivacyConfig.model_validate(policy.get("privacy") or {})
     return DeploymentStatus(
         deployment=deployment,
         rounds_planned=policy.get("rounds"),
@@ -52,6 +59,9 @@ def deployment_status(state: Path, consortium: str) -> DeploymentStatus:
         evaluated_round=evaluated["round"] if evaluated else None,
         dropouts=_dropouts(records),
         failed_rounds=sum(1 for r in records if r.get("status") == "failed"),
+        epsilon=final_epsilons(epsilon_by_round(RoundRecord.from_json(r) for r in records)),
+        epsilon_cap=privacy.epsilon_cap,
+        noised=privacy.differentially_private,
     )
 
 

@@ -60,7 +60,7 @@ from opacus.validators import ModuleValidator
 from torch import nn
 
 from fedsilo.policies.privacy import PrivacyConfig
-from fedsilo.privacy.accounting import Mechanism
+from fedsilo.privacy.accounting import Mechanism, quiet_optimal_order
 from fedsilo.silo.errors import DpSgdError
 from fedsilo.silo.objectives import PerSampleLoss
 from fedsilo.silo.schedule import LocalSchedule, shuffled_batches
@@ -363,13 +363,14 @@ def _calibrated_noise(
     target_epsilon: float, delta: float, sample_rate: float, steps: int, accountant: str
 ) -> float:
     try:
-        noise = get_noise_multiplier(
-            target_epsilon=target_epsilon,
-            target_delta=delta,
-            sample_rate=sample_rate,
-            steps=steps,
-            accountant=accountant,
-        )
+        with quiet_optimal_order():  # calibration tries noise far from the answer
+            noise = get_noise_multiplier(
+                target_epsilon=target_epsilon,
+                target_delta=delta,
+                sample_rate=sample_rate,
+                steps=steps,
+                accountant=accountant,
+            )
     except ValueError as exc:  # Opacus: "The privacy budget is too low."
         raise DpSgdError(
             f"no noise multiplier reaches target_epsilon {target_epsilon:g} at delta {delta:g} "

@@ -29,8 +29,6 @@ from fedsilo.silo.tasks.train import train_releases
 from fedsilo.wire.messages import TaskMessage, TaskResult
 from fedsilo.wire.tasks import InitTask, LocalTraining, TrainTask
 
-pytestmark = pytest.mark.filterwarnings("ignore:Optimal order is the smallest alpha")
-
 CLIP = 0.5
 SILOS = 4
 

@@ -10,11 +10,14 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
+from rich.console import Console
 
 from fedsilo.ops.cli import main
 from fedsilo.ops.job_id import job_id
+from fedsilo.ops.report import comparison_table, write_results
 from fedsilo.ops.simulate import load_silos, simulate
 from fedsilo.policies.loading import parse_policy
+from fedsilo.privacy.ledger import PrivacyLedger, verify
 from fedsilo.privacy.policy_signing import policy_digest
 from fedsilo.wire.tensors import decode_tensors
 from tests.deployment import (
@@ -177,6 +180,52 @@ def test_a_dp_deployment_with_masked_sums_books_every_answer_and_retires_a_silo_
     deleted = CliRunner().invoke(main, [*audited, "--ledger", str(cut)])
     assert deleted.exit_code == 1, deleted.output
     assert "deleted" in deleted.output
+
+
+def test_a_dp_simulation_shows_the_epsilon_each_silo_of_the_deployment_books(
+    consortium: Consortium, tmp_path: Path
+) -> None:
+    document = policy_document(
+        rounds=2, privacy={"delta": 1e-5, "epsilon_cap": 50, "dp_sgd": {"noise_multiplier": 1.0}}
+    )
+    policy = consortium.write_policy(document)
+    consortium.start_coordinator(policy, "--out", "results", "--linger-seconds", "1")
+    for silo in SILOS:
+        consortium.start_silo(silo)
+    assert consortium.wait("coordinator", timeout=120) == 0, consortium.log("coordinator")
+    job = job_id("breast-cancer-deployed", policy_digest(policy.read_bytes()))
+    booked = {
+        silo: PrivacyLedger(consortium.root / "sites" / silo / "privacy-ledger.jsonl").spent(job)
+        for silo in SILOS
+    }
+    assert all(0 < e < 50 for e in booked.values()), booked
+
+    parsed = parse_policy(document)
+    result = simulate(parsed, load_silos(parsed, None))
+    write_results(tmp_path / "sim", {"fedavg": result})
+    simulated = json.loads((tmp_path / "sim" / "results.json").read_text())["privacy"]
+    assert simulated["epsilon"] == booked
+    assert simulated["epsilon_cap"] == 50
+    for silo in SILOS:  # the simulation's own ledgers, audited like a site's
+        (audited,) = verify(tmp_path / "sim" / "ledgers" / f"{silo}.jsonl", cap=50).deployments
+        assert (audited.deployment, audited.booked) == ("breast-cancer-deployed", booked[silo])
+        assert audited.recomputed == audited.booked
+    console = Console(width=120, record=True)
+    console.print(comparison_table({"fedavg": result}))
+    table = console.export_text()
+    assert "ε: booked at δ=1e-05, cap 50" in table
+    (row,) = [line for line in table.splitlines() if line.startswith("│ silo-0 ")]
+    assert row.rstrip(" │").endswith(f"{booked['silo-0']:.3g}")
+    deployed = json.loads((consortium.root / "results" / "results.json").read_text())["privacy"]
+    assert deployed["epsilon_per_round"] == simulated["epsilon_per_round"]
+
+    # the coordinator ends the job with each silo's audit anchor, the head history.json keeps
+    history = json.loads((consortium.root / "results" / "history.json").read_text())
+    for silo in SILOS:
+        head = history["rounds"][-1]["privacy"][silo]["ledger_head"]
+        assert f"silo {silo}'s audit anchor (its ledger head at round 2): {head}" in (
+            consortium.log("coordinator")
+        )
 
 
 def test_feddc_with_sealed_hand_offs_and_ckks_sums_over_processes_equals_the_simulation(

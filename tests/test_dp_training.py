@@ -29,7 +29,6 @@ LINEAR = LinearModel(name="linear")
 # hooks (the reference below) warn that the first layer's backward hook has no input gradient.
 pytestmark = [
     pytest.mark.filterwarnings("ignore:Full backward hook is firing"),
-    pytest.mark.filterwarnings("ignore:Optimal order is the largest alpha"),
 ]
 
 

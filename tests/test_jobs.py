@@ -29,7 +29,6 @@ from tests.test_tasks import separable
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:Full backward hook is firing"),
-    pytest.mark.filterwarnings("ignore:Optimal order is the largest alpha"),
     pytest.mark.filterwarnings("ignore:Secure RNG turned off"),
 ]
 

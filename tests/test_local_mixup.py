@@ -31,7 +31,6 @@ from tests.test_tasks import run, separable, train_config
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:Full backward hook is firing"),
-    pytest.mark.filterwarnings("ignore:Optimal order is the largest alpha"),
 ]
 
 LINEAR = LinearModel(name="linear")

@@ -370,10 +370,31 @@ def test_the_dashboard_shows_rounds_results_silos_and_traffic() -> None:
         "fedsilo_bytes_total",
         "fedsilo_mixing_weight",
         "fedsilo_local_train_seconds_bucket",
+        "fedsilo_privacy_epsilon",
     ):
         assert metric in shown
     quantiles = re.findall(r"histogram_quantile\((0\.\d+)", shown)
     assert {"0.5", "0.95"} <= set(quantiles)
+
+
+def test_the_epsilon_panel_draws_each_silos_epsilon_against_the_policys_cap() -> None:
+    (panel,) = [p for p in dashboard()["panels"] if "fedsilo_privacy_epsilon{" in str(p)]
+    exprs = {t["refId"]: t["expr"] for t in panel["targets"]}
+    assert exprs["A"].startswith("fedsilo_privacy_epsilon{")
+    assert exprs["B"].startswith("fedsilo_privacy_epsilon_cap{")
+    assert panel["targets"][0]["legendFormat"] == "{{silo}}"
+    (cap,) = panel["fieldConfig"]["overrides"]
+    assert cap["matcher"] == {"id": "byFrameRefID", "options": "B"}
+    assert {"id": "displayName", "value": "cap"} in cap["properties"]
+
+
+def test_the_policys_epsilon_cap_is_exported_for_the_running_job() -> None:
+    metrics = CoordinatorMetrics()
+    metrics.deployment = "job-1"
+    metrics.set_epsilon_cap(None)
+    assert value(metrics.registry, "fedsilo_privacy_epsilon_cap", deployment="job-1") is None
+    metrics.set_epsilon_cap(8.0)
+    assert value(metrics.registry, "fedsilo_privacy_epsilon_cap", deployment="job-1") == 8.0
 
 
 def test_the_scrape_config_names_the_coordinator_and_silo_jobs_the_dashboard_filters_on() -> None:

@@ -183,3 +183,40 @@ def test_receipts_export_refuses_a_missing_state_file_in_one_line(tmp_path: Path
     assert result.exit_code == 1
     assert result.stderr.strip() == f"Error: {missing}: no such state file"
     assert not missing.exists() and not (tmp_path / "r.json").exists()
+
+
+def test_report_labels_silos_by_name_and_passes_the_cap_to_the_plot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    drawn = {}
+    monkeypatch.setattr(
+        "fedsilo.ops.privacy_cli.plot_epsilon",
+        lambda out, panels, cap, title: drawn.update(panels=panels, cap=cap),
+    )
+    for site in ("silo-a", "silo-b"):  # a deployment's layout: the same file name per site
+        (tmp_path / "sites" / site).mkdir(parents=True)
+        write_ledger(tmp_path / "sites" / site / "privacy-ledger.jsonl", rounds=2)
+    other = tmp_path / "elsewhere.jsonl"
+    write_ledger(other, rounds=1)
+    result = invoke(
+        "report",
+        "--ledger", str(tmp_path / "sites" / "silo-a" / "privacy-ledger.jsonl"),
+        "--ledger", str(tmp_path / "sites" / "silo-b" / "privacy-ledger.jsonl"),
+        "--ledger", f"hospital-c={other}",
+        "--cap", "8",
+        "--out", str(tmp_path / "e.png"),
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert list(drawn["panels"]) == ["silo-a", "silo-b", "hospital-c"]
+    assert drawn["cap"] == 8.0
+    # one line per DP deployment in a silo's panel, at each round's end
+    assert list(drawn["panels"]["silo-a"]) == ["heart-dp"]
+    assert [r for r, _ in drawn["panels"]["silo-a"]["heart-dp"]] == [0, 1]
+
+
+def test_report_refuses_a_cap_that_is_not_positive(ledger_file: Path, tmp_path: Path) -> None:
+    result = invoke(
+        "report", "--ledger", str(ledger_file), "--cap", "0", "--out", str(tmp_path / "e.png")
+    )
+    assert result.exit_code == 1
+    assert "--cap: must be a positive epsilon" in result.stderr

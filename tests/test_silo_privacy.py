@@ -30,7 +30,6 @@ from tests.test_tasks import separable, train_config
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:Full backward hook is firing"),
-    pytest.mark.filterwarnings("ignore:Optimal order is the largest alpha"),
 ]
 
 DP = {"delta": 1e-5, "dp_sgd": {"noise_multiplier": 1.0}}

@@ -15,7 +15,6 @@ from tests.wire_tasks import reworded
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:Full backward hook is firing"),
-    pytest.mark.filterwarnings("ignore:Optimal order is the largest alpha"),
 ]
 
 TRAIN = train_config(epochs=2).to_json()

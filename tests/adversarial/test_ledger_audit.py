@@ -29,7 +29,6 @@ from tests.adversarial.helpers import DEPLOYMENT, DP, SiloSite
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:Full backward hook is firing"),
-    pytest.mark.filterwarnings("ignore:Optimal order is the largest alpha"),
 ]
 
 

@@ -16,7 +16,6 @@ from tests.adversarial.helpers import JOB, SiloSite, initial_model, shifted, tra
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:Full backward hook is firing"),
-    pytest.mark.filterwarnings("ignore:Optimal order is the largest alpha"),
 ]
 
 LOUD = {"dp_sgd": {"noise_multiplier": 20.0}}
