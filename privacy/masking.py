@@ -32,9 +32,16 @@ cryptography both ends share. The protocol's four steps live with their parties
   coordinator's reconstruction handles only secrets the protocol lets it learn.
 - `prg`: a mask stream in Z_{2^32}: AES-256-CTR keystream under a key derived with HKDF-SHA256
   from a seed (a self-mask seed, or a pairwise secret from X25519 agreement).
+- `neighbourhood` / `graph_seed`: SecAgg+'s sparse graph (Bell et al. 2020), for a policy's
+  `neighbours: k`: the Harary graph H(k, n) (a ring, each silo joined to the k/2 nearest on
+  either side) over the roster in an order drawn from the deployment and the digest of the
+  signed policy. Every silo computes it from what it already holds, before any key exists;
+  nothing the coordinator relays or a colluding silo advertises can re-roll it.
 - `mask` and `unmask_total`: y_u = x_u + PRG(b_u) + sum_v sign(u, v) PRG(s_uv), sign +1 when
   u sorts before v, so pairwise masks cancel in a sum over silos; the coordinator removes the
-  survivors' self-masks and the dropped silos' pairwise masks from reconstructed secrets.
+  survivors' self-masks and the dropped silos' pairwise masks (with the survivors that masked
+  with them: all of them on the complete graph, their neighbours on the sparse one) from
+  reconstructed secrets.
 
 Everything random (keys, self-mask seeds, Shamir coefficients) comes from the system's CSPRNG:
 masks must not be reproducible by anyone else. The unmasked sum is exact in Z_{2^32}, so
@@ -46,7 +53,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -466,19 +473,49 @@ def unmask_total(
     dropped_keys: Mapping[str, PrivateKey],
     survivors: Mapping[str, PublicKey],
     context: bytes,
+    partners: Mapping[str, Collection[str]] | None = None,
 ) -> np.ndarray:
     """The survivors' sum of encoded values from the sum of their masked inputs: remove each
     survivor's self-mask and each survivor's pairwise mask with every dropped silo (whose
-    masking key was reconstructed from shares)."""
+    masking key was reconstructed from shares); `partners`: the silos each dropped silo
+    masked with (None: every survivor, the complete graph)."""
     total = masked_sum.astype(np.uint32, copy=True)
     streams = _MaskStreams(len(total))
     for seed in self_seeds:
         streams.apply(total, seed, context, -1)
     for dropped, key in sorted(dropped_keys.items()):
         for survivor, public in sorted(survivors.items()):
+            if partners is not None and survivor not in partners[dropped]:
+                continue
             # the survivor added sign(survivor, dropped) * stream: take it away
             streams.apply(total, pairwise_seed(key, public), context, -sign(survivor, dropped))
     return total
+
+
+def graph_seed(deployment: str, job: str) -> bytes:
+    """What orders the roster on the sparse graph's ring: the deployment and the digest of the
+    policy its operator signed (both fixed before any round; "" in a simulation)."""
+    return hashlib.blake2b(f"fedsilo/secagg-graph|{deployment}|{job}".encode()).digest()
+
+
+def neighbourhood(roster: Iterable[str], degree: int, seed: bytes) -> dict[str, frozenset[str]]:
+    """Each silo's neighbours in the Harary graph H(`degree`, n) over `roster` (Bell et al.
+    2020's k-regular graph): the silos in the order of their keyed hash under `seed`, on a
+    ring, each joined to the degree/2 nearest on either side (`degree` even, below n - 1)."""
+    members = sorted(set(roster))
+    if degree % 2 or not 2 <= degree < len(members) - 1:
+        raise MaskingError(
+            f"a sparse graph of {len(members)} silos needs an even degree below "
+            f"{len(members) - 1}, not {degree}"
+        )
+    ring = sorted(members, key=lambda s: hashlib.blake2b(s.encode(), key=seed[:64]).digest())
+    n = len(ring)
+    return {
+        silo: frozenset(
+            ring[(i + step) % n] for hop in range(1, degree // 2 + 1) for step in (hop, -hop)
+        )
+        for i, silo in enumerate(ring)
+    }
 
 
 def silo_indices(silos: Sequence[str]) -> dict[str, int]:
