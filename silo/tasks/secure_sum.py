@@ -28,6 +28,15 @@
 The threshold t comes from the silo's own policy, never from the task: the policy's
 `secure_aggregation.threshold` raised to floor(2n/3) + 1 for the n advertised silos, the bound
 that keeps an active coordinator from collecting both secrets of one silo.
+
+With `secure_aggregation.neighbours: k` (SecAgg+'s sparse graph, Bell et al. 2020) the silo
+computes its k neighbours itself, from its roster, the deployment and the signed policy's
+digest (`neighbourhood`), never from the task; it shares its secrets with its neighbours only,
+t of k (`share_threshold`), and masks pairwise with the neighbours whose shares reached it. It
+refuses: a view holding fewer than t of its neighbours (step 2); shares from a silo that is not
+its neighbour, or from fewer than t neighbours (step 3); and a survivor set keeping fewer than
+t of the neighbours it masked with (steps 4 and 5: the others' keys would be rebuilt and their
+masks with it removed). The consistency check still takes floor(2n/3) + 1 signatures of n.
 """
 
 from __future__ import annotations
