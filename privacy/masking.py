@@ -118,7 +118,9 @@ class FixedPoint:
         scaled = np.clip(np.asarray(values, dtype=np.float64), -self.bound, self.bound)
         np.multiply(scaled, weight * 2.0**self.fraction_bits, out=scaled)
         np.rint(scaled, out=scaled)
-        return scaled.astype(np.int64).astype(np.uint32)  # negatives wrap modulo 2^32
+        # |value| <= bound * 2^f < 2^31, so int32 holds it exactly; its bits are the value
+        # modulo 2^32 (casting through int64 to uint32 did the same, 10x slower in numpy 2)
+        return scaled.astype(np.int32).view(np.uint32)
 
     def decode(self, total: np.ndarray) -> np.ndarray:
         """A sum of encoded terms (modulo 2^32) as float64."""
