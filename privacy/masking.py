@@ -111,11 +111,14 @@ class FixedPoint:
         """The spacing of representable values, 2^-fraction_bits."""
         return 2.0**-self.fraction_bits
 
-    def encode(self, values: np.ndarray, weight: float) -> np.ndarray:
+    def encode(self, values: np.ndarray, weight: float, *, scratch: bool = False) -> np.ndarray:
+        """`scratch`: `values` is a float64 buffer the caller gives up, clipped, scaled and
+        rounded in place (saves a fresh buffer, whose page faults cost more than the work)."""
         if not 0.0 <= weight <= 1.0:
             raise MaskingError(f"a weight must lie in [0, 1], not {weight!r}")
         # one float64 buffer, scaled and rounded in place (a fresh one per step cost as much)
-        scaled = np.clip(np.asarray(values, dtype=np.float64), -self.bound, self.bound)
+        values = np.asarray(values, dtype=np.float64)
+        scaled = np.clip(values, -self.bound, self.bound, out=values if scratch else None)
         np.multiply(scaled, weight * 2.0**self.fraction_bits, out=scaled)
         np.rint(scaled, out=scaled)
         # |value| <= bound * 2^f < 2^31, so int32 holds it exactly; its bits are the value
@@ -459,9 +462,12 @@ def mask(
     masking_key: PrivateKey,
     peers: Mapping[str, PublicKey],
     context: bytes,
+    *,
+    in_place: bool = False,
 ) -> np.ndarray:
-    """encoded + PRG(self seed) + sum over peers of sign * PRG(pairwise seed), mod 2^32."""
-    total = encoded.astype(np.uint32, copy=True)
+    """encoded + PRG(self seed) + sum over peers of sign * PRG(pairwise seed), mod 2^32
+    (`in_place`: added into `encoded`, a uint32 array the caller gives up)."""
+    total = encoded if in_place else encoded.astype(np.uint32, copy=True)
     streams = _MaskStreams(len(total))
     streams.apply(total, self_seed, context, +1)
     for peer, key in sorted(peers.items()):

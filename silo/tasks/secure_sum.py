@@ -197,8 +197,8 @@ def masked_input(message: TaskMessage, ctx: SiloContext) -> TaskResult:
     for name in config.tensors:
         update = result.tensors[name].to("cpu", torch.float64, copy=True).reshape(-1)
         update.sub_(inner.tensors[name].cpu().reshape(-1))  # in float64, as a - b would be
-        encoded = encoding.encode(update.numpy(), weight)
-        total = mask(encoded, ctx.name, session["seed"], keys.masking, peers, label)
+        encoded = encoding.encode(update.numpy(), weight, scratch=True)  # update: our copy
+        total = mask(encoded, ctx.name, session["seed"], keys.masking, peers, label, in_place=True)
         masked[name] = torch.from_numpy(total.view(np.int32))
     return with_tensors(message, ctx, result, masked)
 
