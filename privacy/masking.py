@@ -21,10 +21,11 @@ cryptography both ends share. The protocol's four steps live with their parties
   silo, to get its seed, one without, to get its key) to t silos each.
 - `weight_problem`: the rule coordinator-chosen weights must follow (in [0, 1], summing to at
   most 1, and at least `min_group` silos of the sum carrying `min_weight` or more).
-- `split_secret` / `combine_shares`: t-of-n Shamir sharing of 16-byte blocks over GF(2^128),
-  block by block for longer secrets, in the field and share encoding of PyCryptodome's
-  `Shamir` (x^128 + x^7 + x^2 + x + 1, 16-byte big-endian elements, indices 1..n), with a
-  4-bit windowed multiplication instead of its bit by bit one. Reconstruction takes the
+- `split_secret` (`shares_for`: at some indices only) / `combine_shares`: t-of-n Shamir
+  sharing of 16-byte blocks over GF(2^128), block by block for longer secrets, in the field
+  and share encoding of PyCryptodome's `Shamir` (x^128 + x^7 + x^2 + x + 1, 16-byte
+  big-endian elements, indices 1..n), with a 4-bit windowed multiplication instead of its bit
+  by bit one. Reconstruction takes the
   Lagrange coefficients at 0 of the shares' index set from a cache (an aggregation rebuilds
   every secret from the same survivors, and the next round usually from the same ones again),
   so each 16-byte block costs t multiplications. Like PyCryptodome's pure-Python field, this
@@ -204,20 +205,30 @@ def _signed_part(context: bytes, advertisement: Advertisement) -> bytes:
 def split_secret(secret: bytes, threshold: int, parties: int) -> list[bytes]:
     """`parties` shares of `secret` (a multiple of 16 bytes), any `threshold` of which
     recover it; share i (0-based) belongs to the party with Shamir index i + 1."""
-    if len(secret) % BLOCK or not secret:
-        raise MaskingError(f"a shared secret is a positive multiple of {BLOCK} bytes")
     if not 1 <= threshold <= parties:
         raise MaskingError(f"threshold {threshold} must lie in 1..{parties}")
-    shares = [b""] * parties
+    shares = shares_for(secret, threshold, range(1, parties + 1))
+    return [shares[index] for index in range(1, parties + 1)]
+
+
+def shares_for(secret: bytes, threshold: int, indices: Iterable[int]) -> dict[int, bytes]:
+    """The shares of one t-of-n sharing of `secret` at the Shamir `indices` only (the sparse
+    graph's holders: a silo and its neighbours, each at its index among the advertised)."""
+    if len(secret) % BLOCK or not secret:
+        raise MaskingError(f"a shared secret is a positive multiple of {BLOCK} bytes")
+    wanted = sorted(set(indices))
+    if threshold < 1 or not wanted or wanted[0] < 1:
+        raise MaskingError(f"threshold {threshold} and Shamir indices {wanted} must be >= 1")
+    shares = dict.fromkeys(wanted, b"")
     for start in range(0, len(secret), BLOCK):
         # p(x) = secret + c_1 x + ... + c_{t-1} x^{t-1}, the c_i from the CSPRNG
         coefficients = [_element(random_bytes(BLOCK)) for _ in range(threshold - 1)]
         constant = _element(secret[start : start + BLOCK])
-        for index in range(1, parties + 1):
+        for index in wanted:
             value = 0
             for coefficient in coefficients:  # Horner's rule, highest degree first
                 value = _gf_multiply(value ^ coefficient, _window_table(index))
-            shares[index - 1] += (value ^ constant).to_bytes(BLOCK, "big")
+            shares[index] += (value ^ constant).to_bytes(BLOCK, "big")
     return shares
 
 

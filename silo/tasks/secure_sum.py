@@ -64,8 +64,8 @@ from fedsilo.privacy.masking import (
     mask,
     neighbourhood,
     new_seed,
+    shares_for,
     silo_indices,
-    split_secret,
     weight_problem,
 )
 from fedsilo.silo.aggregation_log import aggregation_log
@@ -131,8 +131,10 @@ def share(message: TaskMessage, ctx: SiloContext) -> TaskResult:
     view = advertisement_digest(_label(message, ctx), adverts)
     seed = new_seed()
     keys: MaskingKeys = session["keys"]
-    shares = split_secret(bytes(keys.masking) + seed, threshold, len(adverts))
+    if threshold > len(holders):
+        raise MaskingError(f"threshold {threshold} exceeds the {len(holders)} share holders")
     indices = silo_indices(list(adverts))
+    shares = shares_for(bytes(keys.masking) + seed, threshold, (indices[h] for h in holders))
     session |= {
         "adverts": adverts,
         "seed": seed,
@@ -141,13 +143,13 @@ def share(message: TaskMessage, ctx: SiloContext) -> TaskResult:
         "neighbours": neighbours,
         "view": view,
     }
-    session["received"] = {ctx.name: shares[indices[ctx.name] - 1]}
+    session["received"] = {ctx.name: shares[indices[ctx.name]]}
     sealed = {
         SHARE_TO + peer: bytes_tensor(
             encrypt_share(
                 ctx.name,
                 peer,
-                shares[indices[peer] - 1],
+                shares[indices[peer]],
                 keys.encryption,
                 adverts[peer].encryption_key,
                 view,
