@@ -18,6 +18,11 @@ before it reveals a share (Bonawitz et al.'s consistency check). Drops: before s
 silo is simply left out; after sharing and before its masked input, its pairwise masks are
 removed with its key rebuilt from t shares; after its masked input, its self-mask is rebuilt
 the same way (a survivor that fails to confirm is still a survivor: its input is in the sum).
+With the policy's `neighbours: k` (SecAgg+'s sparse graph, Bell et al. 2020) a silo sends
+shares to its graph neighbours only, which the coordinator relays as it relays all shares; it
+learns who masked with whom from where the shares went, and rebuilds each secret from t of
+that silo's neighbours (`share_threshold`), while the consistency check still needs
+floor(2n/3) + 1 survivors (`consistency_threshold`). It never computes or sends the graph.
 Fewer than t silos at any step (or fewer than the quorum) abandon the round (`QuorumNotMet`).
 """
 
@@ -82,7 +87,7 @@ class MaskedMean(SecureMean):
             silo: Advertisement.from_bytes(silo, tensor_bytes(reply.result.tensors[ADVERTISEMENT]))
             for silo, reply in advertised.items()
         }
-        threshold = self.config.threshold_for(len(adverts))
+        threshold = self.config.consistency_threshold(len(adverts))
         self._enough(phase, "advertise", len(adverts), threshold)
         weights = shares_of_weight(phase.aggregate.weights, advertised)
         relayed = {silo: advert.to_bytes().hex() for silo, advert in adverts.items()}
@@ -102,7 +107,7 @@ class MaskedMean(SecureMean):
                         shares={
                             u: tensor_bytes(shared[u].result.tensors[SHARE_TO + v]).hex()
                             for u in sorted(shared)
-                            if u != v
+                            if u != v and SHARE_TO + v in shared[u].result.tensors
                         },
                         tensors=tuple(phase.aggregate.tensors),
                     ),
@@ -149,7 +154,7 @@ class MaskedMean(SecureMean):
     ) -> PhaseOutcome:
         """The mean from the survivors' masked inputs and the secrets rebuilt from shares."""
         assert isinstance(phase.aggregate, WeightedMean)
-        threshold = self.config.threshold_for(len(adverts))
+        threshold = self.config.share_threshold(len(adverts))
         weights = shares_of_weight(phase.aggregate.weights, advertised)
         survivors = sorted(masked)
         indices = silo_indices(list(adverts))
@@ -162,6 +167,10 @@ class MaskedMean(SecureMean):
             if bytes(key.public_key) != bytes(adverts[silo].masking_key):
                 raise MaskingError(f"the shares of {silo}'s masking key do not rebuild it")
             dropped_keys[silo] = key
+        partners = {  # whom each dropped silo masked with: those its shares went to
+            silo: {s for s in survivors if SHARE_TO + s in shared[silo].result.tensors}
+            for silo in dropped_keys
+        }
         encoding = FixedPoint.for_silos(self.config.bound, len(adverts))
         total_weight = sum(weights[s] for s in survivors)
         if total_weight <= 0:
@@ -178,6 +187,7 @@ class MaskedMean(SecureMean):
                 dropped_keys,
                 {s: adverts[s].masking_key for s in survivors},
                 self.label,
+                partners,
             )
             update = torch.from_numpy(encoding.decode(summed)).reshape(reference[name].shape)
             update /= total_weight

@@ -168,6 +168,13 @@ class Policy(PolicyModel):
                 f"{secure.method} hands single silos' models on between aggregations, which "
                 "silos refuse to send in the clear; set channel.sealed_handoffs: true"
             )
+        fraction = getattr(self.algorithm, "client_fraction", 1.0)
+        if secure.neighbours is not None and fraction < 1.0:
+            raise ValueError(
+                "secure_aggregation.neighbours: the sparse graph is over the whole roster, so "
+                f"every silo must take part in every round (algorithm.client_fraction "
+                f"{fraction:g}); use client_fraction 1 or leave neighbours out"
+            )
         partition = self.data.partition
         if partition is not None:
             problem = self.secure_aggregation_problem(partition.silos)

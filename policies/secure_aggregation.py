@@ -1,7 +1,9 @@
 """The policy's `secure_aggregation:` section: how the coordinator averages models while
 learning only sums. `none` (the default): in the clear. `masking`: pairwise masks with t-of-n
 recovery (privacy/masking.py). `ckks`: homomorphic sums under a key-holder silo's CKKS key
-(privacy/ckks.py). Written as a bare method (`secure_aggregation: masking`) or as a mapping
+(privacy/ckks.py). Masking's `neighbours: k` swaps the complete graph of pairwise masks for
+SecAgg+'s sparse k-regular one (Bell et al. 2020), with its thresholds (`share_threshold`,
+`consistency_threshold`). Written as a bare method (`secure_aggregation: masking`) or as a mapping
 with the method's settings. Also owns the rules CKKS parameters must follow (128-bit
 security, SEAL's prime sizes), so a policy with bad parameters is refused when it is read.
 """
@@ -110,6 +112,11 @@ class SecureAggregationConfig(PolicyModel):
     allowed vector (target 1 - (k-1) f, k - 1 others f, the rest 0) lets the coordinator read
     the target's update up to an error of (k-1) f / (1 - (k-1) f) times the others' update size
     (at most (k-1) f bound / (1 - (k-1) f)): with the defaults, 1/(2n-1), 11% at n = 5.
+    `neighbours` (masking): None, the default: every silo masks pairwise with every other and
+    shares its secrets t-of-n with all of them. An even k: SecAgg+'s sparse graph (Bell et
+    al. 2020), each silo masking with and sharing to its k neighbours only (privacy/masking.py
+    `neighbourhood`), `threshold` then being t of those k (default floor(2k/3) + 1, also the
+    least a silo accepts); the consistency check still needs floor(2n/3) + 1 signatures.
     `key_holder` (ckks): the silo that makes the CKKS keys; None: the first silo by name.
     `decryptor` (ckks): the silo that decrypts sums; None: the key holder when it took part,
     else the first survivor by name."""
@@ -119,6 +126,7 @@ class SecureAggregationConfig(PolicyModel):
     threshold: int | None = Field(default=None, ge=2)
     min_group: int = Field(default=2, ge=2)
     min_weight: float | None = Field(default=None, gt=0.0, le=0.5)
+    neighbours: int | None = Field(default=None, ge=2)
     key_holder: str | None = None
     decryptor: str | None = None
     ckks: CkksSettings = CkksSettings()
@@ -144,6 +152,19 @@ class SecureAggregationConfig(PolicyModel):
             )
         if self.method != "masking" and self.threshold is not None:
             raise ValueError("threshold: only masking recovers sums from t of n silos")
+        if self.neighbours is not None:
+            if self.method != "masking":
+                raise ValueError("neighbours: only masking has a graph of pairwise masks")
+            if self.neighbours % 2:
+                raise ValueError(
+                    f"secure_aggregation.neighbours must be even (k/2 on each side of the "
+                    f"ring of the Harary graph), not {self.neighbours}"
+                )
+            if self.threshold is not None and self.threshold > self.neighbours:
+                raise ValueError(
+                    f"secure_aggregation.threshold {self.threshold} exceeds the "
+                    f"{self.neighbours} neighbours a silo shares its secrets with"
+                )
         if self.method != "ckks" and (self.key_holder or self.decryptor):
             raise ValueError("key_holder and decryptor: only ckks has keys to hold")
         if self.method == "ckks" and self.bound >= self.ckks.max_abs_value:
@@ -161,6 +182,22 @@ class SecureAggregationConfig(PolicyModel):
         """t for an aggregation among `advertised` silos: the policy's, raised to the bound an
         active coordinator requires (`smallest_safe_threshold`)."""
         return max(self.threshold or 0, smallest_safe_threshold(advertised))
+
+    def share_threshold(self, advertised: int) -> int:
+        """How many holders' shares rebuild one silo's secrets: `threshold_for` on the complete
+        graph; with `neighbours: k`, the policy's t of k raised to floor(2k/3) + 1."""
+        if self.neighbours is None:
+            return self.threshold_for(advertised)
+        return max(self.threshold or 0, smallest_safe_threshold(self.neighbours))
+
+    def consistency_threshold(self, advertised: int) -> int:
+        """How many survivors must sign one statement before any share is revealed (and so
+        the fewest survivors an aggregation needs): `threshold_for` on the complete graph,
+        floor(2n/3) + 1 of the n advertised silos on the sparse one, so that two survivor
+        sets cannot both be signed by enough silos whatever the neighbourhoods."""
+        if self.neighbours is None:
+            return self.threshold_for(advertised)
+        return smallest_safe_threshold(advertised)
 
     def weight_floor(self, silos: int) -> float:
         """The weight at least `min_group` of a sum's `silos` silos must carry."""
@@ -181,6 +218,22 @@ class SecureAggregationConfig(PolicyModel):
                 f"secure_aggregation.min_weight {self.min_weight:g} is above the uniform weight "
                 f"1/{silos}: no weights of {silos} silos could pass it"
             )
+        if self.neighbours is not None:
+            if self.neighbours >= silos - 1:
+                return (
+                    f"secure_aggregation.neighbours {self.neighbours} of {silos} silos is the "
+                    "complete graph or more; leave neighbours out"
+                )
+            if self.threshold is not None and self.threshold < smallest_safe_threshold(
+                self.neighbours
+            ):
+                return (
+                    f"secure_aggregation.threshold {self.threshold} of {self.neighbours} "
+                    "neighbours lets a deviating coordinator rebuild one silo's secrets; use at "
+                    f"least {smallest_safe_threshold(self.neighbours)} (floor(2k/3) + 1) or "
+                    "leave it out"
+                )
+            return None
         if self.threshold is None:
             return None
         if self.threshold > silos:

@@ -21,10 +21,11 @@ cryptography both ends share. The protocol's four steps live with their parties
   silo, to get its seed, one without, to get its key) to t silos each.
 - `weight_problem`: the rule coordinator-chosen weights must follow (in [0, 1], summing to at
   most 1, and at least `min_group` silos of the sum carrying `min_weight` or more).
-- `split_secret` / `combine_shares`: t-of-n Shamir sharing of 16-byte blocks over GF(2^128),
-  block by block for longer secrets, in the field and share encoding of PyCryptodome's
-  `Shamir` (x^128 + x^7 + x^2 + x + 1, 16-byte big-endian elements, indices 1..n), with a
-  4-bit windowed multiplication instead of its bit by bit one. Reconstruction takes the
+- `split_secret` (`shares_for`: at some indices only) / `combine_shares`: t-of-n Shamir
+  sharing of 16-byte blocks over GF(2^128), block by block for longer secrets, in the field
+  and share encoding of PyCryptodome's `Shamir` (x^128 + x^7 + x^2 + x + 1, 16-byte
+  big-endian elements, indices 1..n), with a 4-bit windowed multiplication instead of its bit
+  by bit one. Reconstruction takes the
   Lagrange coefficients at 0 of the shares' index set from a cache (an aggregation rebuilds
   every secret from the same survivors, and the next round usually from the same ones again),
   so each 16-byte block costs t multiplications. Like PyCryptodome's pure-Python field, this
@@ -32,9 +33,16 @@ cryptography both ends share. The protocol's four steps live with their parties
   coordinator's reconstruction handles only secrets the protocol lets it learn.
 - `prg`: a mask stream in Z_{2^32}: AES-256-CTR keystream under a key derived with HKDF-SHA256
   from a seed (a self-mask seed, or a pairwise secret from X25519 agreement).
+- `neighbourhood` / `graph_seed`: SecAgg+'s sparse graph (Bell et al. 2020), for a policy's
+  `neighbours: k`: the Harary graph H(k, n) (a ring, each silo joined to the k/2 nearest on
+  either side) over the roster in an order drawn from the deployment and the digest of the
+  signed policy. Every silo computes it from what it already holds, before any key exists;
+  nothing the coordinator relays or a colluding silo advertises can re-roll it.
 - `mask` and `unmask_total`: y_u = x_u + PRG(b_u) + sum_v sign(u, v) PRG(s_uv), sign +1 when
   u sorts before v, so pairwise masks cancel in a sum over silos; the coordinator removes the
-  survivors' self-masks and the dropped silos' pairwise masks from reconstructed secrets.
+  survivors' self-masks and the dropped silos' pairwise masks (with the survivors that masked
+  with them: all of them on the complete graph, their neighbours on the sparse one) from
+  reconstructed secrets.
 
 Everything random (keys, self-mask seeds, Shamir coefficients) comes from the system's CSPRNG:
 masks must not be reproducible by anyone else. The unmasked sum is exact in Z_{2^32}, so
@@ -46,7 +54,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -104,14 +112,19 @@ class FixedPoint:
         """The spacing of representable values, 2^-fraction_bits."""
         return 2.0**-self.fraction_bits
 
-    def encode(self, values: np.ndarray, weight: float) -> np.ndarray:
+    def encode(self, values: np.ndarray, weight: float, *, scratch: bool = False) -> np.ndarray:
+        """`scratch`: `values` is a float64 buffer the caller gives up, clipped, scaled and
+        rounded in place (saves a fresh buffer, whose page faults cost more than the work)."""
         if not 0.0 <= weight <= 1.0:
             raise MaskingError(f"a weight must lie in [0, 1], not {weight!r}")
         # one float64 buffer, scaled and rounded in place (a fresh one per step cost as much)
-        scaled = np.clip(np.asarray(values, dtype=np.float64), -self.bound, self.bound)
+        values = np.asarray(values, dtype=np.float64)
+        scaled = np.clip(values, -self.bound, self.bound, out=values if scratch else None)
         np.multiply(scaled, weight * 2.0**self.fraction_bits, out=scaled)
         np.rint(scaled, out=scaled)
-        return scaled.astype(np.int64).astype(np.uint32)  # negatives wrap modulo 2^32
+        # |value| <= bound * 2^f < 2^31, so int32 holds it exactly; its bits are the value
+        # modulo 2^32 (casting through int64 to uint32 did the same, 10x slower in numpy 2)
+        return scaled.astype(np.int32).view(np.uint32)
 
     def decode(self, total: np.ndarray) -> np.ndarray:
         """A sum of encoded terms (modulo 2^32) as float64."""
@@ -192,20 +205,30 @@ def _signed_part(context: bytes, advertisement: Advertisement) -> bytes:
 def split_secret(secret: bytes, threshold: int, parties: int) -> list[bytes]:
     """`parties` shares of `secret` (a multiple of 16 bytes), any `threshold` of which
     recover it; share i (0-based) belongs to the party with Shamir index i + 1."""
-    if len(secret) % BLOCK or not secret:
-        raise MaskingError(f"a shared secret is a positive multiple of {BLOCK} bytes")
     if not 1 <= threshold <= parties:
         raise MaskingError(f"threshold {threshold} must lie in 1..{parties}")
-    shares = [b""] * parties
+    shares = shares_for(secret, threshold, range(1, parties + 1))
+    return [shares[index] for index in range(1, parties + 1)]
+
+
+def shares_for(secret: bytes, threshold: int, indices: Iterable[int]) -> dict[int, bytes]:
+    """The shares of one t-of-n sharing of `secret` at the Shamir `indices` only (the sparse
+    graph's holders: a silo and its neighbours, each at its index among the advertised)."""
+    if len(secret) % BLOCK or not secret:
+        raise MaskingError(f"a shared secret is a positive multiple of {BLOCK} bytes")
+    wanted = sorted(set(indices))
+    if threshold < 1 or not wanted or wanted[0] < 1:
+        raise MaskingError(f"threshold {threshold} and Shamir indices {wanted} must be >= 1")
+    shares = dict.fromkeys(wanted, b"")
     for start in range(0, len(secret), BLOCK):
         # p(x) = secret + c_1 x + ... + c_{t-1} x^{t-1}, the c_i from the CSPRNG
         coefficients = [_element(random_bytes(BLOCK)) for _ in range(threshold - 1)]
         constant = _element(secret[start : start + BLOCK])
-        for index in range(1, parties + 1):
+        for index in wanted:
             value = 0
             for coefficient in coefficients:  # Horner's rule, highest degree first
                 value = _gf_multiply(value ^ coefficient, _window_table(index))
-            shares[index - 1] += (value ^ constant).to_bytes(BLOCK, "big")
+            shares[index] += (value ^ constant).to_bytes(BLOCK, "big")
     return shares
 
 
@@ -450,9 +473,12 @@ def mask(
     masking_key: PrivateKey,
     peers: Mapping[str, PublicKey],
     context: bytes,
+    *,
+    in_place: bool = False,
 ) -> np.ndarray:
-    """encoded + PRG(self seed) + sum over peers of sign * PRG(pairwise seed), mod 2^32."""
-    total = encoded.astype(np.uint32, copy=True)
+    """encoded + PRG(self seed) + sum over peers of sign * PRG(pairwise seed), mod 2^32
+    (`in_place`: added into `encoded`, a uint32 array the caller gives up)."""
+    total = encoded if in_place else encoded.astype(np.uint32, copy=True)
     streams = _MaskStreams(len(total))
     streams.apply(total, self_seed, context, +1)
     for peer, key in sorted(peers.items()):
@@ -466,19 +492,49 @@ def unmask_total(
     dropped_keys: Mapping[str, PrivateKey],
     survivors: Mapping[str, PublicKey],
     context: bytes,
+    partners: Mapping[str, Collection[str]] | None = None,
 ) -> np.ndarray:
     """The survivors' sum of encoded values from the sum of their masked inputs: remove each
     survivor's self-mask and each survivor's pairwise mask with every dropped silo (whose
-    masking key was reconstructed from shares)."""
+    masking key was reconstructed from shares); `partners`: the silos each dropped silo
+    masked with (None: every survivor, the complete graph)."""
     total = masked_sum.astype(np.uint32, copy=True)
     streams = _MaskStreams(len(total))
     for seed in self_seeds:
         streams.apply(total, seed, context, -1)
     for dropped, key in sorted(dropped_keys.items()):
         for survivor, public in sorted(survivors.items()):
+            if partners is not None and survivor not in partners[dropped]:
+                continue
             # the survivor added sign(survivor, dropped) * stream: take it away
             streams.apply(total, pairwise_seed(key, public), context, -sign(survivor, dropped))
     return total
+
+
+def graph_seed(deployment: str, job: str) -> bytes:
+    """What orders the roster on the sparse graph's ring: the deployment and the digest of the
+    policy its operator signed (both fixed before any round; "" in a simulation)."""
+    return hashlib.blake2b(f"fedsilo/secagg-graph|{deployment}|{job}".encode()).digest()
+
+
+def neighbourhood(roster: Iterable[str], degree: int, seed: bytes) -> dict[str, frozenset[str]]:
+    """Each silo's neighbours in the Harary graph H(`degree`, n) over `roster` (Bell et al.
+    2020's k-regular graph): the silos in the order of their keyed hash under `seed`, on a
+    ring, each joined to the degree/2 nearest on either side (`degree` even, below n - 1)."""
+    members = sorted(set(roster))
+    if degree % 2 or not 2 <= degree < len(members) - 1:
+        raise MaskingError(
+            f"a sparse graph of {len(members)} silos needs an even degree below "
+            f"{len(members) - 1}, not {degree}"
+        )
+    ring = sorted(members, key=lambda s: hashlib.blake2b(s.encode(), key=seed[:64]).digest())
+    n = len(ring)
+    return {
+        silo: frozenset(
+            ring[(i + step) % n] for hop in range(1, degree // 2 + 1) for step in (hop, -hop)
+        )
+        for i, silo in enumerate(ring)
+    }
 
 
 def silo_indices(silos: Sequence[str]) -> dict[str, int]:

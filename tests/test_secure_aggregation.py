@@ -303,6 +303,15 @@ def test_fixed_point_sums_cannot_overflow_for_the_configured_silos() -> None:
     assert encoding.decode(lowest.astype(np.uint32)) == pytest.approx(np.full(4, -64.0), abs=1e-5)
 
 
+def test_fixed_point_encodes_as_a_hand_computation_with_negatives_modulo_2_to_the_32() -> None:
+    encoding = FixedPoint(bound=64.0, fraction_bits=24)  # for_silos(64, 10): 2^24 * 64 < 2^31
+    values = np.array([100.0, -100.0, 1.5, -1.5, 2.0**-25, -(2.0**-24) * 0.75, 0.0])
+    expected = [2**30, 2**32 - 2**30, 3 * 2**23, 2**32 - 3 * 2**23, 0, 2**32 - 1, 0]
+    assert encoding.encode(values, 1.0).tolist() == expected  # clipped, rounded half to even
+    assert encoding.encode(values, 0.5).tolist()[:2] == [2**29, 2**32 - 2**29]
+    assert encoding.encode(values, 1.0).dtype == np.uint32
+
+
 def test_masks_cancel_and_any_t_shares_rebuild_a_secret() -> None:
     names = ["a", "b", "c", "d"]
     keys = {n: MaskingKeys.generate() for n in names}

@@ -28,6 +28,15 @@
 The threshold t comes from the silo's own policy, never from the task: the policy's
 `secure_aggregation.threshold` raised to floor(2n/3) + 1 for the n advertised silos, the bound
 that keeps an active coordinator from collecting both secrets of one silo.
+
+With `secure_aggregation.neighbours: k` (SecAgg+'s sparse graph, Bell et al. 2020) the silo
+computes its k neighbours itself, from its roster, the deployment and the signed policy's
+digest (`neighbourhood`), never from the task; it shares its secrets with its neighbours only,
+t of k (`share_threshold`), and masks pairwise with the neighbours whose shares reached it. It
+refuses: a view holding fewer than t of its neighbours (step 2); shares from a silo that is not
+its neighbour, or from fewer than t neighbours (step 3); and a survivor set keeping fewer than
+t of the neighbours it masked with (steps 4 and 5: the others' keys would be rebuilt and their
+masks with it removed). The consistency check still takes floor(2n/3) + 1 signatures of n.
 """
 
 from __future__ import annotations
@@ -51,10 +60,12 @@ from fedsilo.privacy.masking import (
     count_confirmations,
     decrypt_share,
     encrypt_share,
+    graph_seed,
     mask,
+    neighbourhood,
     new_seed,
+    shares_for,
     silo_indices,
-    split_secret,
     weight_problem,
 )
 from fedsilo.silo.aggregation_log import aggregation_log
@@ -104,26 +115,47 @@ def share(message: TaskMessage, ctx: SiloContext) -> TaskResult:
         raise MaskingError("this silo already shared its secrets for this aggregation")
     adverts = _verified_advertisements(message, ctx, session["keys"])
     _check_group(len(adverts), "advertised keys", ctx)
-    threshold = ctx.secure_aggregation.threshold_for(len(adverts))
+    secure = ctx.secure_aggregation
+    threshold = secure.share_threshold(len(adverts))
+    neighbours = _neighbours(ctx)
+    holders = set(adverts)
+    if neighbours is not None:
+        present = neighbours & holders
+        if len(present) < threshold:
+            raise MaskingError(
+                f"only {len(present)} of this silo's {len(neighbours)} graph neighbours "
+                f"({sorted(neighbours)}) are among the advertised keys; its policy needs "
+                f"{threshold} (secure_aggregation.neighbours, threshold): refusing to share"
+            )
+        holders = present | {ctx.name}
     view = advertisement_digest(_label(message, ctx), adverts)
     seed = new_seed()
     keys: MaskingKeys = session["keys"]
-    shares = split_secret(bytes(keys.masking) + seed, threshold, len(adverts))
+    if threshold > len(holders):
+        raise MaskingError(f"threshold {threshold} exceeds the {len(holders)} share holders")
     indices = silo_indices(list(adverts))
-    session |= {"adverts": adverts, "seed": seed, "threshold": threshold, "view": view}
-    session["received"] = {ctx.name: shares[indices[ctx.name] - 1]}
+    shares = shares_for(bytes(keys.masking) + seed, threshold, (indices[h] for h in holders))
+    session |= {
+        "adverts": adverts,
+        "seed": seed,
+        "share_threshold": threshold,
+        "threshold": secure.consistency_threshold(len(adverts)),
+        "neighbours": neighbours,
+        "view": view,
+    }
+    session["received"] = {ctx.name: shares[indices[ctx.name]]}
     sealed = {
         SHARE_TO + peer: bytes_tensor(
             encrypt_share(
                 ctx.name,
                 peer,
-                shares[indices[peer] - 1],
+                shares[indices[peer]],
                 keys.encryption,
-                advert.encryption_key,
+                adverts[peer].encryption_key,
                 view,
             )
         )
-        for peer, advert in adverts.items()
+        for peer in sorted(holders)
         if peer != ctx.name
     }
     return task_result(message, ctx, sealed)
@@ -138,9 +170,13 @@ def masked_input(message: TaskMessage, ctx: SiloContext) -> TaskResult:
     config = config_of(message, MaskedInput)
     sharers = set(config.shares) | {ctx.name}
     _check_members(sharers, session, "sent shares")
-    _check_group(len(sharers), "shared their secrets", ctx, session["threshold"])
     weights = {silo: float(w) for silo, w in config.weights.items()}
-    _check_weights(weights, sharers, ctx)
+    members = sharers
+    if session["neighbours"] is None:
+        _check_group(len(sharers), "shared their secrets", ctx, session["threshold"])
+    else:
+        members = _sparse_members(sharers, weights, session, ctx)
+    _check_weights(weights, members, ctx)
     keys: MaskingKeys = session["keys"]
     for sender, hex_share in config.shares.items():
         advert: Advertisement = session["adverts"][sender]
@@ -163,10 +199,33 @@ def masked_input(message: TaskMessage, ctx: SiloContext) -> TaskResult:
     for name in config.tensors:
         update = result.tensors[name].to("cpu", torch.float64, copy=True).reshape(-1)
         update.sub_(inner.tensors[name].cpu().reshape(-1))  # in float64, as a - b would be
-        encoded = encoding.encode(update.numpy(), weight)
-        total = mask(encoded, ctx.name, session["seed"], keys.masking, peers, label)
+        encoded = encoding.encode(update.numpy(), weight, scratch=True)  # update: our copy
+        total = mask(encoded, ctx.name, session["seed"], keys.masking, peers, label, in_place=True)
         masked[name] = torch.from_numpy(total.view(np.int32))
     return with_tensors(message, ctx, result, masked)
+
+
+def _sparse_members(
+    sharers: set[str], weights: dict[str, float], session: dict[str, Any], ctx: SiloContext
+) -> set[str]:
+    """On the sparse graph: refuse shares from silos that are not this silo's neighbours and
+    fewer than t neighbours' shares (a coordinator that keeps its honest neighbours out would
+    leave it masked only with colluders); the sum's members are those the weights name."""
+    strangers = sorted(sharers - session["neighbours"] - {ctx.name})
+    if strangers:
+        raise MaskingError(
+            f"shares from {strangers}, which are not this silo's graph neighbours "
+            f"({sorted(session['neighbours'])}): refusing them (secure_aggregation.neighbours)"
+        )
+    if len(sharers) - 1 < session["share_threshold"]:
+        raise MaskingError(
+            f"only {len(sharers) - 1} of this silo's graph neighbours shared their secrets; "
+            f"its policy needs {session['share_threshold']} (secure_aggregation.threshold)"
+        )
+    members = set(weights) | sharers
+    _check_members(members, session, "carry weight")
+    _check_group(len(members), "are in the sum", ctx, session["threshold"])
+    return members
 
 
 def confirm_survivors(message: TaskMessage, ctx: SiloContext) -> TaskResult:
@@ -252,6 +311,15 @@ def _identity(ctx: SiloContext) -> SigningKey:
     return ctx.identity
 
 
+def _neighbours(ctx: SiloContext) -> frozenset[str] | None:
+    """This silo's neighbours on the sparse graph over its roster (None: the complete graph),
+    computed from its own policy and roster, never from anything the coordinator sends."""
+    degree = ctx.secure_aggregation.neighbours
+    if degree is None:
+        return None
+    return neighbourhood(ctx.roster, degree, graph_seed(ctx.deployment, ctx.job))[ctx.name]
+
+
 def _check_group(size: int, what: str, ctx: SiloContext, threshold: int = 0) -> None:
     """Refuse a group smaller than the policy's `min_group` or than the threshold."""
     smallest = max(ctx.secure_aggregation.min_group, threshold)
@@ -278,7 +346,8 @@ def _survivors(message: TaskMessage, ctx: SiloContext, session: dict[str, Any]) 
     if not isinstance(config, SecAggConfirm | SecAggUnmask):
         raise MaskingError(f"a {message.kind} task names no survivors")
     survivors = set(config.survivors)
-    _check_members(survivors, session, "survived", within="sharers")
+    sparse = session["neighbours"] is not None
+    _check_members(survivors, session, "survived", within="adverts" if sparse else "sharers")
     if ctx.name not in survivors:
         raise MaskingError(f"{ctx.name} is not among the survivors it is asked to unmask")
     if len(survivors) < session["threshold"]:
@@ -287,6 +356,14 @@ def _survivors(message: TaskMessage, ctx: SiloContext, session: dict[str, Any]) 
         )
     _check_group(len(survivors), "survived", ctx, session["threshold"])
     _check_weights(session["weights"], survivors, ctx)
+    partners = set(session["sharers"]) - {ctx.name}
+    if sparse and len(partners & survivors) < session["share_threshold"]:
+        raise MaskingError(
+            f"only {len(partners & survivors)} of the {len(partners)} graph neighbours this "
+            f"silo masked with are among the survivors; its policy needs "
+            f"{session['share_threshold']}: with fewer, the masks hiding its input could be "
+            "removed from its neighbours' rebuilt keys; nothing is signed or revealed"
+        )
     return sorted(survivors)
 
 
