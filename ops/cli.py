@@ -13,6 +13,7 @@ import signal
 import tempfile
 import threading
 from collections.abc import Callable
+from contextlib import ExitStack
 from importlib.resources import as_file, files
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,7 @@ from fedsilo.ops.privacy_cli import privacy_group
 from fedsilo.ops.provision import OPERATOR, KitError, kit_role, load_coordinator_kit
 from fedsilo.ops.provision_cli import policy_sign as sign_command
 from fedsilo.ops.provision_cli import provision_command
+from fedsilo.ops.ray_backend import BackendError, import_ray, ray_session
 from fedsilo.ops.report import (
     OutputFolderError,
     check_output_folder,
@@ -57,7 +59,7 @@ from fedsilo.ops.report import (
 from fedsilo.ops.silo_check import silo_check
 from fedsilo.ops.silo_process import run_silo
 from fedsilo.ops.silo_setup import data_section_options, write_silo_config
-from fedsilo.ops.simulate import SimulationResult, load_silos, simulate
+from fedsilo.ops.simulate import BACKENDS, IN_PROCESS, RAY, SimulationResult, load_silos, simulate
 from fedsilo.ops.status import deployment_status
 from fedsilo.ops.status_view import print_status
 from fedsilo.policies.loading import (
@@ -85,6 +87,7 @@ USER_ERRORS = (
     OutputFolderError,
     PluginError,
     DpSgdError,
+    BackendError,
 )
 DEPLOYMENT_ERRORS = (
     *USER_ERRORS,
@@ -192,6 +195,19 @@ def algorithms() -> None:
     type=click.Choice(sorted(STRATEGIES)),
     help="Also run this algorithm on the same silos, side by side (repeatable).",
 )
+@click.option(
+    "--backend",
+    type=click.Choice(BACKENDS),
+    default=IN_PROCESS,
+    show_default=True,
+    help="Where the silos run: in this process, or as Ray actors (pip install 'fedsilo[ray]'; "
+    "per-silo CPUs/GPUs/memory from the policy's compute.resources). Same results bit for bit.",
+)
+@click.option(
+    "--address",
+    help="With --backend ray: the Ray cluster to join (as `ray start --head` printed it, or "
+    "auto); default: a local Ray instance with this machine's CPUs.",
+)
 def simulate_command(
     policy_file: Path | None,
     silos: int | None,
@@ -199,8 +215,17 @@ def simulate_command(
     out: Path | None,
     overwrite: bool,
     compare: tuple[str, ...],
+    backend: str,
+    address: str | None,
 ) -> None:
-    """Run a consortium in this process and write results, tables and plots."""
+    """Run a consortium (in this process, or on Ray) and write results, tables and plots."""
+    if address and backend != RAY:
+        raise click.ClickException("--address: only with --backend ray")
+    if backend == RAY:
+        try:
+            import_ray()  # before anything runs: without Ray, how to install it
+        except BackendError as exc:
+            raise click.ClickException(str(exc)) from None
     base = _load(policy_file) if policy_file else _default_policy()
     base_dir = policy_folder(policy_file) if policy_file else None
     out = out or Path("runs") / base.name
@@ -210,7 +235,10 @@ def simulate_command(
         variants.update({n: with_algorithm(base, n) for n in compare if n not in variants})
         check_output_folder(out, overwrite)
         datasets = load_silos(base, base_dir)
-        results = _run_all(variants, datasets)
+        with ExitStack() as stack:
+            if backend == RAY:
+                stack.enter_context(ray_session(address))  # one session for every variant
+            results = _run_all(variants, datasets, backend)
         _require_an_evaluated_round(results)
         write_results(out, results, overwrite)
     except USER_ERRORS as exc:
@@ -222,13 +250,15 @@ def simulate_command(
     console.print(f"results in {out}/")
 
 
-def _run_all(variants: dict[str, Policy], datasets: list) -> dict[str, SimulationResult]:
+def _run_all(
+    variants: dict[str, Policy], datasets: list, backend: str
+) -> dict[str, SimulationResult]:
     results: dict[str, SimulationResult] = {}
     with Progress(*_progress_columns(), console=console) as progress:
         for name, variant in variants.items():
             bar = progress.add_task(name, total=variant.rounds, status="")
             results[name] = simulate(
-                variant, datasets, observers=[_ProgressObserver(progress, bar)]
+                variant, datasets, observers=[_ProgressObserver(progress, bar)], backend=backend
             )
     return results
 
