@@ -41,6 +41,7 @@ import numpy as np
 import torch
 
 from fedsilo.coordinator.transport import Delivery, Reply
+from fedsilo.ops.openmp import WAIT_POLICY
 from fedsilo.ops.sim_silos import ConsortiumKeys, build_agent
 from fedsilo.policies.compute import ComputeConfig
 from fedsilo.policies.schema import Policy
@@ -87,6 +88,9 @@ def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iter
             if address:
                 ray.init(address=address, **quiet)
             else:
+                # the workers inherit it: OpenMP threads that sleep rather than spin at barriers
+                # (ops/openmp.py); spinning actors made a 50-silo round 30 times slower here
+                os.environ.setdefault("OMP_WAIT_POLICY", WAIT_POLICY)
                 # no metrics agent: nothing here reads it, and it logs an error when it lags
                 system = {"enable_metrics_collection": False}
                 cpus = num_cpus or os.cpu_count() or 1
