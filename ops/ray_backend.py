@@ -31,6 +31,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import socket
 import time
 import warnings
 from collections.abc import Iterable, Iterator, Mapping
@@ -78,6 +79,8 @@ def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iter
     Ray's tip that it may one day stop hiding GPUs from actors that reserve none is silenced:
     this backend relies on today's behaviour (a silo without a GPU share sees no GPU)."""
     ray = import_ray()
+    if address:
+        check_reachable(address)
     if ray.is_initialized():
         yield ray
         return
@@ -103,6 +106,21 @@ def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iter
         yield ray
     finally:
         ray.shutdown()
+
+
+def check_reachable(address: str, timeout: float = 5.0) -> None:
+    """A `BackendError` when nothing answers at a HOST:PORT `address` (Ray itself retries an
+    unreachable head for minutes); `auto` and `ray://` addresses are left to Ray."""
+    host, _, port = address.rpartition(":")
+    if address == "auto" or "://" in address or not host or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout).close()
+    except OSError as exc:
+        raise BackendError(
+            f"--address {address}: no Ray head answers there ({exc}); start one with "
+            "`ray start --head` and give the address it prints"
+        ) from None
 
 
 def actor_options(compute: ComputeConfig, cluster: Mapping[str, float]) -> dict[str, float]:

@@ -6,6 +6,7 @@ the resource requests it builds, not on a GPU)."""
 from __future__ import annotations
 
 import json
+import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -183,3 +184,14 @@ def test_address_without_the_ray_backend_is_refused(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["simulate", "--address", "auto", "--out", str(tmp_path)])
     assert result.exit_code == 1
     assert "--address: only with --backend ray" in result.output
+
+
+def test_an_address_where_no_head_answers_is_one_clear_message(tmp_path: Path) -> None:
+    with socket.socket() as closed:  # a port nothing listens on: bound, never listening
+        closed.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{closed.getsockname()[1]}"
+        args = ["simulate", "--backend", "ray", "--address", address, "--out", str(tmp_path / "r")]
+        result = CliRunner().invoke(main, args)
+    assert result.exit_code == 1
+    assert f"--address {address}: no Ray head answers there" in result.output
+    assert not (tmp_path / "r").exists()
