@@ -161,17 +161,17 @@ def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def crossover(rows: list[dict[str, Any]], model: str) -> int | None:
-    """The smallest silo count at which Ray's median rounds/s beats the in-process one."""
+    """The smallest silo count from which Ray's median rounds/s beats the in-process one at
+    that count and every larger one measured (None: no such count)."""
     speed = {
         (r["backend"], r["silos"]): r["rounds_per_s_median"]
         for r in rows
         if r.get("model") == model and "silos" in r
     }
     counts = sorted({s for _, s in speed})
-    return next(
-        (s for s in counts if speed.get(("ray", s), 0) > speed.get(("inprocess", s), float("inf"))),
-        None,
-    )
+    ahead = [speed.get(("ray", s), 0) > speed.get(("inprocess", s), float("inf")) for s in counts]
+    start = next((i for i in range(len(counts)) if all(ahead[i:])), None)
+    return None if start is None else counts[start]
 
 
 def plot(rows: list[dict[str, Any]]) -> plt.Figure:
@@ -204,7 +204,9 @@ def plot(rows: list[dict[str, Any]]) -> plt.Figure:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--silos", type=int, nargs="+", default=[10, 50, 200, 1000])
+    parser.add_argument(
+        "--silos", type=int, nargs="*", default=[10, 50, 200, 1000], help="none: re-summarise"
+    )
     parser.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
     parser.add_argument("--repeats", type=int, default=3, help="seeds 0.. per silo count")
     parser.add_argument("--max-repeat-silos", type=int, default=200, help="larger: one seed")
