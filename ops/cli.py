@@ -8,6 +8,7 @@ and exits with status 1 before anything is written; an output folder is never de
 from __future__ import annotations
 
 import tempfile
+from contextlib import ExitStack
 from importlib.resources import as_file, files
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -20,6 +21,7 @@ import fedsilo.ops.openmp  # noqa: F401 (first, before torch loads: see the modu
 from fedsilo import __version__
 from fedsilo.coordinator.engine import RoundRecord, RunAborted
 from fedsilo.coordinator.strategies import STRATEGIES
+from fedsilo.ops.backends import BACKENDS, IN_PROCESS, RAY, BackendError
 from fedsilo.ops.cli_support import DEPLOYMENT_ERRORS, USER_ERRORS, console, stop_on_signals, within
 from fedsilo.ops.consortium_cli import consortium_group
 from fedsilo.ops.coordinator_process import (
@@ -146,6 +148,19 @@ def algorithms() -> None:
     type=click.Choice(sorted(STRATEGIES)),
     help="Also run this algorithm on the same silos, side by side (repeatable).",
 )
+@click.option(
+    "--backend",
+    type=click.Choice(BACKENDS),
+    default=IN_PROCESS,
+    show_default=True,
+    help="Where the silos run: in this process, or as Ray actors (pip install 'fedsilo[ray]'; "
+    "per-silo CPUs/GPUs/memory from the policy's compute.resources). Same results bit for bit.",
+)
+@click.option(
+    "--address",
+    help="With --backend ray: the Ray cluster to join (as `ray start --head` printed it, or "
+    "auto); default: a local Ray instance with this machine's CPUs.",
+)
 def simulate_command(
     policy_file: Path | None,
     silos: int | None,
@@ -153,9 +168,20 @@ def simulate_command(
     out: Path | None,
     overwrite: bool,
     compare: tuple[str, ...],
+    backend: str,
+    address: str | None,
 ) -> None:
-    """Run a consortium in this process and write results, tables and plots."""
-    from fedsilo.ops.simulate import load_silos  # the silo side: data pipeline, Opacus
+    """Run a consortium (in this process, or on Ray) and write results, tables and plots."""
+    from fedsilo.ops.ray_backend import import_ray, ray_session  # the silo side: data, Opacus
+    from fedsilo.ops.simulate import load_silos
+
+    if address and backend != RAY:
+        raise click.ClickException("--address: only with --backend ray")
+    if backend == RAY:
+        try:
+            import_ray()  # before anything runs: without Ray, how to install it
+        except BackendError as exc:
+            raise click.ClickException(str(exc)) from None
 
     base = _load(policy_file) if policy_file else _default_policy()
     base_dir = policy_folder(policy_file) if policy_file else None
@@ -166,7 +192,10 @@ def simulate_command(
         variants.update({n: with_algorithm(base, n) for n in compare if n not in variants})
         check_output_folder(out, overwrite)
         datasets = load_silos(base, base_dir)
-        results = _run_all(variants, datasets)
+        with ExitStack() as stack:
+            if backend == RAY:
+                stack.enter_context(ray_session(address))  # one session for every variant
+            results = _run_all(variants, datasets, backend)
         _require_an_evaluated_round(results)
         write_results(out, results, overwrite)
     except USER_ERRORS as exc:
@@ -178,7 +207,9 @@ def simulate_command(
     console.print(f"results in {out}/")
 
 
-def _run_all(variants: dict[str, Policy], datasets: list) -> dict[str, SimulationResult]:
+def _run_all(
+    variants: dict[str, Policy], datasets: list, backend: str
+) -> dict[str, SimulationResult]:
     from fedsilo.ops.simulate import simulate
 
     results: dict[str, SimulationResult] = {}
@@ -186,7 +217,7 @@ def _run_all(variants: dict[str, Policy], datasets: list) -> dict[str, Simulatio
         for name, variant in variants.items():
             bar = progress.add_task(name, total=variant.rounds, status="")
             results[name] = simulate(
-                variant, datasets, observers=[_ProgressObserver(progress, bar)]
+                variant, datasets, observers=[_ProgressObserver(progress, bar)], backend=backend
             )
     return results
 

@@ -18,6 +18,7 @@ from fedsilo.coordinator.engine import RunAborted
 from fedsilo.coordinator.state import StateError
 from fedsilo.coordinator.strategies.base import SetupError
 from fedsilo.models.plugins import PluginError
+from fedsilo.ops.backends import BackendError
 from fedsilo.ops.coordinator_process import DeploymentError
 from fedsilo.ops.provision import KitError
 from fedsilo.ops.report import OutputFolderError
@@ -37,6 +38,7 @@ USER_ERRORS = (
     OutputFolderError,
     PluginError,
     DpSgdError,
+    BackendError,
 )
 DEPLOYMENT_ERRORS = (
     *USER_ERRORS,

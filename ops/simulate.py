@@ -1,5 +1,6 @@
-"""A whole consortium in one process: the policy's data split into silos, one agent per silo,
-the in-process transport, and the round engine running the policy's strategy.
+"""A whole consortium simulated: the policy's data split into silos, one agent per silo, a
+transport to them (in process, or Ray actors: ops/ray_backend.py), and the round engine running
+the policy's strategy.
 
 Under a DP policy every simulated silo keeps a privacy ledger, booked by the same agent code a
 deployment's silo runs (`silo/agent.py`, `privacy/ledger.py`): the caps are enforced, each
@@ -12,21 +13,20 @@ import os
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from nacl.public import PrivateKey
-from nacl.signing import SigningKey
 
 from fedsilo.coordinator.engine import EngineObserver, RoundEngine, RunHistory
 from fedsilo.coordinator.strategies import make_strategy
 from fedsilo.coordinator.strategies.references import POOLED_SILO, Central
 from fedsilo.coordinator.transport import InProcessTransport
+from fedsilo.ops.backends import BACKENDS, IN_PROCESS, RAY
+from fedsilo.ops.sim_silos import ConsortiumKeys, build_agent, read_ledgers
 from fedsilo.ops.synthetic import snapshots_for
 from fedsilo.policies.schema import Policy
-from fedsilo.privacy.ledger import PrivacyLedger
-from fedsilo.silo.agent import SiloAgent
 from fedsilo.silo.data import DataError, SiloDataset, load_consortium, pool
 from fedsilo.silo.data.plugins import is_plugin_task, task_plugin
 from fedsilo.silo.device import resolve_device
@@ -92,75 +92,57 @@ def simulate(
     policy: Policy,
     datasets: Sequence[SiloDataset] | None = None,
     observers: Sequence[EngineObserver] = (),
+    backend: str = IN_PROCESS,
+    address: str | None = None,
 ) -> SimulationResult:
-    """Run `policy` on `datasets` (default: the silos its data section yields) in one
-    process, every silo an agent of its own (with a privacy ledger under a DP policy), and
-    return the run."""
-    if not policy.privacy.differentially_private:
-        return _simulate(policy, datasets, observers, None)
-    with tempfile.TemporaryDirectory(prefix="fedsilo-ledgers-") as folder:
-        return _simulate(policy, datasets, observers, Path(folder))
-
-
-def _simulate(
-    policy: Policy,
-    datasets: Sequence[SiloDataset] | None,
-    observers: Sequence[EngineObserver],
-    ledgers: Path | None,
-) -> SimulationResult:
-    """`ledgers`: the folder each silo's ledger (`<silo>.jsonl`) is booked in (None: none)."""
+    """Run `policy` on `datasets` (default: the silos its data section yields), every silo an
+    agent of its own, and return the run. `backend`: the silos in this process (`inprocess`)
+    or in Ray actors (`ray`, ops/ray_backend.py: on the cluster at `address`, else on a local
+    instance, unless a Ray session is open already); the results are the same bit for bit."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend {backend!r} is not one of {', '.join(BACKENDS)}")
     started = time.perf_counter()
     if datasets is None:
         datasets = load_silos(policy, None)
     for data in {(d.input_shape, d.output_dim): d for d in datasets}.values():
         check_model_for(policy, data)  # what each silo of a deployment checks before it accepts
-    device, device_note = resolve_device(policy.compute.device)
-
-    # Simulated silos get fresh identities, known to each other: what provisioning gives a
-    # deployment, and what secure aggregation's signed keys need.
-    identities = {d.name: SigningKey.generate() for d in datasets}
-    roster = {name: key.verify_key for name, key in identities.items()}
-    sealing = {d.name: PrivateKey.generate() for d in datasets}
-    sealing_roster = {name: key.public_key for name, key in sealing.items()}
-
-    def agent(name: str, data: SiloDataset) -> SiloAgent:
-        ledger = None if ledgers is None else PrivacyLedger(ledgers / f"{name}.jsonl")
-        return SiloAgent(
-            name,
-            data,
-            policy.model,
-            device,
-            privacy=policy.privacy,
-            rounds=policy.rounds,
-            ledger=ledger,
-            deployment=policy.name,
-            consortium=len(datasets),
-            secure_aggregation=policy.silo_secure_aggregation,
-            algorithm=policy.algorithm,
-            identity=identities.get(name),
-            roster=roster,
-            sealing_key=sealing.get(name),
-            sealing_roster=sealing_roster,
-        )
-
-    endpoints = {d.name: agent(d.name, d).handle_bytes for d in datasets}
+    keys = ConsortiumKeys.generate(d.name for d in datasets)
     strategy = make_strategy(policy)
+    silos = {d.name: d for d in datasets}
     if isinstance(strategy, Central):
-        endpoints[POOLED_SILO] = agent(POOLED_SILO, pool(datasets)).handle_bytes
-    transport = InProcessTransport(endpoints, max_parallel=min(4, os.cpu_count() or 1))
+        silos[POOLED_SILO] = pool(datasets)
     snapshots = snapshots_for(policy)
-    engine = RoundEngine(
-        strategy,
-        transport,
-        policy,
-        [d.name for d in datasets],
-        [*observers, *([snapshots] if snapshots else [])],
-        handoff_keys={name: bytes(key) for name, key in sealing_roster.items()},
-    )
-    try:
+    with ExitStack() as stack:
+        ledgers = (  # in this process; Ray's actors keep theirs in their own temporary folders
+            Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="fedsilo-ledgers-")))
+            if policy.privacy.differentially_private and backend != RAY
+            else None
+        )
+        if backend == RAY:
+            from fedsilo.ops.ray_backend import ray_session, start_silos
+
+            ray = stack.enter_context(ray_session(address))
+            transport, device_note = start_silos(ray, policy, silos, keys, len(datasets))
+        else:
+            device, device_note = resolve_device(policy.compute.device)
+            endpoints = {
+                name: build_agent(
+                    policy, name, data, device, len(datasets), keys, ledgers
+                ).handle_bytes
+                for name, data in silos.items()
+            }
+            transport = InProcessTransport(endpoints, max_parallel=min(4, os.cpu_count() or 1))
+        stack.callback(transport.close)
+        engine = RoundEngine(
+            strategy,
+            transport,
+            policy,
+            [d.name for d in datasets],
+            [*observers, *([snapshots] if snapshots else [])],
+            handoff_keys={name: bytes(key) for name, key in keys.sealing_roster.items()},
+        )
         history = engine.run()
-    finally:
-        transport.close()
+        booked = transport.ledgers() if backend == RAY else read_ledgers(ledgers)
     return SimulationResult(
         policy=policy,
         history=history,
@@ -169,7 +151,5 @@ def _simulate(
         device=device_note,
         seconds=time.perf_counter() - started,
         snapshots=snapshots.taken if snapshots else {},
-        ledgers=(
-            {p.stem: p.read_bytes() for p in sorted(ledgers.glob("*.jsonl"))} if ledgers else {}
-        ),
+        ledgers=booked,
     )

@@ -1,10 +1,12 @@
-"""The policy's `compute:` section: where a silo runs its training (auto, cpu, cuda, cuda:N)."""
+"""The policy's `compute:` section: where a silo runs its training (auto, cpu, cuda, cuda:N),
+and what each silo asks of a Ray cluster when `fedsilo simulate --backend ray` runs it
+(`resources`: CPUs, GPUs, memory; the in-process backend ignores them)."""
 
 from __future__ import annotations
 
 import re
 
-from pydantic import field_validator
+from pydantic import Field, field_validator, model_validator
 
 from fedsilo.policies.base import PolicyModel
 
@@ -12,10 +14,22 @@ DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:[0-9]+)?")
 ALLOWED_FORMS = "auto, cpu, cuda or cuda:N (N a non-negative integer)"
 
 
+class SiloResources(PolicyModel):
+    """What one simulated silo reserves while it runs a task on a Ray cluster: `cpus` and
+    `gpus` (fractions share a device), `memory_mb` (none: no reservation). `gpus` left out
+    follows `device`: 0 for cpu, 1 for cuda and cuda:N, and for auto 1 when the cluster has a
+    GPU, else 0."""
+
+    cpus: float = Field(default=1.0, gt=0)
+    gpus: float | None = Field(default=None, ge=0)
+    memory_mb: int | None = Field(default=None, gt=0)
+
+
 class ComputeConfig(PolicyModel):
     """Requested compute device; `auto` takes the first CUDA device if one is visible."""
 
     device: str = "auto"
+    resources: SiloResources = SiloResources()
 
     @field_validator("device")
     @classmethod
@@ -23,3 +37,12 @@ class ComputeConfig(PolicyModel):
         if not DEVICE_PATTERN.fullmatch(value):
             raise ValueError(f"device '{value}' is not one of the allowed forms: {ALLOWED_FORMS}")
         return value
+
+    @model_validator(mode="after")
+    def _no_gpu_for_cpu(self) -> ComputeConfig:
+        if self.device == "cpu" and self.resources.gpus:
+            raise ValueError(
+                f"resources.gpus is {self.resources.gpus:g} but device is cpu: "
+                "give device: cuda (or auto), or leave resources.gpus out"
+            )
+        return self
