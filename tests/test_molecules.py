@@ -21,7 +21,6 @@ from fedsilo.policies.loading import load_policy
 from fedsilo.policies.model import ModelConfig
 from fedsilo.policies.schema import Policy
 from fedsilo.silo.data.consortium import load_consortium
-from fedsilo.silo.data.dataset import DataError
 from fedsilo.silo.data.molecules import (
     ATOM_SYMBOLS,
     featurise,
@@ -30,6 +29,7 @@ from fedsilo.silo.data.molecules import (
     scaffold,
 )
 from fedsilo.silo.dp_training import ClippedSums, check_model
+from fedsilo.silo.errors import DataError
 from fedsilo.silo.partition import by_group
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "policies" / "examples" / "esol-drflm-gcn.yaml"

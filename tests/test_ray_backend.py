@@ -31,6 +31,7 @@ PHASES = {
     "heart-feddc.yaml": {"daisy", "aggregate", "evaluate_local_test"},
     "heart-aaggff.yaml": {"train", "loss", "evaluate"},
     "heart-superfed.yaml": {"train", "evaluate"},
+    "fedavg_dp.yaml": {"train", "evaluate"},
 }
 TIMINGS = {"seconds", "compute_seconds"}  # wall-clock fields: the only ones allowed to differ
 
@@ -80,6 +81,8 @@ def without_timings(value: Any) -> Any:
         ("heart-aaggff.yaml", {"rounds": 3, "eval_every": 1}),  # a mixing schedule
         # silo-side state: each silo's local model, trained from round 2 on
         ("heart-superfed.yaml", {"rounds": 4, "eval_every": 2}),
+        # DP-SGD: each silo books a ledger in its actor, and the epsilons match
+        ("fedavg_dp.yaml", {"rounds": 2, "eval_every": 2}),
     ],
 )
 def test_ray_gives_the_in_process_results_bit_for_bit(
@@ -94,6 +97,11 @@ def test_ray_gives_the_in_process_results_bit_for_bit(
     assert phases >= PHASES[example]
     model = (tmp_path / "ray" / "final_model.safetensors").read_bytes()
     assert model == (tmp_path / "in-process" / "final_model.safetensors").read_bytes()
+    if "privacy" in in_process:  # a DP policy: the actors' ledgers came back, as booked here
+        assert on_ray["privacy"]["epsilon"] == in_process["privacy"]["epsilon"]
+        booked = sorted(p.name for p in (tmp_path / "ray" / "ledgers").iterdir())
+        assert booked == sorted(p.name for p in (tmp_path / "in-process" / "ledgers").iterdir())
+        assert booked  # one per silo
     for name in ("silos.csv",):
         ray_file = (tmp_path / "ray" / name).read_bytes()
         assert ray_file == (tmp_path / "in-process" / name).read_bytes()

@@ -11,7 +11,8 @@ import json
 
 from safetensors.torch import load, save
 
-from fedsilo.silo.data.dataset import DataError, SiloDataset
+from fedsilo.silo.data.dataset import SiloDataset
+from fedsilo.silo.errors import DataError
 
 SPLITS = ("x_train", "y_train", "x_val", "y_val", "x_test", "y_test")
 _DOMAIN = "domain:"  # prefix of a split's domain codes among the tensors
