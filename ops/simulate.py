@@ -140,6 +140,7 @@ def simulate(
             [d.name for d in datasets],
             [*observers, *([snapshots] if snapshots else [])],
             handoff_keys={name: bytes(key) for name, key in keys.sealing_roster.items()},
+            deployment=policy.name,  # as the silos name it: aggregation labels, ledgers
         )
         history = engine.run()
         booked = transport.ledgers() if backend == RAY else read_ledgers(ledgers)

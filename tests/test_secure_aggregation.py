@@ -29,6 +29,7 @@ from fedsilo.coordinator.phases import Phase, Task, WeightedMean
 from fedsilo.coordinator.secure_mean import SecureMean
 from fedsilo.coordinator.strategies import make_strategy
 from fedsilo.coordinator.transport import InProcessTransport
+from fedsilo.ops.simulate import simulate
 from fedsilo.policies.loading import PolicyError, parse_policy
 from fedsilo.policies.schema import Policy
 from fedsilo.policies.secure_aggregation import SecureAggregationConfig
@@ -642,3 +643,11 @@ def test_the_release_gate_lets_no_model_leave_in_the_clear_under_secure_aggregat
     assert all(refused(k) for k in TASK_KINDS if k.startswith(other + "_"))
     assert not any(refused(k) for k in TASK_KINDS if k.startswith(own + "_") and k != wrapper)
     assert refused(Unclassified())
+
+
+def test_fedsilo_simulate_names_the_deployment_alike_at_the_engine_and_the_silos() -> None:
+    # The aggregation label binds the masks to the deployment: named differently by the engine
+    # and the silos, the self-masks would not come off and the mean would be noise.
+    plain, masked = (simulate(policy(s, rounds=2)) for s in ("none", "masking"))
+    difference = (plain.history.state.model - masked.history.state.model).abs().max().item()
+    assert difference <= 2 * (SILOS * PRECISION / 2 + 1e-7)
