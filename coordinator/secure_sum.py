@@ -53,6 +53,7 @@ from fedsilo.privacy.masking import (
     MaskingError,
     combine_shares,
     silo_indices,
+    tensor_context,
     unmask_total,
 )
 from fedsilo.wire.tasks import (
@@ -186,7 +187,7 @@ class MaskedMean(SecureMean):
                 seeds,
                 dropped_keys,
                 {s: adverts[s].masking_key for s in survivors},
-                self.label,
+                tensor_context(self.label, name),
                 partners,
             )
             update = torch.from_numpy(encoding.decode(summed)).reshape(reference[name].shape)

@@ -32,7 +32,9 @@ cryptography both ends share. The protocol's four steps live with their parties
   arithmetic is not constant-time: a silo's split runs on its own machine, and the
   coordinator's reconstruction handles only secrets the protocol lets it learn.
 - `prg`: a mask stream in Z_{2^32}: AES-256-CTR keystream under a key derived with HKDF-SHA256
-  from a seed (a self-mask seed, or a pairwise secret from X25519 agreement).
+  from a seed (a self-mask seed, or a pairwise secret from X25519 agreement) and a context:
+  `tensor_context`, the aggregation's label and the tensor's name, so the tensors of one
+  masked input never share a mask (the difference of two would otherwise travel unmasked).
 - `neighbourhood` / `graph_seed`: SecAgg+'s sparse graph (Bell et al. 2020), for a policy's
   `neighbours: k`: the Harary graph H(k, n) (a ring, each silo joined to the k/2 nearest on
   either side) over the roster in an order drawn from the deployment and the digest of the
@@ -78,6 +80,11 @@ WEIGHT_SLACK = 1e-9  # rounding in weights that are shares of a total
 def aggregation_label(deployment: str, round_no: int, phase: str) -> bytes:
     """What binds one aggregation's keys, shares and masks to it (both ends build the same)."""
     return f"{deployment}/r{round_no}/{phase}".encode()
+
+
+def tensor_context(label: bytes, tensor: str) -> bytes:
+    """The mask streams' context of `tensor` in the aggregation `label`: one stream per tensor."""
+    return label + b"|tensor=" + tensor.encode()
 
 
 class MaskingError(ValueError):

@@ -66,6 +66,7 @@ from fedsilo.privacy.masking import (
     new_seed,
     shares_for,
     silo_indices,
+    tensor_context,
     weight_problem,
 )
 from fedsilo.silo.aggregation_log import aggregation_log
@@ -200,7 +201,10 @@ def masked_input(message: TaskMessage, ctx: SiloContext) -> TaskResult:
         update = result.tensors[name].to("cpu", torch.float64, copy=True).reshape(-1)
         update.sub_(inner.tensors[name].cpu().reshape(-1))  # in float64, as a - b would be
         encoded = encoding.encode(update.numpy(), weight, scratch=True)  # update: our copy
-        total = mask(encoded, ctx.name, session["seed"], keys.masking, peers, label, in_place=True)
+        context = tensor_context(label, name)
+        total = mask(
+            encoded, ctx.name, session["seed"], keys.masking, peers, context, in_place=True
+        )
         masked[name] = torch.from_numpy(total.view(np.int32))
     return with_tensors(message, ctx, result, masked)
 

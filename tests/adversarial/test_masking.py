@@ -31,6 +31,7 @@ from fedsilo.privacy.masking import (
     prg,
     sign,
     silo_indices,
+    tensor_context,
 )
 from fedsilo.silo.agent import SiloAgent
 from fedsilo.silo.aggregation_log import AggregationLog, StepAlreadyTaken
@@ -138,7 +139,7 @@ def message_to(
     tensors: Mapping[str, torch.Tensor] | None = None,
 ) -> bytes:
     """A `kind` task encoded as the real coordinator encodes it, its config any JSON object."""
-    carries_model = kind in ("train", "secagg_mask", "ckks_encrypt")
+    carries_model = kind in ("train", "scaffold_train", "secagg_mask", "ckks_encrypt")
     message = TaskMessage(
         task_id=f"{DEPLOYMENT}/r{round_no}/{PHASE}/{tag}/{silo}",
         round=round_no,
@@ -240,7 +241,7 @@ class DeviatingCoordinator:
     ) -> np.ndarray:
         """The target's weighted update from its masked input, its self-mask seed and its
         masking key: remove PRG(b) and every pairwise mask it added."""
-        label = f"{DEPLOYMENT}/r{self.round}/{PHASE}".encode()
+        label = tensor_context(f"{DEPLOYMENT}/r{self.round}/{PHASE}".encode(), "model")
         total = self.masked[target].tensors["model"].numpy().view(np.uint32).copy()
         total -= prg(seed, len(total), label)
         for peer in peers:
@@ -254,7 +255,7 @@ class DeviatingCoordinator:
 
     def sum_of(self, revealed: Mapping[str, TaskResult], survivors: Sequence[str]) -> np.ndarray:
         """The unmasked weighted sum of `survivors`' inputs (every one of them sent its input)."""
-        label = f"{DEPLOYMENT}/r{self.round}/{PHASE}".encode()
+        label = tensor_context(f"{DEPLOYMENT}/r{self.round}/{PHASE}".encode(), "model")
         total = np.zeros_like(self.masked[survivors[0]].tensors["model"].numpy().view(np.uint32))
         for silo in survivors:
             total += self.masked[silo].tensors["model"].numpy().view(np.uint32)
@@ -296,6 +297,20 @@ def test_a_silo_under_a_masking_policy_refuses_to_send_its_model_in_the_clear(ki
 
 
 # -- b. weights that single out one silo --------------------------------------------------------
+
+
+def test_the_honest_protocol_gives_this_coordinator_the_weighted_sum_and_nothing_less() -> None:
+    # The control for every attack below: followed honestly, the steps as this module's
+    # coordinator drives them yield the weighted sum of every silo's update, so an attack that
+    # yields nothing decodable failed on the silos' refusals, not on this module's arithmetic.
+    c = consortium(secure_policy())
+    coordinator = DeviatingCoordinator(c)
+    adverts = coordinator.advertise(SILOS)
+    coordinator.share(dict.fromkeys(SILOS, adverts))
+    coordinator.mask(dict.fromkeys(SILOS, 1 / len(SILOS)))
+    revealed = coordinator.unmask(dict.fromkeys(SILOS, SILOS))
+    total = sum(true_update(c, silo) for silo in SILOS)
+    assert decodes(coordinator.sum_of(revealed, SILOS), total, 1 / len(SILOS))
 
 
 def test_weights_that_single_out_one_silo_are_refused() -> None:
@@ -434,3 +449,45 @@ def test_a_new_job_aggregates_its_own_rounds_while_the_old_jobs_stay_claimed(
     AggregationLog(tmp_path, job="job-b").claim(label, "advertise")
     with pytest.raises(StepAlreadyTaken, match="already took the advertise step"):
         AggregationLog(tmp_path, job="job-a").claim(label, "advertise")
+
+
+# -- two tensors of one masked input ------------------------------------------------------------
+
+
+def test_two_tensors_of_one_masked_input_do_not_share_a_mask() -> None:
+    # SCAFFOLD masks the model's update and the control variate's change in one input. Masked
+    # with the same streams, their difference, enc(w u) - enc(w dc), would reach the coordinator
+    # without any share, and dc is -u / (K lr) from a zero control: the update itself.
+    c = consortium(secure_policy())
+    coordinator = DeviatingCoordinator(c)
+    adverts = coordinator.advertise(SILOS)
+    shared = coordinator.share(dict.fromkeys(SILOS, adverts))
+    zeros = torch.zeros_like(c.model)
+    weights = dict.fromkeys(SILOS, 1 / len(SILOS))
+    config = {
+        "inner_kind": "scaffold_train",
+        "inner_config": dict(TRAIN),
+        "weights": weights,
+        "shares": {
+            u: tensor_bytes(shared[u].tensors[SHARE_TO + TARGET]).hex()
+            for u in SILOS
+            if u != TARGET
+        },
+        "tensors": ["model", "control_delta"],
+    }
+    tensors = {"control": zeros, "control_delta": zeros}
+    message = message_to(TARGET, "secagg_mask", config, 1, "scaffold", c, tensors=tensors)
+    reply = TaskResult.decode(c.agents[TARGET].handle_bytes(message))
+    assert reply.ok, reply.error
+
+    plain = SiloAgent(TARGET, c.datasets[TARGET], c.policy.model, deployment="reference")
+    task = message_to(TARGET, "scaffold_train", TRAIN, 1, "reference", c, {"control": zeros})
+    truth = TaskResult.decode(plain.handle_bytes(task))
+    assert truth.ok, truth.error
+    encoding = FixedPoint.for_silos(c.policy.secure_aggregation.bound, len(SILOS))
+    weight = weights[TARGET]
+    update = (truth.tensors["model"].double() - c.model.double()).numpy()
+    control = truth.tensors["control_delta"].double().numpy()
+    leaked = encoding.encode(update, weight) - encoding.encode(control, weight)
+    masked = {n: reply.tensors[n].numpy().view(np.uint32) for n in config["tensors"]}
+    assert not np.array_equal(masked["model"] - masked["control_delta"], leaked)
