@@ -186,6 +186,9 @@ class RoundEngine:
                 f"{len(self.silos)} silo(s) ({', '.join(self.silos)}): no round could reach "
                 "its quorum; lower participants.min_silos or add silos"
             )
+        problem = self.policy.algorithm.consortium_problem(self.policy, len(self.silos))
+        if problem:
+            raise RunAborted(problem)
         total = self.policy.rounds
         state, records = self._start()
         failures_in_a_row = sum(1 for _ in takewhile(_failed, reversed(records)))

@@ -21,7 +21,7 @@ import yaml
 
 from fedsilo.ops.provision import load_silo_kit
 from fedsilo.ops.silo_check import render, summarise
-from fedsilo.policies.data import FILE_SOURCES
+from fedsilo.policies.data import PATH_SOURCES
 from fedsilo.silo.config import parse_silo_config
 from fedsilo.silo.data import DataError
 
@@ -72,7 +72,7 @@ def write_silo_config(
         if not data_path.is_file():
             raise DataError(f"--data {data_path}: file not found")
         data["source"]["path"] = str(data_path.resolve())
-    elif source in FILE_SOURCES:
+    elif source in PATH_SOURCES:
         raise DataError(f"--data: a {source} source needs the data file (--data FILE)")
     if target is not None:
         data["source"]["target"] = target

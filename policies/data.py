@@ -12,6 +12,9 @@ Sources:
                          options), for the graph models (gcn, gat, mpnn)
   sklearn:breast_cancer, sklearn:diabetes, sklearn:digits, sklearn:wine
                          scikit-learn's bundled datasets (no download)
+  molecules:csv          a site's own CSV file of molecules at `path`: a SMILES column
+                         (`molecules.smiles`, default "smiles") featurised as the bundled sets,
+                         and the regression target in column `target`
   csv                    a CSV file at `path`, with the label in column `target`
   npz                    a NumPy .npz file at `path` holding arrays named "x" (features, 2-D or
                          image-shaped) and "y" (labels)
@@ -60,17 +63,24 @@ MOLECULE_SOURCES: dict[str, tuple[str, str, str]] = {
     "molecules:freesolv": ("freesolv", "smiles", "expt"),
     "molecules:lipophilicity": ("lipophilicity", "smiles", "lipo"),
 }
+# A site's own molecules: a CSV file with a SMILES column and a target column.
+MOLECULE_CSV = "molecules:csv"
+# Every source whose rows are molecules (featurised into graphs, scaffold partitions allowed).
+MOLECULAR_SOURCES = (*MOLECULE_SOURCES, MOLECULE_CSV)
+# The sources that read a file at `path`, and those that name their label column `target`.
+PATH_SOURCES = (*FILE_SOURCES, MOLECULE_CSV)
+TARGET_SOURCES = ("csv", MOLECULE_CSV)
 PLUGIN_SOURCE = "plugin"
 BUNDLED_SOURCES = ("heart", "tcga_brca")
 SOURCES = (
     *BUNDLED_SOURCES,
     *SKLEARN_SOURCES,
-    *MOLECULE_SOURCES,
+    *MOLECULAR_SOURCES,
     *FILE_SOURCES,
     PLUGIN_SOURCE,
 )
 # The sources a site reads as its own data: one silo unless the section partitions them.
-SITE_SOURCES = (*FILE_SOURCES, PLUGIN_SOURCE)
+SITE_SOURCES = (*PATH_SOURCES, PLUGIN_SOURCE)
 SURVIVAL = "survival"
 BUILTIN_TASKS = ("classification", "regression", SURVIVAL)
 
@@ -82,7 +92,7 @@ KNOWN_TASKS: dict[str, str] = {
     "sklearn:diabetes": "regression",
     "sklearn:digits": "classification",
     "sklearn:wine": "classification",
-    **dict.fromkeys(MOLECULE_SOURCES, "regression"),
+    **dict.fromkeys(MOLECULAR_SOURCES, "regression"),
 }
 DEFAULT_SILOS = 4
 HEART_SILO_COLUMN = "dataset"
@@ -216,10 +226,17 @@ class LabelNoiseConfig(PolicyModel):
 class MoleculeOptions(PolicyModel):
     """How a `molecules:` source's SMILES become graphs: at most `max_atoms` heavy atoms per
     molecule (the padded graph's size); a SMILES that does not parse, or a larger molecule,
-    refused with its row named (`error`) or dropped and counted (`drop`)."""
+    refused with its row named (`error`) or dropped and counted (`drop`). `smiles`: the column
+    of a `molecules:csv` file that holds the SMILES (None: `smiles`; the bundled sets name
+    their own)."""
 
     max_atoms: int = Field(default=64, ge=1, le=256)
     invalid: Literal["error", "drop"] = "error"
+    smiles: str | None = Field(default=None, min_length=1)
+
+    def smiles_column(self) -> str:
+        """The column of a `molecules:csv` file that holds the SMILES."""
+        return self.smiles or "smiles"
 
 
 class DataConfig(PolicyModel):
@@ -316,19 +333,21 @@ class DataConfig(PolicyModel):
     @model_validator(mode="after")
     def _fields_fit_the_source(self) -> DataConfig:
         source = self.source
-        if source in FILE_SOURCES and self.path is None:
+        if source in PATH_SOURCES and self.path is None:
             raise ValueError(f"source '{source}' needs a path to the file")
-        if source not in FILE_SOURCES and self.path is not None:
-            raise ValueError(f"path applies to csv and npz sources only, not '{source}'")
+        if source not in PATH_SOURCES and self.path is not None:
+            raise ValueError(
+                f"path applies to csv, npz and molecules:csv sources only, not '{source}'"
+            )
         if source == PLUGIN_SOURCE and self.loader is None:
             raise ValueError("source 'plugin' needs a loader: an installed data plug-in")
         if source != PLUGIN_SOURCE and (self.loader is not None or self.args):
             raise ValueError(f"loader and args apply to plugin sources only, not '{source}'")
-        if source == "csv" and self.target is None:
-            raise ValueError("source 'csv' needs target: the name of the label column")
-        if source != "csv" and self.target is not None:
+        if source in TARGET_SOURCES and self.target is None:
+            raise ValueError(f"source '{source}' needs target: the name of the label column")
+        if source not in TARGET_SOURCES and self.target is not None:
             raise ValueError(
-                f"target applies to csv sources only, not '{source}' "
+                f"target applies to csv and molecules:csv sources only, not '{source}' "
                 "(npz files hold arrays named 'x' and 'y')"
             )
         if source != "csv" and self.categorical:
@@ -347,9 +366,14 @@ class DataConfig(PolicyModel):
                 f"domain: column '{self.domain}' must be declared in categorical (its categories "
                 "are the domain names every silo agrees on)"
             )
-        if self.molecules is not None and source not in MOLECULE_SOURCES:
+        if self.molecules is not None and source not in MOLECULAR_SOURCES:
             raise ValueError(f"molecules applies to molecules: sources only, not '{source}'")
-        if isinstance(self.partition, ScaffoldPartition) and source not in MOLECULE_SOURCES:
+        if source in MOLECULE_SOURCES and self.molecule_options().smiles is not None:
+            raise ValueError(
+                f"molecules.smiles names the SMILES column of a molecules:csv file; the bundled "
+                f"'{source}' has its own"
+            )
+        if isinstance(self.partition, ScaffoldPartition) and source not in MOLECULAR_SOURCES:
             raise ValueError(
                 f"a scaffold partition groups molecules by scaffold: it needs a molecules: "
                 f"source, not '{source}'"

@@ -80,7 +80,9 @@ def test_unknown_source_is_refused_with_a_close_match_and_the_allowed_list() -> 
 def test_csv_and_npz_need_a_path_and_other_sources_refuse_one() -> None:
     with pytest.raises(ValidationError, match="source 'npz' needs a path"):
         config(source="npz")
-    with pytest.raises(ValidationError, match="path applies to csv and npz sources only"):
+    with pytest.raises(
+        ValidationError, match="path applies to csv, npz and molecules:csv sources only"
+    ):
         config(source="heart", path="x.csv")
 
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 from prometheus_client import CollectorRegistry
 
-from fedsilo.coordinator.engine import RoundEngine, RunHistory
+from fedsilo.coordinator.engine import RoundEngine, RunAborted, RunHistory
 from fedsilo.coordinator.strategies import make_strategy
 from fedsilo.coordinator.transport import InProcessTransport
 from fedsilo.ops.metrics import CoordinatorMetrics
@@ -245,3 +245,30 @@ def test_drflm_is_refused_under_dp_where_mixup_would_break_the_accounting() -> N
     }
     with pytest.raises(PolicyError, match="booked epsilon would be too low"):
         parse_policy(document)
+
+
+@pytest.mark.parametrize("name", ["drfa", "drflm"])
+def test_a_quorum_of_every_draw_from_lambda_is_refused_at_check_time(name: str) -> None:
+    """Draws with replacement: a quorum of M distinct silos in M draws makes every mean
+    uniform and, with lambda leaning to one silo, almost no draw qualifies."""
+    quorum = {"participants": {"min_silos": SILOS}}
+    with pytest.raises(PolicyError, match=f"min_silos: {name} draws 4 silo.*quorum of 4"):
+        policy(name, **quorum)
+    with pytest.raises(PolicyError, match="draws 3 silo.*quorum of 3 distinct silos out of 3"):
+        policy(name, settings={"silos_per_round": 3}, participants={"min_silos": 3})
+    policy(name, participants={"min_silos": SILOS - 1})  # 3 distinct of 4 draws: allowed
+    policy(name, settings={"silos_per_round": 6}, **quorum)  # 4 distinct of 6 draws: allowed
+    policy(name, settings={"variant": "fedtorch"}, **quorum)  # uniform draws, no replacement
+
+
+def test_a_deployments_consortium_that_every_draw_must_cover_is_refused_at_the_start() -> None:
+    """The natural partition's silo count (a deployment's roster) is known only when the run
+    starts: the run stops there with the same reason, before any round."""
+    p = parse_policy(
+        {
+            "version": 1, "rounds": 2, "algorithm": {"name": "drfa"}, "model": {"name": "linear"},
+            "training": {"steps": 2}, "participants": {"min_silos": 4}, "data": {"source": "heart"},
+        }
+    )  # fmt: skip
+    with pytest.raises(RunAborted, match="min_silos: drfa draws 4 silo.*quorum of 4"):
+        run(p)

@@ -20,6 +20,7 @@ from fedsilo.policies.data import DataConfig, MoleculeOptions
 from fedsilo.policies.loading import load_policy
 from fedsilo.policies.model import ModelConfig
 from fedsilo.policies.schema import Policy
+from fedsilo.silo.config import SiloData
 from fedsilo.silo.data.consortium import load_consortium
 from fedsilo.silo.data.molecules import (
     ATOM_SYMBOLS,
@@ -104,6 +105,77 @@ def test_an_invalid_smiles_is_refused_naming_its_row_or_dropped_and_counted() ->
     assert table.dropped == 3
     assert table.targets.tolist() == [1.0]
     assert table.graphs.shape == (1, 5, GRAPH_CHANNELS + 5)
+
+
+def site_file(folder: Path, text: str) -> DataConfig:
+    (folder / "mine.csv").write_text(text)
+    return DataConfig.model_validate(
+        {"source": "molecules:csv", "path": "mine.csv", "target": "logS",
+         "molecules": {"smiles": "SMILES", "max_atoms": 8}}
+    )  # fmt: skip
+
+
+def test_a_sites_own_smiles_file_is_its_silo_of_graph_rows(tmp_path: Path) -> None:
+    config = site_file(tmp_path, "id,SMILES,logS\na,CCO,0.5\nb,c1ccccc1,-1.5\nc,CC(=O)O,1.0\n")
+    dataset = SiloData(source=config).load(seed=0, base_dir=tmp_path)
+    rows = torch.cat([dataset.x_train, dataset.x_val, dataset.x_test])
+    targets = torch.cat([dataset.y_train, dataset.y_val, dataset.y_test])
+    assert dataset.task == "regression" and dataset.input_shape == (8, GRAPH_CHANNELS + 8)
+    by_target = {round(float(t), 3): row for t, row in zip(targets, rows, strict=True)}
+    assert sorted(by_target) == [-1.5, 0.5, 1.0]  # the id column is not a feature
+    for smiles, target in (("CCO", 0.5), ("c1ccccc1", -1.5), ("CC(=O)O", 1.0)):
+        expected = torch.from_numpy(graph_row(parse(smiles), 8)).flatten()
+        assert torch.equal(by_target[target].flatten(), expected)
+    # without molecules.smiles the column is named `smiles`
+    (tmp_path / "default.csv").write_text("smiles,logS\nCCO,0.5\nCCN,0.1\nCCC,0.2\n")
+    default = DataConfig.model_validate(
+        {"source": "molecules:csv", "path": "default.csv", "target": "logS"}
+    )
+    assert len(SiloData(source=default).load(seed=0, base_dir=tmp_path).x_train) == 1
+
+
+def test_a_sites_invalid_smiles_is_refused_naming_its_row_or_dropped(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    text = "SMILES,logS\nCCO,0.5\nC1CC,2.0\nc1ccccc1,-1.5\nCC(=O)O,1.0\nCCN,0.1\n"
+    config = site_file(tmp_path, text)
+    with pytest.raises(DataError, match=r"1 molecule\(s\) of .*mine.csv.*row 2: RDKit cannot"):
+        SiloData(source=config).load(seed=0, base_dir=tmp_path)
+    dropping = config.model_copy(
+        update={"molecules": MoleculeOptions(smiles="SMILES", max_atoms=8, invalid="drop")}
+    )
+    silo = SiloData(source=dropping).load(seed=0, base_dir=tmp_path)
+    assert len(silo.x_train) + len(silo.x_val) + len(silo.x_test) == 4
+    assert "dropped 1 of 5 molecules of" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("smiles,logS\nCCO,0.5\n", "data.molecules.smiles: CSV file .* has no column 'SMILES'"),
+        ("SMILES,solubility\nCCO,0.5\n", "data.target: CSV file .* has no column 'logS'"),
+        ("SMILES,logS\nCCO,0.5\nCCN,\nCCC,high\n", r"data.target: .* 2 value\(s\) that are "
+         r"not finite numbers \(row\(s\) 2, 3\)"),
+    ],
+)  # fmt: skip
+def test_a_sites_file_without_its_columns_or_targets_is_refused(
+    tmp_path: Path, text: str, message: str
+) -> None:
+    with pytest.raises(DataError, match=message):
+        load_consortium(site_file(tmp_path, text), seed=0, base_dir=tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("section", "message"),
+    [
+        ({"source": "molecules:csv", "target": "y"}, "needs a path"),
+        ({"source": "molecules:csv", "path": "m.csv"}, "needs target"),
+        ({"source": "molecules:esol", "molecules": {"smiles": "s"}}, "the bundled"),
+    ],
+)
+def test_a_molecular_csv_section_names_what_it_lacks(section: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        DataConfig.model_validate(section)
 
 
 def test_whole_groups_go_to_the_silo_holding_fewest_rows() -> None:

@@ -45,6 +45,11 @@ class AlgorithmBase(PolicyModel):
     def check(self, policy: Policy) -> None:
         """Refuse (ValueError) what this algorithm cannot run with in `policy`."""
 
+    def consortium_problem(self, policy: Policy, silos: int) -> str | None:
+        """Why this algorithm cannot run `policy` over `silos` silos (a simulation's partition
+        at check time, a deployment's consortium at the start of the run); None: it can."""
+        return None
+
     @model_validator(mode="before")
     @classmethod
     def _name_who_reads_a_setting(cls, data: Any) -> Any:

@@ -53,6 +53,32 @@ class DrfaConfig(LambdaConfig):
                 "training.steps: the fedtorch variant draws its checkpoint before step "
                 "k' ~ U{1..tau-1}, so it needs tau >= 2 local steps"
             )
+        silos = getattr(policy.data.partition, "silos", None)  # known for a simulation
+        problem = None if silos is None else self.consortium_problem(policy, silos)
+        if problem:
+            raise ValueError(problem)
+
+    def consortium_problem(self, policy: Policy, silos: int) -> str | None:
+        """The paper's variant draws M silos from lambda with replacement and weighs each by
+        its multiplicity. A quorum of M distinct silos out of M draws holds only for a draw of
+        M different silos: each then counts once, so lambda never weighs the model, and once
+        lambda leans towards one silo almost no draw qualifies (from lambda (0.93, 0.03, 0.03),
+        3 distinct silos in 3 draws has probability 6 * 0.93 * 0.03^2, 0.5 %): rounds train
+        no one and lambda, probed at the unchanged model, leans further. Refused."""
+        draws = self.silos_per_round or silos
+        quorum = policy.participants.min_silos
+        if self.variant != "paper" or quorum < 2 or quorum < draws:
+            return None
+        return (
+            f"participants.min_silos: {self.name} draws {draws} silo(s) a round from lambda "
+            f"with replacement and weighs each by how often it is drawn; a quorum of {quorum} "
+            f"distinct silos out of {draws} draws holds only when every draw is a different "
+            "silo, so lambda would never weigh the model, and once lambda leans towards one "
+            "silo almost no draw qualifies and training stops. Lower min_silos below "
+            f"{draws} (the paper has no quorum; algorithm.min_contributors still keeps a mean "
+            "from being one silo's model) or raise algorithm.silos_per_round above "
+            f"{quorum}"
+        )
 
 
 class DrflmConfig(DrfaConfig):

@@ -1,5 +1,6 @@
 """The bundled molecular regression sets (silo/datasets/molecules/README.md: MoleculeNet's ESOL,
-FreeSolv and Lipophilicity) read into graph rows, and each molecule's Bemis-Murcko scaffold.
+FreeSolv and Lipophilicity) and a site's own CSV of SMILES (`molecules:csv`) read into graph
+rows, and each molecule's Bemis-Murcko scaffold. Rows are numbered from 1, the header aside.
 
 Featurisation, with RDKit: MoleculeNet's graph-convolution baseline's (DeepChem's `ConvMol`
 `atom_features`, Wu et al., Chem. Sci. 2018; Duvenaud et al. 2015), 75 features per atom:
@@ -186,6 +187,30 @@ def featurise(
     return MoleculeTable(
         np.stack(graphs), targets[kept], np.array(scaffolds, dtype=object), len(problems)
     )
+
+
+def read_molecule_csv(
+    frame: pd.DataFrame, origin: str, target: str, options: MoleculeOptions
+) -> tuple[MoleculeTable, str]:
+    """A site's own molecules (`molecules:csv`): the SMILES of column `options.smiles`
+    featurised as the bundled sets are, and the numeric targets of column `target`. A missing
+    column is named with the columns there are; a target that is not a finite number is refused
+    with its rows named (a molecule without a measurement is not a record to train on)."""
+    for key, column in (("molecules.smiles", options.smiles_column()), ("target", target)):
+        if column not in frame.columns:
+            raise DataError(
+                f"{SECTION}.{key}: CSV file {origin} has no column {column!r}; its columns: "
+                f"{', '.join(map(repr, frame.columns))}"
+            )
+    targets = pd.to_numeric(frame[target], errors="coerce").to_numpy(dtype=np.float64)
+    bad = np.flatnonzero(~np.isfinite(targets))
+    if len(bad):
+        rows = ", ".join(str(i + 1) for i in bad[:3]) + (", ..." if len(bad) > 3 else "")
+        raise DataError(
+            f"{SECTION}.target: column {target!r} of CSV file {origin} holds {len(bad)} value(s) "
+            f"that are not finite numbers (row(s) {rows}); fix or remove those rows"
+        )
+    return featurise(frame[options.smiles_column()], targets, options, origin), origin
 
 
 def read_molecules(source: str, options: MoleculeOptions) -> tuple[MoleculeTable, str]:

@@ -1,7 +1,7 @@
-"""Source readers: the bundled heart and TCGA-BRCA tables, the bundled molecular sets (as graph
-rows, silo/data/molecules.py), scikit-learn's datasets, a CSV or an npz file, or an installed
-data plug-in (silo/data/plugins.py), each read into a raw table with what is known about it
-(its data dictionary, its task, its image shape)."""
+"""Source readers: the bundled heart and TCGA-BRCA tables, the bundled molecular sets and a
+site's own CSV of SMILES (as graph rows, silo/data/molecules.py), scikit-learn's datasets, a CSV
+or an npz file, or an installed data plug-in (silo/data/plugins.py), each read into a raw table
+with what is known about it (its data dictionary, its task, its image shape)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ import pandas as pd
 
 from fedsilo.policies.data import (
     KNOWN_TASKS,
-    MOLECULE_SOURCES,
+    MOLECULAR_SOURCES,
+    MOLECULE_CSV,
     PLUGIN_SOURCE,
     TCGA_SILO_COLUMN,
     TCGA_SPLIT_COLUMN,
@@ -135,14 +136,20 @@ def _read_sklearn(source: str) -> RawSource:
 
 
 def _read_csv(path: Path, config: DataConfig) -> RawSource:
-    try:
-        _check_header(path)
-        frame = read_csv_as_written(path, config.categorical)
-    except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as error:
-        raise DataError(f"{SECTION}.path: cannot read CSV file {path}: {error}") from error
+    frame = _read_csv_file(path, dict.fromkeys(config.categorical, str))
     assert config.target is not None  # the policy requires it for csv
     dictionary = DataDictionary(config.target, config.categorical, config.missing_values)
     return RawSource(frame, dictionary, str(path))
+
+
+def _read_csv_file(path: Path, text_columns: Mapping[str, type]) -> pd.DataFrame:
+    """The CSV file at `path`, `text_columns` read as the text the file holds; DataError naming
+    `data.path` when it cannot be read."""
+    try:
+        _check_header(path)
+        return pd.read_csv(path, dtype=dict(text_columns))
+    except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as error:
+        raise DataError(f"{SECTION}.path: cannot read CSV file {path}: {error}") from error
 
 
 def read_csv_as_written(path: Path, categorical: Mapping[str, object]) -> pd.DataFrame:
@@ -203,11 +210,18 @@ def _read_plugin(config: DataConfig) -> RawSource:
     )
 
 
-def _read_molecules(config: DataConfig) -> RawSource:
+def _read_molecules(config: DataConfig, base_dir: Path | None) -> RawSource:
     # only here: RDKit's import costs every other process's start-up
-    from fedsilo.silo.data.molecules import read_molecules
+    from fedsilo.silo.data.molecules import read_molecule_csv, read_molecules
 
-    table, origin = read_molecules(config.source, config.molecule_options())
+    options = config.molecule_options()
+    if config.source == MOLECULE_CSV:
+        assert config.path is not None and config.target is not None  # the policy requires them
+        path = _resolve_path(config.path, base_dir)
+        frame = _read_csv_file(path, {options.smiles_column(): str})
+        table, origin = read_molecule_csv(frame, str(path), config.target, options)
+    else:
+        table, origin = read_molecules(config.source, options)
     frame = pd.DataFrame({SCAFFOLD_COLUMN: table.scaffolds, "target": table.targets})
     return RawSource(
         frame,
@@ -220,8 +234,8 @@ def _read_molecules(config: DataConfig) -> RawSource:
 
 
 def read_source(config: DataConfig, base_dir: Path | None) -> RawSource:
-    if config.source in MOLECULE_SOURCES:
-        return _read_molecules(config)
+    if config.source in MOLECULAR_SOURCES:
+        return _read_molecules(config, base_dir)
     if config.source == PLUGIN_SOURCE:
         return _read_plugin(config)
     if config.source == "heart":
