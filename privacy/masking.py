@@ -40,7 +40,7 @@ cryptography both ends share. The protocol's four steps live with their parties
   either side) over the roster in an order drawn from the deployment and the digest of the
   signed policy. Every silo computes it from what it already holds, before any key exists;
   nothing the coordinator relays or a colluding silo advertises can re-roll it.
-- `mask` and `unmask_total`: y_u = x_u + PRG(b_u) + sum_v sign(u, v) PRG(s_uv), sign +1 when
+- `mask_streams` and `unmask_total`: y_u = x_u + PRG(b_u) + sum_v sign(u, v) PRG(s_uv), sign +1 when
   u sorts before v, so pairwise masks cancel in a sum over silos; the coordinator removes the
   survivors' self-masks and the dropped silos' pairwise masks (with the survivors that masked
   with them: all of them on the complete graph, their neighbours on the sparse one) from
@@ -473,20 +473,19 @@ def sign(me: str, other: str) -> int:
     return 1 if me < other else -1
 
 
-def mask(
-    encoded: np.ndarray,
+def mask_streams(
+    length: int,
     me: str,
     self_seed: bytes,
     masking_key: PrivateKey,
     peers: Mapping[str, PublicKey],
     context: bytes,
-    *,
-    in_place: bool = False,
 ) -> np.ndarray:
-    """encoded + PRG(self seed) + sum over peers of sign * PRG(pairwise seed), mod 2^32
-    (`in_place`: added into `encoded`, a uint32 array the caller gives up)."""
-    total = encoded if in_place else encoded.astype(np.uint32, copy=True)
-    streams = _MaskStreams(len(total))
+    """PRG(self seed) + sum over peers of sign * PRG(pairwise seed), mod 2^32: the mask a
+    silo adds to its encoded input. It depends on no data, so a silo computes it while it
+    trains (`silo/tasks/secure_sum.py`)."""
+    total = np.zeros(length, dtype=np.uint32)
+    streams = _MaskStreams(length)
     streams.apply(total, self_seed, context, +1)
     for peer, key in sorted(peers.items()):
         streams.apply(total, pairwise_seed(masking_key, key), context, sign(me, peer))

@@ -208,7 +208,7 @@ def test_a_dp_simulation_shows_the_epsilon_each_silo_of_the_deployment_books(
     assert simulated["epsilon_cap"] == 50
     for silo in SILOS:  # the simulation's own ledgers, audited like a site's
         (audited,) = verify(tmp_path / "sim" / "ledgers" / f"{silo}.jsonl", cap=50).deployments
-        assert (audited.deployment, audited.booked) == ("breast-cancer-deployed", booked[silo])
+        assert (audited.deployment, audited.booked) == ("simulation", booked[silo])
         assert audited.recomputed == audited.booked
     console = Console(width=120, record=True)
     console.print(comparison_table({"fedavg": result}))

@@ -47,7 +47,7 @@ from fedsilo.privacy.masking import (
     MaskingError,
     MaskingKeys,
     combine_shares,
-    mask,
+    mask_streams,
     new_seed,
     split_secret,
     unmask_total,
@@ -320,8 +320,9 @@ def test_masks_cancel_and_any_t_shares_rebuild_a_secret() -> None:
     values = {n: np.arange(10, dtype=np.uint32) * (i + 1) for i, n in enumerate(names)}
     publics = {n: keys[n].masking.public_key for n in names}
     masked = {
-        n: mask(
-            values[n], n, seeds[n], keys[n].masking, {p: publics[p] for p in names if p != n}, b"x"
+        n: values[n]
+        + mask_streams(
+            10, n, seeds[n], keys[n].masking, {p: publics[p] for p in names if p != n}, b"x"
         )
         for n in names
     }

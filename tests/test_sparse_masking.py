@@ -19,7 +19,7 @@ from fedsilo.privacy.masking import (
     MaskingError,
     MaskingKeys,
     graph_seed,
-    mask,
+    mask_streams,
     neighbourhood,
     new_seed,
     unmask_total,
@@ -92,7 +92,7 @@ def test_masks_with_a_dropped_silos_neighbours_come_off_exactly() -> None:
     masked_sum = np.zeros(1000, dtype=np.uint32)
     for s in survivors:
         peers = {p: keys[p].masking.public_key for p in graph[s]}
-        masked_sum += mask(encoded[s], s, seeds[s], keys[s].masking, peers, label)
+        masked_sum += encoded[s] + mask_streams(1000, s, seeds[s], keys[s].masking, peers, label)
     partners = {dropped: graph[dropped]}
     total = unmask_total(
         masked_sum,

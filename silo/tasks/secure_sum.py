@@ -41,6 +41,7 @@ masks with it removed). The consistency check still takes floor(2n/3) + 1 signat
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -61,7 +62,7 @@ from fedsilo.privacy.masking import (
     decrypt_share,
     encrypt_share,
     graph_seed,
-    mask,
+    mask_streams,
     neighbourhood,
     new_seed,
     shares_for,
@@ -191,21 +192,32 @@ def masked_input(message: TaskMessage, ctx: SiloContext) -> TaskResult:
         )
     session |= {"sharers": sorted(sharers), "weights": weights}
     inner = inner_message(message)
-    result = TASK_KINDS[inner.kind].handler(inner, ctx)
-    encoding = FixedPoint.for_silos(ctx.secure_aggregation.bound, len(session["adverts"]))
-    weight = weights[ctx.name]
     label = _label(message, ctx)
     peers = {p: session["adverts"][p].masking_key for p in sharers if p != ctx.name}
-    masked = {}
-    for name in config.tensors:
-        update = result.tensors[name].to("cpu", torch.float64, copy=True).reshape(-1)
-        update.sub_(inner.tensors[name].cpu().reshape(-1))  # in float64, as a - b would be
-        encoded = encoding.encode(update.numpy(), weight, scratch=True)  # update: our copy
-        context = tensor_context(label, name)
-        total = mask(
-            encoded, ctx.name, session["seed"], keys.masking, peers, context, in_place=True
-        )
-        masked[name] = torch.from_numpy(total.view(np.int32))
+    # The masks depend on no data: their AES streams run on a second thread (they release the
+    # GIL) while the silo trains, and are added once the update is encoded.
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="masks") as streams:
+        masks = {
+            name: streams.submit(
+                mask_streams,
+                inner.tensors[name].numel(),
+                ctx.name,
+                session["seed"],
+                keys.masking,
+                peers,
+                tensor_context(label, name),
+            )
+            for name in config.tensors
+        }
+        result = TASK_KINDS[inner.kind].handler(inner, ctx)
+        encoding = FixedPoint.for_silos(ctx.secure_aggregation.bound, len(session["adverts"]))
+        masked = {}
+        for name in config.tensors:
+            update = result.tensors[name].to("cpu", torch.float64, copy=True).reshape(-1)
+            update.sub_(inner.tensors[name].cpu().reshape(-1))  # in float64, as a - b would be
+            encoded = encoding.encode(update.numpy(), weights[ctx.name], scratch=True)
+            np.add(encoded, masks[name].result(), out=encoded)  # mod 2^32
+            masked[name] = torch.from_numpy(encoded.view(np.int32))
     return with_tensors(message, ctx, result, masked)
 
 
