@@ -616,6 +616,9 @@ def main() -> None:
     parser.add_argument("--sizes", help=f"only these model sizes, of {','.join(MODELS)}")
     parser.add_argument("--silos", help="only these silo counts, e.g. 10,20")
     parser.add_argument("--methods", help=f"only these methods (plaintext always), of {METHODS}")
+    parser.add_argument(
+        "--out", help="with a filter: write bench/results/OUT.json (and .png) instead of nothing"
+    )
     args = parser.parse_args()
     if min(args.rounds, args.ckks_rounds) < 2:
         parser.error("every run needs at least 2 rounds: round 1 is the warm-up")
@@ -655,11 +658,11 @@ def main() -> None:
     print(f"anchors: {ANCHORS}")
     print(f"goal: {goal or 'not in this configuration'}")
     figure = plot(rows)
-    if args.quick or filtered:
+    if args.quick or (filtered and not args.out):
         plt.close(figure)
         return
     path = write(
-        "secagg",
+        args.out if filtered else "secagg",
         {
             "settings": {
                 "features": FEATURES,
@@ -674,6 +677,9 @@ def main() -> None:
                 "ckks": CkksParameters().__dict__,
                 "masking_bound": bench_policy("masking", [1], 1, 1).secure_aggregation.bound,
                 "sparse_neighbours": SPARSE_NEIGHBOURS,
+                "filter": {"sizes": args.sizes, "silos": args.silos, "methods": args.methods}
+                if filtered
+                else None,
             },
             "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             "load_average_1min": {"start": load_before[0], "end": os.getloadavg()[0]},
