@@ -10,7 +10,8 @@ per silo, one local SGD step on a batch of 8, so that aggregation dominates the 
 three deployments take turns, one round each, so that load from elsewhere on the machine
 falls on all of them alike. Every silo endpoint is wrapped to count the bytes of the tasks it
 receives and the results it sends, and to time the silo's work (decoding, the task,
-encoding) in wall and thread CPU time (torch runs on one thread).
+encoding) in wall and CPU time (torch runs on one thread; a silo's CPU counts the thread that
+computes its mask streams while it trains).
 
 Silos answer one at a time (the in-process transport with max_parallel=1: one worker thread
 that runs the tasks in turn), so a round is the coordinator's work plus the sum of the silos'; the
@@ -112,18 +113,25 @@ class Call:
 
 
 class Wiretap:
-    """Wraps silo endpoints: times each task (wall and thread CPU time) and counts the bytes
-    of task and result."""
+    """Wraps silo endpoints: times each task (wall and CPU time) and counts the bytes of task
+    and result."""
 
     def __init__(self) -> None:
         self.calls: list[Call] = []
         self._lock = threading.Lock()
 
     def wrap(self, silo: str, endpoint: SiloEndpoint) -> SiloEndpoint:
+        # A silo's CPU is the process's less the engine's (the main thread) while the silo
+        # answers: its worker thread and the thread that computes its mask streams meanwhile
+        # (silos answer one at a time, MAX_PARALLEL = 1).
+        engine = time.pthread_getcpuclockid(threading.main_thread().ident)
+
         def answer(payload: bytes) -> bytes:
-            started, started_cpu = time.perf_counter(), time.thread_time()
+            started = time.perf_counter()
+            started_cpu = time.process_time() - time.clock_gettime(engine)
             result = endpoint(payload)
-            seconds, cpu = time.perf_counter() - started, time.thread_time() - started_cpu
+            seconds = time.perf_counter() - started
+            cpu = time.process_time() - time.clock_gettime(engine) - started_cpu
             _, header = index_tensors(as_payload(payload))
             round_no, kind = int(header["round"]), str(header["kind"])
             call = Call(silo, round_no, kind, seconds, cpu, len(payload), len(result))
