@@ -55,7 +55,7 @@ PHASE = "train"
 TRAIN = {"epochs": 1, "batch_size": 32, "lr": 0.1, "optimizer": "sgd", "seed": 11}
 
 
-def secure_policy(method: str = "masking", **section: object) -> Policy:
+def secure_policy(method: str = "masking", silos: int = len(SILOS), **section: object) -> Policy:
     return parse_policy(
         {
             "version": 1,
@@ -67,7 +67,7 @@ def secure_policy(method: str = "masking", **section: object) -> Policy:
             "participants": {"min_silos": 3, "phase_timeout_s": 60},
             "data": {
                 "source": "sklearn:breast_cancer",
-                "partition": {"kind": "iid", "silos": len(SILOS)},
+                "partition": {"kind": "iid", "silos": silos},
             },
             "secure_aggregation": {"method": method, **section},
         }

@@ -22,11 +22,16 @@ from __future__ import annotations
 
 import pytest
 
-from fedsilo.policies.loading import parse_policy
 from fedsilo.policies.schema import Policy
 from fedsilo.privacy.masking import graph_seed, neighbourhood
 from fedsilo.wire.tasks.tensor_names import REVEALED_SEED, SHARE_TO
-from tests.adversarial.test_masking import DEPLOYMENT, Consortium, DeviatingCoordinator, consortium
+from tests.adversarial.test_masking import (
+    DEPLOYMENT,
+    Consortium,
+    DeviatingCoordinator,
+    consortium,
+    secure_policy,
+)
 
 SILOS = [f"silo-{i}" for i in range(10)]
 TARGET = "silo-0"
@@ -34,22 +39,7 @@ K, T, CONSISTENCY = 4, 3, 7  # floor(2 * 4 / 3) + 1 and floor(2 * 10 / 3) + 1
 
 
 def sparse_policy() -> Policy:
-    return parse_policy(
-        {
-            "version": 1,
-            "seed": 5,
-            "rounds": 3,
-            "algorithm": {"name": "fedavg"},
-            "model": {"name": "mlp", "hidden": [8]},
-            "training": {"epochs": 1, "batch_size": 32, "lr": 0.1},
-            "participants": {"min_silos": 3, "phase_timeout_s": 60},
-            "data": {
-                "source": "sklearn:breast_cancer",
-                "partition": {"kind": "iid", "silos": len(SILOS)},
-            },
-            "secure_aggregation": {"method": "masking", "neighbours": K},
-        }
-    )
+    return secure_policy(silos=len(SILOS), neighbours=K)
 
 
 @pytest.fixture(scope="module")
