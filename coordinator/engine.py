@@ -78,7 +78,7 @@ from fedsilo.coordinator.summary import summarize_metrics
 from fedsilo.coordinator.transport import Delivery, Reply, Transport
 from fedsilo.policies.schema import Policy
 from fedsilo.privacy.masking import aggregation_label
-from fedsilo.wire.messages import TaskMessage
+from fedsilo.wire.messages import SIMULATION, TaskMessage
 from fedsilo.wire.payload import digest_of
 from fedsilo.wire.tensors import LazyTensor, TensorBlocks
 
@@ -145,7 +145,7 @@ class RoundEngine:
         policy: Policy,
         silos: Sequence[str],
         observers: Sequence[EngineObserver] = (),
-        deployment: str = "simulation",
+        deployment: str = SIMULATION,
         store: StateStore | None = None,
         policy_digest: str = "",
         secret: bytes = b"",

@@ -23,10 +23,6 @@ from fedsilo.privacy.ledger import PrivacyLedger
 from fedsilo.silo.agent import SiloAgent
 from fedsilo.silo.data import SiloDataset
 
-# What a simulation's engine and silos both call its deployment: it names aggregation labels,
-# task ids (so every noise draw) and the simulated ledgers' bookings.
-SIMULATION = "simulation"
-
 
 @dataclass(frozen=True)
 class ConsortiumKeys:
@@ -93,7 +89,6 @@ def build_agent(
         privacy=policy.privacy,
         rounds=policy.rounds,
         ledger=ledger,
-        deployment=SIMULATION,
         consortium=consortium,
         secure_aggregation=policy.silo_secure_aggregation,
         algorithm=policy.algorithm,

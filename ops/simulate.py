@@ -24,7 +24,7 @@ from fedsilo.coordinator.strategies import make_strategy
 from fedsilo.coordinator.strategies.references import POOLED_SILO, Central
 from fedsilo.coordinator.transport import InProcessTransport
 from fedsilo.ops.backends import BACKENDS, IN_PROCESS, RAY
-from fedsilo.ops.sim_silos import SIMULATION, ConsortiumKeys, build_agent, read_ledgers
+from fedsilo.ops.sim_silos import ConsortiumKeys, build_agent, read_ledgers
 from fedsilo.ops.synthetic import snapshots_for
 from fedsilo.policies.schema import Policy
 from fedsilo.silo.data import DataError, SiloDataset, load_consortium, pool
@@ -140,7 +140,6 @@ def simulate(
             [d.name for d in datasets],
             [*observers, *([snapshots] if snapshots else [])],
             handoff_keys={name: bytes(key) for name, key in keys.sealing_roster.items()},
-            deployment=SIMULATION,  # as its silos name it: aggregation labels, task ids
         )
         history = engine.run()
         booked = transport.ledgers() if backend == RAY else read_ledgers(ledgers)

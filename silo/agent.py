@@ -48,6 +48,7 @@ from fedsilo.silo.state import LocalState
 from fedsilo.silo.tasks import TASK_KINDS
 from fedsilo.silo.tasks.base import SiloContext
 from fedsilo.wire.messages import (
+    SIMULATION,
     STATUS_BUDGET_EXHAUSTED,
     STATUS_ERROR,
     BadTaskConfig,
@@ -72,7 +73,7 @@ class SiloAgent:
         rounds: int = 1,
         secret: bytes = b"",
         ledger: PrivacyLedger | None = None,
-        deployment: str = "simulation",
+        deployment: str = SIMULATION,
         epsilon_cap: float | None = None,
         total_epsilon_cap: float | None = None,
         consortium: int = 1,

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from fedsilo.wire.durable import make_private_folder, write_atomically
+from fedsilo.wire.messages import SIMULATION
 from fedsilo.wire.tensors import decode_tensors, encode_payload, tensor_block
 
 KEEP = 3
@@ -29,7 +30,7 @@ _VERSION = re.compile(r"^(?P<name>[A-Za-z0-9_-]+)\.r(?P<round>\d+)\.safetensors$
 class LocalState:
     """Versions of named tensor sets for one deployment, on disk under `folder` or in memory."""
 
-    def __init__(self, folder: Path | None = None, deployment: str = "simulation") -> None:
+    def __init__(self, folder: Path | None = None, deployment: str = SIMULATION) -> None:
         self.folder = None if folder is None else Path(folder) / _safe(deployment)
         self._memory: dict[tuple[str, int], dict[str, torch.Tensor]] = {}
         self._lock = threading.Lock()

@@ -32,6 +32,9 @@ from fedsilo.wire.tensors import (
     tensor_block,
 )
 
+# The deployment a simulation's engine and silos both name when none is given: aggregation
+# labels, task ids (so every noise draw) and ledger bookings derive from it, so it is one name.
+SIMULATION = "simulation"
 PROTOCOL_VERSION = 2  # 2: a result is answered with the next task, not an ack
 
 SiloEndpoint = Callable[[bytes | AnyPayload], bytes]

@@ -24,7 +24,7 @@ from fedsilo.silo.data import SiloDataset
 from fedsilo.silo.memory import SiloMemory
 from fedsilo.silo.reports import Reports
 from fedsilo.silo.state import LocalState
-from fedsilo.wire.messages import TaskMessage, TaskResult
+from fedsilo.wire.messages import SIMULATION, TaskMessage, TaskResult
 from fedsilo.wire.tasks import EncryptedInput, MaskedInput, TaskConfig
 from fedsilo.wire.tasks.tensor_names import MODEL
 from fedsilo.wire.tensors import ParameterSpec, WireError, read_only
@@ -44,7 +44,7 @@ class SiloContext:
     rounds: int = 1  # the deployment's rounds: DP-SGD calibrates its noise over all of them
     secret: bytes = b""  # key material only this silo holds: it seeds every noise draw
     consortium: int = 1  # silos in the deployment, as this silo knows it (bounds a round's)
-    deployment: str = "simulation"
+    deployment: str = SIMULATION
     job: str = ""  # the digest of the signed policy the silo accepted ("": none pinned)
     secure_aggregation: SecureAggregationConfig = SecureAggregationConfig()
     identity: SigningKey | None = field(default=None, repr=False)  # signs its masking keys
