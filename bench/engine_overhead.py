@@ -2,6 +2,7 @@
 1M-parameter MLP, and the engine's own time per round (encoding, dispatch, checks,
 aggregation) as a fraction of the silos' local training time.
 
+The process keeps freed memory as `fedsilo simulate` does (ops/memory.py).
 Silos run one at a time (max_parallel=1) for the accounting, so that
 overhead = round wall time - sum of the silos' training time; a second configuration runs
 them in parallel threads for throughput. Run: `make bench` or `python -m bench.engine_overhead`.
@@ -22,6 +23,7 @@ from fedsilo.coordinator.engine import RoundEngine, RoundRecord
 from fedsilo.coordinator.strategies import make_strategy
 from fedsilo.coordinator.transport import InProcessTransport
 from fedsilo.models.zoo import build_model
+from fedsilo.ops.memory import keep_freed_memory
 from fedsilo.policies.loading import parse_policy
 from fedsilo.silo.agent import SiloAgent
 from fedsilo.silo.data import SiloDataset
@@ -103,6 +105,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=6)
     args = parser.parse_args()
+    keep_freed_memory()
     torch.manual_seed(0)
     params = count_parameters(
         build_model(

@@ -40,7 +40,7 @@ from fedsilo.coordinator.phases import (
     Task,
     WeightedMean,
 )
-from fedsilo.coordinator.replies import Accepted, raw_weights, reports_of
+from fedsilo.coordinator.replies import SLICE_ELEMENTS, Accepted, raw_weights, reports_of
 from fedsilo.coordinator.secure_mean import (
     Collect,
     SecureMean,
@@ -180,8 +180,12 @@ class MaskedMean(SecureMean):
         mean = {}
         for name in phase.aggregate.tensors:
             total = np.zeros(reference[name].numel(), dtype=np.uint32)
-            for silo in survivors:
-                total += masked[silo].lazy[name].load().numpy().view(np.uint32)
+            for silo in survivors:  # read in place, slice by slice: no copy of an input
+                masked_input = masked[silo].lazy[name]
+                for start in range(0, masked_input.numel, SLICE_ELEMENTS):
+                    part = total[start : start + SLICE_ELEMENTS]
+                    piece = masked_input.peek(start, start + len(part))
+                    np.add(part, piece.numpy().view(np.uint32), out=part)  # mod 2^32
             summed = unmask_total(
                 total,
                 seeds,
@@ -190,9 +194,12 @@ class MaskedMean(SecureMean):
                 tensor_context(self.label, name),
                 partners,
             )
-            update = torch.from_numpy(encoding.decode(summed)).reshape(reference[name].shape)
+            update = encoding.decode(summed)
             update /= total_weight
-            mean[name] = (reference[name].double() + update).to(reference[name].dtype)
+            update += reference[name].reshape(-1).numpy()  # widened exactly, added in float64
+            mean[name] = (
+                torch.from_numpy(update).reshape(reference[name].shape).to(reference[name].dtype)
+            )
         raw = raw_weights(phase.aggregate.weights, advertised)
         return PhaseOutcome(
             phase.name,

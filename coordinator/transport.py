@@ -9,8 +9,9 @@ exiting. The workers live as long as the transport: a thread started per task wo
 its own OpenMP team in torch, whose threads, busy-waiting after each call, took the CPU from the
 engine's aggregation (bench/engine_overhead.py). Messages are encoded exactly as on the
 network, so the in-process path exercises the same contract as the gRPC one; a task reaches
-its endpoint as the payload's parts (the silo copies each tensor out once as it decodes),
-not joined into one more copy of the model per silo.
+its endpoint as the payload's parts (the silo reads the model in place), not joined into one
+more copy of the model per silo, and an answer comes back as its parts too (the header, then
+the memory of the answer's own tensors, which the engine reads in place).
 """
 
 from __future__ import annotations
@@ -119,7 +120,7 @@ def _work(jobs: queue.SimpleQueue[_Job | None]) -> None:
     while (job := jobs.get()) is not None:
         endpoint, delivery, replies = job
         try:
-            payload = endpoint(delivery.payload)  # its parts, not joined into one copy
+            payload = endpoint(delivery.payload)  # parts in, parts out: nothing joined
         except Exception as exc:  # a silo's crash is that silo's dropout, not ours
             replies.put(Reply(delivery.silo, delivery.task_id, None, f"silo crashed: {exc!r}"))
             continue

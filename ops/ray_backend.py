@@ -197,7 +197,7 @@ class SiloHost:
 
     def handle(self, silo: str, *parts: bytes) -> bytes:
         """The encoded result of the encoded task `parts` (joined) for `silo`."""
-        return self._agents[silo].handle_bytes(Payload(parts))
+        return self._agents[silo].handle_bytes(Payload(parts)).to_bytes()  # Ray ships bytes
 
     def ledgers(self) -> dict[str, bytes]:
         """This actor's silos' ledgers (JSONL bytes, by silo); none without DP."""

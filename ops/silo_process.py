@@ -32,6 +32,7 @@ from fedsilo.silo.device import resolve_device
 from fedsilo.silo.domains import check_domains
 from fedsilo.silo.readiness import check_model_for
 from fedsilo.wire.messages import STATUS_BUDGET_EXHAUSTED, BadTaskConfig, TaskMessage
+from fedsilo.wire.payload import AnyPayload
 
 log = logging.getLogger("fedsilo.silo")
 
@@ -143,7 +144,7 @@ def _start_agent(
         "none, the policy asks for no DP" if spent is None else f"{spent:.6g}",
     )
 
-    def endpoint(payload: bytes) -> bytes:
+    def endpoint(payload: bytes) -> AnyPayload:
         metrics.count_bytes("to_silo", len(payload))
         try:
             task = TaskMessage.decode(payload)

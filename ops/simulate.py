@@ -24,6 +24,7 @@ from fedsilo.coordinator.strategies import make_strategy
 from fedsilo.coordinator.strategies.references import POOLED_SILO, Central
 from fedsilo.coordinator.transport import InProcessTransport
 from fedsilo.ops.backends import BACKENDS, IN_PROCESS, RAY
+from fedsilo.ops.memory import keep_freed_memory
 from fedsilo.ops.sim_silos import ConsortiumKeys, build_agent, read_ledgers
 from fedsilo.ops.synthetic import snapshots_for
 from fedsilo.policies.schema import Policy
@@ -124,6 +125,7 @@ def simulate(
             ray = stack.enter_context(ray_session(address))
             transport, device_note = start_silos(ray, policy, silos, keys, len(datasets))
         else:
+            keep_freed_memory()  # every silo's buffers come back each round (ops/memory.py)
             device, device_note = resolve_device(policy.compute.device)
             endpoints = {
                 name: build_agent(

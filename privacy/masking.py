@@ -25,7 +25,8 @@ cryptography both ends share. The protocol's four steps live with their parties
   sharing of 16-byte blocks over GF(2^128), block by block for longer secrets, in the field
   and share encoding of PyCryptodome's `Shamir` (x^128 + x^7 + x^2 + x + 1, 16-byte
   big-endian elements, indices 1..n), with a 4-bit windowed multiplication instead of its bit
-  by bit one. Reconstruction takes the
+  by bit one, and, where a share is evaluated at a silo's index (a small element), a shift
+  per set bit of the index. Reconstruction takes the
   Lagrange coefficients at 0 of the shares' index set from a cache (an aggregation rebuilds
   every secret from the same survivors, and the next round usually from the same ones again),
   so each 16-byte block costs t multiplications. Like PyCryptodome's pure-Python field, this
@@ -62,7 +63,7 @@ from functools import lru_cache
 
 import numpy as np
 from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+from cryptography.hazmat.primitives.ciphers import Cipher, CipherContext, algorithms, modes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from nacl.exceptions import BadSignatureError, CryptoError
 from nacl.public import Box, PrivateKey, PublicKey
@@ -135,7 +136,9 @@ class FixedPoint:
 
     def decode(self, total: np.ndarray) -> np.ndarray:
         """A sum of encoded terms (modulo 2^32) as float64."""
-        return total.view(np.int32).astype(np.float64) * self.precision
+        values = total.view(np.int32).astype(np.float64)
+        values *= self.precision  # in place: the same bits as a product into a new array
+        return values
 
 
 # -- keys and their signed advertisement -----------------------------------------------------
@@ -234,7 +237,7 @@ def shares_for(secret: bytes, threshold: int, indices: Iterable[int]) -> dict[in
         for index in wanted:
             value = 0
             for coefficient in coefficients:  # Horner's rule, highest degree first
-                value = _gf_multiply(value ^ coefficient, _window_table(index))
+                value = _gf_multiply_small(value ^ coefficient, index)
             shares[index] += (value ^ constant).to_bytes(BLOCK, "big")
     return shares
 
@@ -283,6 +286,23 @@ def _gf_multiply(b: int, table: tuple[int, ...]) -> int:
     product = 0
     for shift in range(_FIELD_BITS - 4, -4, -4):
         product = (product << 4) ^ table[(b >> shift) & 15]
+    return _reduced(product)
+
+
+def _gf_multiply_small(b: int, index: int) -> int:
+    """b * index in GF(2^128) for a Shamir index (a few bits): b shifted to each set bit of
+    the index and XORed, then reduced; the same product as `_gf_multiply`, in a handful of
+    steps instead of 32."""
+    product = 0
+    while index:
+        lowest = index & -index
+        product ^= b << (lowest.bit_length() - 1)
+        index ^= lowest
+    return _reduced(product)
+
+
+def _reduced(product: int) -> int:
+    """`product` (a polynomial of any degree) modulo x^128 + x^7 + x^2 + x + 1."""
     high = product >> _FIELD_BITS
     while high:
         product = (product & _FIELD_MASK) ^ high ^ (high << 1) ^ (high << 2) ^ (high << 7)
@@ -319,24 +339,19 @@ def _lagrange_at_zero(indices: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
     return tuple(tables)
 
 
-def encrypt_share(
-    sender: str, recipient: str, share: bytes, own: PrivateKey, theirs: PublicKey, view: bytes
-) -> bytes:
-    """`share` for `recipient` only (X25519 + XSalsa20-Poly1305), bound to both names and to
-    the sender's view of the advertisement set (`advertisement_digest`)."""
-    return bytes(Box(own, theirs).encrypt(_share_label(sender, recipient, view) + share))
+def encrypt_share(sender: str, recipient: str, share: bytes, box: Box, view: bytes) -> bytes:
+    """`share` for `recipient` only (X25519 + XSalsa20-Poly1305: `box` is the sender's private
+    key with the recipient's public one), bound to both names and to the sender's view of the
+    advertisement set (`advertisement_digest`)."""
+    return bytes(box.encrypt(_share_label(sender, recipient, view) + share))
 
 
-def decrypt_share(
-    sender: str,
-    recipient: str,
-    ciphertext: bytes,
-    own: PrivateKey,
-    theirs: PublicKey,
-    view: bytes,
-) -> bytes:
+def decrypt_share(sender: str, recipient: str, ciphertext: bytes, box: Box, view: bytes) -> bytes:
+    """The share `sender` made for `recipient`; `box`: the recipient's private key with the
+    sender's public one (the same shared key as the sender's box: one box per peer serves
+    both directions)."""
     try:
-        plain = Box(own, theirs).decrypt(ciphertext)
+        plain = box.decrypt(ciphertext)
     except CryptoError:
         raise MaskingError(f"the share from {sender} does not open with {sender}'s key") from None
     label = _share_label(sender, recipient, view)
@@ -433,34 +448,39 @@ def new_seed() -> bytes:
 
 def prg(seed: bytes, length: int, context: bytes) -> np.ndarray:
     """`length` pseudo-random elements of Z_{2^32} from `seed`, for `context`."""
-    return _MaskStreams(length).stream(seed, context).copy()
+    total = np.zeros(length, dtype=np.uint32)
+    add_streams(total, [(seed, +1)], context)
+    return total
 
 
-class _MaskStreams:
-    """Mask streams of one length, each written into the same buffer (AES-CTR's keystream of
-    zeros, `update_into`) and added to a total in place: no copy per stream, which is most of
-    the masking's cost for large models."""
+STREAM_CHUNK_ELEMENTS = 1 << 16  # 256 KiB of each stream at a time: it stays in the core's cache
 
-    def __init__(self, length: int) -> None:
-        self.zeros = bytes(4 * length)
-        self.buffer = bytearray(4 * length + 15)  # update_into wants a block's slack
-        self.values = np.frombuffer(self.buffer, dtype="<u4", count=length)
 
-    def stream(self, seed: bytes, context: bytes) -> np.ndarray:
-        """The stream of (`seed`, `context`), valid until the next call."""
-        info = b"fedsilo/secagg-prg|" + context
-        key = HKDF(hashes.SHA256(), 32, salt=None, info=info).derive(seed)
-        encryptor = Cipher(algorithms.AES(key), modes.CTR(bytes(16))).encryptor()
-        encryptor.update_into(self.zeros, self.buffer)
-        encryptor.finalize()
-        return self.values
+def add_streams(total: np.ndarray, terms: Sequence[tuple[bytes, int]], context: bytes) -> None:
+    """total += sum of sign * PRG(seed) over `terms` (seed, sign), modulo 2^32, in place.
 
-    def apply(self, total: np.ndarray, seed: bytes, context: bytes, sign: int) -> None:
-        """total += sign * stream, modulo 2^32, in place."""
-        if sign > 0:
-            total += self.stream(seed, context)
-        else:
-            total -= self.stream(seed, context)
+    Every stream is an AES-CTR keystream (of zeros) that continues from one call to the next,
+    so the streams are written a chunk at a time into one small buffer and added to that chunk
+    of `total` at once: `total` is read and written once whatever the number of streams, where
+    a whole stream at a time wrote it, and a stream's buffer of its size, once per stream."""
+    ciphers = [(_keystream(seed, context), sign) for seed, sign in terms]
+    zeros = memoryview(bytes(4 * min(len(total), STREAM_CHUNK_ELEMENTS)))
+    buffer = bytearray(len(zeros) + 15)  # update_into wants a block's slack
+    for start in range(0, len(total), STREAM_CHUNK_ELEMENTS):
+        part = total[start : start + STREAM_CHUNK_ELEMENTS]
+        stream = np.frombuffer(buffer, dtype="<u4", count=len(part))
+        for encryptor, sign in ciphers:
+            encryptor.update_into(zeros[: 4 * len(part)], buffer)
+            if sign > 0:
+                np.add(part, stream, out=part)
+            else:
+                np.subtract(part, stream, out=part)
+
+
+def _keystream(seed: bytes, context: bytes) -> CipherContext:
+    info = b"fedsilo/secagg-prg|" + context
+    key = HKDF(hashes.SHA256(), 32, salt=None, info=info).derive(seed)
+    return Cipher(algorithms.AES(key), modes.CTR(bytes(16))).encryptor()
 
 
 def pairwise_seed(own: PrivateKey, theirs: PublicKey) -> bytes:
@@ -485,10 +505,10 @@ def mask_streams(
     silo adds to its encoded input. It depends on no data, so a silo computes it while it
     trains (`silo/tasks/secure_sum.py`)."""
     total = np.zeros(length, dtype=np.uint32)
-    streams = _MaskStreams(length)
-    streams.apply(total, self_seed, context, +1)
-    for peer, key in sorted(peers.items()):
-        streams.apply(total, pairwise_seed(masking_key, key), context, sign(me, peer))
+    pairwise = [
+        (pairwise_seed(masking_key, key), sign(me, peer)) for peer, key in sorted(peers.items())
+    ]
+    add_streams(total, [(self_seed, +1), *pairwise], context)
     return total
 
 
@@ -505,15 +525,14 @@ def unmask_total(
     masking key was reconstructed from shares); `partners`: the silos each dropped silo
     masked with (None: every survivor, the complete graph)."""
     total = masked_sum.astype(np.uint32, copy=True)
-    streams = _MaskStreams(len(total))
-    for seed in self_seeds:
-        streams.apply(total, seed, context, -1)
+    terms = [(seed, -1) for seed in self_seeds]
     for dropped, key in sorted(dropped_keys.items()):
         for survivor, public in sorted(survivors.items()):
             if partners is not None and survivor not in partners[dropped]:
                 continue
             # the survivor added sign(survivor, dropped) * stream: take it away
-            streams.apply(total, pairwise_seed(key, public), context, -sign(survivor, dropped))
+            terms.append((pairwise_seed(key, public), -sign(survivor, dropped)))
+    add_streams(total, terms, context)
     return total
 
 

@@ -10,6 +10,7 @@ it; above the cap (the stricter of the policy's and the silo's own) it refuses w
 ledger spans every job of the consortium (`deployment` is the job id, so each job is accounted
 on its own); with `total_epsilon_cap` (the site rule `rules.total_epsilon_cap`) the agent also
 refuses a task that would bring the silo's epsilon over all jobs above it.
+An answer leaves as its parts, unjoined (`handle_bytes`).
 An answer carries that epsilon and the ledger head before its booking; it is booked, fsynced,
 before it is returned for sending, and with the silo's identity it carries a signed receipt of
 its booking (`privacy/receipts.py`: the head after it), which the coordinator keeps for audits.
@@ -56,7 +57,7 @@ from fedsilo.wire.messages import (
     TaskMessage,
     TaskResult,
 )
-from fedsilo.wire.payload import AnyPayload
+from fedsilo.wire.payload import AnyPayload, Payload
 from fedsilo.wire.tensors import WireError, tensor_block
 
 
@@ -138,14 +139,14 @@ class SiloAgent:
     def handle(self, message: TaskMessage) -> TaskResult:
         return self.respond(message)[0]
 
-    def respond(self, message: TaskMessage) -> tuple[TaskResult, bytes]:
+    def respond(self, message: TaskMessage) -> tuple[TaskResult, Payload]:
         """Run `message` and return its result and the encoded answer, booked when there is a
         ledger (the digest booked covers the encoded answer without its receipt), or the
         answer already given to its task id."""
         with self._lock:
             return self._respond(message)
 
-    def _respond(self, message: TaskMessage) -> tuple[TaskResult, bytes]:
+    def _respond(self, message: TaskMessage) -> tuple[TaskResult, Payload]:
         started = time.perf_counter()
         problem = self._misaddressed(message.header) or release_gate.refusal(message, self.context)
         if problem is not None:
@@ -170,7 +171,11 @@ class SiloAgent:
         result = replace(result, compute_seconds=time.perf_counter() - started, epsilon=epsilon)
         return self._send(message.header, result, releases, self.policy_digest)
 
-    def handle_bytes(self, payload: bytes | AnyPayload) -> bytes:
+    def handle_bytes(self, payload: bytes | AnyPayload) -> Payload:
+        """The encoded answer to the encoded task `payload`, as the parts it is made of (a
+        header, then the memory of the answer's tensors, which belong to the answer alone:
+        `silo/tasks/base.py`), so neither the network nor an in-process engine pays for one
+        more copy of the model; `to_bytes()` joins them."""
         try:
             message = TaskMessage.decode(payload)
         except BadTaskConfig as exc:  # a task it names, of an unknown kind or a bad config
@@ -178,9 +183,8 @@ class SiloAgent:
                 header = exc.header
                 return self._refused_unrun(header, self._misaddressed(header) or str(exc))[1]
         except WireError as exc:
-            return TaskResult(
-                "unknown", self.name, "unknown", STATUS_ERROR, error=str(exc)
-            ).encode()
+            unread = TaskResult("unknown", self.name, "unknown", STATUS_ERROR, error=str(exc))
+            return Payload([unread.encode()])
         return self.respond(message)[1]
 
     def _misaddressed(self, header: TaskHeader) -> str | None:
@@ -193,14 +197,14 @@ class SiloAgent:
             )
         return None
 
-    def _refused_unrun(self, header: TaskHeader, problem: str) -> tuple[TaskResult, bytes]:
+    def _refused_unrun(self, header: TaskHeader, problem: str) -> tuple[TaskResult, Payload]:
         """A task refused before anything ran (misaddressed, unreadable, or against the silo's
         release gate): nothing of the data leaves, booked as a public release under the job
         the task names."""
         refusal = TaskResult(header.task_id, self.name, header.kind, STATUS_ERROR, error=problem)
         return self._send(header, refusal, [Mechanism.public()], header.policy_digest)
 
-    def _given(self, message: TaskMessage) -> tuple[TaskResult, bytes] | None:
+    def _given(self, message: TaskMessage) -> tuple[TaskResult, Payload] | None:
         """The answer this task id already got (the same bytes), a refusal where that answer
         is gone, or None for a task never answered."""
         if self.answers is None:
@@ -220,7 +224,7 @@ class SiloAgent:
             "answering it again would release from the same noise a second time"
         )
         refusal = TaskResult(task, self.name, message.kind, STATUS_ERROR, error=why)
-        return refusal, refusal.encode()
+        return refusal, Payload([refusal.encode()])
 
     def _send(
         self,
@@ -228,7 +232,7 @@ class SiloAgent:
         result: TaskResult,
         releases: list[Mechanism],
         job: str | None,
-    ) -> tuple[TaskResult, bytes]:
+    ) -> tuple[TaskResult, Payload]:
         """Book each of `result`'s releases under `job`, sign the receipt of the booking, and
         keep the answer when it answers a task of this silo's job."""
         block = tensor_block(result.tensors)  # the tensors' bytes, shared by both encodings
@@ -237,7 +241,7 @@ class SiloAgent:
             body = payload_digest(result.encode_payload(block))
             record = self._book(message, body, releases or [Mechanism.public()], job or None)
             result = replace(result, receipt=self._receipt(message, body, record))
-        encoded = result.encode_payload(block).to_bytes()
+        encoded = result.encode_payload(block)  # its parts: the header, then the tensors' memory
         if self.answers is not None and job == self.policy_digest:
             self.answers.keep(self.context.job, message.task_id, message.round, encoded)
         return result, encoded
@@ -316,7 +320,7 @@ class SiloAgent:
 
     def _refuse(
         self, message: TaskHeader, status: str, why: str, epsilon: float | None = None
-    ) -> tuple[TaskResult, bytes]:
+    ) -> tuple[TaskResult, Payload]:
         """Answer without running the task: nothing of the data leaves (a public release)."""
         refusal = TaskResult(
             message.task_id, self.name, message.kind, status, error=why, epsilon=epsilon

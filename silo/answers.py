@@ -22,6 +22,7 @@ import threading
 from pathlib import Path
 
 from fedsilo.wire.durable import make_private_folder, write_atomically
+from fedsilo.wire.payload import Payload
 
 KEEP_ROUNDS = 2
 FOLDER = "answers"
@@ -36,7 +37,7 @@ class AnswerStore:
         self._lock = threading.Lock()
         self._rounds: dict[str, int] = {}  # key -> round it was answered in
         self._live: set[str] = set()  # keys whose bytes are still kept
-        self._memory: dict[str, bytes] = {}  # without a folder
+        self._memory: dict[str, Payload] = {}  # without a folder
         if folder is not None and folder.is_dir():
             for path in folder.iterdir():
                 match = _FILE.match(path.name)
@@ -45,20 +46,22 @@ class AnswerStore:
                     if path.stat().st_size:
                         self._live.add(match["key"])
 
-    def answer(self, job: str, task_id: str) -> bytes | None:
+    def answer(self, job: str, task_id: str) -> Payload | None:
         """The bytes sent for `task_id` of `job`, or None (never answered, or emptied)."""
         key = _key(job, task_id)
         with self._lock:
             if key not in self._live:
                 return None
-            return self._memory[key] if self.folder is None else self._path(key).read_bytes()
+            if self.folder is None:
+                return self._memory[key]
+            return Payload([self._path(key).read_bytes()])
 
     def answered(self, job: str, task_id: str) -> bool:
         """Whether `task_id` of `job` was answered, even if its bytes were emptied since."""
         with self._lock:
             return _key(job, task_id) in self._rounds
 
-    def keep(self, job: str, task_id: str, round: int, answer: bytes) -> None:
+    def keep(self, job: str, task_id: str, round: int, answer: Payload) -> None:
         """Store `answer` durably (return only then send it), and empty old rounds' answers."""
         key = _key(job, task_id)
         with self._lock:
@@ -66,7 +69,7 @@ class AnswerStore:
                 self._memory[key] = answer
             else:
                 make_private_folder(self.folder)
-                write_atomically(self._path_for(key, round), [answer])
+                write_atomically(self._path_for(key, round), answer.parts)
             self._rounds[key] = round
             self._live.add(key)
             newest = max(self._rounds[k] for k in self._live)

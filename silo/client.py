@@ -53,7 +53,15 @@ from fedsilo.wire.control import (
 )
 from fedsilo.wire.envelope import EnvelopeVerifier, seal
 from fedsilo.wire.framing import check_answers, read_message, to_frames
-from fedsilo.wire.messages import STATUS_ERROR, BadTaskConfig, TaskHeader, TaskMessage, TaskResult
+from fedsilo.wire.messages import (
+    STATUS_ERROR,
+    BadTaskConfig,
+    SiloEndpoint,
+    TaskHeader,
+    TaskMessage,
+    TaskResult,
+)
+from fedsilo.wire.payload import AnyPayload
 from fedsilo.wire.tensors import WireError
 
 log = logging.getLogger("fedsilo.silo")
@@ -130,7 +138,7 @@ class CoordinatorConnection:
             identity.deployment, {"coordinator": identity.coordinator_key}
         )
 
-    def exchange(self, payload: bytes, label: str, round_no: int = 0) -> bytes:
+    def exchange(self, payload: bytes | AnyPayload, label: str, round_no: int = 0) -> bytes:
         """Send one request (a control message, or the result of the task `label`) and return the
         verified reply, retrying with backoff while the coordinator is unreachable.
 
@@ -181,7 +189,7 @@ class SiloClient:
         connection: CoordinatorConnection,
         operator_key: VerifyKey,
         check_policy: Callable[[Policy, str], list[str]],
-        start_agent: Callable[[Policy, str], Callable[[bytes], bytes]],
+        start_agent: Callable[[Policy, str], SiloEndpoint],
         record_decision: Callable[[Policy, str, list[str]], None] = lambda *_: None,
     ) -> None:
         """`check_policy(policy, digest)` lists broken local rules; `start_agent(policy, digest)`
@@ -193,7 +201,7 @@ class SiloClient:
         self.check_policy = check_policy
         self.start_agent = start_agent
         self.record_decision = record_decision
-        self._current: tuple[str, Callable[[bytes], bytes]] | None = None  # digest, endpoint
+        self._current: tuple[str, SiloEndpoint] | None = None  # digest, endpoint
 
     def run(self) -> str:
         """Take part in job after job: join, accept or refuse the job's policy, work until the
@@ -238,7 +246,7 @@ class SiloClient:
                 log.warning("unexpected %s from the coordinator; ignored", control.type)
         return None
 
-    def join(self) -> tuple[str, Callable[[bytes], bytes]] | None:
+    def join(self) -> tuple[str, SiloEndpoint] | None:
         """Join, verify the policy, check the local rules and get ready to work under it (load
         the data, build the agent; the current one is reused when its digest is the policy's,
         else dropped first), and only then accept: acceptance means ready. A policy this silo
@@ -296,7 +304,7 @@ class SiloClient:
             raise PolicyRefused(f"policy signature check failed: {exc}") from None
         return parse_policy_text(text, source="the deployment policy"), digest
 
-    def _answer(self, payload: bytes, endpoint: Callable[[bytes], bytes]) -> bytes | None:
+    def _answer(self, payload: bytes, endpoint: SiloEndpoint) -> bytes | None:
         """Run the task, send its result and return the coordinator's reply (the next task,
         IDLE, FINISHED, or why the result was not taken); a failure outside the handler is
         answered with an error result naming the task. A task whose header does not read cannot

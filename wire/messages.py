@@ -37,7 +37,7 @@ from fedsilo.wire.tensors import (
 SIMULATION = "simulation"
 PROTOCOL_VERSION = 2  # 2: a result is answered with the next task, not an ack
 
-SiloEndpoint = Callable[[bytes | AnyPayload], bytes]
+SiloEndpoint = Callable[[bytes | AnyPayload], bytes | AnyPayload]
 
 STATUS_OK = "ok"
 STATUS_ERROR = "error"

@@ -174,7 +174,9 @@ def task_result(
     spec: ParameterSpec | None = None,
 ) -> TaskResult:
     """The answer to `message`: `tensors` (a model's in `spec`'s layout), the count released
-    and the metrics reported (protocol steps send tensors only)."""
+    and the metrics reported (protocol steps send tensors only). The tensors belong to the
+    answer alone, never memory the silo keeps and writes again: the answer leaves as views of
+    them (`SiloAgent.handle_bytes`; tests/test_answer_ownership.py)."""
     return TaskResult(
         task_id=message.task_id,
         silo=ctx.name,

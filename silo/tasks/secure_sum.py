@@ -46,6 +46,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from nacl.public import Box
 from nacl.signing import SigningKey
 
 from fedsilo.privacy.accounting import Mechanism
@@ -91,7 +92,7 @@ from fedsilo.wire.tasks.tensor_names import (
     REVEALED_SEED,
     SHARE_TO,
 )
-from fedsilo.wire.tensors import bytes_tensor
+from fedsilo.wire.tensors import bytes_tensor, read_only
 
 
 def advertise(message: TaskMessage, ctx: SiloContext) -> TaskResult:
@@ -146,19 +147,17 @@ def share(message: TaskMessage, ctx: SiloContext) -> TaskResult:
         "view": view,
     }
     session["received"] = {ctx.name: shares[indices[ctx.name]]}
-    sealed = {
-        SHARE_TO + peer: bytes_tensor(
-            encrypt_share(
-                ctx.name,
-                peer,
-                shares[indices[peer]],
-                keys.encryption,
-                adverts[peer].encryption_key,
-                view,
-            )
-        )
+    # one X25519 agreement per peer, kept to open the peer's share to this silo too
+    session["boxes"] = {
+        peer: Box(keys.encryption, adverts[peer].encryption_key)
         for peer in sorted(holders)
         if peer != ctx.name
+    }
+    sealed = {
+        SHARE_TO + peer: bytes_tensor(
+            encrypt_share(ctx.name, peer, shares[indices[peer]], box, view)
+        )
+        for peer, box in session["boxes"].items()
     }
     return task_result(message, ctx, sealed)
 
@@ -181,14 +180,11 @@ def masked_input(message: TaskMessage, ctx: SiloContext) -> TaskResult:
     _check_weights(weights, members, ctx)
     keys: MaskingKeys = session["keys"]
     for sender, hex_share in config.shares.items():
-        advert: Advertisement = session["adverts"][sender]
+        box = session["boxes"].get(sender)
+        if box is None:
+            box = Box(keys.encryption, session["adverts"][sender].encryption_key)
         session["received"][sender] = decrypt_share(
-            sender,
-            ctx.name,
-            bytes.fromhex(hex_share),
-            keys.encryption,
-            advert.encryption_key,
-            session["view"],
+            sender, ctx.name, bytes.fromhex(hex_share), box, session["view"]
         )
     session |= {"sharers": sorted(sharers), "weights": weights}
     inner = inner_message(message)
@@ -200,7 +196,7 @@ def masked_input(message: TaskMessage, ctx: SiloContext) -> TaskResult:
         masks = {
             name: streams.submit(
                 mask_streams,
-                inner.tensors[name].numel(),
+                read_only(inner.tensors, name).numel(),
                 ctx.name,
                 session["seed"],
                 keys.masking,
@@ -214,7 +210,7 @@ def masked_input(message: TaskMessage, ctx: SiloContext) -> TaskResult:
         masked = {}
         for name in config.tensors:
             update = result.tensors[name].to("cpu", torch.float64, copy=True).reshape(-1)
-            update.sub_(inner.tensors[name].cpu().reshape(-1))  # in float64, as a - b would be
+            update.sub_(read_only(inner.tensors, name).reshape(-1))  # in float64, as a - b would be
             encoded = encoding.encode(update.numpy(), weights[ctx.name], scratch=True)
             np.add(encoded, masks[name].result(), out=encoded)  # mod 2^32
             masked[name] = torch.from_numpy(encoded.view(np.int32))

@@ -85,7 +85,9 @@ def initial_model(agent: SiloAgent, seed: int = 0) -> TaskResult:
 
 
 def train(agent: SiloAgent, model: TaskResult, **message: object) -> tuple[TaskResult, bytes]:
-    return agent.respond(task(agent, train_config(epochs=2), model, **message))
+    """The silo's result and the bytes of its encoded answer."""
+    result, answer = agent.respond(task(agent, train_config(epochs=2), model, **message))
+    return result, answer.to_bytes()
 
 
 def shifted(model: TaskResult, by: float) -> TaskResult:
