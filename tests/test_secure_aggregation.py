@@ -76,7 +76,9 @@ SILOS = 5
 Endpoint = Callable[[bytes], bytes]
 
 
-def policy(secure: str = "masking", rounds: int = 1, **extra: object) -> Policy:
+def policy(
+    secure: object = "masking", rounds: int = 1, silos: int = SILOS, **extra: object
+) -> Policy:
     return parse_policy(
         {
             "version": 1,
@@ -88,7 +90,7 @@ def policy(secure: str = "masking", rounds: int = 1, **extra: object) -> Policy:
             "participants": {"min_silos": 1, "phase_timeout_s": 60},
             "data": {
                 "source": "sklearn:breast_cancer",
-                "partition": {"kind": "iid", "silos": SILOS},
+                "partition": {"kind": "iid", "silos": silos},
             },
             "secure_aggregation": secure,
             **extra,

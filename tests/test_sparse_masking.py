@@ -12,7 +12,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from fedsilo.policies.loading import PolicyError, parse_policy
+from fedsilo.policies.loading import PolicyError
 from fedsilo.policies.schema import Policy
 from fedsilo.privacy.masking import (
     FixedPoint,
@@ -27,27 +27,14 @@ from fedsilo.privacy.masking import (
 from fedsilo.wire.messages import TaskMessage, TaskResult
 from fedsilo.wire.tasks.tensor_names import SHARE_TO
 from tests.test_secure_aggregation import Endpoint, failing, run
+from tests.test_secure_aggregation import policy as secure_policy
 
 SILOS = 10
 
 
 def policy(secure: object, **algorithm: object) -> Policy:
-    return parse_policy(
-        {
-            "version": 1,
-            "seed": 5,
-            "rounds": 1,
-            "algorithm": {"name": "fedavg", **algorithm},
-            "model": {"name": "mlp", "hidden": [32]},
-            "training": {"epochs": 1, "batch_size": 32, "lr": 0.1},
-            "participants": {"min_silos": 1, "phase_timeout_s": 60},
-            "data": {
-                "source": "sklearn:breast_cancer",
-                "partition": {"kind": "iid", "silos": SILOS},
-            },
-            "secure_aggregation": secure,
-        }
-    )
+    """test_secure_aggregation's consortium with ten silos, and these algorithm settings."""
+    return secure_policy(secure, silos=SILOS, algorithm={"name": "fedavg", **algorithm})
 
 
 def test_the_graph_is_a_ring_with_each_silo_joined_to_the_k_over_2_nearest_on_either_side() -> None:

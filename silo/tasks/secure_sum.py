@@ -192,11 +192,12 @@ def masked_input(message: TaskMessage, ctx: SiloContext) -> TaskResult:
     peers = {p: session["adverts"][p].masking_key for p in sharers if p != ctx.name}
     # The masks depend on no data: their AES streams run on a second thread (they release the
     # GIL) while the silo trains, and are added once the update is encoded.
+    received = {name: read_only(inner.tensors, name).reshape(-1) for name in config.tensors}
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="masks") as streams:
         masks = {
             name: streams.submit(
                 mask_streams,
-                read_only(inner.tensors, name).numel(),
+                received[name].numel(),
                 ctx.name,
                 session["seed"],
                 keys.masking,
@@ -210,7 +211,7 @@ def masked_input(message: TaskMessage, ctx: SiloContext) -> TaskResult:
         masked = {}
         for name in config.tensors:
             update = result.tensors[name].to("cpu", torch.float64, copy=True).reshape(-1)
-            update.sub_(read_only(inner.tensors, name).reshape(-1))  # in float64, as a - b would be
+            update.sub_(received[name])  # in float64, as a - b would be
             encoded = encoding.encode(update.numpy(), weights[ctx.name], scratch=True)
             np.add(encoded, masks[name].result(), out=encoded)  # mod 2^32
             masked[name] = torch.from_numpy(encoded.view(np.int32))

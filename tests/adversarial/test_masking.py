@@ -439,6 +439,21 @@ def test_shares_made_under_another_view_of_the_keys_are_refused() -> None:
         assert "under the advertisement set" in coordinator.refusals["mask"][peer]
 
 
+def test_a_share_made_for_another_silo_is_refused() -> None:
+    """The coordinator relays to the target, as silo-1's share for it, the share silo-1 made
+    for silo-2: the target opens silo-1's shares with its own key and silo-1's only, so the
+    share does not open and the target sends nothing."""
+    c = consortium(secure_policy())
+    coordinator = DeviatingCoordinator(c)
+    adverts = coordinator.advertise(SILOS)
+    coordinator.share(dict.fromkeys(SILOS, adverts))
+    shares = coordinator.shared["silo-1"].tensors
+    shares[SHARE_TO + TARGET] = shares[SHARE_TO + "silo-2"]
+    coordinator.mask(dict.fromkeys(SILOS, 1 / len(SILOS)))
+    assert TARGET not in coordinator.masked
+    assert "does not open with silo-1's key" in coordinator.refusals["mask"][TARGET]
+
+
 def test_a_new_job_aggregates_its_own_rounds_while_the_old_jobs_stay_claimed(
     tmp_path: Path,
 ) -> None:

@@ -48,11 +48,17 @@ def graph() -> dict[str, frozenset[str]]:
     return neighbourhood(SILOS, K, graph_seed(DEPLOYMENT, ""))
 
 
-def honest_round(c: Consortium, round_no: int = 1) -> DeviatingCoordinator:
-    """Advertise, share and mask as the honest engine does, everyone in every step."""
+def honest_shares(c: Consortium, round_no: int = 1) -> DeviatingCoordinator:
+    """Advertise and share as the honest engine does, everyone in both steps."""
     coordinator = DeviatingCoordinator(c, round_no=round_no)
     adverts = coordinator.advertise(SILOS)
     coordinator.share(dict.fromkeys(SILOS, adverts))
+    return coordinator
+
+
+def honest_round(c: Consortium, round_no: int = 1) -> DeviatingCoordinator:
+    """Advertise, share and mask as the honest engine does, everyone in every step."""
+    coordinator = honest_shares(c, round_no)
     coordinator.mask(dict.fromkeys(SILOS, 1 / len(SILOS)))
     return coordinator
 
@@ -90,10 +96,7 @@ def test_a_view_without_the_targets_neighbours_is_refused(
 def test_shares_from_silos_that_are_not_the_targets_neighbours_are_refused(
     graph: dict[str, frozenset[str]],
 ) -> None:
-    c = consortium(sparse_policy())
-    coordinator = DeviatingCoordinator(c)
-    adverts = coordinator.advertise(SILOS)
-    coordinator.share(dict.fromkeys(SILOS, adverts))
+    coordinator = honest_shares(consortium(sparse_policy()))
     stranger = min(s for s in SILOS if s not in graph[TARGET] | {TARGET})
     # the stranger's share for one of its own neighbours, relayed to the target as the target's
     addressed = next(n for n in coordinator.shared[stranger].tensors if n.startswith(SHARE_TO))
@@ -110,10 +113,7 @@ def test_too_few_neighbours_shares_at_the_mask_step_are_refused(
     graph: dict[str, frozenset[str]],
 ) -> None:
     """The coordinator relays only one neighbour's share: the target would mask with one."""
-    c = consortium(sparse_policy())
-    coordinator = DeviatingCoordinator(c)
-    adverts = coordinator.advertise(SILOS)
-    coordinator.share(dict.fromkeys(SILOS, adverts))
+    coordinator = honest_shares(consortium(sparse_policy()))
     for neighbour in sorted(graph[TARGET])[1:]:
         del coordinator.shared[neighbour].tensors[SHARE_TO + TARGET]
     coordinator.mask(dict.fromkeys(SILOS, 1 / len(SILOS)))
