@@ -48,13 +48,15 @@ from fedsilo.coordinator.secure_mean import (
 )
 from fedsilo.policies.secure_aggregation import SecureAggregationConfig
 from fedsilo.privacy.masking import (
+    STREAM_CHUNK_ELEMENTS,
     Advertisement,
     FixedPoint,
+    KeyStreams,
     MaskingError,
     combine_shares,
     silo_indices,
     tensor_context,
-    unmask_total,
+    unmask_terms,
 )
 from fedsilo.wire.tasks import (
     MaskedInput,
@@ -177,29 +179,37 @@ class MaskedMean(SecureMean):
         if total_weight <= 0:
             raise self.missed(phase, "the surviving silos carry zero total weight")
         reference = tasks[survivors[0]].tensors
+        unmasking = unmask_terms(
+            seeds, dropped_keys, {s: adverts[s].masking_key for s in survivors}, partners
+        )
         mean = {}
         for name in phase.aggregate.tensors:
-            total = np.zeros(reference[name].numel(), dtype=np.uint32)
-            for silo in survivors:  # read in place, slice by slice: no copy of an input
-                masked_input = masked[silo].lazy[name]
-                for start in range(0, masked_input.numel, SLICE_ELEMENTS):
-                    part = total[start : start + SLICE_ELEMENTS]
-                    piece = masked_input.peek(start, start + len(part))
-                    np.add(part, piece.numpy().view(np.uint32), out=part)  # mod 2^32
-            summed = unmask_total(
-                total,
-                seeds,
-                dropped_keys,
-                {s: adverts[s].masking_key for s in survivors},
-                tensor_context(self.label, name),
-                partners,
+            streams = KeyStreams(
+                unmasking, tensor_context(self.label, name), len(reference[name].reshape(-1))
             )
-            update = encoding.decode(summed)
-            update /= total_weight
-            update += reference[name].reshape(-1).numpy()  # widened exactly, added in float64
-            mean[name] = (
-                torch.from_numpy(update).reshape(reference[name].shape).to(reference[name].dtype)
-            )
+            before = reference[name].reshape(-1).numpy()
+            update = np.empty(len(before), dtype=before.dtype)
+            total = np.empty(min(len(before), STREAM_CHUNK_ELEMENTS), dtype=np.uint32)
+            work = np.empty(len(total), dtype=np.float64)
+            for start in range(0, len(before), SLICE_ELEMENTS):
+                stop = min(start + SLICE_ELEMENTS, len(before))
+                inputs = [  # read in place: no copy of an input
+                    masked[s].lazy[name].peek(start, stop).numpy().view(np.uint32)
+                    for s in survivors
+                ]
+                # a chunk at a time, in cache: summed (mod 2^32), unmasked, decoded, averaged
+                for at in range(0, stop - start, len(total)):
+                    upto = min(at + len(total), stop - start)
+                    part, out = total[: upto - at], work[: upto - at]
+                    np.copyto(part, inputs[0][at:upto])
+                    for other in inputs[1:]:
+                        np.add(part, other[at:upto], out=part)
+                    streams.add_to(part)
+                    encoding.decode(part, out=out)
+                    out /= total_weight
+                    out += before[start + at : start + upto]  # widened exactly, added in float64
+                    update[start + at : start + upto] = out
+            mean[name] = torch.from_numpy(update).reshape(reference[name].shape)
         raw = raw_weights(phase.aggregate.weights, advertised)
         return PhaseOutcome(
             phase.name,

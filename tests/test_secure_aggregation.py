@@ -20,10 +20,14 @@ import numpy as np
 import pytest
 import torch
 from Crypto.Protocol.SecretSharing import Shamir
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+from cryptography.hazmat.primitives.hashes import SHA256
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from nacl.exceptions import CryptoError
 from nacl.public import PrivateKey
 from nacl.signing import SigningKey
 
+from fedsilo.coordinator import secure_sum
 from fedsilo.coordinator.engine import RoundEngine
 from fedsilo.coordinator.phases import Phase, Task, WeightedMean
 from fedsilo.coordinator.secure_mean import SecureMean
@@ -33,6 +37,7 @@ from fedsilo.ops.simulate import simulate
 from fedsilo.policies.loading import PolicyError, parse_policy
 from fedsilo.policies.schema import Policy
 from fedsilo.policies.secure_aggregation import SecureAggregationConfig
+from fedsilo.privacy import masking
 from fedsilo.privacy.ckks import (
     context_digest,
     decrypt,
@@ -46,11 +51,13 @@ from fedsilo.privacy.masking import (
     FixedPoint,
     MaskingError,
     MaskingKeys,
+    add_streams,
     combine_shares,
     mask_streams,
     new_seed,
+    prg,
     split_secret,
-    unmask_total,
+    unmask_terms,
     weight_problem,
 )
 from fedsilo.silo.agent import SiloAgent
@@ -164,6 +171,20 @@ def test_a_secure_sum_takes_each_tensor_relative_to_the_tasks_own_else_the_decla
     undeclared = Phase("train", (task,), WeightedMean(("model", "g")))
     with pytest.raises(ValueError, match=r"a's task sends no \['g'\]"):
         SecureMean.referenced(undeclared, "masking")
+
+
+def test_the_masked_mean_has_the_same_bits_read_in_slices_and_chunks_of_any_size(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The coordinator sums, unmasks and decodes the masked inputs a slice and, within it, a
+    chunk at a time (as the mask streams are read): sizes that split every tensor at odd
+    places leave the mean's bits as they are."""
+    whole = run(policy("masking", rounds=2))
+    monkeypatch.setattr(masking, "STREAM_CHUNK_ELEMENTS", 97)
+    monkeypatch.setattr(secure_sum, "STREAM_CHUNK_ELEMENTS", 97)
+    monkeypatch.setattr(secure_sum, "SLICE_ELEMENTS", 300)
+    pieces = run(policy("masking", rounds=2))
+    assert torch.equal(whole.state.model, pieces.state.model)
 
 
 @pytest.mark.parametrize("step", ["secagg_mask", "secagg_unmask"])
@@ -330,19 +351,30 @@ def test_masks_cancel_and_any_t_shares_rebuild_a_secret() -> None:
     }
     survivors = ["a", "b", "d"]
     total = np.sum([masked[n] for n in survivors], axis=0, dtype=np.uint32)
-    unmasked = unmask_total(
-        total,
-        [seeds[n] for n in survivors],
-        {"c": keys["c"].masking},
-        {n: publics[n] for n in survivors},
-        b"x",
+    removal = unmask_terms(
+        [seeds[n] for n in survivors], {"c": keys["c"].masking}, {n: publics[n] for n in survivors}
     )
-    assert np.array_equal(unmasked, sum(values[n] for n in survivors))
+    add_streams(total, removal, b"x")
+    assert np.array_equal(total, sum(values[n] for n in survivors))
     secret = bytes(keys["c"].masking) + seeds["c"]
     shares = split_secret(secret, 3, 4)
     assert combine_shares({1: shares[0], 3: shares[2], 4: shares[3]}, 3) == secret
     with pytest.raises(MaskingError, match="2 shares cannot recover"):
         combine_shares({1: shares[0], 2: shares[1]}, 3)
+
+
+@pytest.mark.parametrize("length", [0, 1, 5, 65536, 65537, 200_003])
+def test_a_mask_stream_is_aes256_counter_mode_from_the_counter_gcm_encrypts_with(
+    length: int,
+) -> None:
+    """Protocol version 3's PRG, derived here with another mode: AES-256-CTR from the counter
+    block 0^96 || 2 (GCM's first for a 12-byte zero nonce) under HKDF-SHA256 of the seed for
+    the context, read a chunk at a time without a seam."""
+    seed, context = bytes(range(32)), b"consortium/r1/train|tensor=model"
+    key = HKDF(SHA256(), 32, salt=None, info=b"fedsilo/secagg-prg|" + context).derive(seed)
+    counter = Cipher(algorithms.AES(key), modes.CTR(bytes(12) + (2).to_bytes(4, "big")))
+    expected = np.frombuffer(counter.encryptor().update(bytes(4 * length)), dtype="<u4")
+    assert np.array_equal(prg(seed, length, context), expected)
 
 
 @pytest.mark.parametrize(("threshold", "parties"), [(1, 3), (2, 2), (3, 5), (6, 10)])

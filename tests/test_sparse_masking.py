@@ -18,11 +18,12 @@ from fedsilo.privacy.masking import (
     FixedPoint,
     MaskingError,
     MaskingKeys,
+    add_streams,
     graph_seed,
     mask_streams,
     neighbourhood,
     new_seed,
-    unmask_total,
+    unmask_terms,
 )
 from fedsilo.wire.messages import TaskMessage, TaskResult
 from fedsilo.wire.tasks.tensor_names import SHARE_TO
@@ -80,27 +81,20 @@ def test_masks_with_a_dropped_silos_neighbours_come_off_exactly() -> None:
     for s in survivors:
         peers = {p: keys[p].masking.public_key for p in graph[s]}
         masked_sum += encoded[s] + mask_streams(1000, s, seeds[s], keys[s].masking, peers, label)
-    partners = {dropped: graph[dropped]}
-    total = unmask_total(
-        masked_sum,
-        [seeds[s] for s in survivors],
-        {dropped: keys[dropped].masking},
-        {s: keys[s].masking.public_key for s in survivors},
-        label,
-        partners,
+    self_seeds = [seeds[s] for s in survivors]
+    dropped_key = {dropped: keys[dropped].masking}
+    publics = {s: keys[s].masking.public_key for s in survivors}
+    total = masked_sum.copy()
+    add_streams(
+        total, unmask_terms(self_seeds, dropped_key, publics, {dropped: graph[dropped]}), label
     )
     expected = np.zeros(1000, dtype=np.uint32)
     for s in survivors:
         expected += encoded[s]
     assert np.array_equal(total, expected)
     # the complete graph's removal (every survivor) would leave the non-neighbours' streams in
-    wrong = unmask_total(
-        masked_sum,
-        [seeds[s] for s in survivors],
-        {dropped: keys[dropped].masking},
-        {s: keys[s].masking.public_key for s in survivors},
-        label,
-    )
+    wrong = masked_sum.copy()
+    add_streams(wrong, unmask_terms(self_seeds, dropped_key, publics), label)
     assert not np.array_equal(wrong, expected)
 
 

@@ -35,7 +35,10 @@ from fedsilo.wire.tensors import (
 # The deployment a simulation's engine and silos both name when none is given: aggregation
 # labels, task ids (so every noise draw) and ledger bookings derive from it, so it is one name.
 SIMULATION = "simulation"
-PROTOCOL_VERSION = 2  # 2: a result is answered with the next task, not an ack
+# 2: a result is answered with the next task, not an ack; 3: masks are AES-256 keystreams
+# read through GCM (privacy/masking.py `_keystream`), not CTR with another counter: silos of
+# versions 2 and 3 would make pairwise masks that do not cancel, so they must not meet
+PROTOCOL_VERSION = 3
 
 SiloEndpoint = Callable[[bytes | AnyPayload], bytes | AnyPayload]
 
