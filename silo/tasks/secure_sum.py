@@ -6,8 +6,9 @@
    mean needs, released as the `train` task would release it). Once per (deployment, round,
    phase), persisted (silo/aggregation_log.py): a second aggregation of the same round is
    refused, so no difference of two sums isolates one silo.
-2. `secagg_share`: check every advertised key's signature against the roster (a key the
-   coordinator substituted is refused) and that the group is at least the policy's
+2. `secagg_share`: check every other silo's advertised keys' signature against the roster (a
+   key the coordinator substituted is refused; its own advertisement must come back byte for
+   byte as it sent it) and that the group is at least the policy's
    `min_group`, draw a self-mask seed b, and share (masking key, b) t-of-n among the advertised
    silos, each share encrypted to its recipient and bound to this silo's view of the
    advertisement set.
