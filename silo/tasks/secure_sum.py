@@ -42,7 +42,6 @@ masks with it removed). The consistency check still takes floor(2n/3) + 1 signat
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -193,30 +192,40 @@ def masked_input(message: TaskMessage, ctx: SiloContext) -> TaskResult:
     peers = {p: session["adverts"][p].masking_key for p in sharers if p != ctx.name}
     # The masks depend on no data: their AES streams run on a second thread (they release the
     # GIL) while the silo trains, and are added once the update is encoded.
-    received = {name: read_only(inner.tensors, name).reshape(-1) for name in config.tensors}
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="masks") as streams:
-        masks = {
-            name: streams.submit(
-                mask_streams,
-                received[name].numel(),
-                ctx.name,
-                session["seed"],
-                keys.masking,
-                peers,
-                tensor_context(label, name),
-            )
-            for name in config.tensors
-        }
-        result = TASK_KINDS[inner.kind].handler(inner, ctx)
-        encoding = FixedPoint.for_silos(ctx.secure_aggregation.bound, len(session["adverts"]))
-        masked = {}
-        for name in config.tensors:
-            update = result.tensors[name].to("cpu", torch.float64, copy=True).reshape(-1)
-            update.sub_(received[name])  # in float64, as a - b would be
-            encoded = encoding.encode(update.numpy(), weights[ctx.name], scratch=True)
-            np.add(encoded, masks[name].result(), out=encoded)  # mod 2^32
-            masked[name] = torch.from_numpy(encoded.view(np.int32))
+    received = {name: _as_numpy(read_only(inner.tensors, name)) for name in config.tensors}
+    masks = {
+        name: ctx.store.background.submit(
+            mask_streams,
+            len(received[name]),
+            ctx.name,
+            session["seed"],
+            keys.masking,
+            peers,
+            tensor_context(label, name),
+        )
+        for name in config.tensors
+    }
+    result = TASK_KINDS[inner.kind].handler(inner, ctx)
+    encoding = FixedPoint.for_silos(ctx.secure_aggregation.bound, len(session["adverts"]))
+    masked = {}
+    for name in config.tensors:
+        # widened exactly, then subtracted in float64 (numpy's mixed-type subtraction
+        # takes half of torch's time here)
+        update = _as_numpy(result.tensors[name].detach()).astype(np.float64)
+        np.subtract(update, received[name], out=update)
+        encoded = encoding.encode(update, weights[ctx.name], scratch=True)
+        np.add(encoded, masks[name].result(), out=encoded)  # mod 2^32
+        masked[name] = torch.from_numpy(encoded.view(np.int32))
     return with_tensors(message, ctx, result, masked)
+
+
+def _as_numpy(tensor: torch.Tensor) -> np.ndarray:
+    """A tensor's elements, flat, for numpy: in place where numpy reads its type, else widened
+    exactly to float64 (numpy reads neither of torch's half-precision types)."""
+    flat = tensor.to("cpu").reshape(-1)
+    if flat.dtype not in (torch.float32, torch.float64):
+        flat = flat.to(torch.float64)
+    return flat.numpy()
 
 
 def _sparse_members(
