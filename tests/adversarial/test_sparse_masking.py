@@ -12,7 +12,9 @@ masks it shares with its few neighbours, so the coordinator's levers are the nei
   honest neighbours it should mask with);
 - declare the target's neighbours dropped after they sent their masked inputs, so that their
   masking keys are rebuilt and the masks they share with the target come off, while the
-  target's own self-mask seed is still revealed.
+  target's own self-mask seed is still revealed;
+- forge the advertisement of a silo that is not the target's neighbour (whose keys the target
+  never uses) to pass off a silo that never took part as a member.
 
 Each test asserts that the attack fails: the silos refuse, or the target's self-mask seed
 cannot be rebuilt from what they reveal.
@@ -21,12 +23,14 @@ cannot be rebuilt from what they reveal.
 from __future__ import annotations
 
 import pytest
+from nacl.signing import SigningKey
 
 from fedsilo.policies.schema import Policy
-from fedsilo.privacy.masking import graph_seed, neighbourhood
+from fedsilo.privacy.masking import MaskingKeys, aggregation_label, graph_seed, neighbourhood
 from fedsilo.wire.tasks.tensor_names import REVEALED_SEED, SHARE_TO
 from tests.adversarial.test_masking import (
     DEPLOYMENT,
+    PHASE,
     Consortium,
     DeviatingCoordinator,
     consortium,
@@ -170,3 +174,24 @@ def test_two_survivor_sets_do_not_pass_the_consistency_check() -> None:
     assert revealed == {}
     assert all("consistency" in r for r in coordinator.refusals["unmask"].values())
     assert sparse_policy().secure_aggregation.consistency_threshold(len(SILOS)) == CONSISTENCY
+
+
+def test_a_forged_advertisement_of_a_silo_that_is_not_a_neighbour_is_refused(
+    graph: dict[str, frozenset[str]],
+) -> None:
+    """The target masks and shares with its neighbours only, yet it checks every advertisement:
+    every advertised silo counts towards the group and may be declared a survivor carrying
+    weight. A member the coordinator invented (keys it made for a silo that never took part)
+    would let the weight rule pass with only the target carrying real weight, and with
+    n - k >= t enough silos that never check that member's advertisement could sign the
+    survivor set. So the invented member is refused, and the target shares nothing."""
+    c = consortium(sparse_policy())
+    coordinator = DeviatingCoordinator(c)
+    adverts = coordinator.advertise(SILOS)
+    stranger = min(s for s in SILOS if s not in graph[TARGET] | {TARGET})
+    label = aggregation_label(DEPLOYMENT, coordinator.round, PHASE)
+    forged = MaskingKeys.generate().advertise(stranger, SigningKey.generate(), label)
+    shared = coordinator.share({TARGET: {**adverts, stranger: forged.to_bytes().hex()}})
+    assert TARGET not in shared
+    refusal = coordinator.refusals["share"][TARGET]
+    assert stranger in refusal and "not signed by" in refusal
