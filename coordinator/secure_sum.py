@@ -28,7 +28,7 @@ Fewer than t silos at any step (or fewer than the quorum) abandon the round (`Qu
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import torch
@@ -72,7 +72,7 @@ from fedsilo.wire.tasks.tensor_names import (
     REVEALED_SEED,
     SHARE_TO,
 )
-from fedsilo.wire.tensors import tensor_bytes
+from fedsilo.wire.tensors import LazyTensor, tensor_bytes
 
 
 class MaskedMean(SecureMean):
@@ -184,31 +184,10 @@ class MaskedMean(SecureMean):
         )
         mean = {}
         for name in phase.aggregate.tensors:
-            streams = KeyStreams(
-                unmasking, tensor_context(self.label, name), len(reference[name].reshape(-1))
-            )
             before = reference[name].reshape(-1).numpy()
-            update = np.empty(len(before), dtype=before.dtype)
-            total = np.empty(min(len(before), STREAM_CHUNK_ELEMENTS), dtype=np.uint32)
-            work = np.empty(len(total), dtype=np.float64)
-            for start in range(0, len(before), SLICE_ELEMENTS):
-                stop = min(start + SLICE_ELEMENTS, len(before))
-                inputs = [  # read in place: no copy of an input
-                    masked[s].lazy[name].peek(start, stop).numpy().view(np.uint32)
-                    for s in survivors
-                ]
-                # a chunk at a time, in cache: summed (mod 2^32), unmasked, decoded, averaged
-                for at in range(0, stop - start, len(total)):
-                    upto = min(at + len(total), stop - start)
-                    part, out = total[: upto - at], work[: upto - at]
-                    np.copyto(part, inputs[0][at:upto])
-                    for other in inputs[1:]:
-                        np.add(part, other[at:upto], out=part)
-                    streams.add_to(part)
-                    encoding.decode(part, out=out)
-                    out /= total_weight
-                    out += before[start + at : start + upto]  # widened exactly, added in float64
-                    update[start + at : start + upto] = out
+            streams = KeyStreams(unmasking, tensor_context(self.label, name), len(before))
+            inputs = [masked[s].lazy[name] for s in survivors]
+            update = _unmasked_mean(inputs, streams, encoding, total_weight, before)
             mean[name] = torch.from_numpy(update).reshape(reference[name].shape)
         raw = raw_weights(phase.aggregate.weights, advertised)
         return PhaseOutcome(
@@ -239,3 +218,34 @@ class MaskedMean(SecureMean):
             if name in reply.result.tensors
         }
         return combine_shares(shares, threshold)
+
+
+def _unmasked_mean(
+    inputs: Sequence[LazyTensor],
+    streams: KeyStreams,
+    encoding: FixedPoint,
+    total_weight: float,
+    before: np.ndarray,
+) -> np.ndarray:
+    """before + decode(sum of `inputs` - masks) / total_weight, in `before`'s dtype, a chunk at
+    a time while it is in cache: each input read in place a slice at a time (no copy of one),
+    summed (mod 2^32), unmasked by the next elements of `streams`, decoded and averaged in
+    float64 (`before` widened exactly)."""
+    update = np.empty(len(before), dtype=before.dtype)
+    total = np.empty(min(len(before), STREAM_CHUNK_ELEMENTS), dtype=np.uint32)
+    work = np.empty(len(total), dtype=np.float64)
+    for start in range(0, len(before), SLICE_ELEMENTS):
+        stop = min(start + SLICE_ELEMENTS, len(before))
+        pieces = [i.peek(start, stop).numpy().view(np.uint32) for i in inputs]
+        for at in range(start, stop, len(total)):
+            upto = min(at + len(total), stop)
+            part, out = total[: upto - at], work[: upto - at]
+            np.copyto(part, pieces[0][at - start : upto - start])
+            for piece in pieces[1:]:
+                np.add(part, piece[at - start : upto - start], out=part)
+            streams.add_to(part)
+            encoding.decode(part, out=out)
+            out /= total_weight
+            out += before[at:upto]
+            update[at:upto] = out
+    return update

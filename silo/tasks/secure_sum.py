@@ -100,8 +100,8 @@ def advertise(message: TaskMessage, ctx: SiloContext) -> TaskResult:
     aggregation_log(ctx).claim(_label(message, ctx), "advertise")
     keys = MaskingKeys.generate()
     session = new_session(ctx, "secagg", message)
-    session["keys"] = keys
     advert = keys.advertise(ctx.name, _identity(ctx), _label(message, ctx))
+    session |= {"keys": keys, "advert": advert.to_bytes()}
     reports = ctx.reports(message.task_id, "train")
     ctx.released_count("train")
     return task_result(
@@ -116,7 +116,7 @@ def share(message: TaskMessage, ctx: SiloContext) -> TaskResult:
     session = _session(message, ctx, "keys")
     if "seed" in session:
         raise MaskingError("this silo already shared its secrets for this aggregation")
-    adverts = _verified_advertisements(message, ctx, session["keys"])
+    adverts = _verified_advertisements(message, ctx, session["advert"])
     _check_group(len(adverts), "advertised keys", ctx)
     secure = ctx.secure_aggregation
     threshold = secure.share_threshold(len(adverts))
@@ -399,8 +399,10 @@ def _statement(
 
 
 def _verified_advertisements(
-    message: TaskMessage, ctx: SiloContext, own: MaskingKeys
+    message: TaskMessage, ctx: SiloContext, own: bytes
 ) -> dict[str, Advertisement]:
+    """The relayed advertisements, each other silo's signature checked against the roster, and
+    this silo's own the bytes it sent (`own`), exactly."""
     label = _label(message, ctx)
     adverts = {}
     for silo, hex_advert in sorted(config_of(message, SecAggShare).advertisements.items()):
@@ -411,8 +413,7 @@ def _verified_advertisements(
             advert.verify(ctx.roster[silo], label)
         adverts[silo] = advert
     mine = adverts.get(ctx.name)
-    # its own advertisement, byte for byte (Ed25519 signs deterministically): no check needed
-    if mine is None or mine.to_bytes() != own.advertise(ctx.name, _identity(ctx), label).to_bytes():
+    if mine is None or mine.to_bytes() != own:
         raise MaskingError("the coordinator did not relay this silo's own keys unchanged")
     return adverts
 

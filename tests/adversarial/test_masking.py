@@ -4,7 +4,8 @@ Each test is a coordinator written here that speaks the real protocol (encoded T
 `SiloAgent.handle_bytes`) to five unmodified silo agents with provisioned identities, all under
 a signed policy that says `secure_aggregation: masking`, and tries one attack: collecting
 models in the clear, weights that single out one silo, a group of one, different survivor
-sets for different silos, and a second aggregation of the same round. Each asserts the attack
+sets for different silos, a second aggregation of the same round, a silo's own keys relayed
+back changed, and confirmations short of the threshold. Each asserts the attack
 fails: the silos refuse, or what the coordinator obtains does not decode the target's update.
 """
 
@@ -26,6 +27,7 @@ from fedsilo.policies.secure_aggregation import SecureAggregationConfig
 from fedsilo.privacy.masking import (
     Advertisement,
     FixedPoint,
+    MaskingKeys,
     combine_shares,
     pairwise_seed,
     prg,
@@ -452,6 +454,46 @@ def test_a_share_made_for_another_silo_is_refused() -> None:
     coordinator.mask(dict.fromkeys(SILOS, 1 / len(SILOS)))
     assert TARGET not in coordinator.masked
     assert "does not open with silo-1's key" in coordinator.refusals["mask"][TARGET]
+
+
+def test_a_silo_whose_own_keys_come_back_changed_shares_nothing() -> None:
+    """A silo does not check its own advertisement's signature: it compares it with the bytes
+    it sent. Relayed back changed (keys the coordinator made, or the silo's own genuine keys of
+    the previous round), it refuses to share, so nothing is encrypted to keys it does not hold
+    for this aggregation."""
+    c = consortium(secure_policy())
+    earlier = DeviatingCoordinator(c, round_no=1)
+    replayed = earlier.advertise(SILOS)[TARGET]
+    coordinator = DeviatingCoordinator(c, round_no=2)
+    adverts = coordinator.advertise(SILOS)
+    label = f"{DEPLOYMENT}/r2/{PHASE}".encode()
+    forged = MaskingKeys.generate().advertise(TARGET, SigningKey.generate(), label)
+    for substitute in (forged.to_bytes().hex(), replayed):
+        shared = coordinator.share({TARGET: {**adverts, TARGET: substitute}})
+        assert TARGET not in shared
+        assert "this silo's own keys" in coordinator.refusals["share"][TARGET]
+
+
+def test_confirmations_short_of_the_threshold_reveal_nothing() -> None:
+    """The consistency check counts valid signatures over the silo's own statement, and stops
+    only once it has t (4 of 5) of them: t - 1 genuine confirmations, padded with one moved to
+    another silo's name and one forged, reveal no share."""
+    c = consortium(secure_policy())
+    coordinator = DeviatingCoordinator(c)
+    adverts = coordinator.advertise(SILOS)
+    coordinator.share(dict.fromkeys(SILOS, adverts))
+    coordinator.mask(dict.fromkeys(SILOS, 1 / len(SILOS)))
+    confirmed = coordinator.send("confirm", dict.fromkeys(SILOS, {"survivors": SILOS}))
+    genuine = {s: tensor_bytes(r.tensors[CONFIRMATION]).hex() for s, r in confirmed.items()}
+    signatures = {s: genuine[s] for s in SILOS[:3]}
+    signatures[SILOS[3]] = genuine[SILOS[0]]  # silo-0's confirmation under silo-3's name
+    signatures[SILOS[4]] = SigningKey.generate().sign(b"anything").signature.hex()
+    unmask = {"survivors": SILOS, "signatures": signatures}
+    revealed = coordinator.send("unmask", dict.fromkeys(SILOS, unmask))
+    assert revealed == {}
+    refusals = coordinator.refusals["unmask"]
+    assert sorted(refusals) == SILOS
+    assert all("3 survivors signed" in why for why in refusals.values())
 
 
 def test_a_new_job_aggregates_its_own_rounds_while_the_old_jobs_stay_claimed(
