@@ -46,6 +46,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from fedsilo.coordinator.ckks_sum import CkksKeys, CkksMean
 from fedsilo.coordinator.client_dp import ClientDpRound, published_epsilon
+from fedsilo.coordinator.folded_keys import FoldedKeys
 from fedsilo.coordinator.hub import REVOKED
 from fedsilo.coordinator.phases import (
     Identical,
@@ -77,7 +78,6 @@ from fedsilo.coordinator.strategies.base import (
 from fedsilo.coordinator.summary import summarize_metrics
 from fedsilo.coordinator.transport import Delivery, Reply, Transport
 from fedsilo.policies.schema import Policy
-from fedsilo.privacy.masking import aggregation_label
 from fedsilo.wire.messages import SIMULATION, TaskMessage
 from fedsilo.wire.payload import digest_of
 from fedsilo.wire.tensors import LazyTensor, TensorBlocks
@@ -175,6 +175,7 @@ class RoundEngine:
         self.handoff_keys = dict(handoff_keys or {})
         self.should_stop = should_stop
         self.ckks_keys: CkksKeys | None = None  # made by the key holder at the first CKKS sum
+        self.folded_keys = FoldedKeys(self.policy.rounds)  # for the next masked aggregation
 
     # -- the run ----------------------------------------------------------------------------
 
@@ -405,8 +406,10 @@ class RoundEngine:
                     return ckks.run(phase)
                 finally:
                     self.ckks_keys = ckks.keys
-            label = aggregation_label(self.deployment, round_no, phase.name)
-            return MaskedMean(collect, secure, label, quorum).run(phase)
+            masked = MaskedMean(
+                collect, secure, self.deployment, round_no, quorum, self.folded_keys
+            )
+            return masked.run(phase)
         running = (
             RunningMean(phase.aggregate, [t.silo for t in phase.tasks])
             if isinstance(phase.aggregate, WeightedMean)

@@ -1,6 +1,8 @@
 """The coordinator's side of pairwise-masked secure aggregation: a `WeightedMean` phase run as
-four steps (advertise keys, share secrets, masked inputs, unmask), after which the coordinator
-holds the weighted mean of the survivors' models and nothing of any one silo's.
+five steps (advertise keys, share secrets, masked inputs, confirm the survivors, unmask), after
+which the coordinator holds the weighted mean of the survivors' models and nothing of any one
+silo's. The unmask tasks ask the silos for their keys for the aggregation expected next
+(folded_keys.py), which then starts at its share step for every silo whose keys it holds.
 
 The strategy declares `WeightedMean` as always; when the policy says `secure_aggregation:
 masking` the engine hands that phase to `MaskedMean`, so every averaging strategy runs masked
@@ -34,6 +36,7 @@ import numpy as np
 import torch
 from nacl.public import PrivateKey
 
+from fedsilo.coordinator.folded_keys import FoldedKeys
 from fedsilo.coordinator.phases import (
     Phase,
     PhaseOutcome,
@@ -53,6 +56,7 @@ from fedsilo.privacy.masking import (
     FixedPoint,
     KeyStreams,
     MaskingError,
+    aggregation_label,
     combine_shares,
     silo_indices,
     tensor_context,
@@ -77,15 +81,29 @@ from fedsilo.wire.tensors import LazyTensor, tensor_bytes
 
 class MaskedMean(SecureMean):
     def __init__(
-        self, collect: Collect, config: SecureAggregationConfig, label: bytes, quorum: int
+        self,
+        collect: Collect,
+        config: SecureAggregationConfig,
+        deployment: str,
+        round_no: int,
+        quorum: int,
+        folded: FoldedKeys,
     ) -> None:
         super().__init__(collect, quorum)
         self.config = config
-        self.label = label
+        self.deployment = deployment
+        self.round = round_no
+        self.folded = folded
 
     def run(self, phase: Phase) -> PhaseOutcome:
         aggregate, tasks = self.referenced(phase, "masking")
-        advertised = self.step("advertise", [Task(s, SecAggAdvertise()) for s in sorted(tasks)])
+        self.label = aggregation_label(self.deployment, self.round, phase.name)
+        held = self.folded.take(self.round, phase.name)
+        advertised = {s: held[s] for s in tasks if s in held}
+        unheld = [Task(s, SecAggAdvertise()) for s in sorted(tasks) if s not in held]
+        if unheld:
+            advertised |= self.step("advertise", unheld)
+        advertised = dict(sorted(advertised.items()))  # the weights' sum in one order
         adverts = {
             silo: Advertisement.from_bytes(silo, tensor_bytes(reply.result.tensors[ADVERTISEMENT]))
             for silo, reply in advertised.items()
@@ -132,13 +150,21 @@ class MaskedMean(SecureMean):
             silo: tensor_bytes(reply.result.tensors[CONFIRMATION]).hex()
             for silo, reply in confirmed.items()
         }
+        ahead = self.folded.next_after(self.round, phase.name)
         revealed = self.step(
             "unmask",
             [
-                Task(s, SecAggUnmask(survivors=tuple(survivors), signatures=signatures))
+                Task(
+                    s,
+                    SecAggUnmask(
+                        survivors=tuple(survivors), signatures=signatures, advertise_next=ahead
+                    ),
+                )
                 for s in sorted(confirmed)
             ],
         )
+        if ahead is not None:
+            self.folded.keep(ahead, revealed)
         self._enough(phase, "unmask", len(revealed), threshold)
         try:
             return self._unmasked(phase, tasks, adverts, advertised, shared, masked, revealed)

@@ -11,9 +11,10 @@ themselves are in tests/adversarial/)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from itertools import combinations
+from pathlib import Path
 from typing import ClassVar
 
 import numpy as np
@@ -28,10 +29,13 @@ from nacl.public import PrivateKey
 from nacl.signing import SigningKey
 
 from fedsilo.coordinator import secure_sum
-from fedsilo.coordinator.engine import RoundEngine
+from fedsilo.coordinator.engine import RoundEngine, RoundRecord
 from fedsilo.coordinator.phases import Phase, Task, WeightedMean
 from fedsilo.coordinator.secure_mean import SecureMean
+from fedsilo.coordinator.state import StateStore
 from fedsilo.coordinator.strategies import make_strategy
+from fedsilo.coordinator.strategies.base import RoundContext, RoundScript, ServerState, Strategy
+from fedsilo.coordinator.strategies.fedavg import FedAvg
 from fedsilo.coordinator.transport import InProcessTransport
 from fedsilo.ops.simulate import simulate
 from fedsilo.policies.loading import PolicyError, parse_policy
@@ -76,7 +80,13 @@ from fedsilo.wire.tasks import (
     MaskedInput,
     TaskConfig,
 )
-from fedsilo.wire.tasks.tensor_names import ADVERTISEMENT, PUBLIC_CONTEXT, SEALED_CONTEXT
+from fedsilo.wire.tasks.tensor_names import (
+    ADVERTISEMENT,
+    MODEL,
+    PUBLIC_CONTEXT,
+    SEALED_CONTEXT,
+)
+from fedsilo.wire.tensors import tensor_bytes
 from tests.wire_tasks import ONE_PER_KIND, TRAIN
 
 SILOS = 5
@@ -105,17 +115,16 @@ def policy(
     )
 
 
-def run(
+def silo_agents(
     p: Policy,
-    wrap: Callable[[str, Endpoint], Endpoint] = lambda _, e: e,
     identities: dict[str, SigningKey] | None = None,
     sealing: dict[str, PrivateKey] | None = None,
-):
+) -> dict[str, SiloAgent]:
     datasets = load_consortium(p.data, seed=p.seed)
     identities = identities or {d.name: SigningKey.generate() for d in datasets}
     roster = {name: key.verify_key for name, key in identities.items()}
     sealing = sealing or {d.name: PrivateKey.generate() for d in datasets}
-    agents = {
+    return {
         d.name: SiloAgent(
             d.name,
             d,
@@ -128,8 +137,27 @@ def run(
         )
         for d in datasets
     }
+
+
+def run(
+    p: Policy,
+    wrap: Callable[[str, Endpoint], Endpoint] = lambda _, e: e,
+    identities: dict[str, SigningKey] | None = None,
+    sealing: dict[str, PrivateKey] | None = None,
+    *,
+    agents: dict[str, SiloAgent] | None = None,
+    strategy: Strategy | None = None,
+    store: StateStore | None = None,
+    observers: Sequence[object] = (),
+):
+    """The engine's run of `p` over its silos (`agents`, else new ones), each reached through
+    `wrap`; with `store`, saved there (and resumed from it)."""
+    agents = agents or silo_agents(p, identities, sealing)
     transport = InProcessTransport({n: wrap(n, a.handle_bytes) for n, a in agents.items()})
-    return RoundEngine(make_strategy(p), transport, p, sorted(agents)).run()
+    engine = RoundEngine(
+        strategy or make_strategy(p), transport, p, sorted(agents), observers, store=store
+    )
+    return engine.run()
 
 
 def failing(
@@ -195,6 +223,116 @@ def test_a_silo_that_drops_after_sharing_leaves_the_survivors_exact_sum(step: st
     difference = (plain.state.model - masked.state.model).abs().max().item()
     assert difference <= SILOS * PRECISION / 2 + 1e-7
     assert "silo-2" in masked.records[0].phases["train"]["dropped"]
+
+
+def steps_taken(
+    p: Policy, wrap: Callable[[str, Endpoint], Endpoint] = lambda _, e: e, **options: object
+) -> tuple[list[tuple[int, str, str, str, bool]], object]:
+    """Every task the silos answer, as (round, phase, kind, silo, whether the answer carries
+    an advertisement), and the run's history."""
+    seen = []
+
+    def record(name: str, endpoint: Endpoint) -> Endpoint:
+        def answer(payload: bytes) -> bytes:
+            task = TaskMessage.decode(payload)
+            reply = endpoint(payload)
+            carries = ADVERTISEMENT in TaskResult.decode(reply).tensors
+            seen.append((task.round, task.phase, task.kind, name, carries))
+            return reply
+
+        return wrap(name, answer)
+
+    return seen, run(p, record, **options)
+
+
+def advertised_by(seen: list[tuple[int, str, str, str, bool]], kind: str) -> set[tuple]:
+    """(round, phase, silo) of every answer of `kind` that carries keys."""
+    return {(r, phase, silo) for r, phase, k, silo, carries in seen if k == kind and carries}
+
+
+NAMES = [f"silo-{i}" for i in range(SILOS)]
+
+
+def test_a_masked_round_after_the_first_starts_with_the_keys_folded_into_the_last_unmask() -> None:
+    seen, history = steps_taken(policy("masking", rounds=3))
+    assert [r.status for r in history.records] == ["completed"] * 3
+    assert advertised_by(seen, "secagg_advertise") == {(1, "train", s) for s in NAMES}
+    # each unmask answer carries the keys for the next round; the last round's none
+    folded = {(r, "train", s) for r in (1, 2) for s in NAMES}
+    assert advertised_by(seen, "secagg_unmask") == folded
+
+
+def test_a_silo_that_dropped_before_folding_its_keys_alone_advertises_in_the_next_round() -> None:
+    seen, history = steps_taken(policy("masking", rounds=2), failing("silo-2", "secagg_unmask", 1))
+    assert [r.status for r in history.records] == ["completed"] * 2
+    assert "silo-2" in history.records[0].phases["train"]["dropped"]
+    assert "silo-2" in history.records[1].phases["train"]["answered"]
+    advertise_tasks = {(r, s) for r, _, kind, s, _ in seen if kind == "secagg_advertise"}
+    assert advertise_tasks == {(1, s) for s in NAMES} | {(2, "silo-2")}
+
+
+class TwoMeansARound(FedAvg):
+    """FedAvg whose round takes two masked means: the models trained from the global model,
+    then those trained from that mean."""
+
+    def round(self, state: ServerState, ctx: RoundContext) -> RoundScript:
+        for phase in ("train", "again"):
+            tasks = tuple(
+                self.train_task(s, state.model, state.spec, ctx) for s in self.sample_silos(ctx)
+            )
+            out = yield Phase(phase, tasks, aggregate=WeightedMean((MODEL,)))
+            state = replace(state, tensors=self.server_update(state, out.mean[MODEL]))
+        return state
+
+
+def test_each_masked_phase_of_a_round_folds_its_keys_for_the_same_phase_of_the_next() -> None:
+    p = policy("masking", rounds=3)
+    seen, history = steps_taken(p, strategy=TwoMeansARound(p))
+    assert [r.status for r in history.records] == ["completed"] * 3
+    first = {(1, phase, s) for phase in ("train", "again") for s in NAMES}
+    assert advertised_by(seen, "secagg_advertise") == first
+    folded = {(r, phase, s) for r in (1, 2) for phase in ("train", "again") for s in NAMES}
+    assert advertised_by(seen, "secagg_unmask") == folded
+
+
+class StopAfter:
+    """Stands in for kill -9 of the coordinator after round `round_no`."""
+
+    def __init__(self, round_no: int) -> None:
+        self.round_no = round_no
+
+    def on_round(self, record: RoundRecord, total_rounds: int) -> None:
+        if record.round == self.round_no:
+            raise KeyboardInterrupt(f"coordinator stopped after round {record.round}")
+
+
+def test_a_coordinator_restarted_between_masked_rounds_gets_the_folded_keys_again(
+    tmp_path: Path,
+) -> None:
+    # The restarted coordinator holds no keys; the silos, still running, answer its advertise
+    # tasks with the keys they folded (not yet shared), and the run ends as one never stopped.
+    p = policy("masking", rounds=3)
+    uninterrupted = run(p)
+    agents = silo_agents(p)
+    with StateStore(tmp_path / "state.db") as store, pytest.raises(KeyboardInterrupt):
+        run(p, agents=agents, store=store, observers=[StopAfter(1)])
+    folded = {}
+
+    def keep(name: str, endpoint: Endpoint) -> Endpoint:
+        def answer(payload: bytes) -> bytes:
+            reply = endpoint(payload)
+            result = TaskResult.decode(reply)
+            if result.kind == "secagg_advertise":
+                folded[name] = tensor_bytes(result.tensors[ADVERTISEMENT])
+            return reply
+
+        return answer
+
+    with StateStore(tmp_path / "state.db") as store:
+        resumed = run(p, keep, agents=agents, store=store)
+    assert [r.status for r in resumed.records] == ["completed"] * 3
+    assert sorted(folded) == NAMES  # round 2's advertise step, answered by every silo
+    assert torch.equal(resumed.state.model, uninterrupted.state.model)
 
 
 def test_more_drops_than_the_threshold_allows_abandon_the_round_cleanly() -> None:

@@ -37,8 +37,10 @@ from fedsilo.wire.tensors import (
 SIMULATION = "simulation"
 # 2: a result is answered with the next task, not an ack; 3: masks are AES-256 keystreams
 # read through GCM (privacy/masking.py `_keystream`), not CTR with another counter: silos of
-# versions 2 and 3 would make pairwise masks that do not cancel, so they must not meet
-PROTOCOL_VERSION = 3
+# versions 2 and 3 would make pairwise masks that do not cancel, so they must not meet; 4: an
+# unmask task may ask for the next aggregation's keys (`advertise_next`), which a silo of
+# version 3 refuses as an unknown key, so the masked rounds of a mixed consortium would fail
+PROTOCOL_VERSION = 4
 
 SiloEndpoint = Callable[[bytes | AnyPayload], bytes | AnyPayload]
 

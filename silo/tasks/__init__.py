@@ -41,6 +41,7 @@ from fedsilo.silo.tasks.secure_sum import (
     masked_input_releases,
     share,
     unmask,
+    unmask_releases,
 )
 from fedsilo.silo.tasks.superfed import (
     superfed_evaluate,
@@ -65,7 +66,7 @@ TASK_KINDS: dict[str, TaskKind] = {
     "secagg_share": TaskKind(share, public_release, Release.MASKED),
     "secagg_mask": TaskKind(masked_input, masked_input_releases, Release.MASKED),
     "secagg_confirm": TaskKind(confirm_survivors, public_release, Release.MASKED),
-    "secagg_unmask": TaskKind(unmask, public_release, Release.MASKED),
+    "secagg_unmask": TaskKind(unmask, unmask_releases, Release.MASKED),
     "ckks_keygen": TaskKind(keygen, public_release, Release.ENCRYPTED),
     "ckks_join": TaskKind(join, join_releases, Release.ENCRYPTED),
     "ckks_encrypt": TaskKind(encrypted_input, encrypted_input_releases, Release.ENCRYPTED),

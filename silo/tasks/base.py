@@ -144,13 +144,13 @@ def inner_message(message: TaskMessage) -> TaskMessage:
     return replace(message, config=config.inner)
 
 
-def new_session(ctx: SiloContext, protocol: str, message: TaskMessage) -> dict[str, Any]:
-    """A fresh store for one aggregation of `protocol`; an older one is dropped (one
-    aggregation at a time, so an older one can no longer be finished)."""
+def new_session(ctx: SiloContext, protocol: str, aggregation: str) -> dict[str, Any]:
+    """A fresh store for one aggregation of `protocol` (its `session_key`); an older one is
+    dropped (one aggregation at a time, so an older one can no longer be finished)."""
     sessions = ctx.store.sessions.setdefault(protocol, {})
     sessions.clear()
-    sessions[session_id(message)] = {}
-    return sessions[session_id(message)]
+    sessions[aggregation] = {}
+    return sessions[aggregation]
 
 
 def find_session(
@@ -162,7 +162,12 @@ def find_session(
 
 
 def session_id(message: TaskMessage) -> str:
-    return f"r{message.round}/{message.phase}"
+    return session_key(message.round, message.phase)
+
+
+def session_key(round_no: int, phase: str) -> str:
+    """The key of the aggregation of `phase` in round `round_no` among a silo's sessions."""
+    return f"r{round_no}/{phase}"
 
 
 def task_result(

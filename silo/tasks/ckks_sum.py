@@ -136,7 +136,7 @@ def join(message: TaskMessage, ctx: SiloContext) -> TaskResult:
         contexts.clear()  # one deployment key at a time
         contexts[digest] = load_secret_context(secret, expected=_parameters(ctx))
     aggregation_log(ctx).claim(_label(message, ctx), "join")
-    new_session(ctx, "ckks", message)["digest"] = digest
+    new_session(ctx, "ckks", session_id(message))["digest"] = digest
     reports = ctx.reports(message.task_id, "train")
     ctx.released_count("train")
     return task_result(message, ctx, {}, num_samples=reports.count(len(ctx.data.y_train)))

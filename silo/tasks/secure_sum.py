@@ -5,7 +5,9 @@
    the silo's identity; also the silo's training sample count (the weight a sample-weighted
    mean needs, released as the `train` task would release it). Once per (deployment, round,
    phase), persisted (silo/aggregation_log.py): a second aggregation of the same round is
-   refused, so no difference of two sums isolates one silo.
+   refused, so no difference of two sums isolates one silo. Asked again before the keys'
+   shares went out, the silo repeats the same advertisement (it is public), so a coordinator
+   restarted in between can still run the aggregation.
 2. `secagg_share`: check every other silo's advertised keys' signature against the roster (a
    key the coordinator substituted is refused; its own advertisement must come back byte for
    byte as it sent it) and that the group is at least the policy's
@@ -24,7 +26,11 @@
    verify at least t valid ones from survivors over exactly this silo's statement, then reveal
    the self-mask share of each survivor and the masking-key share of each silo that dropped
    after sharing, never both for one silo, and only once per aggregation (persisted): a silo
-   declared dropped that turns up late cannot get its input unmasked, nor anyone else's.
+   declared dropped that turns up late cannot get its input unmasked, nor anyone else's. With
+   `advertise_next` (a round and a phase) the answer also carries step 1 for that aggregation,
+   claimed and released as an advertise task's (one key set per aggregation, whichever task
+   asks; none when that step was taken already); the keys wait in memory, beside the current
+   aggregation, until their share step (at most `PENDING_SESSIONS` such key sets).
 
 The threshold t comes from the silo's own policy, never from the task: the policy's
 `secure_aggregation.threshold` raised to floor(2n/3) + 1 for the n advertised silos, the bound
@@ -42,6 +48,7 @@ masks with it removed). The consistency check still takes floor(2n/3) + 1 signat
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import numpy as np
@@ -71,15 +78,15 @@ from fedsilo.privacy.masking import (
     tensor_context,
     weight_problem,
 )
-from fedsilo.silo.aggregation_log import aggregation_log
+from fedsilo.silo.aggregation_log import StepAlreadyTaken, aggregation_log
 from fedsilo.silo.reports import reports_mechanism
 from fedsilo.silo.tasks.base import (
     SiloContext,
     config_of,
     find_session,
     inner_message,
-    new_session,
     session_id,
+    session_key,
     task_result,
     with_tensors,
 )
@@ -94,22 +101,61 @@ from fedsilo.wire.tasks.tensor_names import (
 )
 from fedsilo.wire.tensors import bytes_tensor, read_only
 
+log = logging.getLogger(__name__)
+
+PENDING_SESSIONS = 8  # key sets advertised ahead and not yet shared, the most a silo keeps
+
 
 def advertise(message: TaskMessage, ctx: SiloContext) -> TaskResult:
-    _identity(ctx)
-    aggregation_log(ctx).claim(_label(message, ctx), "advertise")
-    keys = MaskingKeys.generate()
-    session = new_session(ctx, "secagg", message)
-    advert = keys.advertise(ctx.name, _identity(ctx), _label(message, ctx))
-    session |= {"keys": keys, "advert": advert.to_bytes()}
-    reports = ctx.reports(message.task_id, "train")
-    ctx.released_count("train")
-    return task_result(
-        message,
-        ctx,
-        {ADVERTISEMENT: bytes_tensor(advert.to_bytes())},
-        num_samples=reports.count(len(ctx.data.y_train)),
-    )
+    advert, count = _advertisement(message, ctx, message.round, message.phase)
+    return task_result(message, ctx, {ADVERTISEMENT: bytes_tensor(advert)}, num_samples=count)
+
+
+def _advertisement(
+    message: TaskMessage, ctx: SiloContext, round_no: int, phase: str
+) -> tuple[bytes, int]:
+    """This silo's signed public keys for the aggregation of `phase` in round `round_no`, and
+    its sample count, asked for by `message`: a fresh key set, its advertise step claimed
+    durably first (one key set per aggregation, ever), or the same keys again while none of
+    their shares went out (an advertisement repeated, e.g. to a coordinator restarted since it
+    was made, is public)."""
+    identity = _identity(ctx)
+    sessions = ctx.store.sessions.setdefault("secagg", {})
+    session = sessions.get(session_key(round_no, phase))
+    if session is None or not _unshared(session):
+        label = aggregation_label(ctx.deployment, round_no, phase)
+        aggregation_log(ctx).claim(label, "advertise")
+        keys = MaskingKeys.generate()
+        session = _new_session(sessions, round_no, phase, message.round)
+        session |= {
+            "keys": keys,
+            "advert": keys.advertise(ctx.name, identity, label).to_bytes(),
+            "count": ctx.reports(message.task_id, "train").count(len(ctx.data.y_train)),
+        }
+        ctx.released_count("train")
+    return session["advert"], session["count"]
+
+
+def _new_session(
+    sessions: dict[str, dict[str, Any]], round_no: int, phase: str, now: int
+) -> dict[str, Any]:
+    """A fresh session for the aggregation of `phase` in round `round_no`, made during round
+    `now`. Older ones are dropped (one aggregation at a time: an older one can no longer be
+    finished), except key sets advertised ahead, for aggregations of round `now` or later,
+    whose shares have not gone out (up to `PENDING_SESSIONS` of them, the newest): a round of
+    two masked phases folds the keys of each for the next round's."""
+    unshared = [key for key, s in sessions.items() if _unshared(s) and s["round"] >= now]
+    pending = unshared[-PENDING_SESSIONS:]
+    for key in [k for k in sessions if k not in pending]:
+        del sessions[key]
+    sessions[session_key(round_no, phase)] = {"round": round_no}
+    return sessions[session_key(round_no, phase)]
+
+
+def _unshared(session: dict[str, Any]) -> bool:
+    """Keys advertised whose shares have not gone out (after sharing the session holds the
+    self-mask seed, and after unmasking no keys at all)."""
+    return "keys" in session and "seed" not in session
 
 
 def share(message: TaskMessage, ctx: SiloContext) -> TaskResult:
@@ -295,12 +341,29 @@ def unmask(message: TaskMessage, ctx: SiloContext) -> TaskResult:
             revealed[REVEALED_KEY + silo] = bytes_tensor(piece[:block])
     for secret in ("keys", "seed", "received"):  # nothing left to reveal later
         session.pop(secret)
-    return task_result(message, ctx, revealed)
+    ahead = config_of(message, SecAggUnmask).advertise_next
+    if ahead is None:
+        return task_result(message, ctx, revealed)
+    try:  # the next aggregation's advertise step, folded into this answer
+        advert, count = _advertisement(message, ctx, ahead.round, ahead.phase)
+    except StepAlreadyTaken as taken:  # the shares are revealed all the same
+        log.warning("no keys folded into the unmask answer of %s: %s", message.task_id, taken)
+        return task_result(message, ctx, revealed)
+    revealed[ADVERTISEMENT] = bytes_tensor(advert)
+    return task_result(message, ctx, revealed, num_samples=count)
 
 
 def advertise_releases(message: TaskMessage, ctx: SiloContext) -> list[Mechanism]:
     """Keys are public; the sample count is released as the train task would release it."""
     return [Mechanism.public(), *reports_mechanism(ctx.privacy, ctx.unreleased_counts("train"))]
+
+
+def unmask_releases(message: TaskMessage, ctx: SiloContext) -> list[Mechanism]:
+    """Shares are public; keys folded in for the next aggregation release what an advertise
+    task releases."""
+    if config_of(message, SecAggUnmask).advertise_next is None:
+        return [Mechanism.public()]
+    return advertise_releases(message, ctx)
 
 
 def masked_input_releases(message: TaskMessage, ctx: SiloContext) -> list[Mechanism]:

@@ -121,11 +121,11 @@ def consortium(
     return Consortium(policy, datasets, agents, identities)
 
 
-def true_update(c: Consortium, silo: str) -> np.ndarray:
-    """What `silo`'s training of the round produces (a fresh agent on the same data, no
+def true_update(c: Consortium, silo: str, round_no: int = 1) -> np.ndarray:
+    """What `silo`'s training of round `round_no` produces (a fresh agent on the same data, no
     secure aggregation: training is seeded by the task, so it is the same update)."""
     plain = SiloAgent(silo, c.datasets[silo], c.policy.model, deployment="reference")
-    reply = plain.handle_bytes(message_to(silo, "train", TRAIN, 1, "reference", c))
+    reply = plain.handle_bytes(message_to(silo, "train", TRAIN, round_no, "reference", c))
     result = TaskResult.decode(reply)
     assert result.ok, result.error
     return (result.tensors["model"].double() - c.model.double()).numpy()
@@ -206,9 +206,15 @@ class DeviatingCoordinator:
         self.masked = self.send("mask", configs)
         return self.masked
 
-    def unmask(self, survivors_seen_by: Mapping[str, Sequence[str]]) -> dict[str, TaskResult]:
+    def unmask(
+        self,
+        survivors_seen_by: Mapping[str, Sequence[str]],
+        advertise_next: Mapping[str, object] | None = None,
+    ) -> dict[str, TaskResult]:
         """Each silo is told its own survivor set; signatures over those sets, for the silos
-        that sign them, are relayed to everyone, as a coordinator relays them."""
+        that sign them, are relayed to everyone, as a coordinator relays them. With
+        `advertise_next` ({"round": r, "phase": p}), every unmask task asks for keys for that
+        aggregation too (the advertise step folded into the answer)."""
         confirmed = self.send(
             "confirm",
             {s: {"survivors": sorted(v)} for s, v in survivors_seen_by.items()},
@@ -218,6 +224,7 @@ class DeviatingCoordinator:
             "unmask",
             {
                 s: {"survivors": sorted(v), "signatures": signatures}
+                | ({"advertise_next": dict(advertise_next)} if advertise_next else {})
                 for s, v in survivors_seen_by.items()
             },
         )

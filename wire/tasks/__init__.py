@@ -18,6 +18,7 @@ from fedsilo.wire.tasks.registry import TASK_CONFIGS, decode_task_config
 from fedsilo.wire.tasks.scaffold import ScaffoldTrain
 from fedsilo.wire.tasks.secure_sum import (
     MaskedInput,
+    NextAggregation,
     SecAggAdvertise,
     SecAggConfirm,
     SecAggShare,
@@ -47,6 +48,7 @@ __all__ = [
     "LocalTraining",
     "LossProbe",
     "MaskedInput",
+    "NextAggregation",
     "ScaffoldTrain",
     "SchemaTask",
     "SecAggAdvertise",

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import ClassVar
 
-from fedsilo.wire.tasks.codec import TaskConfig, inner
+from fedsilo.wire.tasks.codec import JsonFields, TaskConfig, inner, optional
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -48,10 +48,21 @@ class SecAggConfirm(TaskConfig):
 
 
 @dataclass(frozen=True, kw_only=True)
+class NextAggregation(JsonFields):
+    """The masked aggregation the coordinator expects next, by its round and phase."""
+
+    round: int
+    phase: str
+
+
+@dataclass(frozen=True, kw_only=True)
 class SecAggUnmask(TaskConfig):
     """`secagg_unmask`: with the survivors' `signatures` (silo -> hex) over the same
-    `survivors`, reveal REVEALED_SEED + survivor and REVEALED_KEY + dropped silo shares."""
+    `survivors`, reveal REVEALED_SEED + survivor and REVEALED_KEY + dropped silo shares; with
+    `advertise_next`, also advertise keys for that aggregation (ADVERTISEMENT, the advertise
+    step folded into this answer)."""
 
     KIND: ClassVar[str] = "secagg_unmask"
     survivors: tuple[str, ...]
     signatures: Mapping[str, str]
+    advertise_next: NextAggregation | None = optional()

@@ -1,0 +1,148 @@
+"""The advertise step folded into the previous aggregation's unmask answer, against a deviating
+coordinator (issue 22).
+
+An unmask task may ask a silo to advertise its keys for the aggregation the coordinator
+expects next (`advertise_next`: a round and a phase); the silo's answer then carries them, and
+that aggregation starts at its share step. The coordinator names the aggregation, so it could
+name any: what must hold is what holds for an advertise task, one key set per (job, round,
+phase), however often and by whichever task it is asked for. The five unmodified silo agents
+and the coordinator are those of tests/adversarial/test_masking.py; each test asserts that the
+attack fails (the target's update does not decode), against the honest control first.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fedsilo.silo.agent import SiloAgent
+from fedsilo.wire.messages import TaskResult
+from fedsilo.wire.tasks.tensor_names import ADVERTISEMENT
+from fedsilo.wire.tensors import tensor_bytes
+from tests.adversarial.test_masking import (
+    DEPLOYMENT,
+    PHASE,
+    SILOS,
+    TARGET,
+    Consortium,
+    DeviatingCoordinator,
+    consortium,
+    decodes,
+    secure_policy,
+    true_update,
+)
+
+WEIGHTS = dict.fromkeys(SILOS, 1 / len(SILOS))
+ROUND_TWO = {"round": 2, "phase": PHASE}
+
+
+def folded(replies: dict[str, TaskResult]) -> dict[str, str]:
+    """The advertisements folded into unmask answers, as hex (as an advertise step's)."""
+    return {
+        s: tensor_bytes(r.tensors[ADVERTISEMENT]).hex()
+        for s, r in replies.items()
+        if ADVERTISEMENT in r.tensors
+    }
+
+
+def round_one_folding_round_two(c: Consortium) -> tuple[DeviatingCoordinator, dict, dict]:
+    """An honest round 1 whose unmask tasks ask every silo for its round-2 keys: the round's
+    coordinator, its unmask answers and the round-2 advertisements they carry."""
+    first = DeviatingCoordinator(c)
+    adverts = first.advertise(SILOS)
+    first.share(dict.fromkeys(SILOS, adverts))
+    first.mask(WEIGHTS)
+    revealed = first.unmask(dict.fromkeys(SILOS, SILOS), ROUND_TWO)
+    assert len(revealed) == len(SILOS), first.refusals
+    return first, revealed, folded(revealed)
+
+
+def round_from(c: Consortium, adverts: dict[str, str], round_no: int = 2) -> tuple:
+    """Round `round_no` run honestly from `adverts`, no advertise step: its coordinator and
+    its unmask answers."""
+    coordinator = DeviatingCoordinator(c, round_no=round_no)
+    coordinator.adverts = adverts
+    coordinator.share(dict.fromkeys(SILOS, adverts))
+    coordinator.mask(WEIGHTS)
+    return coordinator, coordinator.unmask(dict.fromkeys(SILOS, SILOS))
+
+
+def test_keys_folded_into_the_unmask_answers_run_the_next_round_without_an_advertise_step() -> None:
+    # The control: both rounds yield the weighted sum of every silo's update, so the attacks
+    # below fail on the silos' refusals, not on this module's arithmetic.
+    c = consortium(secure_policy())
+    first, revealed, adverts = round_one_folding_round_two(c)
+    assert sorted(adverts) == SILOS
+    total = sum(true_update(c, silo) for silo in SILOS)
+    assert decodes(first.sum_of(revealed, SILOS), total, 1 / len(SILOS))
+    second, everyone = round_from(c, adverts)
+    assert len(everyone) == len(SILOS), second.refusals
+    total = sum(true_update(c, silo, round_no=2) for silo in SILOS)
+    assert decodes(second.sum_of(everyone, SILOS), total, 1 / len(SILOS))
+
+
+def test_a_silo_makes_one_key_set_for_a_round_whether_folded_or_advertised() -> None:
+    c = consortium(secure_policy())
+    _, _, adverts = round_one_folding_round_two(c)
+    # an advertise task for the round it folded keys for: the same keys, not a second set
+    asked = DeviatingCoordinator(c, round_no=2, tag="asked-")
+    assert asked.advertise(SILOS) == adverts
+    honest, everyone = round_from(c, adverts)
+    assert len(everyone) == len(SILOS), honest.refusals
+    others = [s for s in SILOS if s != TARGET]
+    again = DeviatingCoordinator(c, round_no=2, tag="again-")  # a second aggregation of round 2
+    fresh = again.advertise(others)
+    again.share(dict.fromkeys(fresh, fresh))
+    again.mask(dict.fromkeys(others, 1 / len(SILOS)))
+    rest = again.unmask(dict.fromkeys(again.masked, sorted(again.masked))) if again.masked else {}
+    estimate = None
+    if len(rest) == len(others):
+        estimate = honest.sum_of(everyone, SILOS) - again.sum_of(rest, others)
+    assert not decodes(estimate, true_update(c, TARGET, round_no=2), 1 / len(SILOS)), "decoded"
+    assert set(again.refusals["advertise"]) == set(others)
+    assert "already took the advertise step" in again.refusals["advertise"]["silo-1"]
+
+
+def test_keys_are_not_folded_for_an_aggregation_the_silo_already_advertised_for() -> None:
+    c = consortium(secure_policy())
+    first = DeviatingCoordinator(c)
+    adverts = first.advertise(SILOS)
+    first.share(dict.fromkeys(SILOS, adverts))
+    first.mask(WEIGHTS)
+    this_round = {"round": 1, "phase": PHASE}
+    revealed = first.unmask(dict.fromkeys(SILOS, SILOS), this_round)
+    assert len(revealed) == len(SILOS), first.refusals  # the unmask itself is answered
+    assert folded(revealed) == {}  # but no second key set for round 1 comes with it
+
+
+def test_keys_folded_ahead_are_never_repeated_once_shared() -> None:
+    c = consortium(secure_policy())
+    _, _, adverts = round_one_folding_round_two(c)
+    coordinator = DeviatingCoordinator(c, round_no=2)
+    coordinator.share(dict.fromkeys(SILOS, adverts))
+    asked = DeviatingCoordinator(c, round_no=2, tag="asked-")
+    assert asked.advertise(SILOS) == {}  # the keys now have shares out: not handed out again
+    assert "already took the advertise step" in asked.refusals["advertise"][TARGET]
+
+
+def test_a_silo_restarted_after_folding_its_keys_sits_that_round_out(tmp_path: Path) -> None:
+    # Keys live in memory only: a silo restarted between the rounds no longer holds the ones
+    # it folded, and makes no others for that round.
+    c = consortium(secure_policy(), state=tmp_path)
+    _, _, adverts = round_one_folding_round_two(c)
+    restarted = SiloAgent(
+        TARGET,
+        c.datasets[TARGET],
+        c.policy.model,
+        deployment=DEPLOYMENT,
+        secure_aggregation=c.policy.secure_aggregation,
+        identity=c.identities[TARGET],
+        roster=c.agents[TARGET].context.roster,
+        state=tmp_path / TARGET,
+    )
+    c.agents[TARGET] = restarted
+    coordinator = DeviatingCoordinator(c, round_no=2)
+    assert TARGET not in coordinator.share(dict.fromkeys(SILOS, adverts))
+    assert "out of order" in coordinator.refusals["share"][TARGET]
+    asked = DeviatingCoordinator(c, round_no=2, tag="asked-")
+    assert asked.advertise([TARGET]) == {}
+    assert "already took the advertise step" in asked.refusals["advertise"][TARGET]
