@@ -29,7 +29,7 @@ from nacl.public import PrivateKey
 from nacl.signing import SigningKey
 
 from fedsilo.coordinator import secure_sum
-from fedsilo.coordinator.engine import RoundEngine, RoundRecord
+from fedsilo.coordinator.engine import RoundEngine
 from fedsilo.coordinator.phases import Phase, Task, WeightedMean
 from fedsilo.coordinator.secure_mean import SecureMean
 from fedsilo.coordinator.state import StateStore
@@ -87,6 +87,7 @@ from fedsilo.wire.tasks.tensor_names import (
     SEALED_CONTEXT,
 )
 from fedsilo.wire.tensors import tensor_bytes
+from tests.test_state import Interrupted, StopAfter
 from tests.wire_tasks import ONE_PER_KIND, TRAIN
 
 SILOS = 5
@@ -295,17 +296,6 @@ def test_each_masked_phase_of_a_round_folds_its_keys_for_the_same_phase_of_the_n
     assert advertised_by(seen, "secagg_unmask") == folded
 
 
-class StopAfter:
-    """Stands in for kill -9 of the coordinator after round `round_no`."""
-
-    def __init__(self, round_no: int) -> None:
-        self.round_no = round_no
-
-    def on_round(self, record: RoundRecord, total_rounds: int) -> None:
-        if record.round == self.round_no:
-            raise KeyboardInterrupt(f"coordinator stopped after round {record.round}")
-
-
 def test_a_coordinator_restarted_between_masked_rounds_gets_the_folded_keys_again(
     tmp_path: Path,
 ) -> None:
@@ -314,7 +304,7 @@ def test_a_coordinator_restarted_between_masked_rounds_gets_the_folded_keys_agai
     p = policy("masking", rounds=3)
     uninterrupted = run(p)
     agents = silo_agents(p)
-    with StateStore(tmp_path / "state.db") as store, pytest.raises(KeyboardInterrupt):
+    with StateStore(tmp_path / "state.db") as store, pytest.raises(Interrupted):
         run(p, agents=agents, store=store, observers=[StopAfter(1)])
     folded = {}
 

@@ -7,19 +7,19 @@ that aggregation starts at its share step. The coordinator names the aggregation
 name any: what must hold is what holds for an advertise task, one key set per (job, round,
 phase), however often and by whichever task it is asked for. The five unmodified silo agents
 and the coordinator are those of tests/adversarial/test_masking.py; each test asserts that the
-attack fails (the target's update does not decode), against the honest control first.
+attack fails (the target's update does not decode), against the honest control first. The last
+test holds the unmask task that carries keys to the booking an advertise task makes.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from fedsilo.silo.agent import SiloAgent
-from fedsilo.wire.messages import TaskResult
+from fedsilo.silo.tasks import TASK_KINDS
+from fedsilo.wire.messages import TaskMessage, TaskResult
 from fedsilo.wire.tasks.tensor_names import ADVERTISEMENT
 from fedsilo.wire.tensors import tensor_bytes
 from tests.adversarial.test_masking import (
-    DEPLOYMENT,
     PHASE,
     SILOS,
     TARGET,
@@ -27,6 +27,8 @@ from tests.adversarial.test_masking import (
     DeviatingCoordinator,
     consortium,
     decodes,
+    message_to,
+    restarted,
     secure_policy,
     true_update,
 )
@@ -129,20 +131,27 @@ def test_a_silo_restarted_after_folding_its_keys_sits_that_round_out(tmp_path: P
     # it folded, and makes no others for that round.
     c = consortium(secure_policy(), state=tmp_path)
     _, _, adverts = round_one_folding_round_two(c)
-    restarted = SiloAgent(
-        TARGET,
-        c.datasets[TARGET],
-        c.policy.model,
-        deployment=DEPLOYMENT,
-        secure_aggregation=c.policy.secure_aggregation,
-        identity=c.identities[TARGET],
-        roster=c.agents[TARGET].context.roster,
-        state=tmp_path / TARGET,
-    )
-    c.agents[TARGET] = restarted
+    c = restarted(c, TARGET, tmp_path)
     coordinator = DeviatingCoordinator(c, round_no=2)
     assert TARGET not in coordinator.share(dict.fromkeys(SILOS, adverts))
     assert "out of order" in coordinator.refusals["share"][TARGET]
     asked = DeviatingCoordinator(c, round_no=2, tag="asked-")
     assert asked.advertise([TARGET]) == {}
     assert "already took the advertise step" in asked.refusals["advertise"][TARGET]
+
+
+def test_an_unmask_task_that_folds_keys_books_the_sample_count_an_advertise_task_would() -> None:
+    c = consortium(secure_policy())
+    context = c.agents[TARGET].context
+    unmask = {"survivors": SILOS, "signatures": {}}
+
+    def booked(config: dict, kind: str = "secagg_unmask") -> list[str]:
+        message = TaskMessage.decode(message_to(TARGET, kind, config, 1, "booked", c))
+        return [m.kind for m in TASK_KINDS[kind].releases(message, context)]
+
+    assert booked(unmask) == ["public"]
+    # the count's first release, whichever task carries it (no DP here: released as it is)
+    assert booked(unmask | {"advertise_next": ROUND_TWO}) == ["public", "none"]
+    assert booked({}, "secagg_advertise") == ["public", "none"]
+    DeviatingCoordinator(c).advertise([TARGET])  # the count leaves with the advertisement
+    assert booked(unmask | {"advertise_next": ROUND_TWO}) == ["public"]

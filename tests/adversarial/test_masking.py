@@ -121,6 +121,22 @@ def consortium(
     return Consortium(policy, datasets, agents, identities)
 
 
+def restarted(c: Consortium, silo: str, state: Path) -> Consortium:
+    """The consortium with `silo`'s agent started again from its state folder under `state`
+    (what it kept on disk, nothing it held in memory)."""
+    again = SiloAgent(
+        silo,
+        c.datasets[silo],
+        c.policy.model,
+        deployment=DEPLOYMENT,
+        secure_aggregation=c.policy.secure_aggregation,
+        identity=c.identities[silo],
+        roster=c.agents[silo].context.roster,
+        state=state / silo,
+    )
+    return replace(c, agents={**c.agents, silo: again})
+
+
 def true_update(c: Consortium, silo: str, round_no: int = 1) -> np.ndarray:
     """What `silo`'s training of round `round_no` produces (a fresh agent on the same data, no
     secure aggregation: training is seeded by the task, so it is the same update)."""
@@ -420,17 +436,7 @@ def test_a_restarted_silo_still_refuses_a_second_aggregation_of_the_round(tmp_pa
     c = consortium(secure_policy(), state=tmp_path)
     coordinator = DeviatingCoordinator(c)
     assert len(coordinator.advertise(SILOS)) == len(SILOS)
-    restarted = SiloAgent(
-        TARGET,
-        c.datasets[TARGET],
-        c.policy.model,
-        deployment=DEPLOYMENT,
-        secure_aggregation=c.policy.secure_aggregation,
-        identity=c.identities[TARGET],
-        roster=c.agents[TARGET].context.roster,
-        state=tmp_path / TARGET,
-    )
-    after_restart = DeviatingCoordinator(replace(c, agents={**c.agents, TARGET: restarted}))
+    after_restart = DeviatingCoordinator(restarted(c, TARGET, tmp_path))
     after_restart.tag = "after-restart-"
     assert after_restart.advertise([TARGET]) == {}
     assert "already took the advertise step" in after_restart.refusals["advertise"][TARGET]
