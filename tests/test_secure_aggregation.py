@@ -296,6 +296,26 @@ def test_each_masked_phase_of_a_round_folds_its_keys_for_the_same_phase_of_the_n
     assert advertised_by(seen, "secagg_unmask") == folded
 
 
+class EveryOtherRound(FedAvg):
+    """FedAvg that aggregates in odd rounds only (as FedDC aggregates every b rounds)."""
+
+    def round(self, state: ServerState, ctx: RoundContext) -> RoundScript:
+        if ctx.round % 2 == 0:
+            return state
+        return (yield from super().round(state, ctx))
+
+
+def test_a_phase_aggregated_every_other_round_folds_its_keys_two_rounds_ahead() -> None:
+    p = policy("masking", rounds=7)
+    seen, history = steps_taken(p, strategy=EveryOtherRound(p))
+    assert [r.status for r in history.records] == ["completed"] * 7
+    # a round later at first; two rounds once two aggregations have shown the gap
+    advertised = {(r, s) for r, _, kind, s, _ in seen if kind == "secagg_advertise"}
+    assert advertised == {(r, s) for r in (1, 3) for s in NAMES}
+    asked = {(r, s) for r, _, kind, s, carries in seen if kind == "secagg_unmask" and carries}
+    assert asked == {(r, s) for r in (1, 3, 5) for s in NAMES}  # round 7's: none, the last
+
+
 def test_a_coordinator_restarted_between_masked_rounds_gets_the_folded_keys_again(
     tmp_path: Path,
 ) -> None:
