@@ -41,7 +41,8 @@ import matplotlib.pyplot as plt
 from bench.common import write
 from bench.flower_runner import flower_python
 
-PEER = Path(__file__).resolve().parent / "flower_secagg_peer.py"
+REPO = Path(__file__).resolve().parent.parent
+PEER = "bench.flower_secagg_peer"  # run as a module from REPO: it imports bench.turns
 METHODS = ("plain", "secaggplus_complete", "secaggplus_sparse")
 SECURE = METHODS[1:]
 STAGES = 4  # messages per client in a SecAgg+ round: setup, share keys, collect, unmask
@@ -63,13 +64,14 @@ def run_peer(python: Path, rounds: int, order: list[str], timeout_s: float) -> d
     """One peer run: its JSON report, with the count of completed secure aggregations."""
     with tempfile.TemporaryDirectory(prefix="flower-secagg-") as folder:
         out, log = Path(folder) / "peer.json", Path(folder) / "peer.log"
-        command = [str(python), str(PEER), "--rounds", str(rounds), "--order", ",".join(order)]
+        command = [str(python), "-m", PEER, "--rounds", str(rounds), "--order", ",".join(order)]
         with log.open("w") as sink:
             done = subprocess.run(
                 [*command, "--out", str(out)],
                 stdout=sink,
                 stderr=subprocess.STDOUT,
                 timeout=timeout_s,
+                cwd=REPO,
                 env={**os.environ, "FLWR_TELEMETRY_ENABLED": "0"},
                 check=False,
             )

@@ -2,9 +2,10 @@
 bench/secagg.py's workload at 1e6 parameters run by Flower 1.41 instead of fedsilo.
 
 Runs under Flower's interpreter (FEDSILO_FLOWER_PYTHON; flwr pins protobuf<7 while fedsilo's
-stubs need protobuf 7), so it imports neither fedsilo nor bench.common, and it writes JSON only.
+stubs need protobuf 7), so it imports neither fedsilo nor bench.common (only bench.turns, which
+needs the standard library), and it writes JSON only; it runs from the repository root.
 
-    python bench/flower_secagg_peer.py --rounds R --order plain,secaggplus_sparse,...
+    python -m bench.flower_secagg_peer --rounds R --order plain,secaggplus_sparse,...
         --out F.json
 
 One process, no network: for each method one Flower ServerApp (legacy `LegacyContext` +
@@ -56,13 +57,14 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from bench.turns import Turns, take_turns
 
 if TYPE_CHECKING:
     import torch
@@ -104,26 +106,6 @@ def peak_rss_bytes() -> int:
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) * 1024
     raise RuntimeError("no VmHWM in /proc (Linux only)")
-
-
-class Turns:
-    """ServerApps that take turns, one round each: one works only while first in the queue; at
-    the end of its round it goes to the back."""
-
-    def __init__(self, names: list[str]) -> None:
-        self._queue = list(names)
-        self._changed = threading.Condition()
-
-    def wait(self, name: str) -> None:
-        with self._changed:
-            self._changed.wait_for(lambda: self._queue[0] == name)
-
-    def pass_on(self, name: str, finished: bool = False) -> None:
-        with self._changed:
-            self._queue.remove(name)
-            if not finished:
-                self._queue.append(name)
-            self._changed.notify_all()
 
 
 @dataclass
@@ -334,32 +316,17 @@ def run_all(order: list[str], rounds: int) -> dict[str, Clock]:
     # take their run and source node from it; replies take theirs from the instruction).
     TaskIdentity.task_id, TaskIdentity.run_id = TASK_ID, RUN_ID
     TaskIdentity.node_id = SUPERLINK_NODE_ID
-    turns = Turns(order)
     clocks: dict[str, Clock] = {}
-    errors: list[BaseException] = []
 
-    def go(method: str) -> None:
-        try:
-            turns.wait(method)
-            app, clocks[method] = deployment(method, rounds, turns)
-            contexts = {
-                node_id(c): Context(RUN_ID, node_id(c), {}, RecordDict(), {})
-                for c in range(CLIENTS)
-            }
-            grid = loopback_grid(dict.fromkeys(contexts, client_app(method)), contexts)
-            app(grid, Context(RUN_ID, SUPERLINK_NODE_ID, {}, RecordDict(), {}))
-        except BaseException as exc:  # re-raised in the calling thread
-            errors.append(exc)
-        finally:
-            turns.pass_on(method, finished=True)
+    def run(method: str, turns: Turns) -> None:
+        app, clocks[method] = deployment(method, rounds, turns)
+        contexts = {
+            node_id(c): Context(RUN_ID, node_id(c), {}, RecordDict(), {}) for c in range(CLIENTS)
+        }
+        grid = loopback_grid(dict.fromkeys(contexts, client_app(method)), contexts)
+        app(grid, Context(RUN_ID, SUPERLINK_NODE_ID, {}, RecordDict(), {}))
 
-    threads = [threading.Thread(target=go, args=(m,), name=f"flower-{m}") for m in order]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    if errors:
-        raise errors[0]
+    take_turns(order, run, "flower")
     return clocks
 
 

@@ -60,6 +60,7 @@ from nacl.signing import SigningKey
 from sklearn.datasets import make_classification
 
 from bench.common import count_parameters, write
+from bench.turns import Turns, take_turns
 from fedsilo.coordinator.engine import RoundEngine, RoundRecord
 from fedsilo.coordinator.strategies import make_strategy
 from fedsilo.coordinator.strategies.base import (
@@ -143,27 +144,6 @@ class Wiretap:
 
     def of_round(self, round_no: int) -> list[Call]:
         return [c for c in self.calls if c.round == round_no and c.kind != "evaluate"]
-
-
-class Turns:
-    """Deployments that take turns, one round each: round r of every method back to back, so
-    that load from elsewhere on the machine falls on all of them alike. A deployment runs only
-    while it is first in the queue; at the end of a round it goes to the back."""
-
-    def __init__(self, names: list[str]) -> None:
-        self._queue = list(names)
-        self._changed = threading.Condition()
-
-    def wait(self, name: str) -> None:
-        with self._changed:
-            self._changed.wait_for(lambda: self._queue[0] == name)
-
-    def pass_on(self, name: str, finished: bool = False) -> None:
-        with self._changed:
-            self._queue.remove(name)
-            if not finished:
-                self._queue.append(name)
-            self._changed.notify_all()
 
 
 class Rounds:
@@ -289,36 +269,22 @@ def side_by_side(
     """Every method's deployment of `rounds[method]` FedAvg rounds, taking turns: per method,
     its round records and CPU times, the wiretap's calls and the global model after each
     round."""
-    turns = Turns(list(rounds))
     outcomes: dict[str, dict[str, Any]] = {}
-    errors: list[BaseException] = []
 
-    def go(method: str) -> None:
-        try:
-            turns.wait(method)
-            engine, seen, tap, strategy = deployment(method, hidden, silos, rounds[method], turns)
-            engine.run()
-            failed = [r.error for r in seen.records if r.status != "completed"]
-            if failed:
-                raise RuntimeError(f"{method}, {silos} silos: a round failed: {failed[0]}")
-            outcomes[method] = {
-                "records": seen.records,
-                "cpu": seen.cpu,
-                "tap": tap,
-                "models": strategy.models,
-            }
-        except BaseException as exc:  # re-raised in the calling thread
-            errors.append(exc)
-        finally:
-            turns.pass_on(method, finished=True)
+    def run(method: str, turns: Turns) -> None:
+        engine, seen, tap, strategy = deployment(method, hidden, silos, rounds[method], turns)
+        engine.run()
+        failed = [r.error for r in seen.records if r.status != "completed"]
+        if failed:
+            raise RuntimeError(f"{method}, {silos} silos: a round failed: {failed[0]}")
+        outcomes[method] = {
+            "records": seen.records,
+            "cpu": seen.cpu,
+            "tap": tap,
+            "models": strategy.models,
+        }
 
-    threads = [threading.Thread(target=go, args=(m,), name=f"bench-{m}") for m in rounds]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    if errors:
-        raise errors[0]
+    take_turns(list(rounds), run, "bench")
     return outcomes
 
 
