@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any, TypeVar
@@ -144,11 +144,15 @@ def inner_message(message: TaskMessage) -> TaskMessage:
     return replace(message, config=config.inner)
 
 
-def new_session(ctx: SiloContext, protocol: str, aggregation: str) -> dict[str, Any]:
-    """A fresh store for one aggregation of `protocol` (its `session_key`); an older one is
-    dropped (one aggregation at a time, so an older one can no longer be finished)."""
+def new_session(
+    ctx: SiloContext, protocol: str, aggregation: str, keep: Collection[str] = ()
+) -> dict[str, Any]:
+    """A fresh store for one aggregation of `protocol` (its `session_key`); older ones are
+    dropped (one aggregation at a time, so an older one can no longer be finished), except
+    those `keep` names (masking's keys advertised ahead for a later aggregation)."""
     sessions = ctx.store.sessions.setdefault(protocol, {})
-    sessions.clear()
+    for key in [k for k in sessions if k not in keep]:
+        del sessions[key]
     sessions[aggregation] = {}
     return sessions[aggregation]
 

@@ -85,6 +85,7 @@ from fedsilo.silo.tasks.base import (
     config_of,
     find_session,
     inner_message,
+    new_session,
     session_id,
     session_key,
     task_result,
@@ -126,8 +127,11 @@ def _advertisement(
         label = aggregation_label(ctx.deployment, round_no, phase)
         aggregation_log(ctx).claim(label, "advertise")
         keys = MaskingKeys.generate()
-        session = _new_session(sessions, round_no, phase, message.round)
+        session = new_session(
+            ctx, "secagg", session_key(round_no, phase), keep=_ahead(sessions, message.round)
+        )
         session |= {
+            "round": round_no,
             "keys": keys,
             "advert": keys.advertise(ctx.name, identity, label).to_bytes(),
             "count": ctx.reports(message.task_id, "train").count(len(ctx.data.y_train)),
@@ -136,20 +140,13 @@ def _advertisement(
     return session["advert"], session["count"]
 
 
-def _new_session(
-    sessions: dict[str, dict[str, Any]], round_no: int, phase: str, now: int
-) -> dict[str, Any]:
-    """A fresh session for the aggregation of `phase` in round `round_no`, made during round
-    `now`. Older ones are dropped (one aggregation at a time: an older one can no longer be
-    finished), except key sets advertised ahead, for aggregations of round `now` or later,
-    whose shares have not gone out (up to `PENDING_SESSIONS` of them, the newest): a round of
-    two masked phases folds the keys of each for the next round's."""
+def _ahead(sessions: dict[str, dict[str, Any]], now: int) -> list[str]:
+    """The sessions a new one keeps, made during round `now`: key sets advertised ahead, for
+    aggregations of round `now` or later, whose shares have not gone out (up to
+    `PENDING_SESSIONS`, the newest): a round of two masked phases folds the keys of each for
+    the next round's."""
     unshared = [key for key, s in sessions.items() if _unshared(s) and s["round"] >= now]
-    pending = unshared[-PENDING_SESSIONS:]
-    for key in [k for k in sessions if k not in pending]:
-        del sessions[key]
-    sessions[session_key(round_no, phase)] = {"round": round_no}
-    return sessions[session_key(round_no, phase)]
+    return unshared[-PENDING_SESSIONS:]
 
 
 def _unshared(session: dict[str, Any]) -> bool:
@@ -317,9 +314,10 @@ def unmask(message: TaskMessage, ctx: SiloContext) -> TaskResult:
             "the survivors to unmask are not the set this silo confirmed: the consistency "
             "check fails, nothing is revealed"
         )
+    config = config_of(message, SecAggUnmask)
     signatures = {
         silo: bytes.fromhex(hex_signature)
-        for silo, hex_signature in config_of(message, SecAggUnmask).signatures.items()
+        for silo, hex_signature in config.signatures.items()
         if silo in survivors
     }
     statement = _statement(message, ctx, session, survivors)
@@ -341,15 +339,13 @@ def unmask(message: TaskMessage, ctx: SiloContext) -> TaskResult:
             revealed[REVEALED_KEY + silo] = bytes_tensor(piece[:block])
     for secret in ("keys", "seed", "received"):  # nothing left to reveal later
         session.pop(secret)
-    ahead = config_of(message, SecAggUnmask).advertise_next
-    if ahead is None:
-        return task_result(message, ctx, revealed)
-    try:  # the next aggregation's advertise step, folded into this answer
-        advert, count = _advertisement(message, ctx, ahead.round, ahead.phase)
-    except StepAlreadyTaken as taken:  # the shares are revealed all the same
-        log.warning("no keys folded into the unmask answer of %s: %s", message.task_id, taken)
-        return task_result(message, ctx, revealed)
-    revealed[ADVERTISEMENT] = bytes_tensor(advert)
+    count, ahead = 0, config.advertise_next
+    if ahead is not None:  # the next aggregation's advertise step, folded into this answer
+        try:
+            advert, count = _advertisement(message, ctx, ahead.round, ahead.phase)
+            revealed[ADVERTISEMENT] = bytes_tensor(advert)
+        except StepAlreadyTaken as taken:  # the shares are revealed all the same
+            log.warning("no keys folded into the unmask answer of %s: %s", message.task_id, taken)
     return task_result(message, ctx, revealed, num_samples=count)
 
 
