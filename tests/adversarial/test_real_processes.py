@@ -11,13 +11,21 @@ from pathlib import Path
 import grpc
 import pytest
 
+from fedsilo.coordinator.folded_keys import FoldedKeys
+from fedsilo.coordinator.phases import Phase, QuorumNotMet, WeightedMean
+from fedsilo.coordinator.replies import Accepted, accept
+from fedsilo.coordinator.secure_sum import MaskedMean
+from fedsilo.coordinator.strategies import make_strategy
+from fedsilo.coordinator.strategies.base import RoundContext
 from fedsilo.ops.coordinator_process import signed_policy
+from fedsilo.ops.job_id import job_id
 from fedsilo.ops.provision import load_coordinator_kit, load_silo_kit
 from fedsilo.wire import fedsilo_pb2_grpc as pb_grpc
 from fedsilo.wire.control import ACCEPT, ACK, Control, decode_control
 from fedsilo.wire.envelope import EnvelopeVerifier, seal
 from fedsilo.wire.framing import read_message, to_frames
-from fedsilo.wire.messages import TaskResult
+from fedsilo.wire.messages import TaskMessage, TaskResult
+from fedsilo.wire.payload import as_payload
 from fedsilo.wire.tasks import InitTask
 from tests.adversarial.deviating import DeviatingCoordinator
 from tests.deployment import Consortium, policy_document, provision
@@ -131,3 +139,53 @@ def test_an_envelope_replayed_to_a_restarted_coordinator_is_refused(
         pytest.fail(f"the restarted coordinator took the replayed envelope: {reply}")
     assert "replay" in (refused.value.details() or "")
     consortium.wait_for_log("restarted", "replay")
+
+
+def test_real_silos_refuse_a_masked_sum_of_fewer_silos_than_the_policys_min_silos(
+    consortium: Consortium,
+) -> None:
+    """Issue 36, attack 1, over processes: the signed policy says min_silos 3; a coordinator
+    runs the masking protocol over two `fedsilo silo start` processes. Each deployed silo holds
+    max(min_group, min_silos) as its smallest sum, as a simulated one does
+    (tests/adversarial/test_deny_by_default.py), so neither shares its secrets."""
+    document = policy_document(
+        secure_aggregation="masking", participants={"min_silos": 3, "phase_timeout_s": 20}
+    )
+    policy = consortium.write_policy(document)
+    pair = ("silo-0", "silo-1")
+    with DeviatingCoordinator(consortium, policy) as coordinator:
+        for silo in pair:
+            consortium.start_silo(silo, consortium.write_silo_config(silo, data=document["data"]))
+        for silo in pair:
+            coordinator.wait_until_accepted(silo, consortium)
+        job = job_id(coordinator.policy.name, coordinator.signed.digest)
+        initial = coordinator.ask(coordinator.task(pair[0], InitTask(seed=0), round_no=0)).result
+        assert initial.ok and initial.spec is not None, initial.error
+        strategy = make_strategy(coordinator.policy)
+        context = RoundContext(1, coordinator.policy.rounds, pair, coordinator.policy.seed, 2)
+        tasks = tuple(
+            strategy.train_task(s, initial.tensors["model"], initial.spec, context) for s in pair
+        )
+        refusals: dict[str, str] = {}
+
+        def collect(step: str, tasks, aggregate=None):
+            accepted, dropped = {}, {}
+            for task in tasks:
+                message = TaskMessage(
+                    f"{job}/r1/train/{step}/{task.silo}", 1, "train", task.silo, task.config,
+                    dict(task.tensors), task.spec, policy_digest=coordinator.signed.digest,
+                )  # fmt: skip
+                answer = coordinator.ask(message)
+                fate = accept(as_payload(answer.raw), message, aggregate)
+                if isinstance(fate, Accepted):
+                    accepted[task.silo] = fate
+                else:
+                    dropped[task.silo] = refusals[task.silo] = fate.reason
+            return accepted, dropped
+
+        masked = MaskedMean(collect, coordinator.policy.secure_aggregation, job, 1, 2,
+                            FoldedKeys(coordinator.policy.rounds))  # fmt: skip
+        with pytest.raises(QuorumNotMet):
+            masked.run(Phase("train", tasks, aggregate=WeightedMean(("model",))))
+    assert set(refusals) == set(pair), refusals
+    assert all("at least 3" in why for why in refusals.values()), refusals
