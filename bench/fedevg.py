@@ -82,7 +82,7 @@ from torch import nn
 from bench.common import RESULTS, write
 from bench.mixing import cell, spread
 from fedsilo.coordinator.engine import RunHistory
-from fedsilo.coordinator.seeding import derive_seed
+from fedsilo.policies.seeding import derive_seed
 from fedsilo.coordinator.synthetic import initial_synthetic_set, step_sizes, train_classifier
 from fedsilo.models.zoo import build_model, load_flat
 from fedsilo.ops.simulate import simulate

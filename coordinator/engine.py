@@ -67,7 +67,6 @@ from fedsilo.coordinator.replies import (
 from fedsilo.coordinator.routing import HandoffRouter
 from fedsilo.coordinator.running_mean import RunningMean
 from fedsilo.coordinator.secure_sum import MaskedMean
-from fedsilo.coordinator.seeding import derive_rng
 from fedsilo.coordinator.state import StateStore, digest_policy
 from fedsilo.coordinator.strategies.base import (
     RoundContext,
@@ -78,7 +77,8 @@ from fedsilo.coordinator.strategies.base import (
 from fedsilo.coordinator.summary import summarize_metrics
 from fedsilo.coordinator.transport import Delivery, Reply, Transport
 from fedsilo.policies.schema import Policy
-from fedsilo.wire.messages import SIMULATION, TaskMessage
+from fedsilo.policies.seeding import derive_rng
+from fedsilo.wire.messages import SIMULATION, TASK_STEPS, TaskMessage, task_id
 from fedsilo.wire.payload import digest_of
 from fedsilo.wire.tensors import LazyTensor, TensorBlocks
 
@@ -386,7 +386,7 @@ class RoundEngine:
             )
         if phase.route is not None:
             router = HandoffRouter(
-                lambda step, tasks: self.collect(phase.name, tasks, round_no, None, record, step),
+                lambda step, tasks: self.collect(phase.name, tasks, round_no, None, record),
                 quorum,
                 self.handoff_keys if self.policy.channel.sealed_handoffs else None,
                 derive_rng(self.policy.seed, "reroute", round_no, phase.name),
@@ -398,7 +398,7 @@ class RoundEngine:
             def collect(
                 step: str, tasks: Sequence[Task], aggregate: WeightedMean | None = None
             ) -> tuple[dict[str, Accepted], dict[str, str]]:
-                return self.collect(phase.name, tasks, round_no, aggregate, record, step)
+                return self.collect(phase.name, tasks, round_no, aggregate, record)
 
             if secure.method == "ckks":
                 ckks = CkksMean(collect, secure, self.silos, quorum, self.ckks_keys)
@@ -468,16 +468,17 @@ class RoundEngine:
         round_no: int,
         aggregate: WeightedMean | Identical | None,
         record: RoundRecord | None,
-        step: str | None = None,
         running: RunningMean | None = None,
     ) -> tuple[dict[str, Accepted], dict[str, str]]:
-        """Dispatch `tasks` (of `phase`, or of one `step` of it) and check every reply as it
-        arrives (feeding `running`, the phase's mean, if given): the accepted results, and
-        each other silo's reason for dropping out."""
-        prefix = f"{self.deployment}/r{round_no}/{phase}" + (f"/{step}" if step else "")
+        """Dispatch `tasks` (of `phase`, or of one step of it: each task's id names the step its
+        kind is, `TASK_STEPS`) and check every reply as it arrives (feeding `running`, the
+        phase's mean, if given): the accepted results, and each other silo's reason for
+        dropping out."""
         messages = {
             task.silo: TaskMessage(
-                task_id=f"{prefix}/{task.silo}",
+                task_id=task_id(
+                    self.deployment, round_no, phase, TASK_STEPS.get(task.kind), task.silo
+                ),
                 round=round_no,
                 phase=phase,
                 silo=task.silo,

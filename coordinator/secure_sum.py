@@ -14,12 +14,15 @@ reference plus the decoded sum over survivors divided by their total weight (the
 tensor sent, e.g. the model, or the `WeightedMean`'s reference for it; secure_mean.py).
 
 The coordinator only relays: silos verify each other's signed keys, so it cannot substitute
-one, and before anything is unmasked every survivor signs the survivor set with the view and
-the weights (`secagg_confirm`), and each silo checks t such signatures over its own view
-before it reveals a share (Bonawitz et al.'s consistency check). Drops: before sharing, a
-silo is simply left out; after sharing and before its masked input, its pairwise masks are
-removed with its key rebuilt from t shares; after its masked input, its self-mask is rebuilt
-the same way (a survivor that fails to confirm is still a survivor: its input is in the sum).
+one, and before anything is unmasked every survivor signs the survivor set with the view, the
+weights and the digest of the task it was sent (`secagg_confirm`), and each silo checks t
+such signatures over its own statement before it reveals a share (Bonawitz et al.'s
+consistency check), a survivor's self-mask share only if that survivor signed the same
+statement. Drops: before sharing, a silo is simply left out; after sharing and before its
+masked input, its pairwise masks are removed with its key rebuilt from t shares; after its
+masked input, its self-mask is rebuilt the same way once it has confirmed; a survivor that
+fails to confirm is treated as one that dropped before its masked input (its key rebuilt,
+its input left out of the sum, still masked).
 With the policy's `neighbours: k` (SecAgg+'s sparse graph, Bell et al. 2020) a silo sends
 shares to its graph neighbours only, which the coordinator relays as it relays all shares; it
 learns who masked with whom from where the shares went, and rebuilds each secret from t of
@@ -166,8 +169,9 @@ class MaskedMean(SecureMean):
         if ahead is not None:
             self.folded.keep(ahead, revealed)
         self._enough(phase, "unmask", len(revealed), threshold)
+        summed = {s: masked[s] for s in confirmed}  # a survivor's seed is revealed if it signed
         try:
-            return self._unmasked(phase, tasks, adverts, advertised, shared, masked, revealed)
+            return self._unmasked(phase, tasks, adverts, advertised, shared, summed, revealed)
         except MaskingError as exc:  # shares that do not rebuild a secret: the round is lost
             raise self.missed(phase, str(exc)) from exc
 
@@ -181,7 +185,9 @@ class MaskedMean(SecureMean):
         masked: Mapping[str, Accepted],
         revealed: Mapping[str, Accepted],
     ) -> PhaseOutcome:
-        """The mean from the survivors' masked inputs and the secrets rebuilt from shares."""
+        """The mean from the masked inputs of the survivors that confirmed (`masked`) and the
+        secrets rebuilt from shares: their self-masks, and the masking keys of every other silo
+        that shared (a survivor that did not confirm stays masked, out of the sum)."""
         assert isinstance(phase.aggregate, WeightedMean)
         threshold = self.config.share_threshold(len(adverts))
         weights = shares_of_weight(phase.aggregate.weights, advertised)

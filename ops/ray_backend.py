@@ -174,13 +174,12 @@ class SiloHost:
         self._agents: dict[str, SiloAgent] = {}
         self._ledgers: tempfile.TemporaryDirectory[str] | None = None
 
-    def load(self, policy_json: str, keys_json: str, consortium: int, threads: int) -> None:
+    def load(self, policy_json: str, keys_json: str, threads: int) -> None:
         """Forget every silo of an earlier run; build the next ones under this policy (under
         DP each with its ledger, in a temporary folder of this actor's)."""
         torch.set_num_threads(threads)  # how torch splits its sums: part of the arithmetic
         self._policy = Policy.model_validate_json(policy_json)
         self._keys = ConsortiumKeys.from_json(keys_json)
-        self._consortium = consortium
         self.unload()
         if self._policy.privacy.differentially_private:
             self._ledgers = tempfile.TemporaryDirectory(prefix="fedsilo-ledgers-")
@@ -191,7 +190,7 @@ class SiloHost:
         device, note = resolve_device(actor_device(self._policy.compute.device))
         folder = Path(self._ledgers.name) if self._ledgers is not None else None
         self._agents[data.name] = build_agent(
-            self._policy, data.name, data, device, self._consortium, self._keys, folder
+            self._policy, data.name, data, device, self._keys, folder
         )
         return note
 
@@ -307,7 +306,6 @@ def start_silos(
     policy: Policy,
     silos: Mapping[str, SiloDataset],
     keys: ConsortiumKeys,
-    consortium: int,
 ) -> tuple[RayTransport, str]:
     """A pool of `SiloHost` actors holding `silos` (silo i of the sorted names on actor
     i mod pool size), the transport to them, and where the silos train (first silo's note)."""
@@ -316,7 +314,7 @@ def start_silos(
     names = sorted(silos)
     size = pool_size(options, cluster, len(names))
     actors = host_pool(ray, options, size)
-    args = (policy.model_dump_json(), keys.to_json(), consortium, torch.get_num_threads())
+    args = (policy.model_dump_json(), keys.to_json(), torch.get_num_threads())
     ray.get([actor.load.remote(*args) for actor in actors])
     hosts = {name: actors[i % size] for i, name in enumerate(names)}
     transport = RayTransport(ray, hosts, actors)

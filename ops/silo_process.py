@@ -31,6 +31,7 @@ from fedsilo.silo.config import SiloConfig, load_silo_config
 from fedsilo.silo.device import resolve_device
 from fedsilo.silo.domains import check_domains
 from fedsilo.silo.readiness import check_model_for
+from fedsilo.silo.tasks.base import SiloKeys
 from fedsilo.wire.messages import STATUS_BUDGET_EXHAUSTED, BadTaskConfig, TaskMessage
 from fedsilo.wire.payload import AnyPayload
 
@@ -110,29 +111,15 @@ def _start_agent(
     agent = SiloAgent(
         kit.name,
         data,
-        policy.model,
-        device,
+        policy,
+        device=device,
         policy_digest=digest,
-        privacy=policy.privacy,
-        rounds=policy.rounds,
         secret=noise_secret(kit.signing_key),
         ledger=ledger,
         deployment=job,
         epsilon_cap=config.rules.epsilon_cap,
         total_epsilon_cap=config.rules.total_epsilon_cap,
-        consortium=len(kit.peers) + 1,
-        secure_aggregation=policy.secure_aggregation,
-        algorithm=policy.algorithm,
-        identity=kit.signing_key,
-        roster={
-            kit.name: kit.signing_key.verify_key,
-            **{name: peer.verify_key for name, peer in kit.peers.items()},
-        },
-        sealing_key=kit.sealing_key,
-        sealing_roster={
-            kit.name: kit.sealing_key.public_key,
-            **{name: peer.sealing_public_key for name, peer in kit.peers.items()},
-        },
+        keys=_keys(kit),
         state=config.state_path(config_path),
     )
     spent = ledger.spent(job)
@@ -160,6 +147,22 @@ def _start_agent(
         return encoded
 
     return endpoint
+
+
+def _keys(kit: SiloKit) -> SiloKeys:
+    """The silo's identity and its peers' keys, as provisioning pinned them in its kit."""
+    return SiloKeys(
+        identity=kit.signing_key,
+        roster={
+            kit.name: kit.signing_key.verify_key,
+            **{name: peer.verify_key for name, peer in kit.peers.items()},
+        },
+        sealing_key=kit.sealing_key,
+        sealing_roster={
+            kit.name: kit.sealing_key.public_key,
+            **{name: peer.sealing_public_key for name, peer in kit.peers.items()},
+        },
+    )
 
 
 def _settings(kit: SiloKit, poll_seconds: float) -> ChannelSettings:

@@ -22,6 +22,7 @@ from fedsilo.policies.schema import Policy
 from fedsilo.privacy.ledger import PrivacyLedger
 from fedsilo.silo.agent import SiloAgent
 from fedsilo.silo.data import SiloDataset
+from fedsilo.silo.tasks.base import SiloKeys
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,17 @@ class ConsortiumKeys:
         """Each silo's public sealing key: what hand-offs to it are sealed to."""
         return {n: PrivateKey(k).public_key for n, k in self.sealing.items()}
 
+    def of(self, name: str) -> SiloKeys:
+        """Silo `name`'s keys (a name without keys, the central reference's pooled silo, has
+        none of its own but knows the members')."""
+        identity, sealing = self.identities.get(name), self.sealing.get(name)
+        return SiloKeys(
+            identity=SigningKey(identity) if identity is not None else None,
+            roster=self.roster,
+            sealing_key=PrivateKey(sealing) if sealing is not None else None,
+            sealing_roster=self.sealing_roster,
+        )
+
     def to_json(self) -> str:
         return json.dumps(
             {
@@ -71,32 +83,14 @@ def build_agent(
     name: str,
     data: SiloDataset,
     device: torch.device,
-    consortium: int,
     keys: ConsortiumKeys,
     ledgers: Path | None = None,
 ) -> SiloAgent:
-    """The agent of silo `name` (a name without keys, the central reference's pooled silo,
-    gets none), booking its releases in `ledgers`/<name>.jsonl when a folder is given (a DP
-    policy: as a deployed silo books them)."""
+    """The agent of silo `name`, built as a deployed silo is (`SiloAgent`, from the policy),
+    booking its releases in `ledgers`/<name>.jsonl when a folder is given (a DP policy: as a
+    deployed silo books them)."""
     ledger = None if ledgers is None else PrivacyLedger(ledgers / f"{name}.jsonl")
-    identity = keys.identities.get(name)
-    sealing = keys.sealing.get(name)
-    return SiloAgent(
-        name,
-        data,
-        policy.model,
-        device,
-        privacy=policy.privacy,
-        rounds=policy.rounds,
-        ledger=ledger,
-        consortium=consortium,
-        secure_aggregation=policy.silo_secure_aggregation,
-        algorithm=policy.algorithm,
-        identity=SigningKey(identity) if identity is not None else None,
-        roster=keys.roster,
-        sealing_key=PrivateKey(sealing) if sealing is not None else None,
-        sealing_roster=keys.sealing_roster,
-    )
+    return SiloAgent(name, data, policy, device=device, ledger=ledger, keys=keys.of(name))
 
 
 def read_ledgers(folder: Path | None) -> dict[str, bytes]:

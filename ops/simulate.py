@@ -123,14 +123,12 @@ def simulate(
             from fedsilo.ops.ray_backend import ray_session, start_silos
 
             ray = stack.enter_context(ray_session(address))
-            transport, device_note = start_silos(ray, policy, silos, keys, len(datasets))
+            transport, device_note = start_silos(ray, policy, silos, keys)
         else:
             keep_freed_memory()  # every silo's buffers come back each round (ops/memory.py)
             device, device_note = resolve_device(policy.compute.device)
             endpoints = {
-                name: build_agent(
-                    policy, name, data, device, len(datasets), keys, ledgers
-                ).handle_bytes
+                name: build_agent(policy, name, data, device, keys, ledgers).handle_bytes
                 for name, data in silos.items()
             }
             transport = InProcessTransport(endpoints, max_parallel=min(4, os.cpu_count() or 1))

@@ -1,59 +1,95 @@
-"""Daisy-chain hand-offs: a model packed for one recipient silo, sealed or in the clear.
+"""Daisy-chain hand-offs: a model packed for one recipient silo, signed by its sender, sealed
+or in the clear.
 
-`pack` writes the flat model as safetensors with a binding (deployment and round) in its
-metadata; `seal` puts that in a nacl `SealedBox` for the recipient's X25519 key, so the
-coordinator that relays it cannot read it and the recipient learns nothing of the sender
-(a sealed box carries only an ephemeral key). `unpack` checks the binding, so an old hand-off
-replayed in another round, or one from another deployment, is refused; `open_sealed` first
-opens the box with the recipient's private key. A sealed box authenticates no sender: the
-coordinator authenticates senders by their signed envelopes, and could inject a model of its
-own (the FedDC paper's appendix A.7 discusses this limit; only DP protects the recipient's
-view).
+`pack` writes the flat model as safetensors with its binding (deployment, round, phase and
+recipient) and its sender's name in the metadata, and signs those bytes with the sender's
+provisioned Ed25519 identity; `seal` puts them in a nacl `SealedBox` for the recipient's X25519
+key, so the coordinator that relays them cannot read them. `unpack` checks the sender's
+signature against the roster and the binding, so a model the coordinator made itself (anyone
+can seal to a public key: the FedDC paper's appendix A.7 names this limit of sealed boxes),
+an old hand-off replayed in another round or phase, one for another silo, or one from another
+deployment is refused; `open_sealed` first opens the box with the recipient's private key.
+The recipient learns who sent it, which the round's public seed tells it anyway (cyclic's
+order and FedDC's permutations are drawn from it).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 import torch
-from nacl.exceptions import CryptoError
+from nacl.exceptions import BadSignatureError, CryptoError
 from nacl.public import PrivateKey, PublicKey, SealedBox
+from nacl.signing import SigningKey, VerifyKey
 from safetensors import SafetensorError
 from safetensors.torch import load, save
 
 from fedsilo.wire.tasks.tensor_names import MODEL
 
-BINDING = "binding"
+BINDING, SENDER = "binding", "sender"
+SIGNATURE_BYTES = 64
 
 
 class HandoffError(ValueError):
-    """A hand-off that cannot be used: not for this silo, round or deployment, or malformed."""
+    """A hand-off that cannot be used: not signed by a member, not for this silo, round, phase
+    or deployment, or malformed."""
 
 
-def binding(deployment: str, round_no: int) -> str:
-    return f"{deployment}/round {round_no}"
+@dataclass(frozen=True)
+class Binding:
+    """Where a hand-off belongs: one deployment's round and phase, and its recipient (None: a
+    plain hand-off, which the sender packs without knowing who takes delivery)."""
+
+    deployment: str
+    round: int
+    phase: str
+    recipient: str | None
+
+    @property
+    def text(self) -> str:
+        return f"{self.deployment}/r{self.round}/{self.phase}->{self.recipient or '*'}"
 
 
-def pack(model: torch.Tensor, bound_to: str) -> bytes:
+def pack(model: torch.Tensor, binding: Binding, sender: str, identity: SigningKey) -> bytes:
+    """The model, its binding and its sender, signed by the sender's identity."""
     if not bool(torch.isfinite(model).all()):
         raise HandoffError("refusing to hand off a model with NaN or infinite values")
-    return save({MODEL: model.detach().cpu().contiguous()}, metadata={BINDING: bound_to})
+    body = save(
+        {MODEL: model.detach().cpu().contiguous()},
+        metadata={BINDING: binding.text, SENDER: sender},
+    )
+    return bytes(identity.sign(body))
 
 
-def unpack(data: bytes, bound_to: str) -> torch.Tensor:
+def unpack(
+    data: bytes, binding: Binding, roster: Mapping[str, VerifyKey]
+) -> tuple[torch.Tensor, str]:
+    """The model a member handed on under `binding`, and the member's name."""
+    signature, body = data[:SIGNATURE_BYTES], data[SIGNATURE_BYTES:]
     try:
-        tensors = load(data)
-        found = _metadata(data).get(BINDING)
+        metadata = _metadata(body)
+        tensors = load(body)
     except (SafetensorError, ValueError) as exc:  # json's errors are ValueErrors
         raise HandoffError(f"malformed hand-off: {exc}") from None
-    if found != bound_to:
-        raise HandoffError(f"the hand-off is bound to {found!r}, not {bound_to!r}")
+    sender = metadata.get(SENDER)
+    if sender not in roster or sender == binding.recipient:
+        raise HandoffError(f"the hand-off names {sender!r} as its sender, no other member")
+    try:
+        roster[sender].verify(body, signature)
+    except (BadSignatureError, ValueError):
+        raise HandoffError(f"the hand-off is not signed by {sender}'s identity") from None
+    if metadata.get(BINDING) != binding.text:
+        raise HandoffError(
+            f"the hand-off is bound to {metadata.get(BINDING)!r}, not {binding.text!r}"
+        )
     model = tensors.get(MODEL)
     if model is None or set(tensors) != {MODEL}:
         raise HandoffError(f"a hand-off holds exactly one tensor {MODEL!r}, not {sorted(tensors)}")
     if not bool(torch.isfinite(model).all()):
         raise HandoffError("the handed-off model holds NaN or infinite values")
-    return model
+    return model, sender
 
 
 def seal(packed: bytes, recipient: PublicKey) -> bytes:

@@ -13,14 +13,19 @@ cryptography both ends share. The protocol's four steps live with their parties
 - `advertisement_digest`: what names one silo's view of an aggregation (the label and every
   advertised key); shares are encrypted bound to it, so a share made under another view (a
   coordinator that relayed different key sets to different silos) does not open.
-- `consistency_statement` / `count_confirmations`: Bonawitz et al.'s consistency check. After
-  the masked inputs, every survivor signs the label, its view, the weight vector and the
-  survivor set with its provisioned identity; a silo reveals shares only after verifying t
-  signatures from survivors over exactly its own statement. Honest silos sign one statement
-  per aggregation, so with 2t > n + c a coordinator cannot show two survivor sets (one with a
-  silo, to get its seed, one without, to get its key) to t silos each.
-- `weight_problem`: the rule coordinator-chosen weights must follow (in [0, 1], summing to at
-  most 1, and at least `min_group` silos of the sum carrying `min_weight` or more).
+- `consistency_statement` / `signed_by`: Bonawitz et al.'s consistency check, extended to
+  what the silos received. After the masked inputs, every survivor signs the label, its view,
+  the weight vector, the survivor set and the digest of the task its input was for with its
+  provisioned identity; a silo reveals shares only after verifying t signatures from
+  survivors over exactly its own statement, and reveals a survivor's self-mask share only when
+  that survivor signed the same statement (another survivor's input stays masked: its
+  masking-key share is revealed as a dropped silo's is). Honest silos sign one statement per
+  aggregation, so with 2t > n + c a coordinator cannot show two survivor sets (one with a
+  silo, to get its seed, one without, to get its key) to t silos each, nor unmask the input of
+  a silo it sent another model or other settings than the rest.
+- `weight_problem`: the rule coordinator-chosen weights must follow (no key outside the
+  aggregation, each finite and in [0, 1], summing to at most 1, and at least `min_group`
+  silos of the sum carrying `min_weight` or more).
 - `split_secret` (`shares_for`: at some indices only) / `combine_shares`: t-of-n Shamir
   sharing of 16-byte blocks over GF(2^128), block by block for longer secrets, in the field
   and share encoding of PyCryptodome's `Shamir` (x^128 + x^7 + x^2 + x + 1, 16-byte
@@ -380,35 +385,38 @@ def advertisement_digest(context: bytes, adverts: Mapping[str, Advertisement]) -
 
 
 def consistency_statement(
-    context: bytes, view: bytes, weights: Mapping[str, float], survivors: Iterable[str]
+    context: bytes,
+    view: bytes,
+    weights: Mapping[str, float],
+    survivors: Iterable[str],
+    task: bytes,
 ) -> bytes:
     """What every survivor signs before any share is revealed: the aggregation, the view of its
-    advertisements, the weight vector and the survivor set."""
+    advertisements, the weight vector, the survivor set and the digest of the task it masked
+    its input for (silo/tasks/base.py `task_digest`: the same model and settings for all)."""
     body = json.dumps({"weights": sorted(weights.items()), "survivors": sorted(survivors)})
-    return b"|".join((b"fedsilo/secagg-consistency", context, view, body.encode()))
+    parts = (b"fedsilo/secagg-consistency", context, view, body.encode(), task.hex().encode())
+    return b"|".join(parts)
 
 
 def confirm(identity: SigningKey, statement: bytes) -> bytes:
     return identity.sign(statement).signature
 
 
-def count_confirmations(
-    statement: bytes, signatures: Mapping[str, bytes], roster: Mapping[str, VerifyKey], enough: int
-) -> int:
-    """How many of `signatures` (by silo) are valid signatures of `statement` by that silo's
-    identity in `roster`, counted up to `enough` (what the check needs: the rest are not
-    verified); a signature by anyone else, or over anything else, counts nothing."""
-    valid = 0
+def signed_by(
+    statement: bytes, signatures: Mapping[str, bytes], roster: Mapping[str, VerifyKey]
+) -> set[str]:
+    """The silos among `signatures` whose signature is a valid one of `statement` by their
+    identity in `roster`; a signature by anyone else, or over anything else, counts nothing."""
+    valid = set()
     for silo, signature in signatures.items():
-        if valid >= enough:
-            break
         if silo not in roster:
             continue
         try:
             roster[silo].verify(statement, signature)
         except (BadSignatureError, ValueError):
             continue
-        valid += 1
+        valid.add(silo)
     return valid
 
 
@@ -418,18 +426,25 @@ def weight_problem(
     members: Iterable[str],
     min_group: int,
     min_weight: float,
+    view: Collection[str],
 ) -> str | None:
     """Why a weight vector must be refused by `me` (a silo of the sum; None: one that only
-    checks it, e.g. a decryptor) for a sum over `members`, or None."""
+    checks it, e.g. a decryptor) for a sum over `members`, or None. `view`: the silos a weight
+    may name at all (those that advertised keys for the aggregation, or the consortium): a key
+    for any other would let the vector's sum rule say nothing of the members' weights."""
     members = sorted(members)
+    strangers = sorted(set(weights) - set(view))
+    if strangers:
+        return f"the weight vector names {strangers}, which are not in this aggregation"
     missing = [m for m in members if m not in weights]
     if missing:
         return f"the weight vector gives no weight to {missing}"
-    values = [float(weights[m]) for m in members]
-    if any(not 0.0 <= w <= 1.0 for w in values):
-        return f"weights must lie in [0, 1], not {sorted(weights.items())}"
-    if sum(float(w) for w in weights.values()) > 1.0 + WEIGHT_SLACK:
+    values = [float(w) for w in weights.values()]
+    if any(not (math.isfinite(w) and 0.0 <= w <= 1.0) for w in values):
+        return f"weights must be finite and lie in [0, 1], not {sorted(weights.items())}"
+    if math.fsum(values) > 1.0 + WEIGHT_SLACK:
         return "the weights sum to more than 1"
+    values = [float(weights[m]) for m in members]
     if me is not None and me not in members:
         return f"{me} is not among the silos the weights are for"
     carrying = sum(1 for w in values if w >= min_weight)

@@ -25,29 +25,23 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
-from nacl.public import PrivateKey, PublicKey
-from nacl.signing import SigningKey, VerifyKey
 
-from fedsilo.policies.algorithms.base import AlgorithmBase
-from fedsilo.policies.model import ModelConfig
-from fedsilo.policies.privacy import PrivacyConfig
-from fedsilo.policies.secure_aggregation import SecureAggregationConfig
+from fedsilo.policies.schema import Policy
 from fedsilo.privacy.accounting import Mechanism
 from fedsilo.privacy.accounting import total as total_epsilon
 from fedsilo.privacy.ledger import LedgerRecord, PrivacyLedger, payload_digest
 from fedsilo.privacy.receipts import Receipt
-from fedsilo.silo import release_gate
+from fedsilo.silo import contract_gate, release_gate
 from fedsilo.silo.answers import FOLDER, AnswerStore
 from fedsilo.silo.data import SiloDataset
 from fedsilo.silo.state import LocalState
 from fedsilo.silo.tasks import TASK_KINDS
-from fedsilo.silo.tasks.base import SiloContext
+from fedsilo.silo.tasks.base import SiloContext, SiloKeys
 from fedsilo.wire.messages import (
     SIMULATION,
     STATUS_BUDGET_EXHAUSTED,
@@ -66,60 +60,42 @@ class SiloAgent:
         self,
         name: str,
         data: SiloDataset,
-        model_config: ModelConfig,
+        policy: Policy,
+        *,
         device: torch.device | str = "cpu",
         policy_digest: str | None = None,
-        *,
-        privacy: PrivacyConfig | None = None,
-        rounds: int = 1,
         secret: bytes = b"",
         ledger: PrivacyLedger | None = None,
         deployment: str = SIMULATION,
         epsilon_cap: float | None = None,
         total_epsilon_cap: float | None = None,
-        consortium: int = 1,
-        secure_aggregation: SecureAggregationConfig | None = None,
-        identity: SigningKey | None = None,
-        roster: Mapping[str, VerifyKey] | None = None,
-        sealing_key: PrivateKey | None = None,
-        sealing_roster: Mapping[str, PublicKey] | None = None,
+        keys: SiloKeys | None = None,
         state: Path | None = None,
-        algorithm: AlgorithmBase | None = None,
     ) -> None:
-        """`policy_digest`: the policy this silo accepted; tasks under another are refused
-        (None in simulations, where there is no signed policy). `privacy` and `rounds`: that
-        policy's privacy section and length, the only source of this silo's DP parameters.
-        `secret`: key material that seeds the silo's noise. `ledger`: where every answer of
-        `deployment` (the job id) is booked (None: nothing is booked, no budget is enforced);
-        `epsilon_cap`: the silo's own cap per job, enforced beside the policy's;
-        `total_epsilon_cap`: the silo's cap over all jobs in the ledger. `consortium`: how many
-        silos the deployment has (a round can ask no more to share its client-level noise).
-        `secure_aggregation`: the policy's section; `identity` signs this silo's masking keys
-        and `roster` (every member's verify key) checks its peers'. `sealing_key` opens what
-        members seal to this silo (CKKS keys, daisy-chain hand-offs) and `sealing_roster` holds
-        every member's public sealing key, as provisioning pinned it. `state`: the folder where
-        the silo keeps what must outlive its process (SuPerFed's local model, its answers;
-        None: memory). `algorithm`: the policy's algorithm section, which decides what the
-        silo's own data-like releases may be (FedDRO's point clouds)."""
+        """The one way a silo is built, in simulations and deployments alike: from `policy`,
+        the silo's own copy of the signed policy, the only source of its model, training,
+        DP parameters, secure-aggregation rules and algorithm contract.
+
+        `policy_digest`: the policy this silo accepted; tasks under another are refused (None
+        in simulations, where there is no signed policy). `secret`: key material that seeds
+        the silo's noise. `ledger`: where every answer of `deployment` (the job id) is booked
+        (None: nothing is booked, no budget is enforced); `epsilon_cap`: the silo's own cap
+        per job, enforced beside the policy's; `total_epsilon_cap`: the silo's cap over all
+        jobs in the ledger. `keys`: its identity and the members' keys, as provisioning pinned
+        them (their roster is the consortium it knows). `state`: the folder where the silo
+        keeps what must outlive its process (SuPerFed's local model, its answers; None:
+        memory)."""
         local_state = LocalState(state, deployment)
         self.context = SiloContext(
             name,
             data,
-            model_config,
+            policy,
             torch.device(device),
-            privacy=privacy or PrivacyConfig(),
-            rounds=rounds,
+            state=local_state,
             secret=secret,
-            consortium=consortium,
             deployment=deployment,
             job=policy_digest or "",
-            secure_aggregation=secure_aggregation or SecureAggregationConfig(),
-            identity=identity,
-            roster=dict(roster or {}),
-            sealing_key=sealing_key,
-            sealing_roster=dict(sealing_roster or {}),
-            state=local_state,
-            algorithm=algorithm,
+            keys=keys or SiloKeys(),
         )
         self.policy_digest = policy_digest
         self.ledger = ledger
@@ -130,6 +106,7 @@ class SiloAgent:
         keeps_answers = ledger is not None or self.context.privacy.differentially_private
         folder = None if local_state.folder is None else local_state.folder / FOLDER
         self.answers = AnswerStore(folder) if keeps_answers else None
+        self._answered: set[str] = set()  # task ids answered, where no answer store keeps them
         self._lock = threading.Lock()  # one task at a time: checked, run, booked, kept
 
     @property
@@ -148,12 +125,17 @@ class SiloAgent:
 
     def _respond(self, message: TaskMessage) -> tuple[TaskResult, Payload]:
         started = time.perf_counter()
-        problem = self._misaddressed(message.header) or release_gate.refusal(message, self.context)
+        problem = self._misaddressed(message.header)
         if problem is not None:
             return self._refused_unrun(message.header, problem)
         given = self._given(message)
         if given is not None:
             return given
+        problem = contract_gate.refusal(message, self.context) or release_gate.refusal(
+            message, self.context
+        )
+        if problem is not None:
+            return self._refused_unrun(message.header, problem)
         try:
             releases = TASK_KINDS[message.kind].releases(message, self.context)
         except Exception as exc:  # e.g. a DP plan that cannot be calibrated
@@ -206,10 +188,15 @@ class SiloAgent:
 
     def _given(self, message: TaskMessage) -> tuple[TaskResult, Payload] | None:
         """The answer this task id already got (the same bytes), a refusal where that answer
-        is gone, or None for a task never answered."""
-        if self.answers is None:
-            return None
+        is gone (or no store keeps answers), or None for a task never answered: a task id
+        names one position of the algorithm (contract_gate.py), answered once."""
         job, task = self.context.job, message.task_id
+        if self.answers is None:
+            if task not in self._answered:
+                return None
+            why = f"task {task} was answered already; this silo answers each task once"
+            refusal = TaskResult(task, self.name, message.kind, STATUS_ERROR, error=why)
+            return refusal, Payload([refusal.encode()])
         kept = self.answers.answer(job, task)
         if kept is not None:
             return TaskResult.decode(kept), kept
@@ -242,8 +229,11 @@ class SiloAgent:
             record = self._book(message, body, releases or [Mechanism.public()], job or None)
             result = replace(result, receipt=self._receipt(message, body, record))
         encoded = result.encode_payload(block)  # its parts: the header, then the tensors' memory
-        if self.answers is not None and job == self.policy_digest:
-            self.answers.keep(self.context.job, message.task_id, message.round, encoded)
+        if job == self.policy_digest:
+            if self.answers is not None:
+                self.answers.keep(self.context.job, message.task_id, message.round, encoded)
+            else:
+                self._answered.add(message.task_id)
         return result, encoded
 
     def _book(

@@ -19,11 +19,13 @@ if TYPE_CHECKING:
 
 @dataclass
 class HostedModel:
-    """FedDC: the model this silo hosts, and FedProx's anchor for it (the model of the last
-    exchange); both None until the first model arrives."""
+    """FedDC and cyclic: the model this silo hosts, and FedProx's anchor for it (the model of
+    the last exchange); both None until the first model arrives. `delivered`: the (round,
+    phase) of the hand-off it hosts (None: it adopted the model, or trained its own since)."""
 
     model: Tensor | None = None
     anchor: Tensor | None = None
+    delivered: tuple[int, str] | None = None
 
 
 @dataclass

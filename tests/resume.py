@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+
 from fedsilo.coordinator.engine import RoundEngine, RunHistory
 from fedsilo.coordinator.state import StateStore
 from fedsilo.coordinator.strategies import make_strategy
 from fedsilo.coordinator.transport import InProcessTransport
+from fedsilo.ops.sim_silos import ConsortiumKeys, build_agent
 from fedsilo.policies.schema import Policy
-from fedsilo.silo.agent import SiloAgent
 from fedsilo.silo.data import load_consortium
 
 
@@ -20,12 +22,12 @@ def resumed_and_uninterrupted(
     """The policy's run stopped after `stop_after` rounds and resumed (fresh agents, the same
     state file), and the same run in one go."""
     datasets = load_consortium(policy.data, seed=policy.seed)
+    keys = ConsortiumKeys.generate(d.name for d in datasets)
 
     def engine(rounds: int, store: StateStore) -> RoundEngine:
         shorter = policy.model_copy(update={"rounds": rounds})
         agents = {
-            d.name: SiloAgent(d.name, d, shorter.model, algorithm=shorter.algorithm)
-            for d in datasets
+            d.name: build_agent(shorter, d.name, d, torch.device("cpu"), keys) for d in datasets
         }
         transport = InProcessTransport({n: a.handle_bytes for n, a in agents.items()})
         return RoundEngine(

@@ -54,7 +54,7 @@ def test_no_answer_changes_after_the_silo_sent_it(example: str) -> None:
 
     endpoints = {
         d.name: keeping(
-            build_agent(policy, d.name, d, torch.device("cpu"), len(datasets), keys).handle_bytes
+            build_agent(policy, d.name, d, torch.device("cpu"), keys).handle_bytes
         )
         for d in datasets
     }

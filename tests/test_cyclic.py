@@ -16,7 +16,7 @@ from nacl.public import PrivateKey
 
 from fedsilo.coordinator.engine import RoundEngine, RunHistory
 from fedsilo.coordinator.phases import PhaseOutcome
-from fedsilo.coordinator.seeding import derive_seed
+from fedsilo.policies.seeding import derive_seed
 from fedsilo.coordinator.state import StateStore
 from fedsilo.coordinator.strategies import make_strategy
 from fedsilo.coordinator.strategies.base import RoundContext

@@ -19,7 +19,7 @@ from sklearn.datasets import make_classification
 
 from fedsilo.coordinator.engine import RoundEngine, RunHistory
 from fedsilo.coordinator.radon import RadonError, radon_point
-from fedsilo.coordinator.seeding import derive_rng
+from fedsilo.policies.seeding import derive_rng
 from fedsilo.coordinator.strategies import make_strategy
 from fedsilo.coordinator.transport import InProcessTransport
 from fedsilo.policies.loading import PolicyError, parse_policy

@@ -123,7 +123,7 @@ def one_round(signals: dict[str, tuple[float, float, int]]) -> tuple[torch.Tenso
 
 
 def engine_setup_points(p: Policy) -> torch.Tensor:
-    from fedsilo.coordinator.seeding import derive_seed
+    from fedsilo.policies.seeding import derive_seed
     from fedsilo.coordinator.synthetic import initial_synthetic_set
 
     generator = torch.Generator().manual_seed(derive_seed(p.seed, "synthetic-init"))
@@ -132,7 +132,7 @@ def engine_setup_points(p: Policy) -> torch.Tensor:
 
 def replay(p: Policy, x: torch.Tensor, gradients: list[float]) -> torch.Tensor:
     """The points after the policy's rounds of Langevin steps with these constant gradients."""
-    from fedsilo.coordinator.seeding import derive_seed
+    from fedsilo.policies.seeding import derive_seed
 
     steps = step_sizes(p.rounds, 10.0, 1.0)
     for round_no, g in enumerate(gradients, start=1):

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from fedsilo.coordinator.engine import RoundEngine, RunHistory
-from fedsilo.coordinator.seeding import derive_seed
+from fedsilo.policies.seeding import derive_seed
 from fedsilo.coordinator.state import StateStore
 from fedsilo.coordinator.strategies import make_strategy
 from fedsilo.coordinator.transport import InProcessTransport

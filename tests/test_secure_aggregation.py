@@ -779,9 +779,11 @@ def test_honest_sample_count_weights_on_the_four_hospitals_pass_the_default_weig
     floor = section.weight_floor(len(counts))
     assert floor == 1 / 8
     for silo in counts:
-        assert weight_problem(weights, silo, counts, section.min_group, floor) is None
+        assert weight_problem(weights, silo, counts, section.min_group, floor, counts) is None
     skewed = {s: (0.95 if s == "va" else 0.05 / 3) for s in counts}
-    assert "min_weight" in (weight_problem(skewed, "va", counts, section.min_group, floor) or "")
+    assert "min_weight" in (
+        weight_problem(skewed, "va", counts, section.min_group, floor, counts) or ""
+    )
 
 
 @pytest.mark.parametrize("method", ["masking", "ckks"])

@@ -1,11 +1,12 @@
-"""Silo task handlers: training, FedProx, evaluation, loss reports, and the agent's refusals."""
+"""Silo task handlers: training, FedProx, evaluation, loss reports (what each computes, run as
+the agent runs a handler once a task passed its contract: `run`), and the agent's refusals."""
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
 import torch
 
-from fedsilo.policies.model import LinearModel, MlpModel
 from fedsilo.silo.agent import SiloAgent
 from fedsilo.silo.data import SiloDataset
 from fedsilo.silo.model_skeleton import ModelSkeleton
@@ -18,7 +19,11 @@ from fedsilo.wire.tasks import (
     TaskConfig,
     TrainTask,
 )
+from tests.silos import agent as built
+from tests.silos import honest, policy_with, run_handler
 from tests.wire_tasks import reworded
+
+LINEAR = {"name": "linear"}
 
 
 def separable(n: int = 200, seed: int = 0) -> SiloDataset:
@@ -42,10 +47,12 @@ def separable(n: int = 200, seed: int = 0) -> SiloDataset:
 
 @pytest.fixture
 def agent() -> SiloAgent:
-    return SiloAgent("a", separable(), LinearModel(name="linear"))
+    return built(separable(), policy_with(model=LINEAR))
 
 
 def message(agent: SiloAgent, config: TaskConfig, model: TaskResult | None = None) -> TaskMessage:
+    """A task under an id and position no engine uses (for refusals made before any
+    contract is read: a misaddressed task, a config that does not decode)."""
     tensors = dict(model.tensors) if model else {}
     kind = config.KIND
     return TaskMessage(
@@ -54,7 +61,10 @@ def message(agent: SiloAgent, config: TaskConfig, model: TaskResult | None = Non
 
 
 def run(agent: SiloAgent, config: TaskConfig, model: TaskResult | None = None) -> TaskResult:
-    return TaskResult.decode(agent.handle_bytes(message(agent, config, model).encode()))
+    """What `config`'s handler computes on the agent's data from `model` (`run_handler`)."""
+    return run_handler(
+        agent, config, model.tensors if model else None, model.spec if model else None
+    )
 
 
 def train_config(**overrides: Any) -> TrainTask:
@@ -92,12 +102,13 @@ def test_training_is_reproducible_for_a_seed(agent: SiloAgent) -> None:
 def test_a_silo_that_ran_tasks_before_trains_as_a_fresh_one() -> None:
     """The silo's kept network (silo/model_skeleton.py) is refilled for each task: training,
     evaluating and training again leaves nothing that changes the next task's answer."""
-    worn = SiloAgent("a", separable(), MlpModel(name="mlp", hidden=[8]))
+    mlp = policy_with(model={"name": "mlp", "hidden": [8]})
+    worn = built(separable(), mlp)
     initial = run(worn, InitTask(seed=0))
     trained = run(worn, train_config(optimizer="adam", lr=0.01), initial)
     run(worn, EvaluateTask(split="test"), trained)
     again = run(worn, train_config(optimizer="adam", lr=0.01, seed=4), trained)
-    fresh = SiloAgent("a", separable(), MlpModel(name="mlp", hidden=[8]))
+    fresh = built(separable(), mlp)
     alone = run(fresh, train_config(optimizer="adam", lr=0.01, seed=4), trained)
     assert again.tensors["model"].equal(alone.tensors["model"])
 
@@ -157,8 +168,7 @@ def test_agent_refuses_a_task_whose_config_is_not_its_kinds(agent: SiloAgent) ->
 
 
 def test_a_model_of_another_shape_is_refused_not_half_applied(agent: SiloAgent) -> None:
-    other = SiloAgent(
-        "a",
+    other = built(
         SiloDataset(
             "a",
             *([torch.zeros(4, 3), torch.zeros(4).long()] * 3),
@@ -167,24 +177,24 @@ def test_a_model_of_another_shape_is_refused_not_half_applied(agent: SiloAgent) 
             ("x", "y", "z"),
             (3,),
         ),
-        LinearModel(name="linear"),
+        policy_with(model=LINEAR),
     )
     foreign = run(other, InitTask(seed=0))
-    result = run(agent, train_config(), foreign)
-    assert result.status == "error" and "does not fit" in result.error
+    result = agent.handle(honest(agent, "train", 1, foreign.tensors, foreign.spec))
+    assert result.status == "error" and "spec is not this silo's model's" in result.error
+    with pytest.raises(ValueError, match="does not fit"):  # the handler refuses it too
+        run(agent, train_config(), foreign)
 
 
 def test_a_malformed_payload_gets_an_error_result() -> None:
-    reply = TaskResult.decode(
-        SiloAgent("a", separable(), LinearModel(name="linear")).handle_bytes(b"junk")
-    )
+    reply = TaskResult.decode(built(separable()).handle_bytes(b"junk"))
     assert reply.status == "error"
 
 
 def test_a_pinned_silo_refuses_tasks_under_another_policy() -> None:
-    pinned = SiloAgent("a", separable(), LinearModel(name="linear"), policy_digest="ab" * 32)
-    foreign = TaskMessage("t", 1, "init", "a", InitTask(seed=0), policy_digest="cd" * 32)
+    pinned = built(separable(), policy_digest="ab" * 32)
+    same = honest(pinned, "init", 0)
+    foreign = replace(same, policy_digest="cd" * 32)
     refused = pinned.handle(foreign)
     assert refused.status == "error" and "this silo accepted 'abababababab' only" in refused.error
-    same = TaskMessage("t", 1, "init", "a", InitTask(seed=0), policy_digest="ab" * 32)
     assert pinned.handle(same).ok

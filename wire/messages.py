@@ -39,10 +39,39 @@ SIMULATION = "simulation"
 # read through GCM (privacy/masking.py `_keystream`), not CTR with another counter: silos of
 # versions 2 and 3 would make pairwise masks that do not cancel, so they must not meet; 4: an
 # unmask task may ask for the next aggregation's keys (`advertise_next`), which a silo of
-# version 3 refuses as an unknown key, so the masked rounds of a mixed consortium would fail
-PROTOCOL_VERSION = 4
+# version 3 refuses as an unknown key, so the masked rounds of a mixed consortium would fail;
+# 5: a silo holds every task to its algorithm's contract (silo/contract_gate.py: task ids name
+# their position, a hand-off's own task no step), a masking survivor's statement and a CKKS
+# contribution cover the digest of the task they are for, and hand-offs are signed by their
+# sender: a silo of version 4 would sign other statements, so the two must not meet
+PROTOCOL_VERSION = 5
 
 SiloEndpoint = Callable[[bytes | AnyPayload], bytes | AnyPayload]
+
+# The steps of a phase that are tasks of their own kind (a secure sum's protocol steps, a
+# hand-off's reseal and delivery), by kind: a task id names its step; a phase's own tasks, which
+# these steps wrap or follow, name none.
+TASK_STEPS: dict[str, str] = {
+    "secagg_advertise": "advertise",
+    "secagg_share": "share",
+    "secagg_mask": "mask",
+    "secagg_confirm": "confirm",
+    "secagg_unmask": "unmask",
+    "ckks_keygen": "keygen",
+    "ckks_join": "join",
+    "ckks_encrypt": "encrypt",
+    "ckks_decrypt": "decrypt",
+    "daisy_reseal": "reseal",
+    "daisy_receive": "deliver",
+}
+
+
+def task_id(deployment: str, round_no: int, phase: str, step: str | None, silo: str) -> str:
+    """The id of `silo`'s task at one position of a deployment: `<deployment>/r<round>/<phase>`,
+    then the step when it is one of `TASK_STEPS`, then the silo. The engine names every task so
+    and a silo accepts no other name, so a position is answered once (silo/answers.py)."""
+    return f"{deployment}/r{round_no}/{phase}" + (f"/{step}" if step else "") + f"/{silo}"
+
 
 STATUS_OK = "ok"
 STATUS_ERROR = "error"

@@ -10,27 +10,25 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Generator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 import numpy as np
 import torch
 
 from fedsilo.coordinator.phases import Identical, Phase, PhaseOutcome, Task, WeightedMean
-from fedsilo.coordinator.seeding import derive_rng, derive_seed
 from fedsilo.coordinator.strategies.mixing_state import MixingState
 from fedsilo.models.architecture import spec_difference
+from fedsilo.policies.algorithms.contract import Position, derived_train, init_config
 from fedsilo.policies.schema import Policy
+from fedsilo.policies.seeding import derive_rng, derive_seed
 from fedsilo.wire.messages import schema_of
 from fedsilo.wire.tasks import (
     EvaluateTask,
     FeatureMoments,
-    InitTask,
-    LocalTraining,
     SchemaTask,
     Standardise,
     TaskConfig,
-    TrainTask,
 )
 from fedsilo.wire.tasks.tensor_names import (
     MODEL,
@@ -110,9 +108,7 @@ class Strategy:
         """Every silo builds the model from the run's seed; all answers must be identical."""
         if self.policy.data.scaling == "federated":
             yield from self.federated_scaling(ctx)
-        tasks = tuple(
-            Task(s, InitTask(seed=derive_seed(ctx.seed, "model-init"))) for s in ctx.silos
-        )
+        tasks = tuple(Task(s, init_config(self.policy)) for s in ctx.silos)
         out = yield Phase("init", tasks, aggregate=Identical((MODEL,)), quorum=1)
         ((first, tensors),) = out.tensors.items()
         for silo, digest in sorted(out.digests.items()):
@@ -198,31 +194,20 @@ class Strategy:
         model: torch.Tensor,
         spec: ParameterSpec,
         ctx: RoundContext,
-        prox_mu: float = 0.0,
-        **options: Any,
+        **chosen: Any,
     ) -> Task:
-        """A training task from `model`: the policy's training settings with `prox_mu` in the
-        config `train_config` builds (`options`: `TrainTask`'s optional fields)."""
-        training = self.policy.training
-        local = LocalTraining(
-            epochs=training.epochs,
-            steps=training.steps,
-            batch_size=training.batch_size,
-            optimizer=training.optimizer,
-            lr=training.lr_at(ctx.round - 1, ctx.total_rounds),
-            momentum=training.momentum,
-            weight_decay=training.weight_decay,
-            prox_mu=prox_mu,
-            seed=ctx.seed_for("train", silo),
-        )
-        return Task(silo, self.train_config(local, silo, ctx, **options), {MODEL: model}, spec)
+        """The round's training task for `silo` from `model`: the config the algorithm's silo
+        contract derives from the policy (policies/algorithms/contract.py), which every silo
+        checks, with the options the strategy chooses (`chosen`: AgnosticFedAvg's domain
+        weights, R-FedTorch's update scale)."""
+        config = self.train_config(Position(ctx.round, "train", silo), **chosen)
+        return Task(silo, config, {MODEL: model}, spec)
 
-    def train_config(
-        self, local: LocalTraining, silo: str, ctx: RoundContext, **options: Any
-    ) -> TaskConfig:
-        """The config of the strategy's training task: plain `train` here (SuPerFed and FedEvg
-        send their own kinds)."""
-        return TrainTask(local=local, **options)
+    def train_config(self, position: Position, **chosen: Any) -> TaskConfig:
+        """The config of the strategy's training task: `train` here (SuPerFed, FedEvg, SCAFFOLD
+        and FedDRO send their own kinds)."""
+        derived = derived_train(self.policy, position)
+        return replace(derived, **chosen) if chosen else derived
 
     @staticmethod
     def evaluate_task(

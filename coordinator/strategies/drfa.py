@@ -4,7 +4,9 @@ sum_k lambda_k f_k(w).
 
 A round: draw M silos from lambda with replacement (mixed with `uniform_mix` of the uniform
 distribution; redrawn until at least `min_contributors` distinct silos, else nobody trains this
-round and only lambda's probe runs), and a checkpoint step t' uniform in 1..tau. Each distinct
+round and only lambda's probe runs), and a checkpoint step t' uniform in 1..tau, drawn from the
+run's public seed and the round alone (`DrfaConfig.checkpoint_step`), so that every silo
+derives it from its own policy. Each distinct
 silo trains tau local steps from w-bar and sends its model and its checkpoint after t' steps;
 both are averaged with the draws' multiplicities as weights (secure aggregation applies to
 both). Then M silos drawn uniformly report their loss at the averaged checkpoint w-tilde, and
@@ -30,7 +32,6 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import replace
-from typing import Any
 
 import numpy as np
 
@@ -50,8 +51,8 @@ from fedsilo.coordinator.strategies.base import (
     Strategy,
 )
 from fedsilo.coordinator.strategies.mixing_state import MixingState
+from fedsilo.policies.algorithms.contract import Position
 from fedsilo.policies.algorithms.drfa import DrfaConfig, DrflmConfig
-from fedsilo.wire.tasks import LossProbe
 from fedsilo.wire.tasks.tensor_names import CHECKPOINT, MODEL
 
 log = logging.getLogger(__name__)
@@ -64,7 +65,6 @@ class Drfa(Strategy):
     """Min over the model, max over lambda: silos drawn from lambda (Deng et al. 2020)."""
 
     name = "drfa"
-    mixup = False
 
     @property
     def config(self) -> DrfaConfig | DrflmConfig:
@@ -85,17 +85,15 @@ class Drfa(Strategy):
         fedtorch = settings.variant == "fedtorch"
         if fedtorch:
             chosen, scales = self._draw_uniformly(lam, silos, active, draws, rng)
-            checkpoint = int(rng.integers(1, tau)) - 1  # before step k' in 1..tau-1
         else:
             chosen, scales = self._draw_from_lambda(lam, silos, active, draws, rng), {}
-            checkpoint = int(rng.integers(1, tau + 1))
         model = averaged = state.model
         if chosen is None:  # nobody trains; lambda is still probed, so it can move back
             log.info("drfa: round %d trains no one, too few distinct silos drawn", ctx.round)
         else:
             out = yield Phase(
                 "train",
-                self._train_tasks(state, ctx, sorted(chosen), checkpoint, scales),
+                self._train_tasks(state, ctx, sorted(chosen), scales),
                 # the checkpoint, like the model, is summed relative to the model sent
                 aggregate=WeightedMean(
                     (MODEL, CHECKPOINT), chosen, references={CHECKPOINT: state.model}
@@ -107,7 +105,12 @@ class Drfa(Strategy):
         probe = yield Phase(
             "probe",
             tuple(
-                Task(s, self._probe_config(s, ctx), {MODEL: averaged}, state.spec)
+                Task(
+                    s,
+                    settings.probe_config(self.policy, Position(ctx.round, "probe", s)),
+                    {MODEL: averaged},
+                    state.spec,
+                )
                 for s in sorted(reachable[i] for i in probed)
             ),
         )
@@ -138,21 +141,13 @@ class Drfa(Strategy):
         )
 
     def _train_tasks(
-        self,
-        state: ServerState,
-        ctx: RoundContext,
-        silos: list[str],
-        checkpoint: int,
-        scales: dict[str, float],
+        self, state: ServerState, ctx: RoundContext, silos: list[str], scales: dict[str, float]
     ) -> tuple[Task, ...]:
-        options: dict[str, Any] = {"checkpoint_step": checkpoint}
-        if self.mixup:
-            options |= {"mixup_alpha": self.config.mixup_alpha, "mixup_on": self.config.mixup_on}
+        """The drawn silos' train tasks: the checkpoint step and DRFLM's mixup derived from the
+        policy (`DrfaConfig.train_options`), R-FedTorch's scale chosen here (an explicit 1.0 is
+        sent as such: the silo is told its scale)."""
         return tuple(
-            # an explicit scale of 1.0 is sent as such: the silo is told its scale
-            self.train_task(
-                silo, state.model, state.spec, ctx, update_scale=scales.get(silo), **options
-            )
+            self.train_task(silo, state.model, state.spec, ctx, update_scale=scales.get(silo))
             for silo in silos
         )
 
@@ -198,16 +193,8 @@ class Drfa(Strategy):
         scales = {silos[i]: float(lam[i] * len(silos)) for i in chosen}
         return dict.fromkeys(scales, 1.0), scales
 
-    def _probe_config(self, silo: str, ctx: RoundContext) -> LossProbe:
-        if self.mixup and self.config.probe == "mixup":
-            return LossProbe(
-                split="train", mixup_alpha=self.config.mixup_alpha, seed=ctx.seed_for("probe", silo)
-            )
-        return LossProbe(split="train")
-
 
 class Drflm(Drfa):
     """DRFA whose silos train and report losses on local mixup."""
 
     name = "drflm"
-    mixup = True

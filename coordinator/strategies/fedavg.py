@@ -15,7 +15,6 @@ so the strategy sees only the noised mean, as FedOpt's server step does.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
 
 import torch
 
@@ -27,7 +26,6 @@ from fedsilo.coordinator.strategies.base import (
     Strategy,
 )
 from fedsilo.policies.algorithms import ApproxFedAvgConfig, FedAvgConfig, FedProxConfig
-from fedsilo.wire.tasks import LocalTraining, TaskConfig, TrainTask
 from fedsilo.wire.tasks.tensor_names import MODEL
 
 
@@ -42,8 +40,7 @@ class FedAvg(Strategy):
 
     def round(self, state: ServerState, ctx: RoundContext) -> RoundScript:
         chosen = self.sample_silos(ctx)
-        mu = self.config.prox_mu
-        tasks = tuple(self.train_task(s, state.model, state.spec, ctx, mu) for s in chosen)
+        tasks = tuple(self.train_task(s, state.model, state.spec, ctx) for s in chosen)
         out = yield Phase("train", tasks, aggregate=WeightedMean((MODEL,)))
         return replace(state, tensors=self.server_update(state, out.mean[MODEL]))
 
@@ -59,18 +56,7 @@ class FedProx(FedAvg):
 
 
 class ApproxFedAvg(FedAvg):
-    """FedAvg whose silos train on a soft maximum over their domains' losses (survey §V)."""
+    """FedAvg whose silos train on a soft maximum over their domains' losses (survey §V); the
+    temperature and reduction travel in its train tasks (`ApproxFedAvgConfig.train_options`)."""
 
     name = "approx_fedavg"
-
-    def train_config(
-        self, local: LocalTraining, silo: str, ctx: RoundContext, **options: Any
-    ) -> TaskConfig:
-        settings = self.policy.algorithm
-        assert isinstance(settings, ApproxFedAvgConfig)
-        return TrainTask(
-            local=local,
-            domain_temperature=settings.temperature,
-            domain_reduction=settings.domain_reduction,
-            **options,
-        )

@@ -121,7 +121,7 @@ class FedDC(Strategy):
     ) -> Task:
         """One round of local training of what `silo` hosts (after adopting the aggregate
         when it must); `send`: the result goes to the coordinator."""
-        base = self.train_task(silo, state.model, state.spec, ctx, self.config.prox_mu)
+        base = self.train_task(silo, state.model, state.spec, ctx)
         assert isinstance(base.config, TrainTask)
         adopting = silo in adopt
         config = DaisyTrain(train=base.config, adopt=adopting, send=send)

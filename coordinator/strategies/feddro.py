@@ -28,7 +28,6 @@ import torch
 
 from fedsilo.coordinator.feddro import barycenter, initial_clouds
 from fedsilo.coordinator.phases import Phase, Task, WeightedMean
-from fedsilo.coordinator.seeding import derive_seed
 from fedsilo.coordinator.strategies.base import (
     RoundContext,
     RoundScript,
@@ -38,7 +37,9 @@ from fedsilo.coordinator.strategies.base import (
 from fedsilo.coordinator.synthetic import train_classifier
 from fedsilo.models.zoo import build_model
 from fedsilo.policies.algorithms import FedDroConfig
-from fedsilo.wire.tasks import FedDroSupport, FedDroTrain, LocalTraining, TaskConfig
+from fedsilo.policies.algorithms.contract import Position
+from fedsilo.policies.seeding import derive_seed
+from fedsilo.wire.tasks import FedDroSupport, TaskConfig
 from fedsilo.wire.tasks.tensor_names import BARYCENTER, MODEL, PRESENT, SUPPORT
 
 SCHEMA = "schema"  # state.extra: the silos' input shape and number of classes
@@ -111,10 +112,8 @@ class FedDro(Strategy):
         task = self.train_task(silo, state.model, state.spec, ctx)
         return replace(task, tensors={**task.tensors, BARYCENTER: state.tensors[BARYCENTER]})
 
-    def train_config(
-        self, local: LocalTraining, silo: str, ctx: RoundContext, **options: Any
-    ) -> TaskConfig:
-        return FedDroTrain(local=local, **options)
+    def train_config(self, position: Position, **chosen: Any) -> TaskConfig:
+        return self.config.train_config(self.policy, position)
 
     def classifier(
         self, state: ServerState, clouds: torch.Tensor, ctx: RoundContext

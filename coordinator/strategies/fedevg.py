@@ -22,7 +22,6 @@ from typing import Any
 import torch
 
 from fedsilo.coordinator.phases import Phase, Task, WeightedMean
-from fedsilo.coordinator.seeding import derive_seed
 from fedsilo.coordinator.strategies.base import (
     RoundContext,
     RoundScript,
@@ -38,7 +37,9 @@ from fedsilo.coordinator.synthetic import (
 )
 from fedsilo.models.zoo import build_model
 from fedsilo.policies.algorithms import FedEvgConfig
-from fedsilo.wire.tasks import EnergySignals, LocalTraining, TaskConfig
+from fedsilo.policies.algorithms.contract import Position
+from fedsilo.policies.seeding import derive_seed
+from fedsilo.wire.tasks import TaskConfig
 from fedsilo.wire.tasks.tensor_names import (
     MODEL,
     SYNTHETIC,
@@ -93,23 +94,8 @@ class FedEvg(Strategy):
             tensors[MODEL] = self.classifier(state, moved, ctx)
         return replace(state, tensors=tensors)
 
-    def train_config(
-        self, local: LocalTraining, silo: str, ctx: RoundContext, **options: Any
-    ) -> TaskConfig:
-        config = self.config
-        return EnergySignals(
-            local=local,
-            energy=config.energy,
-            sgld_steps=config.client_sgld_steps,
-            sgld_step=config.client_sgld_step,
-            sgld_noise=config.client_sgld_noise,
-            gradient_clip=config.gradient_clip,
-            synthetic_ce_weight=config.synthetic_ce_weight,
-            spectral_norm=config.spectral_norm,
-            persist_local_model=config.persist_local_model,
-            model_seed=ctx.seed_for("energy-model", silo),
-            **options,
-        )
+    def train_config(self, position: Position, **chosen: Any) -> TaskConfig:
+        return self.config.energy_config(self.policy, position)
 
     def energy_task(self, silo: str, state: ServerState, ctx: RoundContext) -> Task:
         """A training task that carries the synthetic set instead of a model."""

@@ -71,6 +71,7 @@ from fedsilo.coordinator.strategies.base import (
 )
 from fedsilo.coordinator.strategies.fedopt import adaptive_step, with_moments
 from fedsilo.coordinator.strategies.mixing_state import MixingState
+from fedsilo.policies.algorithms.contract import Position
 from fedsilo.policies.algorithms.loss_weighted import (
     AAggFFConfig,
     AflConfig,
@@ -82,7 +83,6 @@ from fedsilo.policies.algorithms.loss_weighted import (
     TermConfig,
 )
 from fedsilo.wire.messages import DOMAIN_COUNT, DOMAIN_LOSS_SUM, domain_metric, domains_in
-from fedsilo.wire.tasks import LossProbe
 from fedsilo.wire.tasks.tensor_names import MODEL
 
 log = logging.getLogger(__name__)
@@ -98,20 +98,25 @@ class LossWeighted(Strategy):
     def config(self) -> LossWeightedConfig:
         return self.policy.algorithm  # type: ignore[return-value]
 
-    probe_config = LossProbe()
-
     def round(self, state: ServerState, ctx: RoundContext) -> RoundScript:
         chosen = self.sample_silos(ctx)
         probe = yield Phase(
             "loss",
-            tuple(Task(s, self.probe_config, {MODEL: state.model}, state.spec) for s in chosen),
+            tuple(
+                Task(
+                    s,
+                    self.config.probe_config(self.policy, Position(ctx.round, "loss", s)),
+                    {MODEL: state.model},
+                    state.spec,
+                )
+                for s in chosen
+            ),
         )
         mixing = MixingState.of(state.extra, MIXING, ctx.silos)
         weights, mixing = self.decide_from(probe.reports, mixing, ctx)
         options = self.train_options(mixing)
         tasks = tuple(
-            self.train_task(s, state.model, state.spec, ctx, self.config.prox_mu, **options)
-            for s in sorted(weights)
+            self.train_task(s, state.model, state.spec, ctx, **options) for s in sorted(weights)
         )
         out = yield Phase("train", tasks, aggregate=WeightedMean((MODEL,), weights))
         used = {s: weights[s] for s in out.answered}
@@ -259,10 +264,6 @@ class AgnosticFedAvg(LambdaSchedule):
     @property
     def by_domain(self) -> bool:
         return self.config.domains == "data"
-
-    @property
-    def probe_config(self) -> LossProbe:  # type: ignore[override]
-        return LossProbe(by_domain=self.by_domain)
 
     def decide_from(
         self, reports: Mapping[str, SiloReport], mixing: MixingState, ctx: RoundContext

@@ -28,7 +28,6 @@ import numpy as np
 import torch
 
 from fedsilo.coordinator.phases import Phase, SiloReport, Task
-from fedsilo.coordinator.seeding import derive_seed
 from fedsilo.coordinator.strategies.base import (
     EvaluationScript,
     RoundContext,
@@ -36,6 +35,7 @@ from fedsilo.coordinator.strategies.base import (
     ServerState,
     Strategy,
 )
+from fedsilo.policies.algorithms.contract import Position, derived_train
 from fedsilo.policies.algorithms.multiboost import MultiBoostConfig
 from fedsilo.wire.tasks import BoostProbe
 from fedsilo.wire.tasks.multiboost import LOSS_SUM, edges_in
@@ -103,10 +103,19 @@ class MultiBoost(Strategy):
         state = yield from super().setup(ctx)
         rows, owners = [], []
         for j in range(self.config.base_learners):
-            learner = replace(ctx, round=1, seed=derive_seed(ctx.seed, "multiboost-learner", j))
+            seed = self.config.learner_seed(self.policy, j)
+            phase = f"base-{j}"
             out = yield Phase(
-                f"base-{j}",
-                tuple(self.train_task(s, state.model, state.spec, learner) for s in ctx.silos),
+                phase,
+                tuple(
+                    Task(
+                        s,
+                        derived_train(self.policy, Position(ctx.round, phase, s, j), seed),
+                        {MODEL: state.model},
+                        state.spec,
+                    )
+                    for s in ctx.silos
+                ),
             )
             for silo in sorted(out.tensors):
                 rows.append(out.tensors[silo][MODEL])

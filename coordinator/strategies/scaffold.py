@@ -28,7 +28,8 @@ from fedsilo.coordinator.strategies.base import (
     Strategy,
 )
 from fedsilo.policies.algorithms import ScaffoldConfig
-from fedsilo.wire.tasks import LocalTraining, ScaffoldTrain, TaskConfig
+from fedsilo.policies.algorithms.contract import Position
+from fedsilo.wire.tasks import TaskConfig
 from fedsilo.wire.tasks.tensor_names import CONTROL, CONTROL_DELTA, MODEL
 
 
@@ -67,7 +68,5 @@ class Scaffold(Strategy):
             },
         )
 
-    def train_config(
-        self, local: LocalTraining, silo: str, ctx: RoundContext, **options: Any
-    ) -> TaskConfig:
-        return ScaffoldTrain(local=local)
+    def train_config(self, position: Position, **chosen: Any) -> TaskConfig:
+        return self.config.train_config(self.policy, position)

@@ -12,15 +12,14 @@ validation split chooses.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 from fedsilo.coordinator.phases import Phase, Task
-from fedsilo.coordinator.seeding import derive_seed
 from fedsilo.coordinator.strategies.base import EvaluationScript, RoundContext, ServerState
 from fedsilo.coordinator.strategies.fedavg import FedAvg
 from fedsilo.policies.algorithms import SuperFedConfig
-from fedsilo.wire.tasks import LocalTraining, SuperFedEvaluate, SuperFedTrain, TaskConfig
+from fedsilo.policies.algorithms.contract import Position
+from fedsilo.wire.tasks import TaskConfig
 from fedsilo.wire.tasks.tensor_names import MODEL
 
 
@@ -33,37 +32,17 @@ class SuperFed(FedAvg):
     def config(self) -> SuperFedConfig:  # type: ignore[override]
         return self.policy.algorithm  # type: ignore[return-value]
 
-    def train_config(
-        self, local: LocalTraining, silo: str, ctx: RoundContext, **options: Any
-    ) -> TaskConfig:
-        config = self.config
-        return SuperFedTrain(
-            local=replace(local, prox_mu=config.prox_mu),
-            mixing=config.mixing,
-            mixing_on=ctx.round >= config.mixing_from(ctx.total_rounds),
-            ortho_nu=config.ortho_nu,
-            prox_form=config.prox_form,
-            local_seed=self.local_seed(silo, ctx),
-            **options,
-        )
+    def train_config(self, position: Position, **chosen: Any) -> TaskConfig:
+        return self.config.train_config(self.policy, position)
 
     def evaluate(self, state: ServerState, ctx: RoundContext) -> EvaluationScript:
         tasks = tuple(
             Task(
                 s,
-                SuperFedEvaluate(
-                    local_seed=self.local_seed(s, ctx),
-                    lambda_grid=self.config.lambda_grid,
-                    min_validation=self.config.min_validation,
-                ),
+                self.config.evaluate_config(self.policy, Position(ctx.round, "evaluate", s)),
                 {MODEL: state.model},
                 state.spec,
             )
             for s in ctx.silos
         )
         return (yield Phase("evaluate", tasks, quorum=1))
-
-    @staticmethod
-    def local_seed(silo: str, ctx: RoundContext) -> int:
-        """The seed of `silo`'s fresh local model: the same every round, and the silo's own."""
-        return derive_seed(ctx.seed, "superfed-local", silo)

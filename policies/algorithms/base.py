@@ -6,6 +6,7 @@ read it."""
 from __future__ import annotations
 
 import typing
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import model_validator
@@ -13,6 +14,7 @@ from pydantic import model_validator
 from fedsilo.policies.base import PolicyModel
 
 if TYPE_CHECKING:
+    from fedsilo.policies.algorithms.contract import Position, SiloContract, SiloFacts
     from fedsilo.policies.schema import Policy
 
 # Every algorithm evaluates on the silos' held-out data, and weights silos by sample counts.
@@ -44,6 +46,20 @@ class AlgorithmBase(PolicyModel):
 
     def check(self, policy: Policy) -> None:
         """Refuse (ValueError) what this algorithm cannot run with in `policy`."""
+
+    def silo_contract(self, policy: Policy) -> SiloContract:
+        """What a silo under `policy` answers, and nothing else (policies/algorithms/contract.py):
+        every algorithm declares its own; one that does not cannot run."""
+        raise NotImplementedError(f"{self.name} declares no silo contract")
+
+    def train_options(self, policy: Policy, position: Position) -> dict[str, Any]:
+        """The options of its `train` tasks that it derives from the policy (none here)."""
+        return {}
+
+    def chosen_train_options(self, policy: Policy) -> dict[str, Callable[[Any, SiloFacts], Any]]:
+        """The options of its `train` tasks a coordinator chooses, each with the check a silo
+        holds it to (none here)."""
+        return {}
 
     def consortium_problem(self, policy: Policy, silos: int) -> str | None:
         """Why this algorithm cannot run `policy` over `silos` silos (a simulation's partition

@@ -5,6 +5,20 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, ClassVar, Literal
 
 from fedsilo.policies.algorithms.base import AlgorithmBase
+from fedsilo.policies.algorithms.contract import (
+    ContractError,
+    PhaseRule,
+    Position,
+    SiloContract,
+    SiloFacts,
+    averaging_contract,
+    checked_handoff,
+    daisy_tensors,
+    derived_train,
+    evaluation_rule,
+    every_round,
+)
+from fedsilo.wire.tasks import DaisyTrain, TaskConfig
 
 if TYPE_CHECKING:
     from fedsilo.policies.schema import Policy
@@ -21,6 +35,43 @@ class CyclicConfig(AlgorithmBase):
     averages: ClassVar[bool] = False  # the round's model is one silo's, in no sum
     name: Literal["cyclic"]
     deterministic_cycle: bool = False
+
+    def silo_contract(self, policy: Policy) -> SiloContract:
+        """Each round, visits `visit_0`, `visit_1`, ... (at most one per member): the first
+        adopts the round's model, each later one trains the model the visit before handed it
+        this round (signed by a member, privacy/handoff.py), and each hands its model on sealed
+        to the next, or, after the first visit, sends it to the coordinator instead (the
+        cycle's last: a model at least two silos trained this round, never one silo's update
+        alone)."""
+
+        def expected(received: TaskConfig, position: Position, facts: SiloFacts) -> TaskConfig:
+            first = position.index == 0
+            asked = received if isinstance(received, DaisyTrain) else DaisyTrain(
+                train=derived_train(policy, position)
+            )  # fmt: skip
+            if asked.send and (first or asked.handoff is not None):
+                raise ContractError(
+                    "config key 'send': a cyclic visit sends the model to the coordinator only "
+                    "after the first visit, and then hands it to no one"
+                )
+            return DaisyTrain(
+                train=derived_train(policy, position),
+                adopt=first,
+                send=asked.send,
+                handoff=checked_handoff(asked.handoff, policy, facts),
+            )
+
+        visit = PhaseRule(
+            "visit_{}",
+            "daisy_train",
+            every_round(policy),
+            expected,
+            daisy_tensors,
+            routed=True,
+            indices=lambda facts: facts.consortium,
+            handed_from=lambda position: f"visit_{position.index - 1}" if position.index else None,
+        )
+        return averaging_contract(policy, visit, evaluation_rule(policy))
 
     def check(self, policy: Policy) -> None:
         if not policy.channel.sealed_handoffs:

@@ -2,12 +2,28 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar, Literal
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import Field
 
+from fedsilo.policies.algorithms.contract import (
+    PhaseRule,
+    Position,
+    SiloContract,
+    SiloFacts,
+    averaging_contract,
+    evaluation_rule,
+    every_round,
+    expected_train,
+    finite_within,
+    report_rule,
+)
 from fedsilo.policies.algorithms.loss_weighted import LambdaConfig
 from fedsilo.policies.model import LinearModel
+from fedsilo.policies.seeding import derive_rng, derive_seed
+from fedsilo.wire.tasks import LossProbe
+from fedsilo.wire.tasks.tensor_names import CHECKPOINT, MODEL
 
 if TYPE_CHECKING:
     from fedsilo.policies.schema import Policy
@@ -41,7 +57,52 @@ class DrfaConfig(LambdaConfig):
     min_contributors: int = Field(default=2, ge=1)
     variant: Literal["paper", "fedtorch"] = "paper"
 
+    def checkpoint_step(self, policy: Policy, round_no: int) -> int:
+        """Round `round_no`'s checkpoint step t' from the run's public seed, the same for every
+        silo (the paper: uniform in 1..tau; fedtorch: the step before k' ~ U{1..tau-1})."""
+        tau = policy.training.steps
+        assert tau is not None  # the policy requires training.steps for DRFA
+        rng = derive_rng(policy.seed, "round", round_no, "drfa-checkpoint")
+        if self.variant == "fedtorch":
+            return int(rng.integers(1, tau)) - 1
+        return int(rng.integers(1, tau + 1))
+
+    def train_options(self, policy: Policy, position: Position) -> dict[str, Any]:
+        return {"checkpoint_step": self.checkpoint_step(policy, position.round)}
+
+    def chosen_train_options(self, policy: Policy) -> dict[str, Callable[[Any, SiloFacts], Any]]:
+        """R-FedTorch's update scale lambda_k K, in [0, K] (lambda is in the simplex)."""
+        if self.variant != "fedtorch":
+            return {}
+        return {
+            "update_scale": lambda value, facts: finite_within(
+                value, "update_scale", 0.0, float(facts.consortium)
+            )
+        }
+
+    def silo_contract(self, policy: Policy) -> SiloContract:
+        """Each round: the drawn silos train (the model and the checkpoint, both averaged with
+        the draws' multiplicities, the checkpoint summed relative to the model sent), then
+        lambda's loss probe (`probe`) at the averaged checkpoint."""
+        train = PhaseRule(
+            "train",
+            "train",
+            every_round(policy),
+            expected_train(policy),
+            sums=(MODEL, CHECKPOINT),
+            references=lambda facts: {CHECKPOINT: facts.model().referring("model")},
+        )
+        probe = report_rule(policy, "probe", "loss", lambda p: self.probe_config(policy, p))
+        return averaging_contract(policy, train, probe, evaluation_rule(policy))
+
     def check(self, policy: Policy) -> None:
+        if self.variant == "fedtorch" and policy.secure_aggregation.enabled:
+            raise ValueError(
+                "secure_aggregation: the fedtorch variant scales each silo's update by a "
+                "coordinator-chosen lambda_k K, which no silo can check inside a secure sum "
+                "(a scale of 0 for every other silo would leave one silo's update alone); "
+                "use variant 'paper' or secure_aggregation none"
+            )
         per_round, quorum = self.silos_per_round, policy.participants.min_silos
         if per_round is not None and per_round < quorum:
             raise ValueError(
@@ -99,6 +160,18 @@ class DrflmConfig(DrfaConfig):
     mixup_alpha: float = Field(default=1.0, gt=0)
     probe: Literal["mixup", "clean"] = "mixup"
     mixup_on: Literal["inputs", "embedding"] = "inputs"
+
+    def train_options(self, policy: Policy, position: Position) -> dict[str, Any]:
+        return super().train_options(policy, position) | {
+            "mixup_alpha": self.mixup_alpha,
+            "mixup_on": self.mixup_on,
+        }
+
+    def probe_config(self, policy: Policy, position: Position) -> LossProbe:
+        if self.probe != "mixup":
+            return LossProbe(split="train")
+        seed = derive_seed(policy.seed, "round", position.round, "probe", position.silo)
+        return LossProbe(split="train", mixup_alpha=self.mixup_alpha, seed=seed)
 
     def check(self, policy: Policy) -> None:
         super().check(policy)

@@ -3,14 +3,26 @@ ApproxFedAvg."""
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import Field
 
 from fedsilo.policies.algorithms.base import AlgorithmBase
+from fedsilo.policies.algorithms.contract import Position, SiloContract, averaging_contract
+
+if TYPE_CHECKING:
+    from fedsilo.policies.schema import Policy
 
 
-class FedAvgConfig(AlgorithmBase):
+class AveragingConfig(AlgorithmBase):
+    """An algorithm whose round is FedAvg's (a `train` phase whose models are averaged),
+    whatever its local objective or server step."""
+
+    def silo_contract(self, policy: Policy) -> SiloContract:
+        return averaging_contract(policy)
+
+
+class FedAvgConfig(AveragingConfig):
     """FedAvg (McMahan et al.): sample-weighted mean of the sampled silos' models."""
 
     clips_updates: ClassVar[bool] = True
@@ -19,7 +31,7 @@ class FedAvgConfig(AlgorithmBase):
     prox_mu: float = Field(default=0.0, ge=0)
 
 
-class FedProxConfig(AlgorithmBase):
+class FedProxConfig(AveragingConfig):
     """FedProx (Li et al.): FedAvg with the proximal term (mu/2)||w - w_global||^2 locally."""
 
     clips_updates: ClassVar[bool] = True
@@ -28,7 +40,7 @@ class FedProxConfig(AlgorithmBase):
     prox_mu: float = Field(default=0.1, gt=0)
 
 
-class ApproxFedAvgConfig(AlgorithmBase):
+class ApproxFedAvgConfig(AveragingConfig):
     """ApproxFedAvg (the survey's proposal): FedAvg whose silos train each minibatch on the
     log-sum-exp (1/mu) log sum_i exp(mu F_i) of their domains' losses F_i, a soft maximum over
     the domains of the silo's `data.domain` column. With one domain per silo it is FedAvg.
@@ -52,3 +64,6 @@ class ApproxFedAvgConfig(AlgorithmBase):
     @property
     def needs_domains(self) -> bool:
         return True
+
+    def train_options(self, policy: Policy, position: Position) -> dict[str, Any]:
+        return {"domain_temperature": self.temperature, "domain_reduction": self.domain_reduction}

@@ -2,11 +2,31 @@
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 from pydantic import Field
 
 from fedsilo.policies.algorithms.base import AlgorithmBase
+from fedsilo.policies.algorithms.contract import (
+    Expected,
+    PhaseRule,
+    Position,
+    SiloContract,
+    SiloFacts,
+    averaging_contract,
+    carries_nothing,
+    checked_handoff,
+    daisy_tensors,
+    derived_train,
+    evaluation_rounds,
+    evaluation_rule,
+    every_round,
+)
+from fedsilo.wire.tasks import DaisyEvaluate, DaisyTrain, TaskConfig
+from fedsilo.wire.tasks.tensor_names import MODEL
+
+if TYPE_CHECKING:
+    from fedsilo.policies.schema import Policy
 
 
 class FedDcConfig(AlgorithmBase):
@@ -49,3 +69,63 @@ class FedDcConfig(AlgorithmBase):
             and (step + 1) % self.daisy_period == 0
             and not self.is_aggregation(step)
         )
+
+    def silo_contract(self, policy: Policy) -> SiloContract:
+        """Every round each silo trains what it hosts (`local`), adopting the last aggregate
+        when told; aggregation rounds' sampled silos send it instead (`aggregate`, a mean
+        summed relative to the last aggregate, or each model for Radon's point); daisy rounds
+        hand the sampled silos' models on (`daisy`). Evaluation: the hosted models and, with
+        aggregation, the last aggregate, on the test and training splits."""
+        every = every_round(policy)
+        rules = [
+            PhaseRule("local", "daisy_train", every, self._daisy(policy, False, False),
+                      daisy_tensors),
+            PhaseRule(
+                "aggregate",
+                "daisy_train",
+                lambda r: every(r) and self.is_aggregation(r - 1),
+                self._daisy(policy, True, False),
+                daisy_tensors,
+                sums=(MODEL,) if self.aggregator == "mean" else (),
+                references=lambda facts: {MODEL: facts.model()},
+            ),
+            PhaseRule(
+                "daisy",
+                "daisy_train",
+                lambda r: every(r) and self.is_daisy(r - 1),
+                self._daisy(policy, False, True),
+                daisy_tensors,
+                routed=True,
+            ),
+        ]  # fmt: skip
+        evaluated = evaluation_rounds(policy)
+        for split in ("test", "train"):
+            rules.append(
+                PhaseRule(
+                    f"evaluate_local_{split}",
+                    "daisy_evaluate",
+                    evaluated,
+                    lambda received, position, facts, split=split: DaisyEvaluate(split=split),
+                    carries_nothing,
+                    reports=True,
+                )
+            )
+            if self.aggregation_period is not None:
+                rules.append(evaluation_rule(policy, split, f"evaluate_{split}"))
+        return averaging_contract(policy, *rules)
+
+    def _daisy(self, policy: Policy, send: bool, hands_off: bool) -> Expected:
+        """A `daisy_train` phase's expected task: the coordinator chooses whether the silo adopts
+        the aggregate and, in a daisy round, the hand-off's recipient."""
+
+        def expected(received: TaskConfig, position: Position, facts: SiloFacts) -> TaskConfig:
+            asked = received if isinstance(received, DaisyTrain) else None
+            handoff = asked.handoff if asked is not None and hands_off else None
+            return DaisyTrain(
+                train=derived_train(policy, position),
+                adopt=asked.adopt if asked is not None else False,
+                send=send,
+                handoff=checked_handoff(handoff, policy, facts),
+            )
+
+        return expected

@@ -4,13 +4,27 @@ stage B trains FedAvg-style on the silos' records mapped onto it, optionally adv
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, ClassVar, Literal
 
 from pydantic import Field
 
 from fedsilo.policies.algorithms.base import AlgorithmBase
+from fedsilo.policies.algorithms.contract import (
+    PhaseRule,
+    Position,
+    SiloContract,
+    SiloFacts,
+    TensorRule,
+    averaging_contract,
+    evaluation_rule,
+    local_training,
+    schema_rule,
+)
 from fedsilo.policies.model import PluginModel
 from fedsilo.policies.training import MAX_LR
+from fedsilo.wire.tasks import FedDroSupport, FedDroTrain
+from fedsilo.wire.tasks.tensor_names import BARYCENTER, MODEL, SUPPORT
 
 if TYPE_CHECKING:
     from fedsilo.policies.schema import Policy
@@ -45,6 +59,43 @@ class FedDroConfig(AlgorithmBase):
     adversarial_penalty: float | None = Field(default=None, gt=0)
     adversarial_steps: int = Field(default=10, ge=1)
     adversarial_step: float = Field(default=0.1, gt=0)
+
+    def cloud_shape(self, facts: SiloFacts) -> tuple[int, int, int]:
+        """(groups, points, dim) of a silo's cloud and of the barycenter: a cloud per class on
+        the features (classwise), or one on (features, one-hot label) (datawise)."""
+        width = math.prod(facts.input_shape)
+        if self.variant == "classwise":
+            return facts.classes, self.support_points, width
+        return 1, self.support_points, width + facts.classes
+
+    def train_config(self, policy: Policy, position: Position) -> FedDroTrain:
+        return FedDroTrain(local=local_training(policy, position))
+
+    def silo_contract(self, policy: Policy) -> SiloContract:
+        """Setup learns the data schema; stage A's rounds each ask every silo for its next
+        cloud (`support`, from its last and the barycenter), stage B's are FedAvg's round of
+        `feddro_train` tasks, which carry the barycenter beside the model."""
+        stage_a = min(self.barycenter_rounds, policy.rounds)
+
+        def cloud(facts: SiloFacts) -> TensorRule:
+            return TensorRule(self.cloud_shape(facts), "float64")
+
+        support = PhaseRule(
+            "support",
+            "feddro_support",
+            lambda r: 1 <= r <= stage_a,
+            lambda received, position, facts: FedDroSupport(),
+            lambda config, position, facts: {SUPPORT: cloud(facts), BARYCENTER: cloud(facts)},
+        )
+        train = PhaseRule(
+            "train",
+            "feddro_train",
+            lambda r: stage_a < r <= policy.rounds,
+            lambda received, position, facts: self.train_config(policy, position),
+            lambda config, position, facts: {MODEL: facts.model(), BARYCENTER: cloud(facts)},
+            sums=(MODEL,),
+        )
+        return averaging_contract(policy, schema_rule(), support, train, evaluation_rule(policy))
 
     def check(self, policy: Policy) -> None:
         if not self.release_point_clouds:

@@ -7,8 +7,23 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import Field
 
 from fedsilo.policies.algorithms.base import AlgorithmBase
+from fedsilo.policies.algorithms.contract import (
+    PhaseRule,
+    Position,
+    SiloContract,
+    SiloFacts,
+    TensorRule,
+    averaging_contract,
+    evaluation_rule,
+    every_round,
+    local_training,
+    schema_rule,
+)
 from fedsilo.policies.model import PluginModel
+from fedsilo.policies.seeding import derive_seed
 from fedsilo.policies.training import MAX_LR
+from fedsilo.wire.tasks import EnergySignals
+from fedsilo.wire.tasks.tensor_names import SYNTHETIC, SYNTHETIC_LABELS, WEIGHT, WEIGHTED_GRADIENT
 
 if TYPE_CHECKING:
     from fedsilo.policies.schema import Policy
@@ -46,6 +61,53 @@ class FedEvgConfig(AlgorithmBase):
     classifier_lr: float = Field(default=1e-3, gt=0, le=MAX_LR)
     classifier_batch_size: int = Field(default=64, ge=1)
     image_every: int = Field(default=10, ge=1)
+
+    def energy_config(self, policy: Policy, position: Position) -> EnergySignals:
+        """A round's `energy_signals`: local training of a fresh energy model (its seed from
+        the round and the silo) and the policy's Langevin and clipping settings."""
+        return EnergySignals(
+            local=local_training(policy, position),
+            energy=self.energy,
+            sgld_steps=self.client_sgld_steps,
+            sgld_step=self.client_sgld_step,
+            sgld_noise=self.client_sgld_noise,
+            gradient_clip=self.gradient_clip,
+            synthetic_ce_weight=self.synthetic_ce_weight,
+            spectral_norm=self.spectral_norm,
+            persist_local_model=self.persist_local_model,
+            model_seed=derive_seed(
+                policy.seed, "round", position.round, "energy-model", position.silo
+            ),
+        )
+
+    def silo_contract(self, policy: Policy) -> SiloContract:
+        """Setup learns the data schema; each round the sampled silos get the synthetic set
+        (`samples_per_class` points per class, in the schema's shape) and answer energy
+        signals, two sums relative to zeros."""
+
+        def points(facts: SiloFacts, value: str | None = None) -> dict[str, TensorRule]:
+            n = self.samples_per_class * facts.classes
+            return {
+                "points": TensorRule((n, *facts.input_shape), "float32", value),
+                "per_point": TensorRule((n,), "float32", value),
+            }
+
+        energy = PhaseRule(
+            "energy",
+            "energy_signals",
+            every_round(policy),
+            lambda received, position, facts: self.energy_config(policy, position),
+            lambda config, position, facts: {
+                SYNTHETIC: points(facts)["points"],
+                SYNTHETIC_LABELS: TensorRule((self.samples_per_class * facts.classes,), "int64"),
+            },
+            sums=(WEIGHTED_GRADIENT, WEIGHT),
+            references=lambda facts: {
+                WEIGHTED_GRADIENT: points(facts, "zeros")["points"],
+                WEIGHT: points(facts, "zeros")["per_point"],
+            },
+        )
+        return averaging_contract(policy, schema_rule(), energy, evaluation_rule(policy))
 
     def check(self, policy: Policy) -> None:
         if policy.data.scaling != "none":

@@ -8,7 +8,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field
 
-from fedsilo.policies.algorithms.base import AlgorithmBase
+from fedsilo.policies.algorithms.fedavg import AveragingConfig
 from fedsilo.policies.base import PolicyModel
 from fedsilo.policies.training import MAX_LR
 
@@ -31,7 +31,7 @@ class ServerOptimizerConfig(ServerStepSettings):
     name: ServerOptimizerName
 
 
-class FedOptConfig(AlgorithmBase, ServerStepSettings):
+class FedOptConfig(AveragingConfig, ServerStepSettings):
     """FedAdam / FedYogi / FedAdagrad (Reddi et al.): an adaptive step on the mean update."""
 
     clips_updates: ClassVar[bool] = True

@@ -4,12 +4,27 @@ lambda settings)."""
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import Field
 
 from fedsilo.policies.algorithms.base import SAMPLE_WEIGHTED, AlgorithmBase
+from fedsilo.policies.algorithms.contract import (
+    Position,
+    SiloContract,
+    SiloFacts,
+    averaging_contract,
+    evaluation_rule,
+    non_negative_weights,
+    report_rule,
+    train_rule,
+)
 from fedsilo.policies.algorithms.fedopt import ServerOptimizerConfig
+from fedsilo.wire.tasks import LossProbe
+
+if TYPE_CHECKING:
+    from fedsilo.policies.schema import Policy
 
 RESPONSE_TRANSFORMS = ("weibull", "exponential", "frechet", "normal", "gumbel", "logistic")
 
@@ -20,6 +35,16 @@ class LossWeightedConfig(AlgorithmBase):
     reports: ClassVar[frozenset[str]] = SAMPLE_WEIGHTED | {"losses"}
     client_fraction: float = Field(default=1.0, gt=0, le=1)
     prox_mu: float = Field(default=0.0, ge=0)
+
+    def probe_config(self, policy: Policy, position: Position) -> LossProbe:
+        """The round's loss probe at the global model (on the training split)."""
+        return LossProbe()
+
+    def silo_contract(self, policy: Policy) -> SiloContract:
+        """Each round a loss probe (`loss`), then FedAvg's `train` phase, mixed by the schedule's
+        coefficients (the coordinator's weights, which a secure sum checks)."""
+        probe = report_rule(policy, "loss", "loss", lambda p: self.probe_config(policy, p))
+        return averaging_contract(policy, probe, train_rule(policy), evaluation_rule(policy))
 
 
 class LambdaConfig(LossWeightedConfig):
@@ -60,6 +85,13 @@ class AgnosticFedAvgConfig(LambdaConfig):
     @property
     def needs_domains(self) -> bool:
         return self.domains == "data"
+
+    def probe_config(self, policy: Policy, position: Position) -> LossProbe:
+        return LossProbe(by_domain=self.domains == "data")
+
+    def chosen_train_options(self, policy: Policy) -> dict[str, Callable[[Any, SiloFacts], Any]]:
+        """Over the data's domains, the coordinator's weight of each domain's rows (omega)."""
+        return {"domain_weights": non_negative_weights} if self.domains == "data" else {}
 
 
 class QFedAvgConfig(LossWeightedConfig):

@@ -3,11 +3,32 @@ Chukkapalli): boosting over the silos' own base classifiers towards the worst si
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import Field
 
 from fedsilo.policies.algorithms.base import SAMPLE_WEIGHTED, AlgorithmBase
+from fedsilo.policies.algorithms.contract import (
+    ChosenLength,
+    ContractError,
+    PhaseRule,
+    Position,
+    SiloContract,
+    SiloFacts,
+    TensorRule,
+    averaging_contract,
+    carries_model,
+    derived_train,
+    evaluation_rounds,
+    every_round,
+    setup_round,
+)
+from fedsilo.policies.seeding import derive_seed
+from fedsilo.wire.tasks import BoostProbe, TaskConfig
+from fedsilo.wire.tasks.tensor_names import BOOST_ALPHA, BOOST_LEARNERS
+
+if TYPE_CHECKING:
+    from fedsilo.policies.schema import Policy
 
 
 class MultiBoostConfig(AlgorithmBase):
@@ -23,3 +44,58 @@ class MultiBoostConfig(AlgorithmBase):
     name: Literal["multiboost"]
     base_learners: int = Field(default=1, ge=1, le=16)
     step: float = Field(default=1.0, gt=0)
+
+    def learner_seed(self, policy: Policy, learner: int) -> int:
+        """The run seed base classifier `learner` is trained from, the same at every silo."""
+        return derive_seed(policy.seed, "multiboost-learner", learner)
+
+    def silo_contract(self, policy: Policy) -> SiloContract:
+        """Setup trains `base_learners` classifiers per silo (`base-0`, ..., plain `train`
+        tasks sent back as they are); each round probes the ensemble on the training split
+        (`boost`: the loss sum and the edges of the classifiers the coordinator names as the
+        silo's own), and evaluation on the test split."""
+
+        def learners(config: TaskConfig, position: Position, facts: SiloFacts) -> dict:
+            rows = ChosenLength("learners", range(1, self.base_learners * facts.consortium + 1))
+            return {
+                BOOST_LEARNERS: TensorRule((rows, facts.spec.numel), facts.spec.dtype),
+                BOOST_ALPHA: TensorRule((rows,), "float64"),
+            }
+
+        def probe(received: TaskConfig, position: Position, facts: SiloFacts) -> TaskConfig:
+            edges = received.edges if isinstance(received, BoostProbe) else ()
+            return BoostProbe(edges=self._edges(edges, facts))
+
+        base = PhaseRule(
+            "base-{}",
+            "train",
+            setup_round,
+            lambda received, position, facts: derived_train(
+                policy, position, self.learner_seed(policy, position.index or 0)
+            ),
+            carries_model,
+            indices=lambda facts: self.base_learners,
+        )
+        boost = PhaseRule("boost", "boost_probe", every_round(policy), probe, learners,
+                          reports=True)  # fmt: skip
+        evaluate = PhaseRule(
+            "evaluate",
+            "boost_probe",
+            evaluation_rounds(policy),
+            lambda received, position, facts: BoostProbe(split="test", evaluate=True),
+            learners,
+            reports=True,
+        )
+        return averaging_contract(policy, base, boost, evaluate)
+
+    def _edges(self, edges: Any, facts: SiloFacts) -> tuple[int, ...]:
+        """The classifiers whose edges a silo reports: distinct, at most its own number of
+        base classifiers, each one of the ensemble's."""
+        rows = self.base_learners * facts.consortium
+        valid = all(isinstance(j, int) and 0 <= j < rows for j in edges)
+        if not valid or len(set(edges)) != len(edges) or len(edges) > self.base_learners:
+            raise ContractError(
+                f"config key 'edges' is {list(edges)}; a silo reports the edges of at most its "
+                f"{self.base_learners} base classifier(s), distinct, below {rows}"
+            )
+        return tuple(edges)

@@ -2,20 +2,36 @@
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 from fedsilo.policies.algorithms.base import AlgorithmBase
+from fedsilo.policies.algorithms.contract import (
+    SiloContract,
+    averaging_contract,
+    evaluation_rule,
+    train_rule,
+)
+
+if TYPE_CHECKING:
+    from fedsilo.policies.schema import Policy
 
 
-class CentralConfig(AlgorithmBase):
-    """Reference: one model trained on the pooled union of the silos' training data."""
+class ReferenceConfig(AlgorithmBase):
+    """A reference run: `train` tasks whose models come back one by one, no mean."""
 
     averages: ClassVar[bool] = False
+
+    def silo_contract(self, policy: Policy) -> SiloContract:
+        return averaging_contract(policy, train_rule(policy, sums=()), evaluation_rule(policy))
+
+
+class CentralConfig(ReferenceConfig):
+    """Reference: one model trained on the pooled union of the silos' training data."""
+
     name: Literal["central"]
 
 
-class LocalConfig(AlgorithmBase):
+class LocalConfig(ReferenceConfig):
     """Reference: each silo trains alone and is evaluated with its own model."""
 
-    averages: ClassVar[bool] = False
     name: Literal["local"]

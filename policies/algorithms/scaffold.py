@@ -7,6 +7,17 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import Field
 
 from fedsilo.policies.algorithms.base import AlgorithmBase
+from fedsilo.policies.algorithms.contract import (
+    PhaseRule,
+    Position,
+    SiloContract,
+    averaging_contract,
+    evaluation_rule,
+    every_round,
+    local_training,
+)
+from fedsilo.wire.tasks import ScaffoldTrain
+from fedsilo.wire.tasks.tensor_names import CONTROL, CONTROL_DELTA, MODEL
 
 if TYPE_CHECKING:
     from fedsilo.policies.schema import Policy
@@ -23,6 +34,25 @@ class ScaffoldConfig(AlgorithmBase):
     name: Literal["scaffold"]
     server_lr: float = Field(default=1.0, gt=0)
     client_fraction: float = Field(default=1.0, gt=0, le=1)
+
+    def train_config(self, policy: Policy, position: Position) -> ScaffoldTrain:
+        return ScaffoldTrain(local=local_training(policy, position))
+
+    def silo_contract(self, policy: Policy) -> SiloContract:
+        """FedAvg's round of `scaffold_train` tasks, which carry the server's control variate
+        beside the model; the model and the change of the silo's control variate are averaged
+        (the change summed relative to zeros)."""
+
+        train = PhaseRule(
+            "train",
+            "scaffold_train",
+            every_round(policy),
+            lambda received, position, facts: self.train_config(policy, position),
+            lambda config, position, facts: {MODEL: facts.model(), CONTROL: facts.model()},
+            sums=(MODEL, CONTROL_DELTA),
+            references=lambda facts: {CONTROL_DELTA: facts.model().referring("zeros")},
+        )
+        return averaging_contract(policy, train, evaluation_rule(policy))
 
     def check(self, policy: Policy) -> None:
         training = policy.training

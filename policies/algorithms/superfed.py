@@ -3,11 +3,27 @@
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
 
 from fedsilo.policies.algorithms.base import AlgorithmBase
+from fedsilo.policies.algorithms.contract import (
+    PhaseRule,
+    Position,
+    SiloContract,
+    averaging_contract,
+    evaluation_rounds,
+    every_round,
+    local_training,
+    report_rule,
+)
+from fedsilo.policies.seeding import derive_seed
+from fedsilo.wire.tasks import SuperFedEvaluate, SuperFedTrain
+from fedsilo.wire.tasks.tensor_names import MODEL
+
+if TYPE_CHECKING:
+    from fedsilo.policies.schema import Policy
 
 
 class SuperFedConfig(AlgorithmBase):
@@ -35,3 +51,44 @@ class SuperFedConfig(AlgorithmBase):
     def mixing_from(self, total_rounds: int) -> int:
         """The first round (1-based) that trains the mixture: floor(L T) + 1."""
         return math.floor(self.start_fraction * total_rounds + 1e-9) + 1
+
+    def local_seed(self, policy: Policy, silo: str) -> int:
+        """The seed of `silo`'s fresh local model: the same every round, and the silo's own."""
+        return derive_seed(policy.seed, "superfed-local", silo)
+
+    def train_config(self, policy: Policy, position: Position) -> SuperFedTrain:
+        """A round's `superfed_train`: local training with the round's mixing settings."""
+        return SuperFedTrain(
+            local=local_training(policy, position),
+            mixing=self.mixing,
+            mixing_on=position.round >= self.mixing_from(policy.rounds),
+            ortho_nu=self.ortho_nu,
+            prox_form=self.prox_form,
+            local_seed=self.local_seed(policy, position.silo),
+        )
+
+    def evaluate_config(self, policy: Policy, position: Position) -> SuperFedEvaluate:
+        return SuperFedEvaluate(
+            local_seed=self.local_seed(policy, position.silo),
+            lambda_grid=self.lambda_grid,
+            min_validation=self.min_validation,
+        )
+
+    def silo_contract(self, policy: Policy) -> SiloContract:
+        """FedAvg's round of `superfed_train` tasks; evaluation mixes the global model with
+        the silo's local model (`superfed_evaluate`)."""
+        train = PhaseRule(
+            "train",
+            "superfed_train",
+            every_round(policy),
+            lambda received, position, facts: self.train_config(policy, position),
+            sums=(MODEL,),
+        )
+        evaluate = report_rule(
+            policy,
+            "evaluate",
+            "superfed_evaluate",
+            lambda position: self.evaluate_config(policy, position),
+            rounds=evaluation_rounds(policy),
+        )
+        return averaging_contract(policy, train, evaluate)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from enum import Enum
+from functools import cached_property
 from typing import Any, TypeVar
 
 import torch
@@ -16,8 +17,10 @@ from torch import nn
 
 from fedsilo.models.zoo import build_model, load_flat
 from fedsilo.policies.algorithms.base import AlgorithmBase
+from fedsilo.policies.algorithms.contract import PER_SILO_KEYS, SiloContract, SiloFacts
 from fedsilo.policies.model import ModelConfig, PluginModel
 from fedsilo.policies.privacy import PrivacyConfig
+from fedsilo.policies.schema import Policy
 from fedsilo.policies.secure_aggregation import SecureAggregationConfig
 from fedsilo.privacy.accounting import Mechanism
 from fedsilo.silo.data import SiloDataset
@@ -25,6 +28,7 @@ from fedsilo.silo.memory import SiloMemory
 from fedsilo.silo.reports import Reports
 from fedsilo.silo.state import LocalState
 from fedsilo.wire.messages import SIMULATION, TaskMessage, TaskResult
+from fedsilo.wire.payload import digest_of
 from fedsilo.wire.tasks import EncryptedInput, MaskedInput, TaskConfig
 from fedsilo.wire.tasks.tensor_names import MODEL
 from fedsilo.wire.tensors import ParameterSpec, WireError, read_only
@@ -33,25 +37,95 @@ Config = TypeVar("Config", bound=TaskConfig)
 
 
 @dataclass(frozen=True)
+class SiloKeys:
+    """A silo's identity and what it holds of the consortium's members, as provisioning gave
+    them: `identity` signs its masking keys, receipts and hand-offs, `roster` (every member's
+    verify key) checks its peers', `sealing_key` opens what members seal to it (CKKS keys,
+    hand-offs) and `sealing_roster` holds every member's public sealing key."""
+
+    identity: SigningKey | None = field(default=None, repr=False)
+    roster: Mapping[str, VerifyKey] = field(default_factory=dict)
+    sealing_key: PrivateKey | None = field(default=None, repr=False)
+    sealing_roster: Mapping[str, PublicKey] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class SiloContext:
+    """What every handler gets: the silo's data, its own copy of the policy (every setting it
+    uses comes from there, never from a task), where it runs, what it keeps, its keys."""
+
     name: str
     data: SiloDataset
-    model_config: ModelConfig
+    policy: Policy  # the silo's own copy of the signed policy
     device: torch.device
     store: SiloMemory = field(default_factory=SiloMemory)  # what it keeps between tasks
     state: LocalState = field(default_factory=LocalState)  # what outlives the process (disk)
-    privacy: PrivacyConfig = PrivacyConfig()  # from the silo's own copy of the policy
-    rounds: int = 1  # the deployment's rounds: DP-SGD calibrates its noise over all of them
     secret: bytes = b""  # key material only this silo holds: it seeds every noise draw
-    consortium: int = 1  # silos in the deployment, as this silo knows it (bounds a round's)
     deployment: str = SIMULATION
     job: str = ""  # the digest of the signed policy the silo accepted ("": none pinned)
-    secure_aggregation: SecureAggregationConfig = SecureAggregationConfig()
-    identity: SigningKey | None = field(default=None, repr=False)  # signs its masking keys
-    roster: Mapping[str, VerifyKey] = field(default_factory=dict)  # every member's identity
-    sealing_key: PrivateKey | None = field(default=None, repr=False)  # opens what is sealed to it
-    sealing_roster: Mapping[str, PublicKey] = field(default_factory=dict)  # members', pinned
-    algorithm: AlgorithmBase | None = None  # the silo's own copy of the policy's algorithm
+    keys: SiloKeys = SiloKeys()
+
+    @property
+    def model_config(self) -> ModelConfig:
+        return self.policy.model
+
+    @property
+    def privacy(self) -> PrivacyConfig:
+        return self.policy.privacy
+
+    @property
+    def rounds(self) -> int:
+        """The deployment's rounds: DP-SGD calibrates its noise over all of them."""
+        return self.policy.rounds
+
+    @cached_property
+    def secure_aggregation(self) -> SecureAggregationConfig:
+        """The policy's section as the silo enforces it (`Policy.silo_secure_aggregation`: no
+        sum over fewer silos than min_silos or min_group, whichever is larger)."""
+        return self.policy.silo_secure_aggregation
+
+    @property
+    def algorithm(self) -> AlgorithmBase:
+        return self.policy.algorithm
+
+    @cached_property
+    def contract(self) -> SiloContract:
+        """What its algorithm asks of it (policies/algorithms/contract.py), and nothing else."""
+        return self.policy.algorithm.silo_contract(self.policy)
+
+    @cached_property
+    def facts(self) -> SiloFacts:
+        """What the contract is checked with: the members, the silo's model's layout (built
+        once), its data's schema."""
+        return SiloFacts(
+            name=self.name,
+            members=tuple(sorted(self.roster)),
+            sealing_keys={n: bytes(k).hex() for n, k in self.sealing_roster.items()},
+            spec=parameter_spec(self.new_model(seed=0)),
+            input_shape=tuple(self.data.input_shape),
+            classes=self.data.num_classes or 0,
+        )
+
+    @property
+    def consortium(self) -> int:
+        """Silos in the deployment, as this silo knows it (bounds a round's)."""
+        return max(1, len(self.roster))
+
+    @property
+    def identity(self) -> SigningKey | None:
+        return self.keys.identity
+
+    @property
+    def roster(self) -> Mapping[str, VerifyKey]:
+        return self.keys.roster
+
+    @property
+    def sealing_key(self) -> PrivateKey | None:
+        return self.keys.sealing_key
+
+    @property
+    def sealing_roster(self) -> Mapping[str, PublicKey]:
+        return self.keys.sealing_roster
 
     def private_seed(self, task_id: str, purpose: str) -> int:
         """A seed for one task's noise (DP-SGD's noise and Poisson draws, noisy reports): from
@@ -142,6 +216,36 @@ def inner_message(message: TaskMessage) -> TaskMessage:
     if not isinstance(config, MaskedInput | EncryptedInput):
         raise WireError(f"a {message.kind} task wraps no task")
     return replace(message, config=config.inner)
+
+
+def task_digest(message: TaskMessage) -> bytes:
+    """What every silo of one secure sum must have received alike, digested: the task its
+    masked or encrypted input wraps (less `PER_SILO_KEYS`, which differ by design), its
+    parameter spec and every tensor sent (the model, the sum's references). Each silo signs it
+    into its consistency statement or contribution, so a coordinator that sends the silos of
+    one sum different models or settings (Pasquini et al. 2022, model inconsistency) gets no
+    share revealed and no sum decrypted."""
+    config = message.config
+    if not isinstance(config, MaskedInput | EncryptedInput):
+        raise WireError(f"a {message.kind} task wraps no task")
+    inner = {k: v for k, v in config.inner.to_json().items() if k not in PER_SILO_KEYS}
+    header = {
+        "kind": config.inner.KIND,
+        "config": inner,
+        "spec": message.spec.to_json() if message.spec is not None else None,
+        "tensors": {
+            name: [str(t.dtype), list(t.shape)]
+            for name, t in sorted((n, read_only(message.tensors, n)) for n in message.tensors)
+        },
+    }
+
+    def parts() -> Iterator[bytes | memoryview]:
+        yield json.dumps(header, sort_keys=True).encode()
+        for name in sorted(message.tensors):
+            tensor = read_only(message.tensors, name).contiguous().cpu()
+            yield memoryview(tensor.view(torch.uint8).numpy()) if tensor.numel() else b""
+
+    return digest_of(parts())
 
 
 def new_session(

@@ -67,6 +67,7 @@ from fedsilo.silo.tasks.base import (
     inner_message,
     new_session,
     session_id,
+    task_digest,
     task_result,
     with_tensors,
 )
@@ -153,17 +154,23 @@ def encrypted_input(message: TaskMessage, ctx: SiloContext) -> TaskResult:
     weights = _weights(task.weights)
     _check_weights(weights, ctx, ctx.name)
     weight = weights[ctx.name]
+    session["task"] = task_digest(message)
     inner = inner_message(message)
     result = TASK_KINDS[inner.kind].handler(inner, ctx)
     bound = ctx.secure_aggregation.bound
-    updates = [
-        (result.tensors[name].double().cpu() - inner.tensors[name].double().cpu()).reshape(-1)
-        for name in task.tensors
-    ]
+    updates = []
+    for name in task.tensors:
+        trained, sent = result.tensors[name], inner.tensors[name]
+        if trained.shape != sent.shape:
+            raise CkksError(
+                f"the {name!r} sent is {tuple(sent.shape)}, the result {tuple(trained.shape)}: "
+                "an update is taken only to a tensor of its shape"
+            )
+        updates.append((trained.double().cpu() - sent.double().cpu()).reshape(-1))
     flat = torch.cat(updates).clamp_(-bound, bound).mul_(weight) if updates else torch.zeros(0)
     session["encrypted"] = True
     chunks = encrypt(flat.numpy(), context)
-    statement = _contribution(message, ctx, session["digest"], weights, chunks)
+    statement = _contribution(message, ctx, session, weights, chunks)
     signature = _identity(ctx).sign(statement).signature
     tensors = {chunk_name(i): bytes_tensor(c) for i, c in enumerate(chunks)}
     return with_tensors(message, ctx, result, {**tensors, CONTRIBUTION: bytes_tensor(signature)})
@@ -173,10 +180,15 @@ def decrypted_sum(message: TaskMessage, ctx: SiloContext) -> TaskResult:
     session = _session(message, ctx, "digest")
     if session.get("decrypted"):
         raise CkksError("this aggregation's sum was already decrypted; a second is refused")
+    if not session.get("encrypted"):
+        raise CkksError(
+            "this silo sent no input to this aggregation; it decrypts only sums it is in (its "
+            "own input's task is what every contributor must have signed)"
+        )
     context = _contexts(ctx)[session["digest"]]
     task = config_of(message, CkksDecrypt)
     weights = _weights(task.weights)
-    inputs = _signed_inputs(message, task.contributors, ctx, session["digest"], weights)
+    inputs = _signed_inputs(message, task.contributors, ctx, session, weights)
     _check_weights(weights, ctx, None, members=list(inputs))
     aggregation_log(ctx).claim(_label(message, ctx), "decrypt")
     session["decrypted"] = True
@@ -204,11 +216,12 @@ def _signed_inputs(
     message: TaskMessage,
     contributors: Sequence[str],
     ctx: SiloContext,
-    digest: str,
+    session: dict[str, Any],
     weights: Mapping[str, float],
 ) -> dict[str, list[bytes]]:
     """Each contributor's chunks, after checking its signature over them: at least the
-    policy's `min_group` contributors, each a member that encrypted under this weight vector."""
+    policy's `min_group` contributors, each a member that encrypted under this weight vector
+    for the same task as this silo's own input."""
     inputs: dict[str, list[bytes]] = {}
     for silo in sorted(set(contributors)):
         if silo not in ctx.roster:
@@ -217,7 +230,7 @@ def _signed_inputs(
         names = sorted(n for n in message.tensors if n.startswith(prefix + CHUNK))
         chunks = [tensor_bytes(message.tensors[n]) for n in names]
         signature = message.tensors.get(prefix + CONTRIBUTION)
-        statement = _contribution(message, ctx, digest, weights, chunks)
+        statement = _contribution(message, ctx, session, weights, chunks)
         try:
             if signature is None:
                 raise BadSignatureError("no signature")
@@ -240,15 +253,23 @@ def _signed_inputs(
 def _contribution(
     message: TaskMessage,
     ctx: SiloContext,
-    digest: str,
+    session: dict[str, Any],
     weights: Mapping[str, float],
     chunks: list[bytes],
 ) -> bytes:
-    """What a contributor signs: the aggregation, the context, the weights and its chunks."""
+    """What a contributor signs: the aggregation, the context, the weights, the digest of the
+    task its input is for (`task_digest`: the same model and settings for every contributor)
+    and its chunks."""
     hashed = hashlib.blake2b(digest_size=32)
     for chunk in chunks:
         hashed.update(len(chunk).to_bytes(8, "little") + chunk)
-    body = json.dumps({"context": digest, "weights": sorted(weights.items())}).encode()
+    body = json.dumps(
+        {
+            "context": session["digest"],
+            "weights": sorted(weights.items()),
+            "task": session["task"].hex(),
+        }
+    ).encode()
     return b"|".join((b"fedsilo/ckks-input", _label(message, ctx), body, hashed.digest()))
 
 
@@ -265,7 +286,7 @@ def _check_weights(
     secure = ctx.secure_aggregation
     chosen = list(weights) if members is None else members
     floor = secure.weight_floor(len(chosen))
-    problem = weight_problem(weights, me, chosen, secure.min_group, floor)
+    problem = weight_problem(weights, me, chosen, secure.min_group, floor, ctx.roster)
     if problem:
         raise CkksError(f"refusing the weights: {problem}")
 

@@ -21,14 +21,7 @@ import torch
 from nacl.public import PrivateKey, PublicKey
 
 from fedsilo.privacy.accounting import Mechanism
-from fedsilo.privacy.handoff import (
-    HandoffError,
-    binding,
-    open_sealed,
-    pack,
-    seal,
-    unpack,
-)
+from fedsilo.privacy.handoff import Binding, HandoffError, open_sealed, pack, seal, unpack
 from fedsilo.silo.memory import HostedModel
 from fedsilo.silo.tasks.base import SiloContext, config_of, with_tensors
 from fedsilo.silo.tasks.evaluate import evaluate, evaluate_releases
@@ -54,12 +47,14 @@ def daisy_train(message: TaskMessage, ctx: SiloContext) -> TaskResult:
         if MODEL not in message.tensors:
             raise HandoffError("daisy_train says adopt but carries no model")
         hosted.model = hosted.anchor = message.tensors[MODEL]
+        hosted.delivered = None
     if hosted.model is None or hosted.anchor is None:
         raise HandoffError(
             f"{ctx.name} hosts no daisy-chain model yet; the first task must carry one to adopt"
         )
     result = train(_as(message, task.train, {MODEL: hosted.model, PROX_ANCHOR: hosted.anchor}), ctx)
     hosted.model = trained = result.tensors[MODEL]
+    hosted.delivered = None  # what it hosts now is its own training's
     tensors: dict[str, torch.Tensor] = {}
     if task.send:
         tensors[MODEL] = trained
@@ -86,15 +81,19 @@ def daisy_receive(message: TaskMessage, ctx: SiloContext) -> TaskResult:
     if HANDOFF not in message.tensors:
         raise HandoffError("daisy_receive carries no hand-off")
     data = tensor_bytes(message.tensors[HANDOFF])
-    if config_of(message, DaisyReceive).sealed:
+    sealed = config_of(message, DaisyReceive).sealed
+    if sealed:
         data = open_sealed(data, _sealing_key(ctx))
-    model = unpack(data, binding(ctx.deployment, message.round))
+    recipient = ctx.name if sealed else None
+    bound = Binding(ctx.deployment, message.round, message.phase, recipient)
+    model, _ = unpack(data, bound, ctx.roster)
     expected = hosted.model.numel() if hosted.model is not None else model.numel()
     if model.numel() != expected or model.dim() != 1:
         raise HandoffError(
             f"the handed-off model has {model.numel()} parameters, this silo's {expected}"
         )
     hosted.model = hosted.anchor = model.to(ctx.device)
+    hosted.delivered = (message.round, message.phase)
     return TaskResult(task_id=message.task_id, silo=ctx.name, kind=message.kind)
 
 
@@ -121,16 +120,20 @@ def _evaluation(message: TaskMessage) -> EvaluateTask:
 def _packed(
     handoff: Handoff, message: TaskMessage, ctx: SiloContext, model: torch.Tensor
 ) -> torch.Tensor:
-    """The model packed for this round's recipient: sealed to the key `handoff` names, which
-    must be a roster member's (the coordinator cannot slip in a key of its own), or plain."""
-    packed = pack(model, binding(ctx.deployment, message.round))
+    """The model packed for this phase's recipient, signed with this silo's identity: sealed
+    to the key `handoff` names, which must be another member's (the coordinator cannot slip in
+    a key of its own), or plain."""
+    if ctx.identity is None:
+        raise HandoffError("hand-offs are signed by their sender; this silo has no identity")
     if handoff.seal_to is None:
-        return bytes_tensor(packed)
+        bound = Binding(ctx.deployment, message.round, message.phase, None)
+        return bytes_tensor(pack(model, bound, ctx.name, ctx.identity))
     key = bytes.fromhex(handoff.seal_to)
-    members = {bytes(public) for name, public in ctx.sealing_roster.items() if name != ctx.name}
-    if key not in members:
+    recipients = [n for n, k in ctx.sealing_roster.items() if n != ctx.name and bytes(k) == key]
+    if not recipients:
         raise HandoffError("the hand-off key is no other member's; refusing to seal to it")
-    return bytes_tensor(seal(packed, PublicKey(key)))
+    bound = Binding(ctx.deployment, message.round, message.phase, recipients[0])
+    return bytes_tensor(seal(pack(model, bound, ctx.name, ctx.identity), PublicKey(key)))
 
 
 def _as(message: TaskMessage, config: TaskConfig, tensors: dict[str, torch.Tensor]) -> TaskMessage:

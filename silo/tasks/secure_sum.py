@@ -20,13 +20,17 @@
    its update (result minus the model received) times its own weight, clipped, fixed-point
    encoded, plus the self-mask and the pairwise masks with every silo that shared.
 4. `secagg_confirm`: given the survivors (who sent masked inputs), sign (label, view, weight
-   vector, survivors) with the silo's identity: Bonawitz et al.'s consistency check. One
-   statement per aggregation, persisted.
+   vector, survivors, digest of the task it masked its input for: `task_digest`) with the
+   silo's identity: Bonawitz et al.'s consistency check, extended to what the silos received.
+   One statement per aggregation, persisted.
 5. `secagg_unmask`: given the same survivors and the signatures the coordinator collected,
    verify at least t valid ones from survivors over exactly this silo's statement, then reveal
-   the self-mask share of each survivor and the masking-key share of each silo that dropped
-   after sharing, never both for one silo, and only once per aggregation (persisted): a silo
-   declared dropped that turns up late cannot get its input unmasked, nor anyone else's. With
+   the self-mask share of each survivor that signed it and the masking-key share of every
+   other silo that shared (dropped after sharing, or a survivor without a valid signature over
+   the same statement: its input stays masked and out of the sum, so a silo sent another model
+   or other settings than the rest is never unmasked), never both for one silo, and only once
+   per aggregation (persisted): a silo declared dropped that turns up late cannot get its
+   input unmasked, nor anyone else's. With
    `advertise_next` (a round and a phase) the answer also carries step 1 for that aggregation,
    claimed and released as an advertise task's (one key set per aggregation, whichever task
    asks; none when that step was taken already); the keys wait in memory, beside the current
@@ -66,7 +70,6 @@ from fedsilo.privacy.masking import (
     aggregation_label,
     confirm,
     consistency_statement,
-    count_confirmations,
     decrypt_share,
     encrypt_share,
     graph_seed,
@@ -74,6 +77,7 @@ from fedsilo.privacy.masking import (
     neighbourhood,
     new_seed,
     shares_for,
+    signed_by,
     silo_indices,
     tensor_context,
     weight_problem,
@@ -88,6 +92,7 @@ from fedsilo.silo.tasks.base import (
     new_session,
     session_id,
     session_key,
+    task_digest,
     task_result,
     with_tensors,
 )
@@ -220,7 +225,7 @@ def masked_input(message: TaskMessage, ctx: SiloContext) -> TaskResult:
         _check_group(len(sharers), "shared their secrets", ctx, session["threshold"])
     else:
         members = _sparse_members(sharers, weights, session, ctx)
-    _check_weights(weights, members, ctx)
+    _check_weights(weights, members, session, ctx)
     keys: MaskingKeys = session["keys"]
     for sender, hex_share in config.shares.items():
         box = session["boxes"].get(sender)
@@ -229,7 +234,7 @@ def masked_input(message: TaskMessage, ctx: SiloContext) -> TaskResult:
         session["received"][sender] = decrypt_share(
             sender, ctx.name, bytes.fromhex(hex_share), box, session["view"]
         )
-    session |= {"sharers": sorted(sharers), "weights": weights}
+    session |= {"sharers": sorted(sharers), "weights": weights, "task": task_digest(message)}
     inner = inner_message(message)
     label = _label(message, ctx)
     peers = {p: session["adverts"][p].masking_key for p in sharers if p != ctx.name}
@@ -252,6 +257,11 @@ def masked_input(message: TaskMessage, ctx: SiloContext) -> TaskResult:
     encoding = FixedPoint.for_silos(ctx.secure_aggregation.bound, len(session["adverts"]))
     masked = {}
     for name in config.tensors:
+        if result.tensors[name].numel() != len(received[name]):
+            raise MaskingError(
+                f"the {name!r} sent has {len(received[name])} values, the result "
+                f"{result.tensors[name].numel()}: an update is taken only to a tensor of its shape"
+            )
         # widened exactly, then subtracted in float64 (numpy's mixed-type subtraction
         # takes half of torch's time here)
         update = _as_numpy(result.tensors[name].detach()).astype(np.float64)
@@ -321,19 +331,22 @@ def unmask(message: TaskMessage, ctx: SiloContext) -> TaskResult:
         if silo in survivors
     }
     statement = _statement(message, ctx, session, survivors)
-    valid = count_confirmations(statement, signatures, ctx.roster, session["threshold"])
-    if valid < session["threshold"]:
+    # it signed this very statement itself (`confirmed`), whether or not it is relayed back
+    signers = signed_by(statement, signatures, ctx.roster) | {ctx.name}
+    if len(signers) < session["threshold"]:
         raise MaskingError(
-            f"the consistency check fails: {valid} survivors signed this silo's view of the "
-            f"aggregation, fewer than the threshold {session['threshold']}; nothing is revealed"
+            f"the consistency check fails: {len(signers)} survivors signed this silo's view of "
+            f"the aggregation, fewer than the threshold {session['threshold']}; nothing is "
+            "revealed"
         )
+    _check_survivors(signers, session, ctx)  # the inputs that will be unmasked
     aggregation_log(ctx).claim(_label(message, ctx), "unmask")
     session["unmasked"] = True
     block = len(session["received"][ctx.name]) // 2
     revealed = {}
     for silo in session["sharers"]:
         piece = session["received"][silo]
-        if silo in survivors:
+        if silo in signers:
             revealed[REVEALED_SEED + silo] = bytes_tensor(piece[block:])
         else:
             revealed[REVEALED_KEY + silo] = bytes_tensor(piece[:block])
@@ -413,21 +426,30 @@ def _check_group(size: int, what: str, ctx: SiloContext, threshold: int = 0) -> 
         )
 
 
-def _check_weights(weights: dict[str, float], members: set[str], ctx: SiloContext) -> None:
+def _check_weights(
+    weights: dict[str, float], members: set[str], session: dict[str, Any], ctx: SiloContext
+) -> None:
     secure = ctx.secure_aggregation
     floor = secure.weight_floor(len(members))
-    problem = weight_problem(weights, ctx.name, members, secure.min_group, floor)
+    view = session["adverts"]
+    problem = weight_problem(weights, ctx.name, members, secure.min_group, floor, view)
     if problem:
         raise MaskingError(f"refusing the weights: {problem}")
 
 
 def _survivors(message: TaskMessage, ctx: SiloContext, session: dict[str, Any]) -> list[str]:
-    """The task's survivors, checked: sharers all, this silo among them, enough of them, and
-    enough of them carrying weight."""
+    """The task's survivors, checked (`_check_survivors`)."""
     config = message.config
     if not isinstance(config, SecAggConfirm | SecAggUnmask):
         raise MaskingError(f"a {message.kind} task names no survivors")
     survivors = set(config.survivors)
+    _check_survivors(survivors, session, ctx)
+    return sorted(survivors)
+
+
+def _check_survivors(survivors: set[str], session: dict[str, Any], ctx: SiloContext) -> None:
+    """Silos whose inputs a sum would hold: sharers all, this silo among them, enough of them,
+    enough of them carrying weight, and on the sparse graph enough of its own neighbours."""
     sparse = session["neighbours"] is not None
     _check_members(survivors, session, "survived", within="adverts" if sparse else "sharers")
     if ctx.name not in survivors:
@@ -437,7 +459,7 @@ def _survivors(message: TaskMessage, ctx: SiloContext, session: dict[str, Any]) 
             f"{len(survivors)} survivors are fewer than the threshold {session['threshold']}"
         )
     _check_group(len(survivors), "survived", ctx, session["threshold"])
-    _check_weights(session["weights"], survivors, ctx)
+    _check_weights(session["weights"], survivors, session, ctx)
     partners = set(session["sharers"]) - {ctx.name}
     if sparse and len(partners & survivors) < session["share_threshold"]:
         raise MaskingError(
@@ -446,14 +468,13 @@ def _survivors(message: TaskMessage, ctx: SiloContext, session: dict[str, Any]) 
             f"{session['share_threshold']}: with fewer, the masks hiding its input could be "
             "removed from its neighbours' rebuilt keys; nothing is signed or revealed"
         )
-    return sorted(survivors)
 
 
 def _statement(
     message: TaskMessage, ctx: SiloContext, session: dict[str, Any], survivors: list[str]
 ) -> bytes:
     return consistency_statement(
-        _label(message, ctx), session["view"], session["weights"], survivors
+        _label(message, ctx), session["view"], session["weights"], survivors, session["task"]
     )
 
 

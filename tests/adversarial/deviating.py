@@ -24,11 +24,14 @@ from fedsilo.coordinator.strategies import make_strategy
 from fedsilo.coordinator.strategies.base import RoundContext
 from fedsilo.coordinator.transport import Reply
 from fedsilo.ops.coordinator_process import grpc_server, signed_policy
+from fedsilo.ops.job_id import job_id
 from fedsilo.ops.metrics import CoordinatorMetrics
 from fedsilo.ops.provision import load_coordinator_kit
+from fedsilo.policies.algorithms.contract import init_config
 from fedsilo.policies.loading import parse_policy_text
 from fedsilo.wire.envelope import EnvelopeVerifier
-from fedsilo.wire.messages import TaskMessage, TaskResult
+from fedsilo.wire.messages import TASK_STEPS, TaskMessage, TaskResult
+from fedsilo.wire.messages import task_id as wire_task_id
 from fedsilo.wire.payload import as_payload
 from fedsilo.wire.tasks import TaskConfig
 from fedsilo.wire.tensors import ParameterSpec
@@ -52,6 +55,7 @@ class DeviatingCoordinator:
         self.signed = signed_policy(policy, kit)
         self.policy = parse_policy_text(self.signed.text)
         self.deployment = kit.consortium
+        self.job = job_id(self.policy.name, self.signed.digest)  # what the silos' task ids name
         self.hub = SiloHub(sorted(kit.silos))
         verifier = EnvelopeVerifier(
             self.deployment, {name: silo.verify_key for name, silo in kit.silos.items()}
@@ -98,22 +102,30 @@ class DeviatingCoordinator:
         config: TaskConfig,
         *,
         round_no: int = 1,
+        phase: str = "train",
         tensors: Mapping[str, torch.Tensor] | None = None,
         spec: ParameterSpec | None = None,
         task_id: str | None = None,
     ) -> TaskMessage:
         """A task as the honest engine would word it, under the signed policy's digest."""
-        kind = config.KIND
+        step = TASK_STEPS.get(config.KIND)
         return TaskMessage(
-            task_id or f"{self.deployment}/r{round_no}/{kind}/{silo}",
+            task_id or wire_task_id(self.job, round_no, phase, step, silo),
             round_no,
-            kind,
+            phase,
             silo,
             config,
             dict(tensors or {}),
             spec,
             policy_digest=self.signed.digest,
         )
+
+    def initial_model(self, silo: str) -> TaskResult:
+        """Setup's `init` task, as the honest engine words it: the model of the policy's seed."""
+        message = self.task(silo, init_config(self.policy), round_no=0, phase="init")
+        answer = self.ask(message).result
+        assert answer.ok, answer.error
+        return answer
 
     def train_task(
         self, silo: str, initial: TaskResult, round_no: int = 1, task_id: str | None = None

@@ -73,9 +73,7 @@ class Consortium:
         self.datasets = {d.name: d for d in loaded}
         self.keys = ConsortiumKeys.generate(self.datasets)
         self.agents = {
-            name: build_agent(
-                self.policy, name, data, torch.device("cpu"), len(self.datasets), self.keys
-            )
+            name: build_agent(self.policy, name, data, torch.device("cpu"), self.keys)
             for name, data in self.datasets.items()
         }
 
@@ -122,7 +120,7 @@ class Consortium:
 
     def initial_model(self) -> tuple[torch.Tensor, ParameterSpec]:
         """Round 0's `init` phase, run honestly: the model every silo builds from the seed."""
-        from fedsilo.coordinator.seeding import derive_seed
+        from fedsilo.policies.seeding import derive_seed
 
         config = InitTask(seed=derive_seed(self.policy.seed, "model-init"))
         phase = Phase("init", tuple(Task(s, config) for s in self.silos), Identical((MODEL,)))

@@ -17,14 +17,16 @@ import numpy as np
 import pytest
 import torch
 from nacl.public import PrivateKey
+from nacl.signing import SigningKey
 
 from fedsilo.coordinator.phases import Phase, PhaseOutcome, QuorumNotMet, Task, WeightedMean
 from fedsilo.models.zoo import build_model, load_flat
-from fedsilo.privacy.handoff import HandoffError, binding, open_sealed, unpack
+from fedsilo.privacy.handoff import Binding, HandoffError, open_sealed, pack, seal, unpack
 from fedsilo.privacy.masking import FixedPoint
 from fedsilo.silo.evaluation import per_sample_loss_function
 from fedsilo.wire.messages import SIMULATION, TaskMessage
 from fedsilo.wire.tasks import (
+    DaisyReceive,
     DaisyTrain,
     EncryptedInput,
     EvaluateTask,
@@ -35,7 +37,7 @@ from fedsilo.wire.tasks import (
     TrainTask,
 )
 from fedsilo.wire.tasks.tensor_names import CHECKPOINT, CONTROL, CONTROL_DELTA, HANDOFF, MODEL
-from fedsilo.wire.tensors import tensor_bytes
+from fedsilo.wire.tensors import bytes_tensor, tensor_bytes
 from tests.adversarial.rewriting import Consortium, close, policy, trained_alone
 
 TARGET = "silo-0"
@@ -272,7 +274,7 @@ def test_a_silo_whose_algorithm_hands_no_model_on_seals_none_to_another_silo() -
         sealed = tensor_bytes(answer.tensors[HANDOFF])
         try:
             opened = unpack(open_sealed(sealed, PrivateKey(c.keys.sealing[colluder])),
-                            binding(SIMULATION, 1))  # fmt: skip
+                            Binding(SIMULATION, 1, "train", colluder), c.keys.roster)  # fmt: skip
         except HandoffError:
             opened = None
         assert opened is None, "the colluding silo opened the target's trained model"
@@ -309,3 +311,82 @@ def test_a_phase_or_round_outside_the_policy_aggregates_nothing(round_no: int, p
         truth = trained_alone(c, TARGET, train_phase(c, model, spec).tasks[0])[MODEL]
         assert not close(estimate, (truth.double() - model.double()).numpy()), "decoded"
     assert c.refusals("secagg_advertise"), "the second aggregation was advertised"
+
+
+# -- a model the coordinator hands a silo itself ------------------------------------------------
+
+
+def test_a_model_the_coordinator_hands_on_itself_is_not_trained_and_sent_back() -> None:
+    """Cyclic: visit_0 starts the cycle at silo-1; the coordinator keeps silo-1's sealed model
+    and delivers to the target, as silo-1's hand-off, a model of its own sealed to the target's
+    key (anyone can seal to a public key); the target's visit_1 is the cycle's last, so it
+    would train that model and send it back: the target's exact update."""
+    c = Consortium(
+        policy(
+            "none",
+            algorithm={"name": "cyclic"},
+            participants={"min_silos": 1, "phase_timeout_s": 60},
+            channel={"sealed_handoffs": True},
+        )
+    )
+    model, spec = c.initial_model()
+    first, target = "silo-1", TARGET
+    honest = c.train_task(first, model, spec)
+    key = bytes(c.keys.sealing_roster[target]).hex()
+    start = DaisyTrain(train=honest.config, adopt=True, handoff=Handoff(seal_to=key))
+    assert c.ask(c.message(first, start, phase="visit_0", tensors={MODEL: model}, spec=spec)).ok
+    bound = Binding(SIMULATION, 1, "visit_0", target)  # as silo-1 would bind it, but unsigned
+    forged = seal(pack(model, bound, first, SigningKey.generate()), c.keys.sealing_roster[target])
+    delivery = DaisyReceive(sealed=True)
+    c.ask(c.message(target, delivery, phase="visit_0", step="deliver",
+                    tensors={HANDOFF: bytes_tensor(forged)}))  # fmt: skip
+    last = DaisyTrain(train=c.train_task(target, model, spec).config, send=True)
+    answer = c.ask(c.message(target, last, phase="visit_1", spec=spec))
+    if answer.ok:  # FedAvg's train task at the same round is the same training of the target
+        fedavg = Consortium(policy("none"))
+        task = fedavg.train_task(target, model, spec)
+        truth = trained_alone(fedavg, target, task)
+        update = (answer.tensors[MODEL].double() - model.double()).numpy()
+        own = (truth[MODEL].double() - model.double()).numpy()
+        assert not close(update, own), "the target trained the coordinator's model and sent it"
+    assert not answer.ok, "the target trained a model no member handed it"
+
+
+# -- different models for the silos of one sum --------------------------------------------------
+
+
+def dead(model: torch.Tensor, spec) -> torch.Tensor:
+    """`model` with every hidden unit switched off (first-layer biases -1e4): trained, it moves
+    only its output bias, so the silos sent it add nothing to a sum but there."""
+    tensors = {n: t.clone() for n, t in spec.unflatten(model.clone()).items()}
+    tensors["1.bias"].fill_(-1e4)
+    return spec.flatten(tensors)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_different_models_for_the_silos_of_one_sum_unmask_no_update(method: str) -> None:
+    """Pasquini et al. (CCS 2022): every silo but the target is sent a model whose update is
+    zero (but for its output bias), so the sum would be the target's update alone; five silos,
+    so the four others outnumber the threshold among themselves."""
+    c = Consortium(
+        policy(
+            method,
+            model={"name": "mlp", "hidden": [8]},
+            data={"source": "sklearn:breast_cancer", "partition": {"kind": "iid", "silos": 5}},
+        )
+    )
+    model, spec = c.initial_model()
+    honest = train_phase(c, model, spec)
+    silenced = dead(model, spec)
+    tasks = tuple(
+        t if t.silo == TARGET else replace(t, tensors={MODEL: silenced}) for t in honest.tasks
+    )
+    outcome = attempt(c, replace(honest, tasks=tasks))
+    if outcome is not None:
+        kind = "secagg_mask" if method == "masking" else "ckks_encrypt"
+        weight = next(a.message.config.weights[TARGET] for a in c.answers if a.message.kind == kind)
+        truth = trained_alone(c, TARGET, honest.tasks[0])[MODEL].double() - model.double()
+        estimate = outcome.mean[MODEL].double() - model.double()
+        moved = slice(0, spec.numel - 2)  # every parameter but the output bias
+        assert not close(estimate[moved].numpy(), weight * truth[moved].numpy()), "decoded"
+    assert outcome is None, "a sum of silos sent different models was unmasked"

@@ -26,7 +26,6 @@ from fedsilo.wire.envelope import EnvelopeVerifier, seal
 from fedsilo.wire.framing import read_message, to_frames
 from fedsilo.wire.messages import TaskMessage, TaskResult
 from fedsilo.wire.payload import as_payload
-from fedsilo.wire.tasks import InitTask
 from tests.adversarial.deviating import DeviatingCoordinator
 from tests.deployment import Consortium, policy_document, provision
 
@@ -63,8 +62,8 @@ def test_a_real_silo_under_a_masking_policy_answers_a_plain_train_task_with_no_m
     with DeviatingCoordinator(consortium, policy) as coordinator:
         start_silo(consortium, document)
         coordinator.wait_until_accepted(SILO, consortium)
-        initial = coordinator.ask(coordinator.task(SILO, InitTask(seed=0), round_no=0))
-        answer = coordinator.ask(coordinator.train_task(SILO, initial.result)).result
+        initial = coordinator.initial_model(SILO)
+        answer = coordinator.ask(coordinator.train_task(SILO, initial)).result
     assert not answer.ok, "the silo released its trained model in the clear"
     assert "model" not in answer.tensors
     assert "masking" in (answer.error or "")
@@ -80,15 +79,15 @@ def test_a_real_silo_restarted_answers_a_reposted_task_id_with_the_same_bytes(
     with DeviatingCoordinator(consortium, policy) as coordinator:
         start_silo(consortium, document)
         coordinator.wait_until_accepted(SILO, consortium)
-        initial = coordinator.ask(coordinator.task(SILO, InitTask(seed=0), round_no=0))
-        first = coordinator.ask(coordinator.train_task(SILO, initial.result))
+        initial = coordinator.initial_model(SILO)
+        first = coordinator.ask(coordinator.train_task(SILO, initial))
         assert first.result.ok, first.result.error
         consortium.kill(SILO)
         start_silo(consortium, document)
         # Post only once the new process has joined: a task popped by the killed process's
         # last long poll (its server-side handler outlives it by up to a poll) would be lost.
         consortium.wait_for_log(SILO, "accepted policy", timeout=60)
-        again = coordinator.ask(coordinator.train_task(SILO, shifted(initial.result, 0.5)))
+        again = coordinator.ask(coordinator.train_task(SILO, shifted(initial, 0.5)))
     assert again.raw == first.raw, (
         "the restarted silo trained the re-posted task id again: "
         f"{again.result.status}, {again.result.error or 'a fresh model'}"
@@ -159,7 +158,7 @@ def test_real_silos_refuse_a_masked_sum_of_fewer_silos_than_the_policys_min_silo
         for silo in pair:
             coordinator.wait_until_accepted(silo, consortium)
         job = job_id(coordinator.policy.name, coordinator.signed.digest)
-        initial = coordinator.ask(coordinator.task(pair[0], InitTask(seed=0), round_no=0)).result
+        initial = coordinator.initial_model(pair[0])
         assert initial.ok and initial.spec is not None, initial.error
         strategy = make_strategy(coordinator.policy)
         context = RoundContext(1, coordinator.policy.rounds, pair, coordinator.policy.seed, 2)
