@@ -5,8 +5,9 @@
     over non-private training, for the MLP and the small CNN of the model zoo (default
     sizes) on scikit-learn's 8x8 digits: one silo with all 1,437 training rows, the same
     batch size for both, swept over 32..256 (64 is the headline).
-    Each time is one `train` task of one epoch through the silo agent, model loading included;
-    the median of several tasks, private and non-private interleaved so that load from other
+    Each time is one `train` task of one epoch through the silo agent (its contract check and
+    model loading included), a round's task of a policy of that batch size; the median of
+    several rounds' tasks, private and non-private interleaved so that load from other
     processes hits both alike. Goal: <= 2.5x.
 (b) The accuracy/epsilon trade-off: FedAvg on breast_cancer over 5 silos
     (policies/examples/fedavg_dp.yaml, its full 30 rounds) at target epsilon 1, 2, 4, 8, 16
@@ -33,16 +34,19 @@ import matplotlib.pyplot as plt
 import torch
 
 from bench.common import write
-from fedsilo.coordinator.strategies.base import ServerState
+from fedsilo.coordinator.phases import Task
+from fedsilo.coordinator.strategies import make_strategy
+from fedsilo.coordinator.strategies.base import RoundContext, ServerState
 from fedsilo.coordinator.summary import summarize_metrics
 from fedsilo.ops.simulate import load_silos, simulate
+from fedsilo.policies.algorithms.contract import init_config
 from fedsilo.policies.loading import load_policy, parse_policy
 from fedsilo.policies.privacy import PrivacyConfig
 from fedsilo.policies.schema import Policy
 from fedsilo.silo.agent import SiloAgent
 from fedsilo.silo.data import SiloDataset, load_consortium
-from fedsilo.wire.messages import TaskMessage, TaskResult
-from fedsilo.wire.tasks import EvaluateTask, InitTask, LocalTraining, TrainTask
+from fedsilo.wire.messages import SIMULATION, TaskMessage, task_id
+from fedsilo.wire.tasks import EvaluateTask, TaskConfig
 
 BATCHES = (32, 64, 128, 256)
 HEADLINE_BATCH = 64
@@ -61,27 +65,31 @@ TRADE_OFF_POLICY = Path(str(files("fedsilo.policies") / "examples" / "fedavg_dp.
 
 def epoch_times(model: dict[str, Any], repeats: int) -> list[dict[str, Any]]:
     """One row per batch size: median epoch seconds, plain and DP-SGD, and their ratio."""
-    policy = parse_policy(
-        {
-            "version": 1,
-            "model": model,
-            "data": {"source": "sklearn:digits", "partition": {"kind": "iid", "silos": 1}},
-        }
-    )
-    (data,) = load_consortium(policy.data, seed=0)
-    agents = {
-        "plain": SiloAgent("s", data, policy.model),
-        "dp_sgd": SiloAgent("s", data, policy.model, privacy=DP_TIMED),
-    }
-    initial = agents["plain"].handle(TaskMessage("init", 0, "init", "s", InitTask(seed=0)))
     rows = []
     for batch in BATCHES:
+        policy = parse_policy(
+            {
+                "version": 1,
+                "rounds": repeats + 1,
+                "model": model,
+                "training": {"epochs": 1, "batch_size": batch, "optimizer": "sgd", "lr": 0.05},
+                "data": {"source": "sklearn:digits", "partition": {"kind": "iid", "silos": 1}},
+            }
+        )
+        (data,) = load_consortium(policy.data, seed=0)
+        agents = {
+            "plain": SiloAgent("s", data, policy),
+            "dp_sgd": SiloAgent("s", data, policy.model_copy(update={"privacy": DP_TIMED})),
+        }
+        initial = agents["plain"].handle(_task(init_config(policy), 0, "init"))
         seconds: dict[str, list[float]] = {name: [] for name in agents}
-        for repeat in range(repeats + 1):  # the first of each warms caches up and is dropped
-            local = LocalTraining(epochs=1, batch_size=batch, optimizer="sgd", lr=0.05, seed=repeat)
+        for round_no in range(1, repeats + 2):  # the first round warms caches up, dropped
+            context = RoundContext(round_no, policy.rounds, ("s",), policy.seed, 1)
+            task = make_strategy(policy).train_task("s", initial.tensors["model"], initial.spec,
+                                                   context)  # fmt: skip
             for name, agent in agents.items():
-                elapsed = _timed_train(agent, TrainTask(local=local), initial)
-                if repeat:
+                elapsed = _timed_train(agent, _task(task.config, round_no, "train", task))
+                if round_no > 1:
                     seconds[name].append(elapsed)
         plain, private = (statistics.median(seconds[name]) for name in agents)
         rows.append(
@@ -99,8 +107,20 @@ def epoch_times(model: dict[str, Any], repeats: int) -> list[dict[str, Any]]:
     return rows
 
 
-def _timed_train(agent: SiloAgent, config: TrainTask, initial: TaskResult) -> float:
-    message = TaskMessage("t", 1, "train", "s", config, initial.tensors, initial.spec)
+def _task(config: TaskConfig, round_no: int, phase: str, sent: Task | None = None) -> TaskMessage:
+    """The task of silo "s" at (`round_no`, `phase`), as the engine names it."""
+    return TaskMessage(
+        task_id(SIMULATION, round_no, phase, None, "s"),
+        round_no,
+        phase,
+        "s",
+        config,
+        dict(sent.tensors) if sent else {},
+        sent.spec if sent else None,
+    )
+
+
+def _timed_train(agent: SiloAgent, message: TaskMessage) -> float:
     started = time.perf_counter()
     result = agent.handle(message)
     elapsed = time.perf_counter() - started
@@ -154,10 +174,11 @@ def exact_test_summary(
 ) -> dict[str, dict[str, float]]:
     """The cross-silo summary of the final model's exact test metrics (no report noise)."""
     metrics, sizes = {}, {}
+    exact = policy.model_copy(update={"privacy": PrivacyConfig()})  # no report noise
     for data in datasets:
-        agent = SiloAgent(data.name, data, policy.model)
+        agent = SiloAgent(data.name, data, exact)
         message = TaskMessage(
-            "exact",
+            task_id(SIMULATION, policy.rounds, "evaluate", None, data.name),
             policy.rounds,
             "evaluate",
             data.name,

@@ -72,8 +72,7 @@ def measure(samples: int, epochs: int, parallel: int, rounds: int) -> dict[str, 
         }
     )
     agents = {
-        f"s{i}": SiloAgent(f"s{i}", silo_data(f"s{i}", samples, i), policy.model)
-        for i in range(SILOS)
+        f"s{i}": SiloAgent(f"s{i}", silo_data(f"s{i}", samples, i), policy) for i in range(SILOS)
     }
     timings = Timings()
     transport = InProcessTransport(

@@ -82,7 +82,6 @@ from torch import nn
 from bench.common import RESULTS, write
 from bench.mixing import cell, spread
 from fedsilo.coordinator.engine import RunHistory
-from fedsilo.policies.seeding import derive_seed
 from fedsilo.coordinator.synthetic import initial_synthetic_set, step_sizes, train_classifier
 from fedsilo.models.zoo import build_model, load_flat
 from fedsilo.ops.simulate import simulate
@@ -90,6 +89,7 @@ from fedsilo.ops.synthetic import save_grid
 from fedsilo.policies.loading import parse_policy
 from fedsilo.policies.model import CnnModel, MlpModel
 from fedsilo.policies.schema import Policy
+from fedsilo.policies.seeding import derive_seed
 from fedsilo.silo.data import SiloDataset, load_consortium
 from fedsilo.silo.tasks.base import parameter_spec
 

@@ -77,6 +77,7 @@ from fedsilo.policies.schema import Policy
 from fedsilo.privacy.ckks import FP32_BYTES, CkksParameters, measure
 from fedsilo.silo.agent import SiloAgent
 from fedsilo.silo.data import SiloDataset
+from fedsilo.silo.tasks.base import SiloKeys
 from fedsilo.wire.messages import SiloEndpoint
 from fedsilo.wire.payload import as_payload
 from fedsilo.wire.tensors import index_tensors
@@ -246,12 +247,13 @@ def deployment(
         n: SiloAgent(
             n,
             silo_data(n, i),
-            policy.model,
-            secure_aggregation=policy.silo_secure_aggregation,
-            identity=identities[n],
-            roster={m: key.verify_key for m, key in identities.items()},
-            sealing_key=sealing[n],
-            sealing_roster={m: key.public_key for m, key in sealing.items()},
+            policy,
+            keys=SiloKeys(
+                identity=identities[n],
+                roster={m: key.verify_key for m, key in identities.items()},
+                sealing_key=sealing[n],
+                sealing_roster={m: key.public_key for m, key in sealing.items()},
+            ),
         )
         for i, n in enumerate(names)
     }

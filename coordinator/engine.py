@@ -175,7 +175,8 @@ class RoundEngine:
         self.handoff_keys = dict(handoff_keys or {})
         self.should_stop = should_stop
         self.ckks_keys: CkksKeys | None = None  # made by the key holder at the first CKKS sum
-        self.folded_keys = FoldedKeys(self.policy.rounds)  # for the next masked aggregation
+        contract = self.policy.algorithm.silo_contract(self.policy)
+        self.folded_keys = FoldedKeys(contract.next_aggregation)  # for the next masked mean
 
     # -- the run ----------------------------------------------------------------------------
 

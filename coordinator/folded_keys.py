@@ -4,18 +4,17 @@ were made for.
 A masked aggregation (secure_sum.py) of a phase asks each silo, with its unmask task, to
 advertise its keys for the next aggregation of the same phase (`advertise_next`), so that one
 starts at its share step: a masked round takes four round trips instead of five. The next one
-is expected as many rounds later as the last two of that phase were apart (a round later until
-two have run: FedAvg's every round from the second on, FedDC's every b rounds from its third
-aggregation on). A strategy whose rounds take several masked means folds each phase's keys for
-that phase's next aggregation. An aggregation for which the engine holds keys from
-none or only some of its silos (the first, a phase the last round did not run, a silo that
-dropped, a new member of a round's cohort) runs the advertise step for the others; keys folded
-for an aggregation that never comes are never used.
+is the phase's next weighted mean in the algorithm's silo contract
+(policies/algorithms/contract.py `SiloContract.next_aggregation`: FedAvg's next round, FedDC's
+next aggregation round), the only one a silo folds keys for. An aggregation for which the
+engine holds keys from none or only some of its silos (the first, a silo that dropped, a new
+member of a round's cohort) runs the advertise step for the others; keys folded for an
+aggregation that never comes (a round that trains no one) are never used.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from fedsilo.coordinator.replies import Accepted
@@ -27,30 +26,23 @@ from fedsilo.wire.tasks.tensor_names import ADVERTISEMENT
 class FoldedKeys:
     """The unmask answers carrying keys, by the (round, phase) they were made for, held between
     the aggregations of one deployment (in memory: a restarted coordinator runs the advertise
-    step again, and silos repeat the keys they folded but have not shared)."""
+    step again, and silos repeat the keys they folded but have not shared). `next_aggregation`:
+    the round of a phase's next weighted mean after a round (None: none before the last)."""
 
-    total_rounds: int
+    next_aggregation: Callable[[int, str], int | None]
     held: dict[tuple[int, str], dict[str, Accepted]] = field(default_factory=dict)
-    last_round: dict[str, int] = field(default_factory=dict)  # phase -> its last aggregation's
-    gap: dict[str, int] = field(default_factory=dict)  # phase -> rounds between its last two
 
     def take(self, round_no: int, phase: str) -> dict[str, Accepted]:
         """The answers carrying keys for the aggregation of `phase` in round `round_no`, which
         starts now; keys held for an earlier round are let go."""
-        if phase in self.last_round and round_no > self.last_round[phase]:
-            self.gap[phase] = round_no - self.last_round[phase]
-        self.last_round[phase] = round_no
         found = self.held.pop((round_no, phase), {})
         self.held = {label: got for label, got in self.held.items() if label[0] >= round_no}
         return found
 
     def next_after(self, round_no: int, phase: str) -> NextAggregation | None:
-        """The aggregation to fold keys for: the same phase as many rounds later as its last
-        two aggregations were apart, else a round later (None past the last round)."""
-        later = round_no + self.gap.get(phase, 1)
-        if later > self.total_rounds:
-            return None
-        return NextAggregation(round=later, phase=phase)
+        """The aggregation to fold keys for: the phase's next one (None past the last round)."""
+        later = self.next_aggregation(round_no, phase)
+        return None if later is None else NextAggregation(round=later, phase=phase)
 
     def keep(self, made_for: NextAggregation, replies: Mapping[str, Accepted]) -> None:
         """Hold the answers among `replies` that carry keys for `made_for`."""

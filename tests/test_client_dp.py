@@ -19,6 +19,7 @@ from fedsilo.coordinator.strategies import make_strategy
 from fedsilo.coordinator.strategies.base import RoundContext
 from fedsilo.coordinator.transport import InProcessTransport
 from fedsilo.ops.metrics import CoordinatorMetrics
+from fedsilo.ops.sim_silos import ConsortiumKeys
 from fedsilo.policies.loading import PolicyError, parse_policy
 from fedsilo.policies.schema import Policy
 from fedsilo.privacy.accounting import Mechanism
@@ -27,13 +28,16 @@ from fedsilo.silo.agent import SiloAgent
 from fedsilo.silo.data import load_consortium
 from fedsilo.silo.tasks.train import train_releases
 from fedsilo.wire.messages import TaskMessage, TaskResult
-from fedsilo.wire.tasks import InitTask, LocalTraining, TrainTask
+from fedsilo.wire.tasks import LocalTraining, TrainTask
+from tests.silos import honest
 
 CLIP = 0.5
 SILOS = 4
 
 
-def policy(noise: str, z: float = 1.0, rounds: int = 1, **algorithm: object) -> Policy:
+def policy(
+    noise: str, z: float = 1.0, rounds: int = 1, lr: float = 0.1, **algorithm: object
+) -> Policy:
     return parse_policy(
         {
             "version": 1,
@@ -42,7 +46,7 @@ def policy(noise: str, z: float = 1.0, rounds: int = 1, **algorithm: object) -> 
             "algorithm": {"name": "fedavg", **algorithm},
             # about 8,000 parameters: one round's noise is 8,000 independent draws
             "model": {"name": "mlp", "hidden": [256]},
-            "training": {"epochs": 1, "batch_size": 32, "lr": 0.1},
+            "training": {"epochs": 1, "batch_size": 32, "lr": lr},
             "participants": {"min_silos": 1, "phase_timeout_s": 60},
             "data": {
                 "source": "sklearn:breast_cancer",
@@ -56,25 +60,30 @@ def policy(noise: str, z: float = 1.0, rounds: int = 1, **algorithm: object) -> 
 Endpoint = Callable[[bytes], bytes]
 
 
+def silos(p: Policy, first_only: bool = False, **kwargs: object) -> dict[str, SiloAgent]:
+    """The policy's silos (the first alone, with `first_only`), each built from `p` with a
+    secret of its own and the consortium's keys (their roster is the consortium a silo knows,
+    which bounds a round's cohort); `kwargs` go to each `SiloAgent`."""
+    datasets = load_consortium(p.data, seed=p.seed)
+    keys = ConsortiumKeys.generate(d.name for d in datasets)
+    return {
+        d.name: SiloAgent(d.name, d, p, secret=d.name.encode(), keys=keys.of(d.name), **kwargs)
+        for d in (datasets[:1] if first_only else datasets)
+    }
+
+
+def first_silo(p: Policy, **kwargs: object) -> SiloAgent:
+    (agent,) = silos(p, first_only=True, **kwargs).values()
+    return agent
+
+
 def run(
     p: Policy,
     wrap: Callable[[str, Endpoint], Endpoint] = lambda _, endpoint: endpoint,
     secret: bytes = b"coordinator",
     metrics: CoordinatorMetrics | None = None,
 ):
-    datasets = load_consortium(p.data, seed=p.seed)
-    agents = {
-        d.name: SiloAgent(
-            d.name,
-            d,
-            p.model,
-            privacy=p.privacy,
-            rounds=p.rounds,
-            secret=d.name.encode(),
-            consortium=len(datasets),
-        )
-        for d in datasets
-    }
+    agents = silos(p)
     engine = RoundEngine(
         make_strategy(p),
         InProcessTransport({n: wrap(n, a.handle_bytes) for n, a in agents.items()}),
@@ -144,59 +153,61 @@ def test_with_distributed_noise_each_upload_is_noised_and_their_sum_carries_all_
     assert sum(shares.values()).std().item() == pytest.approx(CLIP, rel=0.05)
 
 
-def train_task(lr: float = 0.1, cohort: int | None = None) -> TrainTask:
-    """A train task: an epoch of SGD at `lr` in batches of 32, shared noise among `cohort`."""
-    local = LocalTraining(epochs=1, batch_size=32, optimizer="sgd", lr=lr, seed=1)
-    return TrainTask(local=local, cohort=cohort)
+def train_task() -> TrainTask:
+    """A train task as a strategy words it: an epoch of SGD at 0.1 in batches of 32."""
+    return TrainTask(local=LocalTraining(epochs=1, batch_size=32, optimizer="sgd", lr=0.1, seed=1))
 
 
-def train_once(p: Policy, lr: float, cohort: int = SILOS) -> tuple[torch.Tensor, torch.Tensor]:
-    """One silo's (initial model, the model it returns after one train task at `lr`)."""
-    (data, *_) = load_consortium(p.data, seed=p.seed)
-    agent = SiloAgent("s", data, p.model, privacy=p.privacy, secret=b"s", consortium=SILOS)
-    init = agent.handle(TaskMessage("i", 0, "init", "s", InitTask(seed=0)))
-    config = train_task(lr=lr, cohort=cohort)
-    train = TaskMessage("t", 1, "train", "s", config, init.tensors, init.spec)
-    return init.tensors["model"].double(), agent.handle(train).tensors["model"].double()
+def train_once(p: Policy) -> tuple[torch.Tensor, torch.Tensor]:
+    """One silo's (initial model, the model it returns after round 1's train task), the task
+    its policy `p` asks for (one epoch of SGD at `p`'s learning rate, sharing the noise among
+    the whole consortium under distributed noise)."""
+    agent = first_silo(p)
+    init = agent.handle(honest(agent, "init", 0))
+    distributed = p.privacy.client_dp is not None and p.privacy.client_dp.noise == "distributed"
+    chosen = {"cohort": SILOS} if distributed else {}
+    trained = agent.handle(honest(agent, "train", 1, init.tensors, init.spec, **chosen))
+    assert trained.ok, trained.error
+    return init.tensors["model"].double(), trained.tensors["model"].double()
 
 
 def test_a_large_update_leaves_its_silo_clipped_to_the_clip_norm() -> None:
-    start, trained = train_once(policy("central"), lr=1.0)
+    start, trained = train_once(policy("central", lr=1.0))
     assert (trained - start).norm().item() == pytest.approx(CLIP, rel=1e-5)
 
 
 def test_an_update_within_the_clip_norm_leaves_unchanged() -> None:
-    plain = policy("central").model_copy(
-        update={"privacy": policy("central").privacy.model_copy(update={"client_dp": None})}
-    )
-    start, clipped = train_once(policy("central"), lr=1e-4)
-    _, unclipped = train_once(plain, lr=1e-4)
+    slow = policy("central", lr=1e-4)
+    plain = slow.model_copy(update={"privacy": slow.privacy.model_copy(update={"client_dp": None})})
+    start, clipped = train_once(slow)
+    _, unclipped = train_once(plain)
     assert (unclipped - start).norm().item() < CLIP
     assert torch.allclose(clipped, unclipped, rtol=0, atol=1e-7)
 
 
 def test_a_silo_books_its_share_of_the_noise_and_cannot_be_told_to_shrink_it(tmp_path) -> None:
     p = policy("distributed", z=2.0)
-    (data, *_) = load_consortium(p.data, seed=p.seed)
-    agent = SiloAgent("s", data, p.model, privacy=p.privacy, consortium=SILOS)
+    agent = first_silo(p)
 
     def booked(cohort: int) -> Mechanism:
-        task = TaskMessage("t", 1, "train", "s", train_task(cohort=cohort))
-        return train_releases(task, agent.context)[0]
+        return train_releases(honest(agent, cohort=cohort), agent.context)[0]
 
     assert booked(2) == Mechanism.gaussian(sensitivity=CLIP, noise_std=2.0 * CLIP / math.sqrt(2))
     # a coordinator that claims more silos than the consortium has gets the consortium's share
     assert booked(100) == booked(SILOS)
     assert booked(SILOS).noise_std == pytest.approx(2.0 * CLIP / 2)
+    # and the silo's contract refuses such a task before anything runs or is booked
+    init = agent.handle(honest(agent, "init", 0))
+    claimed = agent.handle(honest(agent, "train", 1, init.tensors, init.spec, cohort=100))
+    assert claimed.status == "error" and not claimed.tensors
+    assert f"config key 'cohort' is 100; this silo takes 1..{SILOS}" in (claimed.error or "")
 
 
 def test_central_noise_leaves_the_silos_uploads_exact_and_books_no_noise() -> None:
     p = policy("central")
     assert not p.privacy.differentially_private
-    (data, *_) = load_consortium(p.data, seed=p.seed)
-    agent = SiloAgent("s", data, p.model, privacy=p.privacy, consortium=SILOS)
-    task = TaskMessage("t", 1, "train", "s", train_task())
-    assert train_releases(task, agent.context) == [Mechanism.none()]
+    agent = first_silo(p)
+    assert train_releases(honest(agent), agent.context) == [Mechanism.none()]
 
 
 @pytest.mark.parametrize(("noise", "cohort"), [("central", None), ("distributed", SILOS)])
@@ -266,20 +277,15 @@ def test_client_dp_is_refused_where_it_cannot_hold(change: dict, message: str) -
 
 def test_distributed_noise_makes_a_dp_deployment_and_its_reports_are_noised() -> None:
     assert policy("distributed").privacy.differentially_private
-    (data, *_) = load_consortium(policy("distributed").data, seed=3)
-    agent = SiloAgent("s", data, policy("distributed").model, privacy=policy("distributed").privacy)
+    agent = first_silo(policy("distributed"))
     assert agent.context.reports("t", "train").noised
 
 
 def test_the_ledger_books_each_rounds_share(tmp_path) -> None:
     p = policy("distributed", rounds=2)
     ledger = PrivacyLedger(tmp_path / "s.jsonl")
-    (data, *_) = load_consortium(p.data, seed=p.seed)
-    agent = SiloAgent(
-        "s", data, p.model, privacy=p.privacy, ledger=ledger, deployment="d", consortium=SILOS
-    )
-    start = agent.handle(TaskMessage("i", 0, "init", "s", InitTask(seed=0)))
-    task = TaskMessage("t", 1, "train", "s", train_task(cohort=2), start.tensors, start.spec)
-    assert agent.handle(task).ok
+    agent = first_silo(p, ledger=ledger, deployment="d")
+    start = agent.handle(honest(agent, "init", 0))
+    assert agent.handle(honest(agent, "train", 1, start.tensors, start.spec, cohort=2)).ok
     share = Mechanism.gaussian(sensitivity=CLIP, noise_std=CLIP / math.sqrt(2))
     assert share in [record.mechanism for record in ledger.records() if record.deployment == "d"]

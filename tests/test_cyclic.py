@@ -16,15 +16,16 @@ from nacl.public import PrivateKey
 
 from fedsilo.coordinator.engine import RoundEngine, RunHistory
 from fedsilo.coordinator.phases import PhaseOutcome
-from fedsilo.policies.seeding import derive_seed
 from fedsilo.coordinator.state import StateStore
 from fedsilo.coordinator.strategies import make_strategy
 from fedsilo.coordinator.strategies.base import RoundContext
 from fedsilo.coordinator.strategies.cyclic import Cyclic
 from fedsilo.coordinator.transport import InProcessTransport
+from fedsilo.ops.sim_silos import ConsortiumKeys
 from fedsilo.policies.loading import PolicyError, parse_policy
 from fedsilo.policies.schema import Policy
-from fedsilo.privacy.handoff import HandoffError, binding, open_sealed, unpack
+from fedsilo.policies.seeding import derive_seed
+from fedsilo.privacy.handoff import Binding, HandoffError, open_sealed, unpack
 from fedsilo.silo.agent import SiloAgent
 from fedsilo.silo.tasks.base import parameter_spec
 from fedsilo.wire.messages import TaskMessage
@@ -33,7 +34,8 @@ from tests.test_feddc import Endpoint, failing
 from tests.test_scaffold import full_gradient, silo_data
 
 DATASETS = [silo_data("a", 0, 3), silo_data("b", 1, 5), silo_data("c", 2, 4)]
-SEALING = {d.name: PrivateKey.generate() for d in DATASETS}
+KEYS = ConsortiumKeys.generate(d.name for d in DATASETS)
+SEALING = {name: PrivateKey(key) for name, key in KEYS.sealing.items()}
 STEPS, LR = 2, 0.1
 
 
@@ -63,14 +65,8 @@ class Run:
         store: StateStore | None = None,
         wrap: Callable[[str, Endpoint], Endpoint] = lambda _, e: e,
     ) -> None:
-        roster = {n: k.public_key for n, k in SEALING.items()}
-        self.agents = {
-            d.name: SiloAgent(
-                d.name, d, p.model, rounds=p.rounds, sealing_key=SEALING[d.name],
-                sealing_roster=roster,
-            )
-            for d in DATASETS
-        }  # fmt: skip
+        roster = KEYS.sealing_roster
+        self.agents = {d.name: SiloAgent(d.name, d, p, keys=KEYS.of(d.name)) for d in DATASETS}
         self.tasks: list[TaskMessage] = []
         self.outcomes: list[PhaseOutcome] = []
 
@@ -127,7 +123,7 @@ def test_a_run_visits_the_silos_in_the_rounds_cycle() -> None:
 
 
 def initial_model(p: Policy) -> torch.Tensor:
-    agent = SiloAgent("a", DATASETS[0], p.model)
+    agent = SiloAgent("a", DATASETS[0], p)
     model = agent.context.new_model(seed=derive_seed(p.seed, "model-init"))
     return parameter_spec(model).flatten(dict(model.named_parameters())).detach()
 
@@ -150,13 +146,14 @@ def test_hand_offs_are_sealed_and_the_coordinator_gets_only_the_rounds_model() -
     assert len(deliveries) == 2  # a -> b -> c: two hand-offs in a cycle of three
     for task in deliveries:
         blob = bytes(task.tensors[HANDOFF].numpy())
+        bound = Binding("simulation", 1, task.phase, task.silo)
         with pytest.raises(HandoffError):
-            unpack(blob, binding("simulation", 1))  # the coordinator cannot read it
+            unpack(blob, bound, KEYS.roster)  # the coordinator cannot read it
         for other, key in SEALING.items():
             if other != task.silo:
                 with pytest.raises(HandoffError, match="does not open"):
                     open_sealed(blob, key)
-        unpack(open_sealed(blob, SEALING[task.silo]), binding("simulation", 1))
+        unpack(open_sealed(blob, SEALING[task.silo]), bound, KEYS.roster)
     visits = [o for o in run.outcomes if o.phase.startswith("visit_")]
     *handing_on, last = visits
     for outcome in handing_on:

@@ -1,6 +1,7 @@
 """Domains inside silos (`data.domain`): every row carries the domain of the declared column; the
 loss probe reports each domain's loss sum and count (noised and booked as two reports under DP,
-refused by a silo without domains); per-domain weights and ApproxFedAvg's soft maximum shape
+refused by a silo without domains, as the handler computes them for a task that passed the
+contract: `answer`); per-domain weights and ApproxFedAvg's soft maximum shape
 local training; ApproxFedAvg with one domain is FedAvg; AgnosticFedAvg over domains starts as
 FedAvg, moves lambda toward the domain with the larger loss, and resumes after a restart."""
 
@@ -18,8 +19,6 @@ from sklearn.datasets import load_breast_cancer
 from fedsilo.coordinator.engine import RunHistory
 from fedsilo.ops.simulate import load_silos, simulate
 from fedsilo.policies.loading import PolicyError, parse_policy
-from fedsilo.policies.model import LinearModel
-from fedsilo.policies.privacy import PrivacyConfig
 from fedsilo.policies.schema import Policy
 from fedsilo.silo.agent import SiloAgent
 from fedsilo.silo.data import DataError, SiloDataset, load_consortium
@@ -31,9 +30,13 @@ from fedsilo.silo.tasks.evaluate import loss_releases
 from fedsilo.wire.messages import TaskMessage, TaskResult
 from fedsilo.wire.tasks import LocalTraining, LossProbe, TaskConfig, TrainTask
 from tests.resume import resumed_and_uninterrupted
+from tests.silos import agent as built
+from tests.silos import honest, policy_with, run_handler
 
 HEART = {"source": "heart", "domain": "sex"}
 TRAINING = {"steps": 4, "batch_size": 32, "optimizer": "sgd", "lr": 0.1}
+LINEAR = {"name": "linear"}
+OVER_DOMAINS = {"name": "agnostic_fedavg", "domains": "data"}
 
 
 def heart_silo(name: str = "Cleveland") -> SiloDataset:
@@ -87,7 +90,8 @@ def run(p: Policy) -> RunHistory:
 
 
 def message(agent: SiloAgent, kind: str, **config: Any) -> TaskMessage:
-    """A `train` task (the TRAINING settings, seed 3) or a `loss` probe, from a fresh model."""
+    """A `train` task (the TRAINING settings, seed 3) or a `loss` probe, from a fresh model
+    (its id and position beside the point: `answer` runs its handler alone)."""
     model = agent.context.new_model(seed=0)
     spec = parameter_spec(model)
     typed: TaskConfig = (
@@ -101,15 +105,27 @@ def message(agent: SiloAgent, kind: str, **config: Any) -> TaskMessage:
     )  # fmt: skip
 
 
+def handled(agent: SiloAgent, task: TaskMessage) -> TaskResult:
+    """What `task`'s handler computes on the agent's data (`run_handler`)."""
+    return run_handler(agent, task.config, task.tensors, task.spec, phase=task.phase)
+
+
 def answer(agent: SiloAgent, kind: str, **config: object) -> TaskResult:
-    result = agent.handle(message(agent, kind, **config))
+    result = handled(agent, message(agent, kind, **config))
     assert result.ok, result.error
     return result
 
 
-def heart_agent(privacy: PrivacyConfig | None = None) -> SiloAgent:
-    data = heart_silo()
-    return SiloAgent(data.name, data, LinearModel(name="linear"), privacy=privacy)
+def domain_policy(privacy: dict | None = None, data: dict = HEART) -> Policy:
+    """AgnosticFedAvg over the data's domains, a linear model and the TRAINING settings."""
+    sections = {"privacy": privacy} if privacy is not None else {}
+    return policy_with(
+        algorithm=OVER_DOMAINS, model=LINEAR, training=TRAINING, data=data, **sections
+    )
+
+
+def heart_agent(privacy: dict | None = None) -> SiloAgent:
+    return built(heart_silo(), domain_policy(privacy))
 
 
 def test_every_row_carries_the_domain_of_the_declared_column() -> None:
@@ -152,8 +168,8 @@ def test_the_domain_probe_reports_each_domains_loss_sum_and_count() -> None:
 
 
 def test_under_dp_the_domain_reports_are_noised_and_booked_as_two_reports() -> None:
-    privacy = PrivacyConfig.model_validate({"dp_sgd": {"noise_multiplier": 1.0}})
-    agent = heart_agent(privacy)
+    agent = heart_agent({"dp_sgd": {"noise_multiplier": 1.0}})
+    privacy = agent.context.privacy
     exact = answer(heart_agent(), "loss", split="train", by_domain=True)
     noisy = answer(agent, "loss", split="train", by_domain=True)
     assert noisy.metrics.keys() == exact.metrics.keys()
@@ -165,10 +181,18 @@ def test_under_dp_the_domain_reports_are_noised_and_booked_as_two_reports() -> N
 def test_a_silo_without_domains_refuses_a_domain_task() -> None:
     p = parse_policy({"version": 1, "data": {"source": "sklearn:breast_cancer"}})
     data = load_consortium(p.data, seed=0)[0]
-    agent = SiloAgent(data.name, data, LinearModel(name="linear"))
+    agent = built(data, policy_with(model=LINEAR))
     for kind, config in (("loss", {"by_domain": True}), ("train", {"domain_temperature": 1.0})):
-        result = agent.handle(message(agent, kind, **config))
-        assert not result.ok and "declares no domain column (data.domain)" in result.error
+        with pytest.raises(ValueError, match=r"declares no domain column \(data.domain\)"):
+            handled(agent, message(agent, kind, **config))
+    # the tasks a domain policy's contract asks of such a silo (AgnosticFedAvg's probe over
+    # domains, ApproxFedAvg's training) are refused the same way, with nothing else sent
+    model = message(agent, "train")
+    for algorithm, phase in ((OVER_DOMAINS, "loss"), ({"name": "approx_fedavg"}, "train")):
+        silo = built(data, policy_with(algorithm=algorithm, model=LINEAR))
+        result = silo.handle(honest(silo, phase, 1, model.tensors, model.spec))
+        assert not result.ok and not result.tensors
+        assert "declares no domain column (data.domain)" in result.error
 
 
 def test_a_simulation_needing_domains_on_data_without_them_is_refused() -> None:
@@ -190,8 +214,19 @@ def test_zero_domain_weights_leave_the_model_where_it_was() -> None:
     received = message(agent, "train").tensors["model"]
     trained = answer(agent, "train", domain_weights={"Male": 0.0, "Female": 0.0})
     assert torch.equal(trained.tensors["model"], received)
-    refused = agent.handle(message(agent, "train", domain_weights={"Other": 1.0}))
-    assert not refused.ok and "unknown domains ['Other']" in refused.error
+    with pytest.raises(ValueError, match=r"unknown domains \['Other'\]"):
+        handled(agent, message(agent, "train", domain_weights={"Other": 1.0}))
+    # a silo's contract lets the coordinator choose the domain weights, but never all zero (a
+    # task that releases the model received), and the handler still refuses unknown domains
+    model = message(agent, "train")
+    zeros = {"Male": 0.0, "Female": 0.0}
+    for weights, error in (
+        (zeros, "gives every domain weight 0"),
+        ({"Other": 1.0}, "unknown domains ['Other']"),
+    ):
+        task = honest(agent, "train", 1, model.tensors, model.spec, domain_weights=weights)
+        refused = agent.handle(task)
+        assert not refused.ok and not refused.tensors and error in refused.error
 
 
 def soft_maximum_gradient(temperature: float, reduction: str) -> tuple[torch.Tensor, ...]:

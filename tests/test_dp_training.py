@@ -13,6 +13,7 @@ from torch import nn
 from fedsilo.policies.loading import PolicyError, parse_policy
 from fedsilo.policies.model import CnnModel, LinearModel, MlpModel, ModelConfig
 from fedsilo.policies.privacy import PrivacyConfig
+from fedsilo.policies.schema import Policy
 from fedsilo.privacy.accounting import Mechanism, epsilon
 from fedsilo.silo.agent import SiloAgent
 from fedsilo.silo.data import SiloDataset
@@ -20,7 +21,9 @@ from fedsilo.silo.dp_training import DpSgdError, DpSgdPlan, check_model, dp_sgd_
 from fedsilo.silo.schedule import LocalSchedule
 from fedsilo.wire.messages import TaskResult
 from fedsilo.wire.tasks import InitTask
-from tests.test_tasks import message, run, separable, train_config
+from tests.silos import agent as built
+from tests.silos import answer, honest, policy_with
+from tests.test_tasks import run, separable, train_config
 from tests.wire_tasks import reworded
 
 LINEAR = LinearModel(name="linear")
@@ -36,13 +39,29 @@ def dp(**dp_sgd: object) -> PrivacyConfig:
     return PrivacyConfig.model_validate({"dp_sgd": {"noise_multiplier": 1.0, **dp_sgd}})
 
 
+def silo_policy(
+    privacy: PrivacyConfig | None, model: ModelConfig = LINEAR, rounds: int = 10
+) -> Policy:
+    """A policy of `rounds` rounds of `model` under `privacy`. A noiseless DP-SGD section
+    (noise_multiplier 0), which every policy refuses (policies/schema.py: `_check_dp_noise`),
+    is set unchecked: the loop's equivalence to plain training and its clipping are unit tests
+    of the handler, run without the agent (`run`)."""
+    policy = policy_with(model=model, rounds=rounds)
+    if privacy is None:
+        return policy
+    if privacy.dp_sgd is not None and privacy.dp_sgd.noise_multiplier == 0:
+        return policy.model_copy(update={"privacy": privacy})
+    return policy_with(model=model, rounds=rounds, privacy=privacy)
+
+
 def agent(
     privacy: PrivacyConfig | None = None, model: ModelConfig = LINEAR, secret: bytes = b""
 ) -> SiloAgent:
-    return SiloAgent("a", separable(), model, privacy=privacy, rounds=10, secret=secret)
+    return built(separable(), silo_policy(privacy, model), secret=secret)
 
 
 def trained(privacy: PrivacyConfig | None, secret: bytes = b"", **config: object) -> TaskResult:
+    """What the train handler computes from `train_config(**config)` on a silo of `privacy`."""
     silo = agent(privacy, secret=secret)
     result = run(silo, train_config(**config), run(silo, InitTask(seed=0)))
     assert result.ok, result.error
@@ -90,8 +109,9 @@ def test_each_sample_moves_the_model_by_at_most_the_clip_norm(batch_size: int) -
 
 
 def test_the_noise_repeats_for_the_same_silo_and_task_and_is_keyed_to_the_silos_secret() -> None:
-    # Poisson batches and noise come from the silo's secret and the task id: a coordinator,
-    # which picks the task's seed, can neither predict nor replay the noise.
+    # Poisson batches and noise come from the silo's secret and the task id, not from the
+    # task's minibatch seed (derived from the policy's seed, which the coordinator knows): a
+    # coordinator can neither predict nor replay the noise.
     noisy = dp(noise_multiplier=1.0)
     first, second = trained(noisy, secret=b"k1"), trained(noisy, secret=b"k1")
     other_secret = trained(noisy, secret=b"k2")
@@ -122,7 +142,7 @@ def test_every_model_of_the_zoo_trains_under_dp_sgd(model: ModelConfig) -> None:
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(64, 1, 6, 6, generator=g), torch.randint(0, 3, (64,), generator=g)
     data = SiloDataset("a", x, y, x[:8], y[:8], x[:8], y[:8], "classification", 3, (), (1, 6, 6))
-    silo = SiloAgent("a", data, model, privacy=dp(noise_multiplier=0.5))
+    silo = built(data, silo_policy(dp(noise_multiplier=0.5), model, rounds=1))
     result = run(silo, train_config(epochs=1), run(silo, InitTask(seed=0)))
     assert result.ok, result.error
 
@@ -255,18 +275,25 @@ def test_a_plan_without_noise_books_a_release_without_dp_guarantee() -> None:
 
 def test_the_task_cannot_change_the_silos_dp_parameters() -> None:
     # DP parameters come from the silo's own copy of the policy; a task into which a
-    # coordinator slips keys of its own is refused unrun.
+    # coordinator slips keys of its own is refused unrun, and so is one whose local training
+    # (which sets DP-SGD's sampling rate and steps, so the epsilon booked) is not the policy's.
     privacy = dp(noise_multiplier=2.0, max_grad_norm=0.5)
-    honest = trained(privacy)
-    assert honest.metrics["dp_noise_multiplier"] == 2.0
+    assert trained(privacy).metrics["dp_noise_multiplier"] == 2.0
     silo = agent(privacy)
-    task = message(silo, train_config(), run(silo, InitTask(seed=0)))
+    init = answer(silo, honest(silo, "init", 0))
+    task = honest(silo, "train", 1, init.tensors, init.spec)
+    assert answer(silo, task).metrics["dp_noise_multiplier"] == 2.0
     slipped = {"dp_sgd": None, "noise_multiplier": 0.0, "max_grad_norm": 1e9}
     weakened = TaskResult.decode(silo.handle_bytes(reworded(task, task.config.to_json() | slipped)))
     assert weakened.status == "error" and not weakened.tensors
     assert "train task: unknown config key(s) ['dp_sgd', 'max_grad_norm', 'noise_multiplier']" in (
         weakened.error or ""
     )
+    later = honest(silo, "train", 2, init.tensors, init.spec)  # a task id not answered yet
+    whole = {**later.config.to_json(), "batch_size": 200}  # sample rate 1: far less privacy
+    larger = TaskResult.decode(silo.handle_bytes(reworded(later, whole)))
+    assert larger.status == "error" and not larger.tensors
+    assert "config key 'batch_size' is 200; this silo's policy says 32" in (larger.error or "")
 
 
 @pytest.mark.parametrize("accountant", ["rdp", "prv"])

@@ -2,7 +2,9 @@
 (with and without DP-SGD; t' = 0 is the model received) and refuses a t' outside the run; the
 R-FedTorch variant's update scale stretches the update and nothing else; local mixup mixes
 inputs and targets with Beta(alpha, alpha) ratios that repeat for a seed, or the embedding the
-last layer reads; the mixed loss probe equals a hand computation; and DRFLM runs end to end."""
+last layer reads; the mixed loss probe equals a hand computation; and DRFLM runs end to end.
+Handlers run with any config, as the agent runs them once a task passed its contract (`task`);
+a DRFA silo's contract takes the checkpoint step from its policy and refuses any other."""
 
 from __future__ import annotations
 
@@ -11,15 +13,15 @@ from typing import Any
 import pytest
 import torch
 
-from fedsilo.policies.loading import parse_policy
-from fedsilo.policies.model import LinearModel, MlpModel, ModelConfig
-from fedsilo.policies.privacy import PrivacyConfig
+from fedsilo.policies.loading import PolicyError, parse_policy
 from fedsilo.silo.agent import SiloAgent
 from fedsilo.silo.data import load_consortium
 from fedsilo.silo.mixup import MixupDraws, mixed_inputs, mixed_losses, mixed_per_sample_loss
 from fedsilo.silo.tasks.base import parameter_spec
 from fedsilo.wire.messages import TaskMessage, TaskResult
 from fedsilo.wire.tasks import LocalTraining, LossProbe, TaskConfig, TrainTask
+from tests.silos import agent as built
+from tests.silos import honest, policy_with, run_handler
 
 DATA = parse_policy(
     {
@@ -29,12 +31,18 @@ DATA = parse_policy(
 ).data
 
 
-MLP = MlpModel(name="mlp", hidden=[8])
+LINEAR = {"name": "linear"}
+MLP = {"name": "mlp", "hidden": [8]}
+CLIENT_DP = {"client_dp": {"clip": 1.0, "noise_multiplier": 1.0}}
 
 
-def agent(privacy: PrivacyConfig | None = None, model: ModelConfig | None = None) -> SiloAgent:
+def agent(privacy: dict | None = None, model: dict | None = None, **sections: Any) -> SiloAgent:
+    """Silo "silo-0" of two breast-cancer silos, under a policy of `model` (linear by default),
+    `privacy` and `sections`."""
     (data, _) = load_consortium(DATA, seed=0)
-    return SiloAgent("silo-0", data, model or LinearModel(name="linear"), privacy=privacy)
+    if privacy is not None:
+        sections["privacy"] = privacy
+    return built(data, policy_with(data=DATA, model=model or LINEAR, **sections))
 
 
 LOCAL = {"steps": 5, "batch_size": 16, "optimizer": "sgd", "lr": 0.1, "seed": 3}
@@ -42,7 +50,8 @@ LOCAL = {"steps": 5, "batch_size": 16, "optimizer": "sgd", "lr": 0.1, "seed": 3}
 
 def message(a: SiloAgent, kind: str, **config: Any) -> TaskMessage:
     """A `train` task (local training as in LOCAL but where `config` says otherwise) or a
-    `loss` probe, from a fresh model."""
+    `loss` probe, from a fresh model (its id and position beside the point: `task` runs its
+    handler alone)."""
     model = a.context.new_model(seed=0)
     spec = parameter_spec(model)
     if kind == "train":
@@ -57,9 +66,20 @@ def message(a: SiloAgent, kind: str, **config: Any) -> TaskMessage:
 
 
 def task(a: SiloAgent, kind: str, **config: object) -> TaskResult:
-    result = a.handle(message(a, kind, **config))
+    """What the task's handler computes (`run_handler`), checked to have succeeded."""
+    result = handled(a, message(a, kind, **config))
     assert result.ok, result.error
     return result
+
+
+def handled(a: SiloAgent, task: TaskMessage) -> TaskResult:
+    return run_handler(a, task.config, task.tensors, task.spec, phase=task.phase)
+
+
+def model_of(a: SiloAgent) -> tuple[dict[str, torch.Tensor], Any]:
+    """The tensors and spec of `message`'s fresh model."""
+    sent = message(a, "train")
+    return sent.tensors, sent.spec
 
 
 def test_the_checkpoint_is_the_model_after_t_steps() -> None:
@@ -89,24 +109,34 @@ def test_the_update_scale_stretches_the_update_and_nothing_else() -> None:
 
 
 def test_an_update_scale_with_client_dp_is_refused() -> None:
-    private = PrivacyConfig.model_validate({"client_dp": {"clip": 1.0, "noise_multiplier": 1.0}})
-    a = agent(private)
-    result = a.handle(message(a, "train", update_scale=2.0))
-    assert (
-        not result.ok and "update_scale cannot be combined with privacy.client_dp" in result.error
-    )
+    a = agent(CLIENT_DP)
+    with pytest.raises(ValueError, match="update_scale cannot be combined with privacy.client_dp"):
+        handled(a, message(a, "train", update_scale=2.0))
+    # no policy asks for both: DRFA (whose fedtorch variant scales updates) under client-level
+    # DP is refused when the policy is read, and no other algorithm lets a task set a scale
+    fedtorch = {"name": "drfa", "variant": "fedtorch"}
+    with pytest.raises(PolicyError, match="drfa does not average clipped model updates"):
+        policy_with(algorithm=fedtorch, training={"epochs": None, "steps": 5}, privacy=CLIENT_DP)
+    refused = a.handle(honest(a, "train", 1, *model_of(a), update_scale=2.0))
+    assert not refused.ok and "config key 'update_scale' is set" in refused.error
 
 
 def test_the_checkpoint_is_taken_under_dp_sgd_too() -> None:
-    private = PrivacyConfig.model_validate({"dp_sgd": {"noise_multiplier": 1.0}})
-    result = task(agent(private), "train", checkpoint_step=1)
+    result = task(agent({"dp_sgd": {"noise_multiplier": 1.0}}), "train", checkpoint_step=1)
     assert not torch.equal(result.tensors["checkpoint"], result.tensors["model"])
 
 
 def test_a_checkpoint_outside_the_run_is_refused() -> None:
     a = agent()
-    result = a.handle(message(a, "train", steps=3, checkpoint_step=4))
-    assert not result.ok and "outside the run's 0..3 local steps" in result.error
+    with pytest.raises(ValueError, match="outside the run's 0..3 local steps"):
+        handled(a, message(a, "train", steps=3, checkpoint_step=4))
+    # before that, a DRFA silo of 3 local steps takes no checkpoint step but its policy's
+    drfa = agent(algorithm={"name": "drfa"}, training={"epochs": None, "steps": 3})
+    drawn = drfa.context.algorithm.checkpoint_step(drfa.context.policy, 1)
+    assert 1 <= drawn <= 3
+    refused = drfa.handle(honest(drfa, "train", 1, *model_of(drfa), checkpoint_step=4))
+    assert not refused.ok
+    assert f"config key 'checkpoint_step' is 4; this silo's policy says {drawn}" in refused.error
 
 
 def test_mixup_mixes_inputs_and_targets_linearly() -> None:
@@ -179,8 +209,12 @@ def test_embedding_mixup_trains_and_probes_and_needs_a_hidden_layer() -> None:
     probe = task(agent(model=MLP), "loss", mixup_alpha=1.0, seed=2, mixup_on="embedding")
     assert probe.metrics["loss"] > 0
     linear = agent()
-    refused = linear.handle(message(linear, "train", mixup_alpha=1.0, mixup_on="embedding"))
-    assert not refused.ok and "this model has no embedding" in refused.error
+    with pytest.raises(ValueError, match="this model has no embedding"):
+        handled(linear, message(linear, "train", mixup_alpha=1.0, mixup_on="embedding"))
+    # no policy asks for it: DRFLM on the embedding of a linear model is refused when read
+    drflm = {"name": "drflm", "mixup_on": "embedding"}
+    with pytest.raises(PolicyError, match="model 'linear' has no embedding"):
+        policy_with(algorithm=drflm, model=LINEAR, training={"epochs": None, "steps": 5})
 
 
 def test_mixup_training_differs_from_plain_and_repeats() -> None:

@@ -14,19 +14,20 @@ import numpy as np
 import pytest
 import torch
 from nacl.public import PrivateKey
-from nacl.signing import SigningKey
+from nacl.signing import SigningKey, VerifyKey
 from sklearn.datasets import make_classification
 
 from fedsilo.coordinator.engine import RoundEngine, RunHistory
 from fedsilo.coordinator.radon import RadonError, radon_point
-from fedsilo.policies.seeding import derive_rng
 from fedsilo.coordinator.strategies import make_strategy
 from fedsilo.coordinator.transport import InProcessTransport
 from fedsilo.policies.loading import PolicyError, parse_policy
 from fedsilo.policies.schema import Policy
-from fedsilo.privacy.handoff import HandoffError, binding, open_sealed, unpack
+from fedsilo.policies.seeding import derive_rng
+from fedsilo.privacy.handoff import Binding, HandoffError, open_sealed, unpack
 from fedsilo.silo.agent import SiloAgent
 from fedsilo.silo.data import SiloDataset
+from fedsilo.silo.tasks.base import SiloKeys
 from fedsilo.wire.messages import STATUS_ERROR, TaskMessage, TaskResult
 from fedsilo.wire.tasks import DaisyTrain, Handoff
 from fedsilo.wire.tasks.tensor_names import HANDOFF
@@ -91,19 +92,18 @@ class Consortium:
     def run(
         self, p: Policy, wrap: Callable[[str, Endpoint], Endpoint] = lambda _, e: e
     ) -> RunHistory:
-        roster = {n: k.verify_key for n, k in self.identities.items()}
         sealing_roster = {n: k.public_key for n, k in self.sealing.items()}
         self.agents = {
             d.name: SiloAgent(
                 d.name,
                 d,
-                p.model,
-                rounds=p.rounds,
-                secure_aggregation=p.secure_aggregation,
-                identity=self.identities[d.name],
-                roster=roster,
-                sealing_key=self.sealing[d.name],
-                sealing_roster=sealing_roster,
+                p,
+                keys=SiloKeys(
+                    identity=self.identities[d.name],
+                    roster=self.roster,
+                    sealing_key=self.sealing[d.name],
+                    sealing_roster=sealing_roster,
+                ),
             )
             for d in self.data
         }
@@ -123,6 +123,10 @@ class Consortium:
         keys = {n: bytes(k) for n, k in sealing_roster.items()}
         engine = RoundEngine(make_strategy(p), transport, p, sorted(self.agents), handoff_keys=keys)
         return engine.run()
+
+    @property
+    def roster(self) -> dict[str, VerifyKey]:
+        return {n: k.verify_key for n, k in self.identities.items()}
 
     def hosted(self, silo: str) -> torch.Tensor:
         hosted = self.agents[silo].context.store.hosted.model
@@ -174,8 +178,10 @@ def test_a_hand_off_moves_each_model_to_its_recipient() -> None:
     for recipient, blob in routes.items():
         (sender,) = [s for s, b in sent.items() if torch.equal(b, blob)]
         assert sender != recipient
-        model = unpack(bytes(blob.numpy()), binding("simulation", 1))
-        assert torch.equal(consortium.hosted(recipient), model)
+        model, signer = unpack(
+            bytes(blob.numpy()), Binding("simulation", 1, "daisy", None), consortium.roster
+        )
+        assert signer == sender and torch.equal(consortium.hosted(recipient), model)
     assert history.records[0].status == "completed"
 
 
@@ -194,13 +200,16 @@ def test_sealed_hand_offs_open_only_at_their_recipient() -> None:
     for task in deliveries:
         blob = bytes(task.tensors[HANDOFF].numpy())
         assert task.config.to_json() == {"sealed": True}  # nothing names the sender
+        bound = Binding("simulation", 1, "daisy", task.silo)
         with pytest.raises(HandoffError):
-            unpack(blob, binding("simulation", 1))  # the coordinator cannot read it
+            unpack(blob, bound, consortium.roster)  # the coordinator cannot read it
         for other in consortium.sealing:
             if other != task.silo:
                 with pytest.raises(HandoffError, match="does not open"):
                     open_sealed(blob, consortium.sealing[other])
-        model = unpack(open_sealed(blob, consortium.sealing[task.silo]), binding("simulation", 1))
+        model, _ = unpack(
+            open_sealed(blob, consortium.sealing[task.silo]), bound, consortium.roster
+        )
         assert torch.equal(consortium.hosted(task.silo), model)
 
 
@@ -227,7 +236,7 @@ def test_a_hand_off_key_outside_the_roster_is_refused() -> None:
     )
     (record,) = consortium.run(p, substitute).records
     assert record.status == "failed"
-    assert "no other member's; refusing to seal to it" in record.error
+    assert "config key 'handoff' seals to no other member's key" in record.error
 
 
 def test_a_dropped_recipients_model_is_rerouted_not_lost() -> None:
@@ -252,10 +261,12 @@ def test_a_dropped_recipients_model_is_rerouted_not_lost() -> None:
         t for t in consortium.tasks
         if t.kind == "daisy_receive" and torch.equal(t.tensors[HANDOFF], sent[sender])
     ]  # fmt: skip
-    model = unpack(
+    model, signer = unpack(
         open_sealed(bytes(sent[sender].numpy()), consortium.sealing[delivery.silo]),
-        binding("simulation", 2),
+        Binding("simulation", 2, "daisy", delivery.silo),
+        consortium.roster,
     )
+    assert signer == sender
     assert delivery.silo != "silo-2"
     assert torch.equal(consortium.hosted(delivery.silo), model)
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -23,9 +22,9 @@ from fedsilo.coordinator.synthetic import langevin_step, mixture_gradient, step_
 from fedsilo.coordinator.transport import InProcessTransport
 from fedsilo.models.zoo import build_model
 from fedsilo.ops.report import write_results
+from fedsilo.ops.sim_silos import ConsortiumKeys, build_agent
 from fedsilo.ops.simulate import simulate
 from fedsilo.policies.loading import PolicyError, parse_policy
-from fedsilo.policies.privacy import PrivacyConfig
 from fedsilo.policies.schema import Policy
 from fedsilo.silo.agent import SiloAgent
 from fedsilo.silo.data import load_consortium
@@ -36,6 +35,8 @@ from fedsilo.silo.tasks.train import train_releases
 from fedsilo.wire.messages import TaskMessage, TaskResult, schema_metrics
 from fedsilo.wire.tasks import EnergySignals, InitTask, LocalTraining
 from fedsilo.wire.tasks.tensor_names import SYNTHETIC, SYNTHETIC_LABELS, WEIGHT, WEIGHTED_GRADIENT
+from tests.silos import agent as built
+from tests.silos import honest
 
 SPC = 2  # synthetic points per class: 20 points of 1 x 8 x 8
 CNN = {"name": "cnn", "channels": [4], "hidden": 0, "activation": "silu", "norm": "group"}
@@ -123,8 +124,8 @@ def one_round(signals: dict[str, tuple[float, float, int]]) -> tuple[torch.Tenso
 
 
 def engine_setup_points(p: Policy) -> torch.Tensor:
-    from fedsilo.policies.seeding import derive_seed
     from fedsilo.coordinator.synthetic import initial_synthetic_set
+    from fedsilo.policies.seeding import derive_seed
 
     generator = torch.Generator().manual_seed(derive_seed(p.seed, "synthetic-init"))
     return initial_synthetic_set(SPC, 10, (1, 8, 8), generator)[0]
@@ -172,7 +173,8 @@ def test_the_server_step_follows_the_cosine_beta_curve() -> None:
 def test_a_round_carries_the_synthetic_set_down_and_signals_up_never_a_model() -> None:
     p = policy(rounds=1)
     datasets = load_consortium(p.data, seed=p.seed)
-    agents = {d.name: SiloAgent(d.name, d, p.model) for d in datasets}
+    keys = ConsortiumKeys.generate(d.name for d in datasets)
+    agents = {d.name: build_agent(p, d.name, d, torch.device("cpu"), keys) for d in datasets}
     down: list[TaskMessage] = []
     up: list[TaskResult] = []
 
@@ -202,29 +204,27 @@ def test_a_round_carries_the_synthetic_set_down_and_signals_up_never_a_model() -
 ENERGY_TRAINING = LocalTraining(epochs=1, batch_size=32, optimizer="adam", lr=1e-3, seed=3)
 
 
-def energy_task(agent: SiloAgent, round_no: int = 1, **config: Any) -> TaskResult:
+def energy_task(agent: SiloAgent, round_no: int = 1) -> TaskResult:
+    """The silo's answer to round `round_no`'s `energy_signals` task, as its contract asks for
+    it (the policy's settings: `digits_agent`), on a fixed synthetic set."""
     generator = torch.Generator().manual_seed(0)
     x = torch.rand(10 * SPC, 1, 8, 8, generator=generator)
     labels = torch.arange(10).repeat_interleave(SPC)
-    settings = {
-        "energy": "joint", "sgld_steps": 1, "sgld_step": 1.0, "sgld_noise": 0.01,
-        "gradient_clip": 0.05, "synthetic_ce_weight": 0.1, "spectral_norm": True,
-        "persist_local_model": False, "model_seed": 8,
-    }  # fmt: skip
-    message = TaskMessage(
-        f"t{round_no}", round_no, "energy", agent.name,
-        EnergySignals(local=ENERGY_TRAINING, **settings | config),
-        {SYNTHETIC: x, SYNTHETIC_LABELS: labels},
-    )  # fmt: skip
+    message = honest(agent, "energy", round_no, {SYNTHETIC: x, SYNTHETIC_LABELS: labels})
+    assert isinstance(message.config, EnergySignals)
     result = agent.handle(message)
     assert result.ok, result.error
     return result
 
 
-def digits_agent(privacy: PrivacyConfig | None = None) -> SiloAgent:
-    p = policy()
+def digits_agent(privacy: dict | None = None, **algorithm: object) -> SiloAgent:
+    """The first digits silo under `policy()` with signals clipped at 0.05 (one Langevin step
+    of 1.0 with noise 0.01, a spectrally normalised joint energy, a fresh model per round) but
+    where `algorithm` says otherwise, and `privacy`."""
+    settings = {"algorithm": {"gradient_clip": 0.05, **algorithm}}
+    p = policy(**settings, **({"privacy": privacy} if privacy is not None else {}))
     data = load_consortium(p.data, seed=0)[0]
-    return SiloAgent(data.name, data, p.model, privacy=privacy)
+    return built(data, p)
 
 
 def test_the_silo_sends_clipped_gradients_weighted_by_exp_minus_sign() -> None:
@@ -253,19 +253,18 @@ def test_the_signals_are_the_energys_clipped_input_gradient_and_exp_minus_its_si
 def test_a_fresh_model_per_round_repeats_and_a_persisted_one_carries_over() -> None:
     a, b = energy_task(digits_agent()), energy_task(digits_agent())
     assert torch.equal(a.tensors[WEIGHTED_GRADIENT], b.tensors[WEIGHTED_GRADIENT])
-    keeper = digits_agent()
-    energy_task(keeper, 1, persist_local_model=True)
-    carried = energy_task(keeper, 2, persist_local_model=True)
-    fresh = energy_task(digits_agent(), 2, persist_local_model=True)
+    keeper = digits_agent(persist_local_model=True)
+    energy_task(keeper, 1)
+    carried = energy_task(keeper, 2)
+    fresh = energy_task(digits_agent(persist_local_model=True), 2)
     assert not torch.equal(carried.tensors[WEIGHTED_GRADIENT], fresh.tensors[WEIGHTED_GRADIENT])
 
 
 def test_under_dp_sgd_the_energy_model_is_trained_privately_and_booked_as_a_training() -> None:
-    private = PrivacyConfig.model_validate({"dp_sgd": {"noise_multiplier": 1.0}})
-    agent = digits_agent(private)
-    result = energy_task(agent, spectral_norm=False)
+    agent = digits_agent({"dp_sgd": {"noise_multiplier": 1.0}}, spectral_norm=False)
+    result = energy_task(agent)
     assert result.metrics["dp_noise_multiplier"] == 1.0
-    plain = energy_task(digits_agent(), spectral_norm=False)
+    plain = energy_task(digits_agent(spectral_norm=False))
     assert not torch.equal(result.tensors[WEIGHTED_GRADIENT], plain.tensors[WEIGHTED_GRADIENT])
     task = EnergySignals(
         local=ENERGY_TRAINING, sgld_steps=1, sgld_step=1.0, sgld_noise=0.01, gradient_clip=0.05,

@@ -18,6 +18,7 @@ from fedsilo.coordinator.transport import InProcessTransport
 from fedsilo.ops.coordinator_process import revoke
 from fedsilo.ops.job_id import job_id
 from fedsilo.ops.report import write_deployment_results
+from fedsilo.ops.sim_silos import ConsortiumKeys
 from fedsilo.ops.status import deployment_status
 from fedsilo.policies.loading import parse_policy
 from fedsilo.policies.schema import Policy
@@ -33,6 +34,7 @@ pytestmark = [
 ]
 
 SILOS = ("cleveland", "hungary")
+KEYS = ConsortiumKeys.generate(SILOS)  # the silos' identities, which outlive every job
 DP = {"delta": 1e-5, "dp_sgd": {"noise_multiplier": 1.0}}
 
 
@@ -53,21 +55,21 @@ def policy(name: str, dp: bool, rounds: int = 2) -> Policy:
 def run_job(
     tmp_path: Path, job: Policy, total_cap: float | None = None
 ) -> tuple[str, RunHistory, dict[str, SiloAgent]]:
-    """Run `job` on silos whose ledgers and state folders outlive the job (in `tmp_path`)."""
+    """Run `job` on silos built from it whose ledgers and state folders (in `tmp_path`) and
+    identities (`KEYS`) outlive the job."""
     digest = digest_policy(job)
     name = job_id(job.name, digest)
     agents = {
         silo: SiloAgent(
             silo,
             separable(seed=index),
-            job.model,
+            job,
             policy_digest=digest,
-            privacy=job.privacy,
-            rounds=job.rounds,
             secret=silo.encode(),
             ledger=PrivacyLedger(tmp_path / f"{silo}.jsonl"),
             deployment=name,
             total_epsilon_cap=total_cap,
+            keys=KEYS.of(silo),
             state=tmp_path / f"{silo}-state",
         )
         for index, silo in enumerate(SILOS)

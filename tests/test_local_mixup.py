@@ -2,11 +2,13 @@
 
 A train task with `checkpoint_step` t also returns the parameters after exactly t local steps
 (the model of a t-step run, with or without DP-SGD), books nothing more, and refuses a t outside
-the run or together with client-level DP. Local mixup (`mixup_alpha`) mixes inputs, regression
-targets and classification losses linearly with seeded Beta(alpha, alpha) ratios and uniform
-partners; a mixup run takes the plain run's batches, repeats bit for bit, and under DP-SGD clips
-each mixed row. A loss task with `mixup_alpha` and `seed` reports the mean mixed loss over the
-split, a hand computation, noised under DP exactly like the plain loss report.
+the run or together with client-level DP; a DRFA silo's contract refuses, before anything runs,
+any t but its policy's public draw for the round. Local mixup (`mixup_alpha`) mixes inputs,
+regression targets and classification losses linearly with seeded Beta(alpha, alpha) ratios and
+uniform partners; a mixup run takes the plain run's batches, repeats bit for bit, and under
+DP-SGD clips each mixed row. A loss task with `mixup_alpha` and `seed` reports the mean mixed
+loss over the split, a hand computation, noised under DP exactly like the plain loss report.
+Handlers run as the agent runs them once a task passed its contract (`run`), with any config.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fedsilo.policies.model import LinearModel
+from fedsilo.policies.loading import PolicyError
 from fedsilo.policies.privacy import PrivacyConfig
 from fedsilo.silo.agent import SiloAgent
 from fedsilo.silo.data import SiloDataset
@@ -25,21 +27,37 @@ from fedsilo.silo.evaluation import per_sample_loss_function
 from fedsilo.silo.mixup import MixupDraws, mixed_inputs, mixed_losses, mixed_per_sample_loss
 from fedsilo.silo.tasks.evaluate import loss_releases
 from fedsilo.silo.tasks.train import train_releases
-from fedsilo.wire.messages import TaskMessage, TaskResult
+from fedsilo.wire.messages import SIMULATION, TaskMessage, TaskResult, task_id
 from fedsilo.wire.tasks import InitTask, LossProbe
+from tests.silos import agent as built
+from tests.silos import honest, policy_with, run_handler
 from tests.test_tasks import run, separable, train_config
+from tests.wire_tasks import reworded
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:Full backward hook is firing"),
 ]
 
-LINEAR = LinearModel(name="linear")
+LINEAR = {"name": "linear"}
 DP_SGD = {"dp_sgd": {"noise_multiplier": 1.0}}
+DRFA = {"name": "drfa"}
+SIX_STEPS = {"epochs": None, "steps": 6}
 
 
 def agent(privacy: dict | None = None, data: SiloDataset | None = None) -> SiloAgent:
-    policy = PrivacyConfig.model_validate(privacy) if privacy is not None else None
-    return SiloAgent("a", data or separable(), LINEAR, privacy=policy, rounds=10, secret=b"s")
+    """Silo "a" of a 10-round policy of a linear model, with a secret of its own, under
+    `privacy` as written: a handler's unit test may run without noise, which a policy refuses
+    (the section is set on the parsed policy, past the policy's own checks)."""
+    policy = policy_with(model=LINEAR, rounds=10)
+    if privacy is not None:
+        policy = policy.model_copy(update={"privacy": PrivacyConfig.model_validate(privacy)})
+    return built(data or separable(), policy, secret=b"s")
+
+
+def drfa_silo() -> SiloAgent:
+    """Silo "a" of a 10-round DRFA policy of 6 local steps."""
+    policy = policy_with(model=LINEAR, algorithm=DRFA, training=SIX_STEPS, rounds=10)
+    return built(separable(), policy, secret=b"s")
 
 
 def initial(silo: SiloAgent) -> TaskResult:
@@ -111,9 +129,10 @@ def test_a_checkpoint_books_nothing_more_than_the_run(privacy: dict | None) -> N
 @pytest.mark.parametrize(
     ("t", "message"),
     [
-        (-1, "checkpoint_step -1 is outside the run's 0..6 local steps"),
-        (7, "checkpoint_step 7 is outside the run's 0..6 local steps"),
-        # refused when the task is read, before any handler runs
+        # the contract: a DRFA silo takes the round's checkpoint step from its own policy
+        (-1, "config key 'checkpoint_step' is -1; this silo's policy says {policy}"),
+        (7, "config key 'checkpoint_step' is 7; this silo's policy says {policy}"),
+        # refused when the task is read, before any contract or handler
         (2.5, "train task: config key 'checkpoint_step' must be int, not float (2.5)"),
         (True, "train task: config key 'checkpoint_step' must be int, not bool (True)"),
         ("3", "train task: config key 'checkpoint_step' must be int, not str ('3')"),
@@ -122,16 +141,38 @@ def test_a_checkpoint_books_nothing_more_than_the_run(privacy: dict | None) -> N
 def test_a_checkpoint_step_that_is_not_a_step_of_the_run_is_refused(
     t: object, message: str
 ) -> None:
+    """Sent to a DRFA silo of 6 local steps, in place of its round's checkpoint step: refused
+    unrun, nothing but the refusal in the answer."""
+    silo = drfa_silo()
+    init = initial(silo)
+    task = honest(silo, "train", 1, init.tensors, init.spec)
+    drawn = silo.context.algorithm.checkpoint_step(silo.context.policy, 1)
+    assert task.config.checkpoint_step == drawn
+    result = TaskResult.decode(
+        silo.handle_bytes(reworded(task, task.config.to_json() | {"checkpoint_step": t}))
+    )
+    assert result.status == "error" and message.format(policy=drawn) in result.error
+    assert not result.tensors
+
+
+@pytest.mark.parametrize("t", [-1, 7])
+def test_the_handler_refuses_a_checkpoint_step_outside_the_run(t: int) -> None:
     silo = agent()
-    result = run(silo, train_config(epochs=None, steps=6, checkpoint_step=t), initial(silo))
-    assert result.status == "error" and message in result.error
+    config = train_config(epochs=None, steps=6, checkpoint_step=t)
+    with pytest.raises(ValueError, match=f"checkpoint_step {t} is outside the run's 0..6 local"):
+        run(silo, config, initial(silo))
 
 
 def test_a_checkpoint_is_refused_with_client_level_dp() -> None:
-    silo = agent({"client_dp": {"clip": 1.0, "noise_multiplier": 1.0}})
-    result = run(silo, train_config(checkpoint_step=1), initial(silo))
-    assert result.status == "error"
-    assert "checkpoint_step cannot be combined with privacy.client_dp" in result.error
+    client_dp = {"client_dp": {"clip": 1.0, "noise_multiplier": 1.0}}
+    silo = agent(client_dp)
+    with pytest.raises(
+        ValueError, match="checkpoint_step cannot be combined with privacy.client_dp"
+    ):
+        run(silo, train_config(checkpoint_step=1), initial(silo))
+    # no policy asks for both: DRFA under client-level DP is refused when the policy is read
+    with pytest.raises(PolicyError, match="drfa does not average clipped model updates"):
+        policy_with(algorithm=DRFA, training=SIX_STEPS, privacy=client_dp)
 
 
 # -- the mixing maths -------------------------------------------------------------------------
@@ -275,8 +316,13 @@ def test_under_dp_sgd_each_mixed_row_moves_the_model_by_at_most_the_clip_norm() 
 # -- the mixed loss report --------------------------------------------------------------------
 
 
+LOSS_TASK = task_id(SIMULATION, 1, "loss", None, "a")  # the id `mixed_report`'s task has
+
+
 def mixed_report(silo: SiloAgent, **config: object) -> TaskResult:
-    result = run(silo, LossProbe(split="train", **config), initial(silo))
+    init = initial(silo)
+    probe = LossProbe(split="train", **config)
+    result = run_handler(silo, probe, init.tensors, init.spec, phase="loss")
     assert result.ok, result.error
     return result
 
@@ -312,8 +358,8 @@ def test_the_mixed_loss_report_repeats_for_a_seed_and_is_not_the_plain_loss() ->
 
 def test_a_mixed_loss_report_needs_a_seed() -> None:
     silo = agent()
-    result = run(silo, LossProbe(mixup_alpha=1.0), initial(silo))
-    assert result.status == "error" and "needs a seed" in result.error
+    with pytest.raises(ValueError, match="needs a seed"):
+        run(silo, LossProbe(mixup_alpha=1.0), initial(silo))
 
 
 def test_under_dp_the_mixed_loss_leaves_clipped_and_noised_like_the_plain_loss() -> None:
@@ -330,7 +376,7 @@ def test_under_dp_the_mixed_loss_leaves_clipped_and_noised_like_the_plain_loss()
     with torch.no_grad():
         per_row = mixed_losses("classification", model, x, y, rows, partners, gamma)
     assert per_row.max() > bound  # so the clipping shows
-    generator = silo.context.noise_generator("t-loss", "reports")
+    generator = silo.context.noise_generator(LOSS_TASK, "reports")
     noise = torch.normal(0.0, sigma * bound / 200, (1,), dtype=torch.float64, generator=generator)
     expected = per_row.double().clamp(0, bound).mean() + noise
     assert noisy.metrics["loss"] == pytest.approx(expected.item(), rel=1e-6)

@@ -13,7 +13,6 @@ import pytest
 import torch
 import yaml
 from click.testing import CliRunner
-from nacl.signing import SigningKey
 
 from fedsilo.coordinator.engine import RoundEngine, RoundRecord, RunAborted, RunHistory
 from fedsilo.coordinator.grpc_transport import GrpcTransport
@@ -24,6 +23,7 @@ from fedsilo.coordinator.strategies.base import ServerState
 from fedsilo.coordinator.transport import InProcessTransport
 from fedsilo.ops.cli import main
 from fedsilo.ops.coordinator_process import DeploymentError, require_a_completed_round
+from fedsilo.ops.sim_silos import ConsortiumKeys, build_agent
 from fedsilo.policies.loading import parse_policy
 from fedsilo.policies.schema import Policy
 from fedsilo.silo.agent import SiloAgent
@@ -60,20 +60,11 @@ def masking_policy(silos: int, min_silos: int, rounds: int = 1) -> Policy:
 
 
 def real_agents(policy: Policy) -> dict[str, SiloAgent]:
+    """The policy's silos, built from it as a simulation builds them, with the consortium's
+    keys."""
     datasets = load_consortium(policy.data, seed=policy.seed)
-    identities = {d.name: SigningKey.generate() for d in datasets}
-    roster = {name: key.verify_key for name, key in identities.items()}
-    return {
-        d.name: SiloAgent(
-            d.name,
-            d,
-            policy.model,
-            secure_aggregation=policy.secure_aggregation,
-            identity=identities[d.name],
-            roster=roster,
-        )
-        for d in datasets
-    }
+    keys = ConsortiumKeys.generate(d.name for d in datasets)
+    return {d.name: build_agent(policy, d.name, d, torch.device("cpu"), keys) for d in datasets}
 
 
 def out_of_budget_after_init(name: str, endpoint: Endpoint) -> Endpoint:

@@ -1,7 +1,8 @@
 """SCAFFOLD: two rounds on a tiny linear problem are the hand computation (corrected steps
 g - c_i + c, option II's c_i+, x and c moved by the sample-weighted means, `server_lr`); each
-silo keeps c_i in its local state, so a re-run round starts from the same c_i and a run resumed
-after a coordinator stop (silo state on disk) equals the uninterrupted run; under pairwise
+silo keeps c_i in its local state, so a re-run round (a silo answers a task once; restarted from
+its state folder, it runs it again) starts from the same c_i and a run resumed after a
+coordinator stop (silo state on disk) equals the uninterrupted run; under pairwise
 masking it is the run in the clear; under DP-SGD the correction is added after clipping and
 noise; what it cannot run with is refused with the reason."""
 
@@ -14,14 +15,15 @@ import pytest
 import torch
 
 from fedsilo.coordinator.engine import RoundEngine, RunHistory
-from fedsilo.policies.seeding import derive_seed
 from fedsilo.coordinator.state import StateStore
 from fedsilo.coordinator.strategies import make_strategy
 from fedsilo.coordinator.transport import InProcessTransport
+from fedsilo.ops.sim_silos import ConsortiumKeys
 from fedsilo.ops.simulate import simulate
 from fedsilo.policies.loading import PolicyError, parse_policy
 from fedsilo.policies.privacy import PrivacyConfig
 from fedsilo.policies.schema import Policy
+from fedsilo.policies.seeding import derive_seed
 from fedsilo.silo.agent import SiloAgent
 from fedsilo.silo.data import SiloDataset
 from fedsilo.silo.scaffold import OWN_CONTROL
@@ -29,8 +31,9 @@ from fedsilo.silo.tasks.base import parameter_spec
 from fedsilo.silo.tasks.scaffold import scaffold_train_releases
 from fedsilo.silo.tasks.train import train_releases
 from fedsilo.wire.messages import TaskMessage, TaskResult
-from fedsilo.wire.tasks import LocalTraining, ScaffoldTrain, TrainTask
+from fedsilo.wire.tasks import TrainTask
 from fedsilo.wire.tasks.tensor_names import CONTROL, CONTROL_DELTA, MODEL
+from tests.silos import honest
 
 FEATURES = 2
 STEPS, LR, SERVER_LR = 2, 0.1, 0.5
@@ -48,6 +51,7 @@ def silo_data(name: str, seed: int, rows: int) -> SiloDataset:
 
 
 DATASETS = [silo_data("a", 0, 3), silo_data("b", 1, 5)]
+KEYS = ConsortiumKeys.generate(d.name for d in DATASETS)
 
 
 def policy(rounds: int = 2, **changes: object) -> Policy:
@@ -66,14 +70,15 @@ def policy(rounds: int = 2, **changes: object) -> Policy:
     return parse_policy(document)
 
 
-def agents(p: Policy, state: Path | None = None, **options: object) -> dict[str, SiloAgent]:
+def agents(p: Policy, state: Path | None = None) -> dict[str, SiloAgent]:
+    """Each silo's agent under `p`, with the consortium's keys, keeping its state in
+    `state`/<silo> (None: in memory)."""
     return {
         d.name: SiloAgent(
-            d.name, d, p.model, rounds=p.rounds,
-            state=None if state is None else state / d.name, **options,  # type: ignore[arg-type]
+            d.name, d, p, keys=KEYS.of(d.name), state=None if state is None else state / d.name
         )
         for d in DATASETS
-    }  # fmt: skip
+    }
 
 
 def run(p: Policy, store: StateStore | None = None, state: Path | None = None) -> RunHistory:
@@ -128,15 +133,13 @@ def test_two_rounds_are_the_hand_computation() -> None:
 
 
 def message(a: SiloAgent, round_no: int, control: torch.Tensor | None = None) -> TaskMessage:
+    """Round `round_no`'s `scaffold_train` task, as the silo's contract asks for it, from a
+    fresh model and the server's control variate `control` (zeros by default)."""
     model = a.context.new_model(seed=0)
     spec = parameter_spec(model)
     flat = spec.flatten(dict(model.named_parameters())).detach()
-    local = LocalTraining(steps=STEPS, batch_size=8, optimizer="sgd", lr=LR, seed=5)
     tensors = {MODEL: flat, CONTROL: torch.zeros_like(flat) if control is None else control}
-    return TaskMessage(
-        f"t-{round_no}", round_no, "scaffold_train", a.name, ScaffoldTrain(local=local),
-        tensors, spec,
-    )  # fmt: skip
+    return honest(a, "train", round_no, tensors, spec)
 
 
 def answer(a: SiloAgent, task: TaskMessage) -> TaskResult:
@@ -145,14 +148,22 @@ def answer(a: SiloAgent, task: TaskMessage) -> TaskResult:
     return result
 
 
-def test_the_silo_keeps_its_control_variate_and_a_rerun_round_starts_from_the_same() -> None:
-    a = agents(policy())["a"]
+def test_the_silo_keeps_its_control_variate_and_a_rerun_round_starts_from_the_same(
+    tmp_path: Path,
+) -> None:
+    a = agents(policy(), tmp_path)["a"]
     first = answer(a, message(a, 1))
     kept = a.context.state.latest(OWN_CONTROL, 2)
     assert kept is not None and torch.equal(kept[CONTROL], first.tensors[CONTROL_DELTA])
     assert set(first.tensors) == {MODEL, CONTROL_DELTA}  # c_i itself never leaves
     second = answer(a, message(a, 2))
-    again = answer(a, message(a, 2))  # the coordinator runs round 2 again
+    # The coordinator runs round 2 again: the running silo answers a task once; restarted
+    # from its state folder (which keeps no answer without DP or a ledger), it runs the round
+    # again from the c_i the first attempt started from.
+    refused = a.handle(message(a, 2))
+    assert not refused.ok and "this silo answers each task once" in refused.error
+    restarted = agents(policy(), tmp_path)["a"]
+    again = answer(restarted, message(restarted, 2))
     assert torch.equal(second.tensors[MODEL], again.tensors[MODEL])
     assert torch.equal(second.tensors[CONTROL_DELTA], again.tensors[CONTROL_DELTA])
     assert not torch.equal(second.tensors[MODEL], first.tensors[MODEL])  # c_i corrected it
@@ -181,11 +192,12 @@ def test_under_pairwise_masking_it_is_the_run_in_the_clear() -> None:
 
 
 def test_dp_sgd_adds_the_correction_after_clipping_and_noise() -> None:
+    # DP-SGD without noise or clipping, which a policy refuses: set on the parsed policy
     unbounded = PrivacyConfig.model_validate(
         {"dp_sgd": {"noise_multiplier": 0.0, "max_grad_norm": 1e9, "poisson_sampling": False}}
     )
     control = torch.full((FEATURES + 1,), 0.3)
-    private_agent = agents(policy(), privacy=unbounded)["a"]
+    private_agent = agents(policy().model_copy(update={"privacy": unbounded}))["a"]
     plain_agent = agents(policy())["a"]
     private = answer(private_agent, message(private_agent, 1, control))
     plain = answer(plain_agent, message(plain_agent, 1, control))

@@ -37,12 +37,16 @@ from fedsilo.coordinator.strategies import make_strategy
 from fedsilo.coordinator.strategies.base import RoundContext, RoundScript, ServerState, Strategy
 from fedsilo.coordinator.strategies.fedavg import FedAvg
 from fedsilo.coordinator.transport import InProcessTransport
+from fedsilo.ops.sim_silos import ConsortiumKeys, build_agent
 from fedsilo.ops.simulate import simulate
+from fedsilo.policies.algorithms.contract import SiloContract, averaging_contract, train_rule
+from fedsilo.policies.algorithms.fedavg import FedAvgConfig
 from fedsilo.policies.loading import PolicyError, parse_policy
 from fedsilo.policies.schema import Policy
 from fedsilo.policies.secure_aggregation import SecureAggregationConfig
 from fedsilo.privacy import masking
 from fedsilo.privacy.ckks import (
+    CkksError,
     context_digest,
     decrypt,
     load_public_context,
@@ -121,23 +125,16 @@ def silo_agents(
     identities: dict[str, SigningKey] | None = None,
     sealing: dict[str, PrivateKey] | None = None,
 ) -> dict[str, SiloAgent]:
+    """`p`'s silos, each built from the policy as a simulation builds it (`build_agent`), with
+    the consortium's keys: `identities` and `sealing` where given, else fresh ones."""
     datasets = load_consortium(p.data, seed=p.seed)
-    identities = identities or {d.name: SigningKey.generate() for d in datasets}
-    roster = {name: key.verify_key for name, key in identities.items()}
-    sealing = sealing or {d.name: PrivateKey.generate() for d in datasets}
-    return {
-        d.name: SiloAgent(
-            d.name,
-            d,
-            p.model,
-            secure_aggregation=p.secure_aggregation,
-            identity=identities[d.name],
-            roster=roster,
-            sealing_key=sealing[d.name],
-            sealing_roster={name: key.public_key for name, key in sealing.items()},
+    keys = ConsortiumKeys.generate(d.name for d in datasets)
+    if identities is not None or sealing is not None:
+        keys = ConsortiumKeys(
+            {n: bytes(k) for n, k in identities.items()} if identities else keys.identities,
+            {n: bytes(k) for n, k in sealing.items()} if sealing else keys.sealing,
         )
-        for d in datasets
-    }
+    return {d.name: build_agent(p, d.name, d, torch.device("cpu"), keys) for d in datasets}
 
 
 def run(
@@ -286,8 +283,19 @@ class TwoMeansARound(FedAvg):
         return state
 
 
+class TwoMeansConfig(FedAvgConfig):
+    """The silos' side of `TwoMeansARound`: FedAvg's contract with a second weighted mean of
+    `train` tasks, `again`, in every round (no algorithm of the policy reader has two masked
+    phases a round; a silo answers only the phases its contract names)."""
+
+    def silo_contract(self, policy: Policy) -> SiloContract:
+        every = averaging_contract(policy)
+        return replace(every, rules=(*every.rules, train_rule(policy, "again")))
+
+
 def test_each_masked_phase_of_a_round_folds_its_keys_for_the_same_phase_of_the_next() -> None:
     p = policy("masking", rounds=3)
+    p = p.model_copy(update={"algorithm": TwoMeansConfig(name="fedavg")})
     seen, history = steps_taken(p, strategy=TwoMeansARound(p))
     assert [r.status for r in history.records] == ["completed"] * 3
     first = {(1, phase, s) for phase in ("train", "again") for s in NAMES}
@@ -450,6 +458,10 @@ def test_a_silo_declared_dropped_is_never_unmasked() -> None:
 
 
 def test_a_second_unmask_request_is_refused() -> None:
+    """Asked again, each silo refuses: the contract names one unmask task per aggregation and
+    the agent answers a task id once; its unmask step itself refuses a second one too."""
+    p = policy("masking")
+    agents = silo_agents(p)
     asked: dict[str, int] = {}
 
     def ask_twice(name: str, endpoint: Endpoint) -> Endpoint:
@@ -459,12 +471,14 @@ def test_a_second_unmask_request_is_refused() -> None:
             if task.kind == "secagg_unmask":
                 again = TaskResult.decode(endpoint(payload))
                 asked[name] = 1
-                assert not again.ok and "already unmasked" in again.error
+                assert not again.ok and "answered already" in (again.error or "")
+                with pytest.raises(MaskingError, match="already unmasked"):
+                    TASK_KINDS[task.kind].handler(task, agents[name].context)
             return reply
 
         return answer
 
-    assert run(policy("masking"), ask_twice).records[0].status == "completed"
+    assert run(p, ask_twice, agents=agents).records[0].status == "completed"
     assert len(asked) == SILOS
 
 
@@ -697,6 +711,10 @@ def test_a_context_the_coordinator_substitutes_is_refused_by_every_silo() -> Non
 
 
 def test_a_second_decryption_is_refused() -> None:
+    """Asked again, the decryptor refuses: the contract names one decrypt task per aggregation
+    and the agent answers a task id once; its decrypt step itself refuses a second one too."""
+    p = policy("ckks")
+    agents = silo_agents(p)
     refused: list[str] = []
 
     def ask_twice(name: str, endpoint: Endpoint) -> Endpoint:
@@ -706,12 +724,14 @@ def test_a_second_decryption_is_refused() -> None:
             if task.kind == "ckks_decrypt":
                 again = TaskResult.decode(endpoint(payload))
                 refused.append(again.error or "")
+                with pytest.raises(CkksError, match="already decrypted"):
+                    TASK_KINDS[task.kind].handler(task, agents[name].context)
             return reply
 
         return answer
 
-    assert run(policy("ckks"), ask_twice).records[0].status == "completed"
-    assert len(refused) == 1 and "already decrypted" in refused[0]
+    assert run(p, ask_twice, agents=agents).records[0].status == "completed"
+    assert len(refused) == 1 and "answered already" in refused[0]
 
 
 @pytest.mark.parametrize(
@@ -790,13 +810,8 @@ def test_honest_sample_count_weights_on_the_four_hospitals_pass_the_default_weig
 def test_the_release_gate_lets_no_model_leave_in_the_clear_under_secure_aggregation(
     method: str,
 ) -> None:
-    ctx = SiloContext(
-        "silo-0",
-        load_consortium(policy().data, seed=5)[0],
-        policy().model,
-        torch.device("cpu"),
-        secure_aggregation=SecureAggregationConfig(method=method),
-    )
+    p = policy(method)
+    ctx = SiloContext("silo-0", load_consortium(p.data, seed=5)[0], p, torch.device("cpu"))
 
     def refused(config: TaskConfig | str) -> str | None:
         """Why the gate refuses a task of `config` (a kind: its example config)."""

@@ -17,61 +17,75 @@ from fedsilo.coordinator.transport import InProcessTransport
 from fedsilo.ops.metrics import CoordinatorMetrics
 from fedsilo.policies.loading import PolicyError, parse_policy
 from fedsilo.policies.privacy import PrivacyConfig
+from fedsilo.policies.schema import Policy
 from fedsilo.privacy.accounting import Mechanism, epsilon
 from fedsilo.privacy.ledger import GENESIS, PrivacyLedger, payload_digest, verify
 from fedsilo.privacy.receipts import Receipt
 from fedsilo.silo.agent import SiloAgent
 from fedsilo.silo.config import LocalRules
 from fedsilo.silo.reports import Reports
-from fedsilo.wire.messages import STATUS_BUDGET_EXHAUSTED, TaskMessage, TaskResult
-from fedsilo.wire.tasks import EvaluateTask, FeatureMoments, InitTask, LossProbe, TaskConfig
+from fedsilo.silo.tasks import TASK_KINDS
+from fedsilo.silo.tasks.base import SiloKeys
+from fedsilo.wire.messages import STATUS_BUDGET_EXHAUSTED, TaskResult, task_id
+from fedsilo.wire.payload import Payload
+from fedsilo.wire.tasks import FeatureMoments, LossProbe
+from tests.silos import agent as built
+from tests.silos import honest, policy_with, run_handler
 from tests.test_dp_training import LINEAR
-from tests.test_tasks import separable, train_config
+from tests.test_tasks import separable
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:Full backward hook is firing"),
 ]
 
 DP = {"delta": 1e-5, "dp_sgd": {"noise_multiplier": 1.0}}
+# Each round: 5 epochs of SGD at 0.5 in batches of 16 (13 steps an epoch over 200 rows).
+TRAINING = {"epochs": 5, "batch_size": 16, "lr": 0.5}
 
 
 def privacy(**section: object) -> PrivacyConfig:
     return PrivacyConfig.model_validate({**DP, **section})
 
 
-def silo(tmp_path, name: str = "a", cap: float | None = None, **section: object) -> SiloAgent:
-    return SiloAgent(
-        name,
+def silo(
+    tmp_path,
+    name: str = "a",
+    cap: float | None = None,
+    policy: Policy | None = None,
+    **section: object,
+) -> SiloAgent:
+    """Silo `name` of deployment "d", booking in its ledger in `tmp_path`: under `policy`, or
+    ten rounds of `TRAINING` of a linear model with DP-SGD (the privacy `section` added). It
+    has no identity, so its answers carry no receipt (the last test signs them)."""
+    policy = policy or policy_with(
+        rounds=10, model=LINEAR, training=TRAINING, privacy=privacy(**section)
+    )
+    return built(
         separable(),
-        LINEAR,
-        privacy=privacy(**section),
-        rounds=10,
+        policy,
+        name,
         secret=name.encode(),
         ledger=PrivacyLedger(tmp_path / f"{name}.jsonl"),
         deployment="d",
         epsilon_cap=cap,
+        keys=SiloKeys(),
     )
 
 
-def answer(agent: SiloAgent, config: TaskConfig, model: TaskResult | None = None, round: int = 1):
-    kind = config.KIND
-    message = TaskMessage(
-        f"d/r{round}/{kind}/{agent.name}",
-        round,
-        kind,
-        agent.name,
-        config,
-        dict(model.tensors) if model else {},
-        model.spec if model else None,
-    )
-    return agent.respond(message)
+def answer(
+    agent: SiloAgent, phase: str, round_no: int, model: TaskResult | None = None
+) -> tuple[TaskResult, Payload]:
+    """The agent's result and encoded answer to the task its contract asks for at
+    (`round_no`, `phase`), carrying `model`."""
+    tensors, spec = (model.tensors, model.spec) if model else (None, None)
+    return agent.respond(honest(agent, phase, round_no, tensors, spec))
 
 
 def test_every_answer_is_booked_with_the_digest_of_the_bytes_that_leave(tmp_path) -> None:
     agent = silo(tmp_path)
-    init, init_bytes = answer(agent, InitTask(seed=0))
-    trained, trained_bytes = answer(agent, train_config(), init)
-    evaluated, evaluated_bytes = answer(agent, EvaluateTask(), trained)
+    init, init_bytes = answer(agent, "init", 0)
+    trained, trained_bytes = answer(agent, "train", 1, init)
+    evaluated, evaluated_bytes = answer(agent, "evaluate", 1, trained)
     records = agent.ledger.records()
     assert [r.mechanism.kind for r in records] == ["public", "dp_sgd", "gaussian", "gaussian"]
     assert [r.payload_digest for r in records] == [
@@ -93,9 +107,9 @@ def test_every_answer_is_booked_with_the_digest_of_the_bytes_that_leave(tmp_path
 
 
 def test_a_task_that_would_exceed_the_cap_is_refused_before_it_runs(tmp_path) -> None:
-    init, _ = answer(silo(tmp_path), InitTask(seed=0))
+    init, _ = answer(silo(tmp_path), "init", 0)
     capped = silo(tmp_path, "capped", cap=0.5)
-    result, _ = answer(capped, train_config(), init)
+    result, _ = answer(capped, "train", 1, init)
     assert result.status == STATUS_BUDGET_EXHAUSTED
     assert "above the cap 0.5" in result.error and result.epsilon == 0.0
     assert [r.mechanism.kind for r in capped.ledger.records()] == ["public"]  # only the refusal
@@ -119,7 +133,7 @@ def deployment(tmp_path, caps: dict[str, float | None], rounds: int = 4):
             "privacy": DP,
         }
     )
-    agents = {name: silo(tmp_path, name, cap) for name, cap in caps.items()}
+    agents = {name: silo(tmp_path, name, cap, policy) for name, cap in caps.items()}
     metrics = CoordinatorMetrics(deployment="d")
     engine = RoundEngine(
         make_strategy(policy),
@@ -154,11 +168,10 @@ def test_a_silo_out_of_budget_is_retired_and_the_deployment_goes_on(tmp_path) ->
 
 
 def test_a_deployment_without_dp_books_every_answer_without_epsilon(tmp_path) -> None:
-    agent = SiloAgent(
-        "a", separable(), LINEAR, ledger=PrivacyLedger(tmp_path / "a.jsonl"), deployment="d"
-    )
-    init, _ = answer(agent, InitTask(seed=0))
-    trained, _ = answer(agent, train_config(), init)
+    plain = policy_with(rounds=10, model=LINEAR, training=TRAINING)
+    agent = silo(tmp_path, policy=plain)
+    init, _ = answer(agent, "init", 0)
+    trained, _ = answer(agent, "train", 1, init)
     assert trained.ok and trained.epsilon is None
     assert [r.mechanism.kind for r in agent.ledger.records()] == ["public", "none"]
     assert agent.ledger.spent("d") is None
@@ -190,19 +203,25 @@ def test_a_noisy_count_and_accuracy_have_sensitivities_one_and_one_over_n() -> N
 
 def test_under_dp_evaluation_reports_only_bounded_metrics(tmp_path) -> None:
     agent = silo(tmp_path)
-    init, _ = answer(agent, InitTask(seed=0))
-    evaluated, _ = answer(agent, EvaluateTask(), init)
+    init, _ = answer(agent, "init", 0)
+    evaluated, _ = answer(agent, "evaluate", 1, init)
     assert sorted(evaluated.metrics) == ["accuracy", "loss"]  # AUROC has no bounded sensitivity
-    plain = SiloAgent("a", separable(), LINEAR)
-    assert sorted(answer(plain, EvaluateTask(), init)[0].metrics) == ["accuracy", "auroc", "loss"]
+    plain = built(separable(), policy_with(model=LINEAR))
+    assert sorted(answer(plain, "evaluate", 1, init)[0].metrics) == ["accuracy", "auroc", "loss"]
 
 
 def test_a_forbidden_report_kind_never_leaves(tmp_path) -> None:
     agent = silo(tmp_path, reports={"forbidden": ["losses"]})
-    init, _ = answer(agent, InitTask(seed=0))
-    assert "loss" not in answer(agent, EvaluateTask(), init)[0].metrics
-    refused, _ = answer(agent, LossProbe(), init)
-    assert not refused.ok and "forbids loss reports" in refused.error
+    init, _ = answer(agent, "init", 0)
+    assert "loss" not in answer(agent, "evaluate", 1, init)[0].metrics
+    # No algorithm that asks for loss reports runs under a policy that forbids them (below), so
+    # the silo's contract has no phase that probes a loss; were one sent, the handler refuses.
+    evaluate = honest(agent, "evaluate", 1, init.tensors, init.spec)
+    probe = replace(evaluate, task_id=task_id("d", 1, "loss", None, "a"), phase="loss")
+    refused = agent.handle(replace(probe, config=LossProbe()))
+    assert not refused.ok and "phase 'loss' is not one of fedavg's phases" in refused.error
+    with pytest.raises(ValueError, match="forbids loss reports"):
+        run_handler(agent, LossProbe(), init.tensors, init.spec)
 
 
 def test_forbidding_a_report_the_algorithm_needs_is_refused_when_the_policy_is_read() -> None:
@@ -214,8 +233,20 @@ def test_forbidding_a_report_the_algorithm_needs_is_refused_when_the_policy_is_r
 def test_exact_feature_moments_are_refused_in_a_dp_deployment(tmp_path) -> None:
     with pytest.raises(PolicyError, match="data.scaling: 'federated' sends each silo's exact"):
         parse_policy({"version": 1, "data": {"scaling": "federated"}, "privacy": DP})
-    refused, _ = answer(silo(tmp_path), FeatureMoments())
-    assert not refused.ok and "not released in a DP deployment" in refused.error
+    # So a DP silo's contract has no phase for them (federated scaling's "moments" in round 0);
+    # were one sent, what the silo books for it is refused too.
+    agent = silo(tmp_path)
+    init = honest(agent, "init", 0)
+    moments = replace(
+        init,
+        task_id=task_id("d", 0, "moments", None, "a"),
+        phase="moments",
+        config=FeatureMoments(),
+    )
+    refused, _ = agent.respond(moments)
+    assert not refused.ok and "phase 'moments' is not one of fedavg's phases" in refused.error
+    with pytest.raises(ValueError, match="not released in a DP deployment"):
+        TASK_KINDS["feature_moments"].releases(moments, agent.context)
 
 
 # -- the site's own rules -------------------------------------------------------------------------
@@ -237,9 +268,9 @@ def test_site_rules_on_privacy_name_the_rule_a_policy_breaks() -> None:
 
 def test_a_splits_count_is_released_once_and_repeated_for_free(tmp_path) -> None:
     agent = silo(tmp_path)
-    init, _ = answer(agent, InitTask(seed=0))
-    first, _ = answer(agent, train_config(), init)
-    second, _ = answer(agent, train_config(seed=4), init, round=2)
+    init, _ = answer(agent, "init", 0)
+    first, _ = answer(agent, "train", 1, init)
+    second, _ = answer(agent, "train", 2, init)
     assert first.num_samples == second.num_samples  # the same noisy value, not a new draw
     kinds = [r.mechanism.kind for r in agent.ledger.records()]
     assert kinds == ["public", "dp_sgd", "gaussian", "dp_sgd"]
@@ -247,18 +278,15 @@ def test_a_splits_count_is_released_once_and_repeated_for_free(tmp_path) -> None
 
 def test_every_answer_carries_a_signed_receipt_of_its_own_booking(tmp_path) -> None:
     identity = SigningKey(b"\x05" * 32)
-    agent = SiloAgent(
-        "a",
+    agent = built(
         separable(),
-        LINEAR,
-        privacy=privacy(),
-        rounds=10,
+        policy_with(rounds=10, model=LINEAR, training=TRAINING, privacy=privacy()),
         ledger=PrivacyLedger(tmp_path / "a.jsonl"),
         deployment="d",
-        identity=identity,
+        keys=SiloKeys(identity=identity, roster={"a": identity.verify_key}),
     )
-    init, _ = answer(agent, InitTask(seed=0))
-    trained, sent = answer(agent, train_config(), init)
+    init, _ = answer(agent, "init", 0)
+    trained, sent = answer(agent, "train", 1, init)
     receipt = Receipt.from_json(TaskResult.decode(sent).receipt)
     last = agent.ledger.records()[-1]  # the answer's last record: the head AFTER its booking
     body = replace(TaskResult.decode(sent), receipt=None).encode()

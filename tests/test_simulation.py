@@ -89,7 +89,7 @@ def features(agent: SiloAgent) -> dict[str, torch.Tensor]:
 def test_federated_scaling_standardises_with_the_pooled_statistics() -> None:
     policy = heart_policy(data={"source": "heart", "scaling": "federated"}, rounds=1)
     silos = load_silos(policy, None)
-    agents = {s.name: SiloAgent(s.name, s, policy.model) for s in silos}
+    agents = {s.name: SiloAgent(s.name, s, policy) for s in silos}
     transport = InProcessTransport({name: agent.handle_bytes for name, agent in agents.items()})
     RoundEngine(make_strategy(policy), transport, policy, list(agents)).run()
 

@@ -321,7 +321,7 @@ def agents(policy: Policy) -> dict[str, SiloEndpoint]:
     """A fresh consortium of four silo agents (silos keep nothing a resumed run needs)."""
     names = ("basel", "cleveland", "hungary", "long-beach")
     return {
-        name: SiloAgent(name, silo_data(name, seed), policy.model).handle_bytes
+        name: SiloAgent(name, silo_data(name, seed), policy, deployment=DEPLOYMENT).handle_bytes
         for seed, name in enumerate(names)
     }
 

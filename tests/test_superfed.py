@@ -18,7 +18,6 @@ from torch.func import functional_call
 from fedsilo.coordinator.engine import RunHistory
 from fedsilo.ops.simulate import simulate
 from fedsilo.policies.loading import PolicyError, parse_policy
-from fedsilo.policies.model import MlpModel
 from fedsilo.policies.privacy import PrivacyConfig
 from fedsilo.policies.schema import Policy
 from fedsilo.silo.agent import SiloAgent
@@ -36,13 +35,8 @@ from fedsilo.silo.tasks.base import parameter_spec
 from fedsilo.silo.tasks.superfed import local_model, superfed_train_releases
 from fedsilo.silo.tasks.train import train_releases
 from fedsilo.wire.messages import TaskMessage, TaskResult
-from fedsilo.wire.tasks import (
-    LocalTraining,
-    SuperFedEvaluate,
-    SuperFedTrain,
-    TaskConfig,
-    TrainTask,
-)
+from tests.silos import agent as built
+from tests.silos import honest
 
 DATA = {"source": "sklearn:breast_cancer", "partition": {"kind": "iid", "silos": 3}}
 MODEL = {"name": "mlp", "hidden": [8]}
@@ -50,16 +44,25 @@ TRAINING = {"epochs": 1, "batch_size": 16, "optimizer": "sgd", "lr": 0.05, "mome
 SETTINGS = {"mixing": "model", "prox_mu": 0.01, "prox_form": "layer_l2", "ortho_nu": 1.0}
 
 
-def policy(name: str = "superfed", rounds: int = 4, **algorithm: object) -> Policy:
+def policy(
+    name: str = "superfed",
+    rounds: int = 4,
+    *,
+    eval_every: int | None = None,
+    training: dict | None = None,
+    **algorithm: object,
+) -> Policy:
+    """`rounds` rounds of `name` (SuPerFed) with `algorithm`'s settings, TRAINING but where
+    `training` says otherwise, evaluated after the last round (every `eval_every`-th)."""
     return parse_policy(
         {
             "version": 1,
             "seed": 3,
             "rounds": rounds,
-            "eval_every": rounds,
+            "eval_every": eval_every or rounds,
             "algorithm": {"name": name, **algorithm},
             "model": MODEL,
-            "training": TRAINING,
+            "training": {**TRAINING, **(training or {})},
             "data": DATA,
         }
     )
@@ -69,37 +72,37 @@ def run(p: Policy) -> RunHistory:
     return simulate(p, load_consortium(p.data, seed=p.seed)).history
 
 
-def agent(state: Path | None = None, privacy: PrivacyConfig | None = None) -> SiloAgent:
-    data = load_consortium(policy().data, seed=0)[0]
-    return SiloAgent(
-        data.name, data, MlpModel(**MODEL), privacy=privacy, state=state, deployment="d"
-    )
+def mixing(**changes: Any) -> Policy:
+    """SuPerFed with SETTINGS, mixing from round 1, evaluated after every round; `changes`:
+    other algorithm settings, or `training`."""
+    return policy(eval_every=1, **{**SETTINGS, "start_fraction": 0.0, **changes})
 
 
-LOCAL_SEED = 11
+def agent(
+    state: Path | None = None, privacy: dict | None = None, p: Policy | None = None
+) -> SiloAgent:
+    """The first silo's agent under `p` (`mixing()` by default), in deployment "d", keeping
+    what outlives it in `state`; `privacy` replaces the policy's section as written (a test
+    may train without noise, which a policy refuses)."""
+    p = p or mixing()
+    if privacy is not None:
+        p = p.model_copy(update={"privacy": PrivacyConfig.model_validate(privacy)})
+    data = load_consortium(p.data, seed=0)[0]
+    return built(data, p, state=state, deployment="d")
 
 
-def message(a: SiloAgent, kind: str, round_no: int, **config: Any) -> TaskMessage:
-    """A `superfed_train`, `train` or `superfed_evaluate` task from a fresh model: local
-    training as TRAINING from seed 5, SuPerFed's SETTINGS, but where `config` says otherwise."""
+def message(a: SiloAgent, phase: str, round_no: int) -> TaskMessage:
+    """The task the silo's contract asks for at (`round_no`, `phase`) (`train`: its policy's
+    `superfed_train` or FedAvg's `train`; `evaluate`: `superfed_evaluate`), carrying a fresh
+    model."""
     model = a.context.new_model(seed=0)
     spec = parameter_spec(model)
-    merged = {**TRAINING, "seed": 5, **SETTINGS, "mixing_on": False, **config}
-    keys = LocalTraining.json_keys()
-    local = LocalTraining(**{k: merged.pop(k) for k in list(merged) if k in keys})
-    typed: TaskConfig = {
-        "superfed_train": lambda: SuperFedTrain(local=local, local_seed=LOCAL_SEED, **merged),
-        "train": lambda: TrainTask(local=local),
-        "superfed_evaluate": lambda: SuperFedEvaluate(local_seed=LOCAL_SEED),
-    }[kind]()
-    return TaskMessage(
-        f"{kind}-{round_no}", round_no, kind, a.name, typed,
-        {"model": spec.flatten(dict(model.named_parameters()))}, spec,
-    )  # fmt: skip
+    flat = {"model": spec.flatten(dict(model.named_parameters()))}
+    return honest(a, phase, round_no, flat, spec)
 
 
-def answer(a: SiloAgent, kind: str, round_no: int, **config: object) -> TaskResult:
-    result = a.handle(message(a, kind, round_no, **config))
+def answer(a: SiloAgent, phase: str, round_no: int) -> TaskResult:
+    result = a.handle(message(a, phase, round_no))
     assert result.ok, result.error
     return result
 
@@ -161,8 +164,9 @@ def test_the_regularisers_are_the_specs() -> None:
 
 def test_the_silo_sends_what_fedavg_sends_and_keeps_its_local_model() -> None:
     a = agent()
-    superfed = answer(a, "superfed_train", 2, mixing_on=True)
-    plain = answer(agent(), "train", 2)
+    superfed = answer(a, "train", 2)
+    plain = answer(agent(p=policy("fedavg", eval_every=1)), "train", 2)
+    assert superfed.kind == "superfed_train" and plain.kind == "train"
     assert superfed.tensors.keys() == plain.tensors.keys() == {"model"}
     assert superfed.spec == plain.spec and superfed.num_samples == plain.num_samples
     tensor_bytes = sum(t.numel() * t.element_size() for t in superfed.tensors.values())
@@ -174,39 +178,48 @@ def test_the_silo_sends_what_fedavg_sends_and_keeps_its_local_model() -> None:
     )
 
 
-def test_the_local_model_carries_over_rounds_and_a_rerun_round_starts_where_the_first_did() -> None:
-    a = agent()
-    first = answer(a, "superfed_train", 1, mixing_on=True)
+def test_the_local_model_carries_over_rounds_and_a_rerun_round_starts_where_the_first_did(
+    tmp_path: Path,
+) -> None:
+    a = agent(tmp_path)
+    first = answer(a, "train", 1)
     after_one = a.context.state.latest(LOCAL_MODEL, 2)
-    second = answer(a, "superfed_train", 2, mixing_on=True)
+    second = answer(a, "train", 2)
     after_two = a.context.state.latest(LOCAL_MODEL, 3)
     assert not torch.equal(after_one["1.weight"], after_two["1.weight"])
-    again = answer(a, "superfed_train", 2, mixing_on=True)  # the coordinator ran round 2 again
+    # The coordinator runs round 2 again: the running silo answers a task once, and the silo
+    # restarted from its state folder (which keeps no answer without DP or a ledger) starts the
+    # round from the local model the first attempt started from.
+    refused = a.handle(message(a, "train", 2))
+    assert not refused.ok and "this silo answers each task once" in refused.error
+    restarted = agent(tmp_path)
+    again = answer(restarted, "train", 2)
     assert torch.equal(again.tensors["model"], second.tensors["model"])
-    assert torch.equal(a.context.state.latest(LOCAL_MODEL, 3)["1.weight"], after_two["1.weight"])
-    fresh = answer(agent(), "superfed_train", 2, mixing_on=True)  # no local model from round 1
+    kept = restarted.context.state.latest(LOCAL_MODEL, 3)
+    assert torch.equal(kept["1.weight"], after_two["1.weight"])
+    fresh = answer(agent(), "train", 2)  # no local model from round 1
     assert not torch.equal(fresh.tensors["model"], second.tensors["model"])
     assert not torch.equal(first.tensors["model"], second.tensors["model"])
 
 
 def test_the_local_model_outlives_the_agent_on_disk(tmp_path: Path) -> None:
-    answer(agent(tmp_path), "superfed_train", 1, mixing_on=True)
+    answer(agent(tmp_path), "train", 1)
     stored = sorted(p.name for p in (tmp_path / "d").iterdir())
     assert stored == [f"{LOCAL_MODEL}.r000001.safetensors"]
-    restarted = answer(agent(tmp_path), "superfed_evaluate", 1)
+    restarted = answer(agent(tmp_path), "evaluate", 1)
     in_memory = agent()
-    answer(in_memory, "superfed_train", 1, mixing_on=True)
-    assert restarted.metrics == answer(in_memory, "superfed_evaluate", 1).metrics
+    answer(in_memory, "train", 1)
+    assert restarted.metrics == answer(in_memory, "evaluate", 1).metrics
     assert restarted.metrics["local_trained"] == 1.0
 
 
 def test_evaluation_reports_the_curve_and_the_lambda_the_selection_split_chooses() -> None:
     a = agent()
-    before = answer(a, "superfed_evaluate", 1)
+    before = answer(a, "evaluate", 1)
     assert before.metrics["local_trained"] == 0.0 and before.metrics["lambda_star"] == 0.0
     for round_no in (1, 2, 3):
-        answer(a, "superfed_train", round_no, mixing_on=True)
-    metrics = answer(a, "superfed_evaluate", 3).metrics
+        answer(a, "train", round_no)
+    metrics = answer(a, "evaluate", 3).metrics
     grid = [f"{lam:.2f}" for lam in torch.linspace(0, 1, 11).tolist()]
     chosen = max(
         range(11),
@@ -227,9 +240,9 @@ def test_evaluation_reports_the_curve_and_the_lambda_the_selection_split_chooses
 
 def test_orthogonality_keeps_the_endpoints_apart() -> None:
     def cosine(nu: float) -> float:
-        a = agent()
+        a = agent(p=mixing(ortho_nu=nu, training={"epochs": 2}))
         for round_no in (1, 2, 3):
-            result = answer(a, "superfed_train", round_no, mixing_on=True, ortho_nu=nu, epochs=2)
+            result = answer(a, "train", round_no)
         return result.metrics["orthogonality"]
 
     free, pushed = cosine(0.0), cosine(5.0)
@@ -237,25 +250,25 @@ def test_orthogonality_keeps_the_endpoints_apart() -> None:
 
 
 def test_dp_sgd_without_noise_or_clipping_trains_like_the_plain_loop() -> None:
-    unbounded = PrivacyConfig.model_validate(
-        {"dp_sgd": {"noise_multiplier": 0.0, "max_grad_norm": 1e9, "poisson_sampling": False}}
-    )
-    private = answer(agent(privacy=unbounded), "superfed_train", 1, mixing_on=True)
-    plain = answer(agent(), "superfed_train", 1, mixing_on=True)
+    unbounded = {
+        "dp_sgd": {"noise_multiplier": 0.0, "max_grad_norm": 1e9, "poisson_sampling": False}
+    }
+    private = answer(agent(privacy=unbounded), "train", 1)
+    plain = answer(agent(), "train", 1)
     assert torch.allclose(private.tensors["model"], plain.tensors["model"], atol=1e-5)
 
 
 def test_dp_sgd_clips_each_rows_gradient_over_both_models_together() -> None:
     clip = 1e-3
-    tight = PrivacyConfig.model_validate(
-        {"dp_sgd": {"noise_multiplier": 0.0, "max_grad_norm": clip, "poisson_sampling": False}}
-    )
-    a = agent(privacy=tight)
+    tight = {"dp_sgd": {"noise_multiplier": 0.0, "max_grad_norm": clip, "poisson_sampling": False}}
     step = {"steps": 1, "epochs": None, "batch_size": 1, "lr": 1.0, "momentum": 0.0}
     quiet = {"prox_mu": 0.0, "ortho_nu": 0.0}
-    result = answer(a, "superfed_train", 1, mixing_on=True, **step, **quiet)
-    received = message(a, "superfed_train", 1).tensors["model"]
-    start, _ = local_model(a.context, message(a, "superfed_train", 1), LOCAL_SEED, 1)
+    a = agent(privacy=tight, p=mixing(training=step, **quiet))
+    task = message(a, "train", 1)
+    result = a.handle(task)
+    assert result.ok, result.error
+    received = task.tensors["model"]
+    start, _ = local_model(a.context, task, task.config.local_seed, 1)
     after = a.context.state.latest(LOCAL_MODEL, 2)
     local_move = torch.cat([(after[n] - start[n]).flatten() for n in start])
     federated_move = result.tensors["model"] - received
@@ -264,9 +277,9 @@ def test_dp_sgd_clips_each_rows_gradient_over_both_models_together() -> None:
 
 
 def test_dp_sgd_books_superfed_as_the_train_task() -> None:
-    private = PrivacyConfig.model_validate({"dp_sgd": {"noise_multiplier": 1.0}})
-    a = agent(privacy=private)
-    task = message(a, "superfed_train", 1, mixing_on=True)
+    a = agent(privacy={"dp_sgd": {"noise_multiplier": 1.0}})
+    task = message(a, "train", 1)
+    assert task.kind == "superfed_train" and task.config.mixing_on
     assert superfed_train_releases(task, a.context) == train_releases(task, a.context)
     assert a.handle(task).ok
 

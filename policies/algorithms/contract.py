@@ -216,6 +216,15 @@ class SiloContract:
             f"(its phases: {', '.join(known)})"
         )
 
+    def next_aggregation(self, round_no: int, phase: str) -> int | None:
+        """The first round after `round_no` in which `phase` is one of the contract's weighted
+        means (None: none up to the last round): the aggregation keys are folded for."""
+        sums = [r for r in self.rules if r.name == phase and r.indices is None and r.sums]
+        for later in range(round_no + 1, self.rounds + 1):
+            if any(rule.rounds(later) for rule in sums):
+                return later
+        return None
+
     def aggregates(self, round_no: int, phase: str, facts: SiloFacts) -> bool:
         """Whether `phase` of round `round_no` is one of the contract's weighted means."""
         try:

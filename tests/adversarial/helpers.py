@@ -1,6 +1,7 @@
-"""Shared pieces of the deviating-coordinator tests: real, unmodified silo agents with a DP
-policy, a ledger, a state folder and a provisioned identity, and task messages crafted the way
-a coordinator would send them (in process, through `SiloAgent.respond`)."""
+"""Shared pieces of the deviating-coordinator tests: real, unmodified silo agents built from a
+DP policy, with a ledger, a state folder and a provisioned identity, and the tasks their
+contract asks for, sent the way a coordinator would send them (in process, through
+`SiloAgent.respond`)."""
 
 from __future__ import annotations
 
@@ -11,16 +12,28 @@ import torch
 from nacl.signing import SigningKey
 
 from fedsilo.policies.privacy import PrivacyConfig
+from fedsilo.policies.schema import Policy
 from fedsilo.privacy.ledger import PrivacyLedger
 from fedsilo.silo.agent import SiloAgent
+from fedsilo.silo.tasks.base import SiloKeys
 from fedsilo.wire.messages import TaskMessage, TaskResult
-from fedsilo.wire.tasks import InitTask, TaskConfig
+from tests.silos import honest, policy_with
 from tests.test_dp_training import LINEAR
-from tests.test_tasks import separable, train_config
+from tests.test_tasks import separable
 
 DEPLOYMENT = "consortium"
 JOB = "ab" * 32  # the digest of the signed policy the silo accepted
 DP = {"delta": 1e-5, "dp_sgd": {"noise_multiplier": 1.0}}
+ROUNDS = 10
+# Each round: 2 epochs of SGD at 0.5 in batches of 16.
+TRAINING = {"epochs": 2, "batch_size": 16, "lr": 0.5}
+
+
+def dp_policy(**privacy: object) -> Policy:
+    """`ROUNDS` rounds of FedAvg of a linear model, `TRAINING` locally, with DP-SGD (`DP`, the
+    `privacy` sections given replacing its own)."""
+    section = PrivacyConfig.model_validate({**DP, **privacy})
+    return policy_with(rounds=ROUNDS, model=LINEAR, training=TRAINING, privacy=section)
 
 
 @dataclass(frozen=True)
@@ -39,54 +52,40 @@ class SiloSite:
     def state_path(self) -> Path:
         return self.folder / "silo-state"
 
-    def agent(self, job: str = JOB, **privacy: object) -> SiloAgent:
-        """A silo agent started on this site's files, under the policy digest `job`."""
+    def agent(self, job: str = JOB, policy: Policy | None = None, **privacy: object) -> SiloAgent:
+        """A silo agent started on this site's files, under the policy digest `job`: its policy
+        `policy`, or `dp_policy(**privacy)`."""
         self.folder.mkdir(parents=True, exist_ok=True)
         return SiloAgent(
             self.name,
             separable(),
-            LINEAR,
+            policy or dp_policy(**privacy),
             policy_digest=job,
-            privacy=PrivacyConfig.model_validate({**DP, **privacy}),
-            rounds=10,
             secret=bytes(self.identity),
             ledger=PrivacyLedger(self.ledger_path),
             deployment=DEPLOYMENT,
-            identity=self.identity,
-            roster={self.name: self.identity.verify_key},
+            keys=SiloKeys(identity=self.identity, roster={self.name: self.identity.verify_key}),
             state=self.state_path,
         )
 
 
 def task(
-    agent: SiloAgent,
-    config: TaskConfig,
-    model: TaskResult | None = None,
-    *,
-    round: int = 1,
-    task_id: str | None = None,
+    agent: SiloAgent, phase: str, model: TaskResult | None = None, *, round: int = 1
 ) -> TaskMessage:
-    """A task as the coordinator builds it (`<deployment>/r<k>/<phase>/<silo>`)."""
-    kind = config.KIND
-    return TaskMessage(
-        task_id or f"{DEPLOYMENT}/r{round}/{kind}/{agent.name}",
-        round,
-        kind,
-        agent.name,
-        config,
-        dict(model.tensors) if model else {},
-        model.spec if model else None,
-        policy_digest=agent.policy_digest or "",
-    )
+    """The task the silo's contract asks for at (`round`, `phase`), as the coordinator builds it
+    (`<deployment>/r<k>/<phase>/<silo>`), carrying `model`."""
+    tensors, spec = (model.tensors, model.spec) if model else (None, None)
+    return honest(agent, phase, round, tensors, spec)
 
 
-def initial_model(agent: SiloAgent, seed: int = 0) -> TaskResult:
-    return agent.respond(task(agent, InitTask(seed=seed), round=0))[0]
+def initial_model(agent: SiloAgent) -> TaskResult:
+    return agent.respond(task(agent, "init", round=0))[0]
 
 
-def train(agent: SiloAgent, model: TaskResult, **message: object) -> tuple[TaskResult, bytes]:
-    """The silo's result and the bytes of its encoded answer."""
-    result, answer = agent.respond(task(agent, train_config(epochs=2), model, **message))
+def train(agent: SiloAgent, model: TaskResult, round: int = 1) -> tuple[TaskResult, bytes]:
+    """The silo's result to round `round`'s train task from `model`, and the bytes of its
+    encoded answer."""
+    result, answer = agent.respond(task(agent, "train", model, round=round))
     return result, answer.to_bytes()
 
 

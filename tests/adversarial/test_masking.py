@@ -21,6 +21,9 @@ import torch
 from nacl.public import PrivateKey
 from nacl.signing import SigningKey
 
+from fedsilo.coordinator.strategies import make_strategy
+from fedsilo.ops.sim_silos import ConsortiumKeys
+from fedsilo.policies.algorithms.contract import Position
 from fedsilo.policies.loading import parse_policy
 from fedsilo.policies.schema import Policy
 from fedsilo.policies.secure_aggregation import SecureAggregationConfig
@@ -28,6 +31,7 @@ from fedsilo.privacy.masking import (
     Advertisement,
     FixedPoint,
     MaskingKeys,
+    aggregation_label,
     combine_shares,
     pairwise_seed,
     prg,
@@ -39,7 +43,8 @@ from fedsilo.silo.agent import SiloAgent
 from fedsilo.silo.aggregation_log import AggregationLog, StepAlreadyTaken
 from fedsilo.silo.data import SiloDataset, load_consortium
 from fedsilo.silo.tasks.base import flat_parameters, parameter_spec
-from fedsilo.wire.messages import TaskMessage, TaskResult
+from fedsilo.wire.messages import TASK_STEPS, TaskMessage, TaskResult, task_id
+from fedsilo.wire.tasks import TaskConfig
 from fedsilo.wire.tasks.tensor_names import (
     ADVERTISEMENT,
     CONFIRMATION,
@@ -48,22 +53,28 @@ from fedsilo.wire.tasks.tensor_names import (
     SHARE_TO,
 )
 from fedsilo.wire.tensors import tensor_bytes
+from tests.silos import honest
 from tests.wire_tasks import ONE_PER_KIND, reworded
 
 SILOS = [f"silo-{i}" for i in range(5)]
 TARGET = "silo-0"
 DEPLOYMENT = "adversarial"
 PHASE = "train"
-TRAIN = {"epochs": 1, "batch_size": 32, "lr": 0.1, "optimizer": "sgd", "seed": 11}
 
 
-def secure_policy(method: str = "masking", silos: int = len(SILOS), **section: object) -> Policy:
+def secure_policy(
+    method: str = "masking",
+    silos: int = len(SILOS),
+    algorithm: str = "fedavg",
+    rounds: int = 3,
+    **section: object,
+) -> Policy:
     return parse_policy(
         {
             "version": 1,
             "seed": 5,
-            "rounds": 3,
-            "algorithm": {"name": "fedavg"},
+            "rounds": rounds,
+            "algorithm": {"name": algorithm},
             "model": {"name": "mlp", "hidden": [8]},
             "training": {"epochs": 1, "batch_size": 32, "lr": 0.1},
             "participants": {"min_silos": 3, "phase_timeout_s": 60},
@@ -78,12 +89,13 @@ def secure_policy(method: str = "masking", silos: int = len(SILOS), **section: o
 
 @dataclass
 class Consortium:
-    """Five silo agents as provisioning makes them, and what the coordinator may know."""
+    """The silo agents as provisioning makes them, each from its own copy of `policy`, and
+    what the coordinator may know (`model`: the model it sends, in the silos' layout)."""
 
     policy: Policy
     datasets: dict[str, SiloDataset]
     agents: dict[str, SiloAgent]
-    identities: dict[str, SigningKey]
+    keys: ConsortiumKeys
     model: torch.Tensor = field(init=False)
     spec: object = field(init=False)
 
@@ -99,52 +111,73 @@ def consortium(
     """The silos of `policy`, holding `secure` as their policy's section when given (a
     section the policy reader would refuse, to show the silo's own checks hold anyway), each
     with its state folder under `state` when given."""
+    if secure is not None:
+        policy = policy.model_copy(update={"secure_aggregation": secure})
     datasets = {d.name: d for d in load_consortium(policy.data, seed=policy.seed)}
-    identities = {name: SigningKey.generate() for name in datasets}
-    sealing = {name: PrivateKey.generate() for name in datasets}
-    agents = {
-        name: SiloAgent(
-            name,
-            data,
-            policy.model,
-            deployment=DEPLOYMENT,
-            consortium=len(datasets),
-            secure_aggregation=secure or policy.secure_aggregation,
-            identity=identities[name],
-            roster={n: k.verify_key for n, k in identities.items()},
-            sealing_key=sealing[name],
-            sealing_roster={n: k.public_key for n, k in sealing.items()},
-            state=None if state is None else state / name,
-        )
-        for name, data in datasets.items()
-    }
-    return Consortium(policy, datasets, agents, identities)
+    keys = ConsortiumKeys.generate(datasets)
+    agents = {name: silo_agent(policy, name, data, keys, state) for name, data in datasets.items()}
+    return Consortium(policy, datasets, agents, keys)
+
+
+def silo_agent(
+    policy: Policy, name: str, data: SiloDataset, keys: ConsortiumKeys, state: Path | None
+) -> SiloAgent:
+    """Silo `name`'s agent, built the one way a silo is (from the policy, with its keys)."""
+    return SiloAgent(
+        name,
+        data,
+        policy,
+        deployment=DEPLOYMENT,
+        keys=keys.of(name),
+        state=None if state is None else state / name,
+    )
 
 
 def restarted(c: Consortium, silo: str, state: Path) -> Consortium:
     """The consortium with `silo`'s agent started again from its state folder under `state`
     (what it kept on disk, nothing it held in memory)."""
-    again = SiloAgent(
-        silo,
-        c.datasets[silo],
-        c.policy.model,
-        deployment=DEPLOYMENT,
-        secure_aggregation=c.policy.secure_aggregation,
-        identity=c.identities[silo],
-        roster=c.agents[silo].context.roster,
-        state=state / silo,
-    )
+    again = silo_agent(c.policy, silo, c.datasets[silo], c.keys, state)
     return replace(c, agents={**c.agents, silo: again})
 
 
-def true_update(c: Consortium, silo: str, round_no: int = 1) -> np.ndarray:
-    """What `silo`'s training of round `round_no` produces (a fresh agent on the same data, no
-    secure aggregation: training is seeded by the task, so it is the same update)."""
-    plain = SiloAgent(silo, c.datasets[silo], c.policy.model, deployment="reference")
-    reply = plain.handle_bytes(message_to(silo, "train", TRAIN, round_no, "reference", c))
-    result = TaskResult.decode(reply)
+def honest_train(c: Consortium, silo: str, round_no: int = 1) -> TaskConfig:
+    """The training task the honest strategy sends `silo` in round `round_no`: the config the
+    algorithm's contract derives from the policy (its seed from the policy's seed, the round
+    and the silo), the one a masked input must wrap."""
+    return make_strategy(c.policy).train_config(Position(round_no, PHASE, silo))
+
+
+def trained_alone(
+    c: Consortium,
+    silo: str,
+    round_no: int = 1,
+    tensors: Mapping[str, torch.Tensor] | None = None,
+) -> TaskResult:
+    """What `silo` answers to the honest training task of round `round_no` from the model
+    (and `tensors`) under the same policy without secure aggregation: a fresh agent on the
+    same data (training is seeded by the policy, so it is the result the silo would mask)."""
+    plain = c.policy.model_copy(update={"secure_aggregation": SecureAggregationConfig()})
+    alone = SiloAgent(silo, c.datasets[silo], plain, deployment="reference", keys=c.keys.of(silo))
+    sent = {"model": c.model} | dict(tensors or {})
+    result = alone.handle(honest(alone, PHASE, round_no, sent, c.spec))
     assert result.ok, result.error
+    return result
+
+
+def true_update(c: Consortium, silo: str, round_no: int = 1) -> np.ndarray:
+    """What `silo`'s training of round `round_no` changes in the model sent."""
+    result = trained_alone(c, silo, round_no)
     return (result.tensors["model"].double() - c.model.double()).numpy()
+
+
+def named(kind: str, round_no: int, silo: str, tag: str | None = None) -> str:
+    """The id of `silo`'s `kind` task in round `round_no`: the one the contract names for that
+    position (`task_id`), or with `tag` one no position has (`<tag><step>` in place of the
+    step: the wording of a coordinator that invents a second aggregation of the round)."""
+    step = TASK_STEPS.get(kind)
+    if tag is None:
+        return task_id(DEPLOYMENT, round_no, PHASE, step, silo)
+    return f"{DEPLOYMENT}/r{round_no}/{PHASE}/{tag}{step or kind}/{silo}"
 
 
 def message_to(
@@ -152,14 +185,15 @@ def message_to(
     kind: str,
     config: Mapping,
     round_no: int,
-    tag: str,
     c: Consortium,
     tensors: Mapping[str, torch.Tensor] | None = None,
+    tag: str | None = None,
 ) -> bytes:
-    """A `kind` task encoded as the real coordinator encodes it, its config any JSON object."""
+    """A `kind` task encoded as the real coordinator encodes it, its config any JSON object,
+    its id the one its position has (`named`; another with `tag`)."""
     carries_model = kind in ("train", "scaffold_train", "secagg_mask", "ckks_encrypt")
     message = TaskMessage(
-        task_id=f"{DEPLOYMENT}/r{round_no}/{PHASE}/{tag}/{silo}",
+        task_id=named(kind, round_no, silo, tag),
         round=round_no,
         phase=PHASE,
         silo=silo,
@@ -170,11 +204,19 @@ def message_to(
     return reworded(message, config)
 
 
+def wrapping(c: Consortium, silo: str, round_no: int) -> dict[str, object]:
+    """The inner task of `silo`'s masked (or encrypted) input, as config keys: the honest
+    training task of the round, the only one its contract lets an input wrap."""
+    inner = honest_train(c, silo, round_no)
+    return {"inner_kind": inner.KIND, "inner_config": inner.to_json()}
+
+
 class DeviatingCoordinator:
     """Sends whatever tasks it likes, encoded as the real coordinator encodes them, and keeps
-    every answer; `refusals` gathers what the silos refused, by step."""
+    every answer; `refusals` gathers what the silos refused, by step. Its task ids are those
+    of the positions it asks at, or with `tag` ids no position has."""
 
-    def __init__(self, c: Consortium, round_no: int = 1, tag: str = "") -> None:
+    def __init__(self, c: Consortium, round_no: int = 1, tag: str | None = None) -> None:
         self.c = c
         self.round = round_no
         self.tag = tag
@@ -184,7 +226,7 @@ class DeviatingCoordinator:
         kind = step if step == "train" else f"secagg_{step}"
         answers = {}
         for silo, config in sorted(configs.items()):
-            message = message_to(silo, kind, config, self.round, f"{self.tag}{step}", self.c)
+            message = message_to(silo, kind, config, self.round, self.c, tag=self.tag)
             reply = TaskResult.decode(self.c.agents[silo].handle_bytes(message))
             if reply.ok:
                 answers[silo] = reply
@@ -207,9 +249,7 @@ class DeviatingCoordinator:
     def mask(self, weights: Mapping[str, float]) -> dict[str, TaskResult]:
         configs = {}
         for v in self.shared:
-            configs[v] = {
-                "inner_kind": "train",
-                "inner_config": dict(TRAIN),
+            configs[v] = wrapping(self.c, v, self.round) | {
                 "weights": dict(weights),
                 "shares": {
                     u: tensor_bytes(self.shared[u].tensors[SHARE_TO + v]).hex()
@@ -266,7 +306,7 @@ class DeviatingCoordinator:
     ) -> np.ndarray:
         """The target's weighted update from its masked input, its self-mask seed and its
         masking key: remove PRG(b) and every pairwise mask it added."""
-        label = tensor_context(f"{DEPLOYMENT}/r{self.round}/{PHASE}".encode(), "model")
+        label = tensor_context(aggregation_label(DEPLOYMENT, self.round, PHASE), "model")
         total = self.masked[target].tensors["model"].numpy().view(np.uint32).copy()
         total -= prg(seed, len(total), label)
         for peer in peers:
@@ -280,7 +320,7 @@ class DeviatingCoordinator:
 
     def sum_of(self, revealed: Mapping[str, TaskResult], survivors: Sequence[str]) -> np.ndarray:
         """The unmasked weighted sum of `survivors`' inputs (every one of them sent its input)."""
-        label = tensor_context(f"{DEPLOYMENT}/r{self.round}/{PHASE}".encode(), "model")
+        label = tensor_context(aggregation_label(DEPLOYMENT, self.round, PHASE), "model")
         total = np.zeros_like(self.masked[survivors[0]].tensors["model"].numpy().view(np.uint32))
         for silo in survivors:
             total += self.masked[silo].tensors["model"].numpy().view(np.uint32)
@@ -302,20 +342,43 @@ def decodes(estimate: np.ndarray | None, update: np.ndarray, weight: float) -> b
 # -- a. plain tasks under a masking policy ------------------------------------------------------
 
 
+# Each plain task that would send a model or a sum's input, with the algorithm whose contract
+# sends it and the position it sends it at: (algorithm, round, phase).
 PLAIN = {
-    "train": TRAIN,
-    "superfed_train": TRAIN | {"mixing": "model", "mixing_on": False, "local_seed": 0},
-    "scaffold_train": TRAIN,
-    "feature_moments": {},
+    "train": ("fedavg", 1, "train"),
+    "superfed_train": ("superfed", 1, "train"),
+    "scaffold_train": ("scaffold", 1, "train"),
+    "feature_moments": ("fedavg", 0, "moments"),
 }
+
+
+def plain_policy(kind: str) -> Policy:
+    """A masking policy whose algorithm sends `kind` tasks; for `feature_moments`, FedAvg with
+    `data.scaling: federated`, which the policy reader refuses under secure aggregation (raw
+    moments have no bound), held by the silos anyway (a copy that skips the reader)."""
+    algorithm, _, _ = PLAIN[kind]
+    policy = secure_policy(algorithm=algorithm)
+    if kind == "feature_moments":
+        federated = policy.data.model_copy(update={"scaling": "federated"})
+        policy = policy.model_copy(update={"data": federated})
+    return policy
 
 
 @pytest.mark.parametrize("kind", sorted(PLAIN))
 def test_a_silo_under_a_masking_policy_refuses_to_send_its_model_in_the_clear(kind: str) -> None:
-    c = consortium(secure_policy())
+    """The very task its algorithm asks for at that position, sent plain and not wrapped in the
+    masking protocol: every silo refuses it (its contract takes that phase's weighted mean
+    masked only) and sends nothing."""
+    c = consortium(plain_policy(kind))
+    _, round_no, phase = PLAIN[kind]
     for silo in SILOS:
-        message = message_to(silo, kind, PLAIN[kind], 1, "plain", c)
-        reply = TaskResult.decode(c.agents[silo].handle_bytes(message))
+        agent = c.agents[silo]
+        carried = {"model": c.model} if round_no else {}
+        if kind == "scaffold_train":
+            carried["control"] = torch.zeros_like(c.model)
+        task = honest(agent, phase, round_no, carried, c.spec if carried else None)
+        assert task.kind == kind
+        reply = TaskResult.decode(agent.handle_bytes(task.encode()))
         assert not reply.ok, f"{silo} answered a plain {kind} task under a masking policy"
         assert "secure_aggregation masking" in (reply.error or "")
         assert not reply.tensors
