@@ -15,10 +15,14 @@ An answer carries that epsilon and the ledger head before its booking; it is boo
 before it is returned for sending, and with the silo's identity it carries a signed receipt of
 its booking (`privacy/receipts.py`: the head after it), which the coordinator keeps for audits.
 
-No DP release is ever made twice from the same noise. With a ledger or a DP policy, every
-answer to a task of the accepted job is kept (`AnswerStore`, in the state folder, written
-durably before it leaves): the same task id gets the same bytes whatever the new message
-carries, and a task the ledger booked (or the store answered) whose bytes are gone is refused.
+A task is checked against the silo's own algorithm contract (silo/contract_gate.py) and its
+release gate before anything runs; a task id names one position of the algorithm, answered
+once. No DP release is ever made twice from the same noise, and no position is answered twice:
+with a ledger, a DP policy or a state folder, every answer to a task of the accepted job, a
+refusal included, is kept (`AnswerStore`, in the state folder, written durably before it
+leaves): the same task id gets the same bytes whatever the new message carries, and a task the
+ledger booked (or the store answered) whose bytes are gone is refused; without any, the task
+ids answered are kept in memory and a repeat is refused.
 """
 
 from __future__ import annotations
@@ -103,8 +107,10 @@ class SiloAgent:
         caps = [c for c in (self.context.privacy.epsilon_cap, epsilon_cap) if c is not None]
         self.epsilon_cap = min(caps) if caps else None
         self.total_epsilon_cap = total_epsilon_cap
-        keeps_answers = ledger is not None or self.context.privacy.differentially_private
         folder = None if local_state.folder is None else local_state.folder / FOLDER
+        keeps_answers = (
+            ledger is not None or self.context.privacy.differentially_private or folder is not None
+        )
         self.answers = AnswerStore(folder) if keeps_answers else None
         self._answered: set[str] = set()  # task ids answered, where no answer store keeps them
         self._lock = threading.Lock()  # one task at a time: checked, run, booked, kept
@@ -229,7 +235,7 @@ class SiloAgent:
             record = self._book(message, body, releases or [Mechanism.public()], job or None)
             result = replace(result, receipt=self._receipt(message, body, record))
         encoded = result.encode_payload(block)  # its parts: the header, then the tensors' memory
-        if job == self.policy_digest:
+        if self.policy_digest is None or job == self.policy_digest:  # a task of this job
             if self.answers is not None:
                 self.answers.keep(self.context.job, message.task_id, message.round, encoded)
             else:

@@ -106,5 +106,3 @@ class _Placeholder(TaskConfig):
     """A config of no kind: what `expected` derives from when nothing is chosen."""
 
     KIND = "placeholder"
-
-

@@ -53,9 +53,7 @@ def test_no_answer_changes_after_the_silo_sent_it(example: str) -> None:
         return answer
 
     endpoints = {
-        d.name: keeping(
-            build_agent(policy, d.name, d, torch.device("cpu"), keys).handle_bytes
-        )
+        d.name: keeping(build_agent(policy, d.name, d, torch.device("cpu"), keys).handle_bytes)
         for d in datasets
     }
     names = [d.name for d in datasets]

@@ -1,9 +1,10 @@
 """Domains inside silos (`data.domain`): every row carries the domain of the declared column; the
 loss probe reports each domain's loss sum and count (noised and booked as two reports under DP,
-refused by a silo without domains, as the handler computes them for a task that passed the
-contract: `answer`); per-domain weights and ApproxFedAvg's soft maximum shape
+refused by a silo without domains); per-domain weights and ApproxFedAvg's soft maximum shape
 local training; ApproxFedAvg with one domain is FedAvg; AgnosticFedAvg over domains starts as
-FedAvg, moves lambda toward the domain with the larger loss, and resumes after a restart."""
+FedAvg, moves lambda toward the domain with the larger loss, and resumes after a restart.
+What a task computes is its handler run alone (`answer`), as the agent runs it once the task
+passed its contract, which lets a coordinator choose domain weights but never all zero."""
 
 from __future__ import annotations
 
@@ -218,14 +219,15 @@ def test_zero_domain_weights_leave_the_model_where_it_was() -> None:
         handled(agent, message(agent, "train", domain_weights={"Other": 1.0}))
     # a silo's contract lets the coordinator choose the domain weights, but never all zero (a
     # task that releases the model received), and the handler still refuses unknown domains
-    model = message(agent, "train")
     zeros = {"Male": 0.0, "Female": 0.0}
     for weights, error in (
         (zeros, "gives every domain weight 0"),
         ({"Other": 1.0}, "unknown domains ['Other']"),
     ):
-        task = honest(agent, "train", 1, model.tensors, model.spec, domain_weights=weights)
-        refused = agent.handle(task)
+        fresh = heart_agent()  # a refused task is that position's answer: one silo per case
+        model = message(fresh, "train")
+        task = honest(fresh, "train", 1, model.tensors, model.spec, domain_weights=weights)
+        refused = fresh.handle(task)
         assert not refused.ok and not refused.tensors and error in refused.error
 
 

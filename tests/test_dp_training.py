@@ -46,12 +46,11 @@ def silo_policy(
     (noise_multiplier 0), which every policy refuses (policies/schema.py: `_check_dp_noise`),
     is set unchecked: the loop's equivalence to plain training and its clipping are unit tests
     of the handler, run without the agent (`run`)."""
-    policy = policy_with(model=model, rounds=rounds)
-    if privacy is None:
-        return policy
-    if privacy.dp_sgd is not None and privacy.dp_sgd.noise_multiplier == 0:
-        return policy.model_copy(update={"privacy": privacy})
-    return policy_with(model=model, rounds=rounds, privacy=privacy)
+    if privacy is not None and privacy.dp_sgd is not None and privacy.dp_sgd.noise_multiplier == 0:
+        return policy_with(model=model, rounds=rounds).model_copy(update={"privacy": privacy})
+    return policy_with(
+        model=model, rounds=rounds, **({"privacy": privacy} if privacy is not None else {})
+    )
 
 
 def agent(

@@ -13,6 +13,7 @@ import torch
 
 from fedsilo.coordinator.feddro import barycenter
 from fedsilo.policies.loading import load_policy, parse_policy
+from fedsilo.policies.schema import Policy
 from fedsilo.privacy.accounting import Mechanism
 from fedsilo.silo.config import LocalRules
 from fedsilo.silo.data import load_consortium
@@ -29,11 +30,13 @@ from fedsilo.wire.messages import TaskMessage
 from fedsilo.wire.tasks import FedDroSupport
 from fedsilo.wire.tasks.tensor_names import BARYCENTER, PRESENT, SUPPORT
 from tests.resume import resumed_and_uninterrupted
+from tests.silos import agent as built
+from tests.silos import honest
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "policies" / "examples" / "digits-feddro.yaml"
 
 
-def small_policy(**algorithm: object):
+def small_policy(**algorithm: object) -> Policy:
     document = load_policy(EXAMPLE).model_dump(mode="json", exclude_none=True)
     document["algorithm"] |= {"barycenter_rounds": 2, "support_points": 4, **algorithm}
     document |= {"rounds": 3, "eval_every": 3}
@@ -155,33 +158,48 @@ def support_task(ctx: SiloContext, groups: int, dim: int) -> TaskMessage:
     )
 
 
-def silo_context(policy, algorithm=None) -> SiloContext:  # type: ignore[no-untyped-def]
+def silo_context(policy: Policy) -> SiloContext:
+    """The first silo's context under its own copy of `policy`."""
     (data, *_) = load_consortium(policy.data, seed=policy.seed)
-    return SiloContext(
-        "silo-0", data, policy.model, torch.device("cpu"), secret=b"s" * 32, algorithm=algorithm
+    return SiloContext("silo-0", data, policy, torch.device("cpu"), secret=b"s" * 32)
+
+
+def as_fedavg(policy: Policy) -> Policy:
+    return parse_policy(
+        policy.model_dump(mode="json", exclude_none=True) | {"algorithm": {"name": "fedavg"}}
     )
 
 
 def test_a_silo_answers_feddro_support_only_under_its_own_feddro_policy() -> None:
     policy = small_policy()
-    refusing = silo_context(policy, algorithm=None)
+    refusing = silo_context(as_fedavg(policy))
     with pytest.raises(ValueError, match="release_point_clouds: true"):
         feddro_support(support_task(refusing, 10, 64), refusing)
-    ctx = silo_context(policy, policy.algorithm)
+    ctx = silo_context(policy)
     result = feddro_support(support_task(ctx, 10, 64), ctx)
     assert result.tensors[SUPPORT].shape == (10, 4, 64)
     assert result.tensors[PRESENT].tolist() == [1.0] * 10
     assert feddro_support_releases(support_task(ctx, 10, 64), ctx) == [Mechanism.none()]
+    # Sent to agents: the task a FedDRO silo's contract asks for in round 1 is answered under
+    # that policy, and refused unrun under FedAvg's, whose contract has no such phase.
+    (data, *_) = load_consortium(policy.data, seed=policy.seed)
+    clouds = support_task(ctx, 10, 64).tensors
+    feddro = built(data, policy)
+    assert feddro.handle(honest(feddro, "support", 1, clouds)).ok
+    fedavg = built(data, as_fedavg(policy))
+    refused = fedavg.handle(honest(feddro, "support", 1, clouds))
+    assert not refused.ok and not refused.tensors
+    assert "phase 'support' is not one of fedavg's phases" in refused.error
 
 
 def test_noised_point_clouds_are_booked_as_a_gaussian_mechanism() -> None:
     policy = small_policy(point_cloud_clip=2.0, point_cloud_noise=3.0)
-    ctx = silo_context(policy, policy.algorithm)
+    ctx = silo_context(policy)
     (mechanism,) = feddro_support_releases(support_task(ctx, 10, 64), ctx)
     sensitivity = 2 * 0.5 * 2.0 * 2.0  # 2 t clip sqrt(4 points)
     assert mechanism == Mechanism.gaussian(sensitivity=sensitivity, noise_std=3 * sensitivity)
     noisy = feddro_support(support_task(ctx, 10, 64), ctx).tensors[SUPPORT]
-    exact_ctx = silo_context(small_policy(), small_policy().algorithm)
+    exact_ctx = silo_context(small_policy())
     exact = feddro_support(support_task(exact_ctx, 10, 64), exact_ctx).tensors[SUPPORT]
     assert not torch.allclose(noisy, exact)
 

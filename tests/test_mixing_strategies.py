@@ -19,6 +19,7 @@ from fedsilo.coordinator.engine import RoundEngine, RunAborted, RunHistory
 from fedsilo.coordinator.strategies import make_strategy
 from fedsilo.coordinator.transport import InProcessTransport
 from fedsilo.ops.metrics import CoordinatorMetrics
+from fedsilo.ops.sim_silos import ConsortiumKeys, build_agent
 from fedsilo.ops.simulate import simulate
 from fedsilo.policies.loading import PolicyError, parse_policy
 from fedsilo.policies.schema import Policy
@@ -130,9 +131,11 @@ def test_drfa_under_secure_aggregation_mixes_the_model_and_its_checkpoint_as_in_
 
 
 def recorded_run(p: Policy) -> tuple[RunHistory, list[TaskMessage]]:
-    """A simulation of `p` that also returns every task message the silos received."""
+    """A simulation of `p` that also returns every task message the silos received (its
+    agents built as `fedsilo simulate` builds them, each knowing the consortium's members)."""
     datasets = load_consortium(p.data, seed=p.seed)
-    agents = {d.name: SiloAgent(d.name, d, p.model) for d in datasets}
+    keys = ConsortiumKeys.generate(d.name for d in datasets)
+    agents = {d.name: build_agent(p, d.name, d, torch.device("cpu"), keys) for d in datasets}
     received: list[TaskMessage] = []
 
     def endpoint(agent: SiloAgent) -> Callable[[bytes], bytes]:
@@ -162,6 +165,7 @@ def test_drfa_fedtorch_trains_uniform_silos_whose_updates_lambda_k_k_scales() ->
             assert isinstance(m.config, TrainTask) and m.config.checkpoint_step is not None
             assert m.config.update_scale == pytest.approx(lam_before[r.round][m.silo] * SILOS)
             assert 0 <= m.config.checkpoint_step <= p.training.steps - 2
+            assert m.config.checkpoint_step == p.algorithm.checkpoint_step(p, r.round)
         assert set(r.phases["train"]["answered"]) == {m.silo for m in train}
     assert len({frozenset(r.phases["train"]["answered"]) for r in history.records}) > 1
     assert history.records[-1].mixing != lam_before[1]  # lambda moved

@@ -1,10 +1,10 @@
 """SCAFFOLD: two rounds on a tiny linear problem are the hand computation (corrected steps
 g - c_i + c, option II's c_i+, x and c moved by the sample-weighted means, `server_lr`); each
-silo keeps c_i in its local state, so a re-run round (a silo answers a task once; restarted from
-its state folder, it runs it again) starts from the same c_i and a run resumed after a
-coordinator stop (silo state on disk) equals the uninterrupted run; under pairwise
-masking it is the run in the clear; under DP-SGD the correction is added after clipping and
-noise; what it cannot run with is refused with the reason."""
+silo keeps c_i in its local state, so a re-run round starts from the same c_i (a silo answers a
+task once; a restarted one may run it again) and a run resumed after a coordinator stop (silo
+state on disk) equals the uninterrupted run; under pairwise masking it is the run in the clear;
+under DP-SGD the correction is added after clipping and noise; what it cannot run with is
+refused with the reason."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ from fedsilo.silo.tasks.train import train_releases
 from fedsilo.wire.messages import TaskMessage, TaskResult
 from fedsilo.wire.tasks import TrainTask
 from fedsilo.wire.tasks.tensor_names import CONTROL, CONTROL_DELTA, MODEL
-from tests.silos import honest
+from tests.silos import honest, run_handler
 
 FEATURES = 2
 STEPS, LR, SERVER_LR = 2, 0.1, 0.5
@@ -148,22 +148,20 @@ def answer(a: SiloAgent, task: TaskMessage) -> TaskResult:
     return result
 
 
-def test_the_silo_keeps_its_control_variate_and_a_rerun_round_starts_from_the_same(
-    tmp_path: Path,
-) -> None:
-    a = agents(policy(), tmp_path)["a"]
+def test_the_silo_keeps_its_control_variate_and_a_rerun_round_starts_from_the_same() -> None:
+    a = agents(policy())["a"]
     first = answer(a, message(a, 1))
     kept = a.context.state.latest(OWN_CONTROL, 2)
     assert kept is not None and torch.equal(kept[CONTROL], first.tensors[CONTROL_DELTA])
     assert set(first.tensors) == {MODEL, CONTROL_DELTA}  # c_i itself never leaves
     second = answer(a, message(a, 2))
-    # The coordinator runs round 2 again: the running silo answers a task once; restarted
-    # from its state folder (which keeps no answer without DP or a ledger), it runs the round
-    # again from the c_i the first attempt started from.
+    # The coordinator sends round 2 again: the silo answers a task once.
     refused = a.handle(message(a, 2))
     assert not refused.ok and "this silo answers each task once" in refused.error
-    restarted = agents(policy(), tmp_path)["a"]
-    again = answer(restarted, message(restarted, 2))
+    # A silo that runs round 2 again (one restarted after it kept round 2's c_i, before its
+    # answer left) starts from the c_i the first attempt started from.
+    rerun = message(a, 2)
+    again = run_handler(a, rerun.config, rerun.tensors, rerun.spec, round_no=2)
     assert torch.equal(second.tensors[MODEL], again.tensors[MODEL])
     assert torch.equal(second.tensors[CONTROL_DELTA], again.tensors[CONTROL_DELTA])
     assert not torch.equal(second.tensors[MODEL], first.tensors[MODEL])  # c_i corrected it

@@ -39,7 +39,13 @@ from fedsilo.coordinator.strategies.fedavg import FedAvg
 from fedsilo.coordinator.transport import InProcessTransport
 from fedsilo.ops.sim_silos import ConsortiumKeys, build_agent
 from fedsilo.ops.simulate import simulate
-from fedsilo.policies.algorithms.contract import SiloContract, averaging_contract, train_rule
+from fedsilo.policies.algorithms.contract import (
+    SiloContract,
+    averaging_contract,
+    evaluation_rule,
+    every_round,
+    train_rule,
+)
 from fedsilo.policies.algorithms.fedavg import FedAvgConfig
 from fedsilo.policies.loading import PolicyError, parse_policy
 from fedsilo.policies.schema import Policy
@@ -213,11 +219,13 @@ def test_the_masked_mean_has_the_same_bits_read_in_slices_and_chunks_of_any_size
     assert torch.equal(whole.state.model, pieces.state.model)
 
 
-@pytest.mark.parametrize("step", ["secagg_mask", "secagg_unmask"])
+@pytest.mark.parametrize("step", ["secagg_mask", "secagg_confirm", "secagg_unmask"])
 def test_a_silo_that_drops_after_sharing_leaves_the_survivors_exact_sum(step: str) -> None:
     masked = run(policy("masking"), failing("silo-2", step))
-    # dropping at the mask step: its input is not in the sum; at unmask: its input is
-    plain = run(policy("none"), failing("silo-2", "train" if step == "secagg_mask" else "none"))
+    # dropping at the mask step: its input is not in the sum; at confirm neither (it signed no
+    # statement: its input stays masked, its key is rebuilt); at unmask: its input is
+    left_out = step in ("secagg_mask", "secagg_confirm")
+    plain = run(policy("none"), failing("silo-2", "train" if left_out else "none"))
     difference = (plain.state.model - masked.state.model).abs().max().item()
     assert difference <= SILOS * PRECISION / 2 + 1e-7
     assert "silo-2" in masked.records[0].phases["train"]["dropped"]
@@ -313,15 +321,30 @@ class EveryOtherRound(FedAvg):
         return (yield from super().round(state, ctx))
 
 
+class OddRoundsConfig(FedAvgConfig):
+    """The silos' side of `EveryOtherRound`: FedAvg's contract whose `train` mean runs in odd
+    rounds only (as FedDC's contract holds its aggregation rounds)."""
+
+    def silo_contract(self, policy: Policy) -> SiloContract:
+        every = every_round(policy)
+        odd = train_rule(policy, rounds=lambda r: every(r) and r % 2 == 1)
+        return averaging_contract(policy, odd, evaluation_rule(policy))
+
+
 def test_a_phase_aggregated_every_other_round_folds_its_keys_two_rounds_ahead() -> None:
+    """Keys are folded for the phase's next weighted mean in the algorithm's contract: with
+    the mean in odd rounds only, two rounds ahead from the first aggregation on. Under FedAvg's
+    contract (a mean every round) they are folded for the next round, which this strategy
+    skips: never used, each odd round advertises afresh, and the run completes all the same."""
     p = policy("masking", rounds=7)
-    seen, history = steps_taken(p, strategy=EveryOtherRound(p))
-    assert [r.status for r in history.records] == ["completed"] * 7
-    # a round later at first; two rounds once two aggregations have shown the gap
-    advertised = {(r, s) for r, _, kind, s, _ in seen if kind == "secagg_advertise"}
-    assert advertised == {(r, s) for r in (1, 3) for s in NAMES}
-    asked = {(r, s) for r, _, kind, s, carries in seen if kind == "secagg_unmask" and carries}
-    assert asked == {(r, s) for r in (1, 3, 5) for s in NAMES}  # round 7's: none, the last
+    odd = p.model_copy(update={"algorithm": OddRoundsConfig(name="fedavg")})
+    for contracted, fresh in ((odd, (1,)), (p, (1, 3, 5, 7))):
+        seen, history = steps_taken(contracted, strategy=EveryOtherRound(contracted))
+        assert [r.status for r in history.records] == ["completed"] * 7
+        advertised = {(r, s) for r, _, kind, s, _ in seen if kind == "secagg_advertise"}
+        assert advertised == {(r, s) for r in fresh for s in NAMES}
+        asked = {(r, s) for r, _, kind, s, carries in seen if kind == "secagg_unmask" and carries}
+        assert asked == {(r, s) for r in (1, 3, 5) for s in NAMES}  # round 7's: none, the last
 
 
 def test_a_coordinator_restarted_between_masked_rounds_gets_the_folded_keys_again(
@@ -447,8 +470,11 @@ def test_nothing_the_coordinator_receives_is_one_silos_update() -> None:
     assert history.records[0].status == "completed"
 
 
-def test_a_silo_declared_dropped_is_never_unmasked() -> None:
-    received, _ = transcript(policy("masking"), failing("silo-3", "secagg_mask"))
+@pytest.mark.parametrize("step", ["secagg_mask", "secagg_confirm"])
+def test_a_silo_declared_dropped_is_never_unmasked(step: str) -> None:
+    """Dropped before its masked input, or a survivor that signed no statement: the others
+    reveal its masking key's shares, never its self-mask's."""
+    received, _ = transcript(policy("masking"), failing("silo-3", step))
     for silo, replies in received.items():
         if silo == "silo-3":
             continue

@@ -36,7 +36,7 @@ from fedsilo.silo.tasks.superfed import local_model, superfed_train_releases
 from fedsilo.silo.tasks.train import train_releases
 from fedsilo.wire.messages import TaskMessage, TaskResult
 from tests.silos import agent as built
-from tests.silos import honest
+from tests.silos import honest, run_handler
 
 DATA = {"source": "sklearn:breast_cancer", "partition": {"kind": "iid", "silos": 3}}
 MODEL = {"name": "mlp", "hidden": [8]}
@@ -178,25 +178,22 @@ def test_the_silo_sends_what_fedavg_sends_and_keeps_its_local_model() -> None:
     )
 
 
-def test_the_local_model_carries_over_rounds_and_a_rerun_round_starts_where_the_first_did(
-    tmp_path: Path,
-) -> None:
-    a = agent(tmp_path)
+def test_the_local_model_carries_over_rounds_and_a_rerun_round_starts_where_the_first_did() -> None:
+    a = agent()
     first = answer(a, "train", 1)
     after_one = a.context.state.latest(LOCAL_MODEL, 2)
     second = answer(a, "train", 2)
     after_two = a.context.state.latest(LOCAL_MODEL, 3)
     assert not torch.equal(after_one["1.weight"], after_two["1.weight"])
-    # The coordinator runs round 2 again: the running silo answers a task once, and the silo
-    # restarted from its state folder (which keeps no answer without DP or a ledger) starts the
-    # round from the local model the first attempt started from.
+    # The coordinator sends round 2 again: the silo answers a task once.
     refused = a.handle(message(a, "train", 2))
     assert not refused.ok and "this silo answers each task once" in refused.error
-    restarted = agent(tmp_path)
-    again = answer(restarted, "train", 2)
+    # A silo that runs round 2 again (one restarted after it kept round 2's local model, before
+    # its answer left) starts from the local model the first attempt started from.
+    rerun = message(a, "train", 2)
+    again = run_handler(a, rerun.config, rerun.tensors, rerun.spec, round_no=2)
     assert torch.equal(again.tensors["model"], second.tensors["model"])
-    kept = restarted.context.state.latest(LOCAL_MODEL, 3)
-    assert torch.equal(kept["1.weight"], after_two["1.weight"])
+    assert torch.equal(a.context.state.latest(LOCAL_MODEL, 3)["1.weight"], after_two["1.weight"])
     fresh = answer(agent(), "train", 2)  # no local model from round 1
     assert not torch.equal(fresh.tensors["model"], second.tensors["model"])
     assert not torch.equal(first.tensors["model"], second.tensors["model"])
@@ -205,7 +202,7 @@ def test_the_local_model_carries_over_rounds_and_a_rerun_round_starts_where_the_
 def test_the_local_model_outlives_the_agent_on_disk(tmp_path: Path) -> None:
     answer(agent(tmp_path), "train", 1)
     stored = sorted(p.name for p in (tmp_path / "d").iterdir())
-    assert stored == [f"{LOCAL_MODEL}.r000001.safetensors"]
+    assert stored == ["answers", f"{LOCAL_MODEL}.r000001.safetensors"]  # and what it answered
     restarted = answer(agent(tmp_path), "evaluate", 1)
     in_memory = agent()
     answer(in_memory, "train", 1)

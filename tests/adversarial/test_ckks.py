@@ -4,7 +4,9 @@ a sum of at least the policy's `min_group` inputs, each signed by its silo for t
 aggregation, and no silo joins a second aggregation of the same round.
 
 Same set-up as test_masking.py: five unmodified silo agents with provisioned identities and
-sealing keys, and a coordinator written here that sends encoded TaskMessages.
+sealing keys, each built from its own copy of the policy, and a coordinator written here that
+sends encoded TaskMessages: the tasks the silos' contract asks for, except where an attack
+bends them.
 """
 
 from __future__ import annotations
@@ -15,28 +17,32 @@ import numpy as np
 import torch
 
 from fedsilo.privacy.ckks import chunk_name, context_digest
-from fedsilo.wire.messages import TaskResult
+from fedsilo.silo import contract_gate
+from fedsilo.wire.messages import TaskMessage, TaskResult
+from fedsilo.wire.tasks import CkksDecrypt
 from fedsilo.wire.tasks.tensor_names import CHUNK, PUBLIC_CONTEXT, SEALED_CONTEXT, SUM
 from fedsilo.wire.tensors import tensor_bytes
 from tests.adversarial.test_masking import (
     SILOS,
     TARGET,
-    TRAIN,
     Consortium,
     consortium,
     message_to,
     secure_policy,
     true_update,
+    wrapping,
 )
+from tests.silos import honest
 
 KEY_HOLDER = "silo-3"
 DECRYPTOR = "silo-1"
 
 
 class CkksCoordinator:
-    """A coordinator that runs CKKS steps as it likes and keeps what the silos refuse."""
+    """A coordinator that runs CKKS steps as it likes and keeps what the silos refuse; its task
+    ids are those of the positions it asks at, or with `tag` ids no position has."""
 
-    def __init__(self, c: Consortium, tag: str = "") -> None:
+    def __init__(self, c: Consortium, tag: str | None = None) -> None:
         self.c = c
         self.tag = tag
         self.refusals: dict[str, dict[str, str]] = {}
@@ -50,7 +56,7 @@ class CkksCoordinator:
         answers = {}
         for silo, config in sorted(configs.items()):
             extra = None if tensors is None else tensors[silo]
-            message = message_to(silo, kind, config, 1, f"{self.tag}{kind}", self.c, extra)
+            message = message_to(silo, kind, config, 1, self.c, extra, self.tag)
             reply = TaskResult.decode(self.c.agents[silo].handle_bytes(message))
             if reply.ok:
                 answers[silo] = reply
@@ -72,30 +78,29 @@ class CkksCoordinator:
         )
 
     def encrypt(self, weights: Mapping[str, float]) -> dict[str, TaskResult]:
-        config = {
-            "inner_kind": "train",
-            "inner_config": dict(TRAIN),
-            "weights": dict(weights),
-            "tensors": ["model"],
-        }
         self.weights = dict(weights)
         encrypted = {}
         for silo in weights:
-            one = self.send("ckks_encrypt", {silo: config})
-            encrypted |= one
+            config = wrapping(self.c, silo, 1) | {"weights": dict(weights), "tensors": ["model"]}
+            encrypted |= self.send("ckks_encrypt", {silo: config})
         return encrypted
 
-    def decrypt(self, inputs: Mapping[str, TaskResult], length: int) -> np.ndarray | None:
-        """Ask the decryptor to decrypt `inputs`, sent as a sum (what a decryptor used to
-        decrypt) and as signed contributions (what it checks now)."""
-        tensors: dict[str, torch.Tensor] = {}
-        if len(inputs) == 1:  # a "sum" of one input is that input's chunks
-            (only,) = inputs.values()
-            names = sorted(n for n in only.tensors if n.startswith(CHUNK))
-            tensors |= {chunk_name(i): only.tensors[n] for i, n in enumerate(names)}
-        for silo, reply in inputs.items():
-            tensors |= {f"{silo}/{name}": t for name, t in reply.tensors.items()}
+    def decryption(
+        self, inputs: Mapping[str, TaskResult], length: int
+    ) -> tuple[dict[str, object], dict[str, torch.Tensor]]:
+        """The decrypt task's config and tensors for `inputs`: each input's chunks and
+        signature under its silo's name (the signed contributions a decryptor checks)."""
+        tensors = {
+            f"{silo}/{name}": t
+            for silo, reply in inputs.items()
+            for name, t in reply.tensors.items()
+        }
         config = {"length": length, "weights": self.weights, "contributors": sorted(inputs)}
+        return config, tensors
+
+    def decrypt(self, inputs: Mapping[str, TaskResult], length: int) -> np.ndarray | None:
+        """Ask the decryptor to decrypt `inputs`, sent as signed contributions."""
+        config, tensors = self.decryption(inputs, length)
         answer = self.send("ckks_decrypt", {DECRYPTOR: config}, {DECRYPTOR: tensors})
         return answer[DECRYPTOR].tensors[SUM].double().numpy() if answer else None
 
@@ -103,13 +108,17 @@ class CkksCoordinator:
 def test_a_silo_under_a_ckks_policy_refuses_to_send_its_model_in_the_clear() -> None:
     c = consortium(secure_policy("ckks"))
     for silo in SILOS:
-        message = message_to(silo, "train", TRAIN, 1, "plain", c)
-        reply = TaskResult.decode(c.agents[silo].handle_bytes(message))
+        task = honest(c.agents[silo], "train", 1, {"model": c.model}, c.spec)
+        reply = TaskResult.decode(c.agents[silo].handle_bytes(task.encode()))
         assert not reply.ok, f"{silo} answered a plain train task under a ckks policy"
         assert "secure_aggregation ckks" in (reply.error or "") and not reply.tensors
 
 
 def test_a_decryptor_refuses_to_decrypt_a_single_silos_input() -> None:
+    """Signed by its silo, one input is a sum of fewer than min_group: refused. Passed off as a
+    sum the coordinator made (that input's chunks under a sum's names, what a decryptor used to
+    decrypt), it is no task the decryptor's contract names: a decrypt step carries signed
+    contributions only."""
     c = consortium(secure_policy("ckks"))
     coordinator = CkksCoordinator(c)
     coordinator.keys()
@@ -117,6 +126,15 @@ def test_a_decryptor_refuses_to_decrypt_a_single_silos_input() -> None:
     encrypted = coordinator.encrypt(dict.fromkeys(SILOS, 1 / len(SILOS)))
     assert sorted(encrypted) == SILOS, coordinator.refusals
     update = true_update(c, TARGET)
+    config, tensors = coordinator.decryption({TARGET: encrypted[TARGET]}, update.size)
+    names = sorted(n for n in encrypted[TARGET].tensors if n.startswith(CHUNK))
+    as_a_sum = {chunk_name(i): encrypted[TARGET].tensors[n] for i, n in enumerate(names)}
+    message = TaskMessage.decode(
+        message_to(DECRYPTOR, "ckks_decrypt", config, 1, c, tensors | as_a_sum)
+    )
+    assert isinstance(message.config, CkksDecrypt)
+    refused = contract_gate.refusal(message, c.agents[DECRYPTOR].context)
+    assert "none of the signed inputs this step carries" in (refused or "")
     decrypted = coordinator.decrypt({TARGET: encrypted[TARGET]}, update.size)
     leaked = decrypted is not None and np.abs(decrypted - update / len(SILOS)).max() < 1e-4
     assert not leaked, "the decryptor decrypted the target's update alone"
@@ -137,12 +155,17 @@ def test_a_decryptor_refuses_inputs_the_coordinator_relabels() -> None:
 
 
 def test_a_second_ckks_aggregation_of_the_same_round_is_refused() -> None:
+    """A second join of round 1 over the other silos: under the round's join task ids each
+    silo refuses it as answered already; under ids no position has, as outside its
+    contract."""
     c = consortium(secure_policy("ckks"))
     first = CkksCoordinator(c)
     first.keys()
     assert len(first.join(SILOS)) == len(SILOS)
-    second = CkksCoordinator(c, tag="again-")
-    second.digest, second.sealed = first.digest, first.sealed
     others = [s for s in SILOS if s != TARGET]
-    assert second.join(others) == {}
-    assert "already took the join step" in second.refusals["ckks_join"]["silo-1"]
+    same_ids, new_ids = CkksCoordinator(c), CkksCoordinator(c, tag="again-")
+    for second in (same_ids, new_ids):
+        second.digest, second.sealed = first.digest, first.sealed
+        assert second.join(others) == {}
+    assert "answered already" in same_ids.refusals["ckks_join"]["silo-1"]
+    assert "this position's task is" in new_ids.refusals["ckks_join"]["silo-1"]

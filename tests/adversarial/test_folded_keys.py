@@ -17,7 +17,8 @@ from pathlib import Path
 
 from fedsilo.silo.tasks import TASK_KINDS
 from fedsilo.wire.messages import TaskMessage, TaskResult
-from fedsilo.wire.tasks.tensor_names import ADVERTISEMENT
+from fedsilo.wire.tasks import SecAggUnmask
+from fedsilo.wire.tasks.tensor_names import ADVERTISEMENT, REVEALED_SEED
 from fedsilo.wire.tensors import tensor_bytes
 from tests.adversarial.test_masking import (
     PHASE,
@@ -86,25 +87,36 @@ def test_a_silo_makes_one_key_set_for_a_round_whether_folded_or_advertised() -> 
     c = consortium(secure_policy())
     _, _, adverts = round_one_folding_round_two(c)
     # an advertise task for the round it folded keys for: the same keys, not a second set
-    asked = DeviatingCoordinator(c, round_no=2, tag="asked-")
+    asked = DeviatingCoordinator(c, round_no=2)
     assert asked.advertise(SILOS) == adverts
     honest, everyone = round_from(c, adverts)
     assert len(everyone) == len(SILOS), honest.refusals
     others = [s for s in SILOS if s != TARGET]
-    again = DeviatingCoordinator(c, round_no=2, tag="again-")  # a second aggregation of round 2
-    fresh = again.advertise(others)
-    again.share(dict.fromkeys(fresh, fresh))
-    again.mask(dict.fromkeys(others, 1 / len(SILOS)))
-    rest = again.unmask(dict.fromkeys(again.masked, sorted(again.masked))) if again.masked else {}
-    estimate = None
-    if len(rest) == len(others):
-        estimate = honest.sum_of(everyone, SILOS) - again.sum_of(rest, others)
-    assert not decodes(estimate, true_update(c, TARGET, round_no=2), 1 / len(SILOS)), "decoded"
-    assert set(again.refusals["advertise"]) == set(others)
-    assert "already took the advertise step" in again.refusals["advertise"]["silo-1"]
+    # a second aggregation of round 2: under the round's task ids (answered already), or
+    # under ids no position has (outside the contract)
+    same_ids = DeviatingCoordinator(c, round_no=2)
+    new_ids = DeviatingCoordinator(c, round_no=2, tag="again-")
+    for again in (same_ids, new_ids):
+        fresh = again.advertise(others)
+        again.share(dict.fromkeys(fresh, fresh))
+        again.mask(dict.fromkeys(others, 1 / len(SILOS)))
+        rest = (
+            again.unmask(dict.fromkeys(again.masked, sorted(again.masked))) if again.masked else {}
+        )
+        estimate = None
+        if len(rest) == len(others):
+            estimate = honest.sum_of(everyone, SILOS) - again.sum_of(rest, others)
+        assert not decodes(estimate, true_update(c, TARGET, round_no=2), 1 / len(SILOS))
+        assert set(again.refusals["advertise"]) == set(others)
+    assert "answered already" in same_ids.refusals["advertise"]["silo-1"]
+    assert "this position's task is" in new_ids.refusals["advertise"]["silo-1"]
 
 
 def test_keys_are_not_folded_for_an_aggregation_the_silo_already_advertised_for() -> None:
+    """An unmask task asking for keys for the aggregation it unmasks (round 1, advertised
+    already) names no later weighted mean of the policy: the contract refuses the whole task,
+    nothing is revealed and no keys are folded. Its handler, run on that task all the same,
+    answers the unmask but makes no second key set for round 1."""
     c = consortium(secure_policy())
     first = DeviatingCoordinator(c)
     adverts = first.advertise(SILOS)
@@ -112,8 +124,15 @@ def test_keys_are_not_folded_for_an_aggregation_the_silo_already_advertised_for(
     first.mask(WEIGHTS)
     this_round = {"round": 1, "phase": PHASE}
     revealed = first.unmask(dict.fromkeys(SILOS, SILOS), this_round)
-    assert len(revealed) == len(SILOS), first.refusals  # the unmask itself is answered
-    assert folded(revealed) == {}  # but no second key set for round 1 comes with it
+    assert revealed == {}
+    assert set(first.refusals["unmask"]) == set(SILOS)
+    assert "'advertise_next' names round 1" in first.refusals["unmask"][TARGET]
+    unmask = {"survivors": SILOS, "signatures": first.signatures, "advertise_next": this_round}
+    message = TaskMessage.decode(message_to(TARGET, "secagg_unmask", unmask, 1, c))
+    assert isinstance(message.config, SecAggUnmask)
+    answered = TASK_KINDS["secagg_unmask"].handler(message, c.agents[TARGET].context)
+    assert answered.ok and REVEALED_SEED + TARGET in answered.tensors
+    assert folded({TARGET: answered}) == {}  # no second key set for round 1 comes with it
 
 
 def test_keys_folded_ahead_are_never_repeated_once_shared() -> None:
@@ -121,7 +140,7 @@ def test_keys_folded_ahead_are_never_repeated_once_shared() -> None:
     _, _, adverts = round_one_folding_round_two(c)
     coordinator = DeviatingCoordinator(c, round_no=2)
     coordinator.share(dict.fromkeys(SILOS, adverts))
-    asked = DeviatingCoordinator(c, round_no=2, tag="asked-")
+    asked = DeviatingCoordinator(c, round_no=2)
     assert asked.advertise(SILOS) == {}  # the keys now have shares out: not handed out again
     assert "already took the advertise step" in asked.refusals["advertise"][TARGET]
 
@@ -135,7 +154,7 @@ def test_a_silo_restarted_after_folding_its_keys_sits_that_round_out(tmp_path: P
     coordinator = DeviatingCoordinator(c, round_no=2)
     assert TARGET not in coordinator.share(dict.fromkeys(SILOS, adverts))
     assert "out of order" in coordinator.refusals["share"][TARGET]
-    asked = DeviatingCoordinator(c, round_no=2, tag="asked-")
+    asked = DeviatingCoordinator(c, round_no=2)
     assert asked.advertise([TARGET]) == {}
     assert "already took the advertise step" in asked.refusals["advertise"][TARGET]
 
@@ -146,7 +165,7 @@ def test_an_unmask_task_that_folds_keys_books_the_sample_count_an_advertise_task
     unmask = {"survivors": SILOS, "signatures": {}}
 
     def booked(config: dict, kind: str = "secagg_unmask") -> list[str]:
-        message = TaskMessage.decode(message_to(TARGET, kind, config, 1, "booked", c))
+        message = TaskMessage.decode(message_to(TARGET, kind, config, 1, c))
         return [m.kind for m in TASK_KINDS[kind].releases(message, context)]
 
     assert booked(unmask) == ["public"]

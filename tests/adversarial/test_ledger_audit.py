@@ -48,7 +48,7 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> tuple[SiloSite, Path
         }
     )
     site = SiloSite(folder / "silo")
-    agent = site.agent(digest_policy(policy))
+    agent = site.agent(digest_policy(policy), policy)
     with StateStore(folder / "state.db") as store:
         RoundEngine(
             make_strategy(policy),

@@ -1,11 +1,13 @@
 """Pairwise-masked secure aggregation against a deviating coordinator (issue 17, finding 1).
 
 Each test is a coordinator written here that speaks the real protocol (encoded TaskMessages to
-`SiloAgent.handle_bytes`) to five unmodified silo agents with provisioned identities, all under
-a signed policy that says `secure_aggregation: masking`, and tries one attack: collecting
-models in the clear, weights that single out one silo, a group of one, different survivor
-sets for different silos, a second aggregation of the same round, a silo's own keys relayed
-back changed, and confirmations short of the threshold. Each asserts the attack
+`SiloAgent.handle_bytes`) to five unmodified silo agents with provisioned identities, each
+built from its own copy of a policy that says `secure_aggregation: masking`. Its tasks are the
+ones the silos' contract asks for (task ids per position, the masked input wrapping the
+training task the policy derives) except where an attack bends them, and it tries one attack:
+collecting models in the clear, weights that single out one silo, a group of one, different
+survivor sets for different silos, a second aggregation of the same round, a silo's own keys
+relayed back changed, and confirmations short of the threshold. Each asserts the attack
 fails: the silos refuse, or what the coordinator obtains does not decode the target's update.
 """
 
@@ -42,6 +44,7 @@ from fedsilo.privacy.masking import (
 from fedsilo.silo.agent import SiloAgent
 from fedsilo.silo.aggregation_log import AggregationLog, StepAlreadyTaken
 from fedsilo.silo.data import SiloDataset, load_consortium
+from fedsilo.silo.tasks import TASK_KINDS
 from fedsilo.silo.tasks.base import flat_parameters, parameter_spec
 from fedsilo.wire.messages import TASK_STEPS, TaskMessage, TaskResult, task_id
 from fedsilo.wire.tasks import TaskConfig
@@ -276,6 +279,7 @@ class DeviatingCoordinator:
             {s: {"survivors": sorted(v)} for s, v in survivors_seen_by.items()},
         )
         signatures = {s: tensor_bytes(r.tensors[CONFIRMATION]).hex() for s, r in confirmed.items()}
+        self.signatures = signatures  # as relayed with every unmask task
         return self.send(
             "unmask",
             {
@@ -471,6 +475,11 @@ def test_different_survivor_sets_for_different_silos_reveal_no_silos_two_secrets
 
 
 def test_a_second_aggregation_of_the_same_round_is_refused() -> None:
+    """After an honest aggregation of round 1, a second one over the other four silos would
+    give the target's update as the difference of the two sums. The silos' contract names one
+    task per step of the round's aggregation: asked again under those ids, each silo refuses
+    them as answered already; under ids no position has (new task ids, same round and phase),
+    as outside its contract. No second sum of the round is made either way."""
     c = consortium(secure_policy())
     weights = dict.fromkeys(SILOS, 1 / len(SILOS))
     first = DeviatingCoordinator(c)
@@ -480,29 +489,45 @@ def test_a_second_aggregation_of_the_same_round_is_refused() -> None:
     everyone = first.unmask(dict.fromkeys(SILOS, SILOS))
     assert len(everyone) == len(SILOS), first.refusals  # the honest aggregation completes
     others = [s for s in SILOS if s != TARGET]
-    second = DeviatingCoordinator(c, tag="again-")  # new task ids, same round and phase
-    adverts = second.advertise(others)
-    second.share(dict.fromkeys(adverts, adverts))
-    second.mask(dict.fromkeys(others, 1 / len(SILOS)))
-    rest = (
-        second.unmask(dict.fromkeys(second.masked, sorted(second.masked))) if second.masked else {}
-    )
-    estimate = None
-    if len(rest) == len(others):
-        estimate = first.sum_of(everyone, SILOS) - second.sum_of(rest, others)
-    assert not decodes(estimate, true_update(c, TARGET), 1 / len(SILOS)), "difference decoded"
-    assert set(second.refusals["advertise"]) == set(others)
-    assert "already" in second.refusals["advertise"]["silo-1"]
+    same_ids, new_ids = DeviatingCoordinator(c), DeviatingCoordinator(c, tag="again-")
+    for second in (same_ids, new_ids):
+        adverts = second.advertise(others)
+        second.share(dict.fromkeys(adverts, adverts))
+        second.mask(dict.fromkeys(others, 1 / len(SILOS)))
+        rest = (
+            second.unmask(dict.fromkeys(second.masked, sorted(second.masked)))
+            if second.masked
+            else {}
+        )
+        estimate = None
+        if len(rest) == len(others):
+            estimate = first.sum_of(everyone, SILOS) - second.sum_of(rest, others)
+        assert not decodes(estimate, true_update(c, TARGET), 1 / len(SILOS)), "difference decoded"
+        assert set(second.refusals["advertise"]) == set(others)
+    assert "answered already" in same_ids.refusals["advertise"]["silo-1"]
+    assert "this position's task is" in new_ids.refusals["advertise"]["silo-1"]
 
 
 def test_a_restarted_silo_still_refuses_a_second_aggregation_of_the_round(tmp_path: Path) -> None:
+    """A restarted silo holds none of its round's secrets (memory only) and makes no others.
+    Asked again for its keys under the round's task id, it repeats the answer it kept on disk
+    (the same public keys), which it can no longer share; under an id no position has, it
+    refuses the task; and its advertise step, run all the same, refuses a fresh key set: the
+    aggregation steps it took are kept on disk too."""
     c = consortium(secure_policy(), state=tmp_path)
-    coordinator = DeviatingCoordinator(c)
-    assert len(coordinator.advertise(SILOS)) == len(SILOS)
-    after_restart = DeviatingCoordinator(restarted(c, TARGET, tmp_path))
-    after_restart.tag = "after-restart-"
-    assert after_restart.advertise([TARGET]) == {}
-    assert "already took the advertise step" in after_restart.refusals["advertise"][TARGET]
+    adverts = DeviatingCoordinator(c).advertise(SILOS)
+    assert len(adverts) == len(SILOS)
+    again = restarted(c, TARGET, tmp_path)
+    after_restart = DeviatingCoordinator(again)
+    assert after_restart.advertise([TARGET]) == {TARGET: adverts[TARGET]}
+    assert after_restart.share({TARGET: adverts}) == {}
+    assert "out of order" in after_restart.refusals["share"][TARGET]
+    invented = DeviatingCoordinator(again, tag="after-restart-")
+    assert invented.advertise([TARGET]) == {}
+    assert "this position's task is" in invented.refusals["advertise"][TARGET]
+    message = TaskMessage.decode(message_to(TARGET, "secagg_advertise", {}, 1, again))
+    with pytest.raises(StepAlreadyTaken, match="already took the advertise step"):
+        TASK_KINDS["secagg_advertise"].handler(message, again.agents[TARGET].context)
 
 
 def test_shares_made_under_another_view_of_the_keys_are_refused() -> None:
@@ -535,16 +560,17 @@ def test_a_share_made_for_another_silo_is_refused() -> None:
 def test_a_silo_whose_own_keys_come_back_changed_shares_nothing() -> None:
     """A silo does not check its own advertisement's signature: it compares it with the bytes
     it sent. Relayed back changed (keys the coordinator made, or the silo's own genuine keys of
-    the previous round), it refuses to share, so nothing is encrypted to keys it does not hold
-    for this aggregation."""
+    an earlier round), it refuses to share, so nothing is encrypted to keys it does not hold
+    for this aggregation. (A share task is answered once: each substitute is tried in a round
+    of its own.)"""
     c = consortium(secure_policy())
-    earlier = DeviatingCoordinator(c, round_no=1)
-    replayed = earlier.advertise(SILOS)[TARGET]
-    coordinator = DeviatingCoordinator(c, round_no=2)
-    adverts = coordinator.advertise(SILOS)
-    label = f"{DEPLOYMENT}/r2/{PHASE}".encode()
-    forged = MaskingKeys.generate().advertise(TARGET, SigningKey.generate(), label)
-    for substitute in (forged.to_bytes().hex(), replayed):
+    replayed = DeviatingCoordinator(c, round_no=1).advertise(SILOS)[TARGET]
+    forged = MaskingKeys.generate().advertise(
+        TARGET, SigningKey.generate(), aggregation_label(DEPLOYMENT, 2, PHASE)
+    )
+    for round_no, substitute in ((2, forged.to_bytes().hex()), (3, replayed)):
+        coordinator = DeviatingCoordinator(c, round_no=round_no)
+        adverts = coordinator.advertise(SILOS)
         shared = coordinator.share({TARGET: {**adverts, TARGET: substitute}})
         assert TARGET not in shared
         assert "this silo's own keys" in coordinator.refusals["share"][TARGET]
@@ -552,7 +578,8 @@ def test_a_silo_whose_own_keys_come_back_changed_shares_nothing() -> None:
 
 def test_confirmations_short_of_the_threshold_reveal_nothing() -> None:
     """The consistency check counts valid signatures over the silo's own statement, and stops
-    only once it has t (4 of 5) of them: t - 1 genuine confirmations, padded with one moved to
+    only once it has t (4 of 5) of them: t - 1 genuine confirmations (the silo's own among
+    them: it counts its own whether or not it is relayed back), padded with one moved to
     another silo's name and one forged, reveal no share."""
     c = consortium(secure_policy())
     coordinator = DeviatingCoordinator(c)
@@ -561,11 +588,18 @@ def test_confirmations_short_of_the_threshold_reveal_nothing() -> None:
     coordinator.mask(dict.fromkeys(SILOS, 1 / len(SILOS)))
     confirmed = coordinator.send("confirm", dict.fromkeys(SILOS, {"survivors": SILOS}))
     genuine = {s: tensor_bytes(r.tensors[CONFIRMATION]).hex() for s, r in confirmed.items()}
-    signatures = {s: genuine[s] for s in SILOS[:3]}
-    signatures[SILOS[3]] = genuine[SILOS[0]]  # silo-0's confirmation under silo-3's name
-    signatures[SILOS[4]] = SigningKey.generate().sign(b"anything").signature.hex()
-    unmask = {"survivors": SILOS, "signatures": signatures}
-    revealed = coordinator.send("unmask", dict.fromkeys(SILOS, unmask))
+    assert sorted(genuine) == SILOS
+
+    def short_of_the_threshold(silo: str) -> dict[str, str]:
+        three = [silo, *[s for s in SILOS if s != silo][:2]]  # t - 1 genuine ones
+        moved, forged = [s for s in SILOS if s not in three]
+        signatures = {s: genuine[s] for s in three}
+        signatures[moved] = genuine[three[1]]  # another's confirmation under moved's name
+        signatures[forged] = SigningKey.generate().sign(b"anything").signature.hex()
+        return signatures
+
+    unmask = {s: {"survivors": SILOS, "signatures": short_of_the_threshold(s)} for s in SILOS}
+    revealed = coordinator.send("unmask", unmask)
     assert revealed == {}
     refusals = coordinator.refusals["unmask"]
     assert sorted(refusals) == SILOS
@@ -577,7 +611,7 @@ def test_a_new_job_aggregates_its_own_rounds_while_the_old_jobs_stay_claimed(
 ) -> None:
     """A job is a policy the operator signed: the coordinator cannot make one, so a second
     job of the consortium starts its rounds afresh, and the first job's stay taken."""
-    label = f"{DEPLOYMENT}/r1/{PHASE}".encode()
+    label = aggregation_label(DEPLOYMENT, 1, PHASE)
     AggregationLog(tmp_path, job="job-a").claim(label, "advertise")
     AggregationLog(tmp_path, job="job-b").claim(label, "advertise")
     with pytest.raises(StepAlreadyTaken, match="already took the advertise step"):
@@ -591,15 +625,13 @@ def test_two_tensors_of_one_masked_input_do_not_share_a_mask() -> None:
     # SCAFFOLD masks the model's update and the control variate's change in one input. Masked
     # with the same streams, their difference, enc(w u) - enc(w dc), would reach the coordinator
     # without any share, and dc is -u / (K lr) from a zero control: the update itself.
-    c = consortium(secure_policy())
+    c = consortium(secure_policy(algorithm="scaffold"))
     coordinator = DeviatingCoordinator(c)
     adverts = coordinator.advertise(SILOS)
     shared = coordinator.share(dict.fromkeys(SILOS, adverts))
     zeros = torch.zeros_like(c.model)
     weights = dict.fromkeys(SILOS, 1 / len(SILOS))
-    config = {
-        "inner_kind": "scaffold_train",
-        "inner_config": dict(TRAIN),
+    config = wrapping(c, TARGET, 1) | {
         "weights": weights,
         "shares": {
             u: tensor_bytes(shared[u].tensors[SHARE_TO + TARGET]).hex()
@@ -608,15 +640,13 @@ def test_two_tensors_of_one_masked_input_do_not_share_a_mask() -> None:
         },
         "tensors": ["model", "control_delta"],
     }
+    assert config["inner_kind"] == "scaffold_train"
     tensors = {"control": zeros, "control_delta": zeros}
-    message = message_to(TARGET, "secagg_mask", config, 1, "scaffold", c, tensors=tensors)
+    message = message_to(TARGET, "secagg_mask", config, 1, c, tensors=tensors)
     reply = TaskResult.decode(c.agents[TARGET].handle_bytes(message))
     assert reply.ok, reply.error
 
-    plain = SiloAgent(TARGET, c.datasets[TARGET], c.policy.model, deployment="reference")
-    task = message_to(TARGET, "scaffold_train", TRAIN, 1, "reference", c, {"control": zeros})
-    truth = TaskResult.decode(plain.handle_bytes(task))
-    assert truth.ok, truth.error
+    truth = trained_alone(c, TARGET, 1, {"control": zeros})
     encoding = FixedPoint.for_silos(c.policy.secure_aggregation.bound, len(SILOS))
     weight = weights[TARGET]
     update = (truth.tensors["model"].double() - c.model.double()).numpy()

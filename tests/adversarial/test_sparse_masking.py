@@ -43,7 +43,8 @@ K, T, CONSISTENCY = 4, 3, 7  # floor(2 * 4 / 3) + 1 and floor(2 * 10 / 3) + 1
 
 
 def sparse_policy() -> Policy:
-    return secure_policy(silos=len(SILOS), neighbours=K)
+    """Four rounds: the first test re-rolls the keys in each of four rounds."""
+    return secure_policy(silos=len(SILOS), rounds=4, neighbours=K)
 
 
 @pytest.fixture(scope="module")
