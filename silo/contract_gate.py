@@ -59,7 +59,6 @@ PROTOCOL_OF = {kind: "masking" for kind in TASK_STEPS if kind.startswith("secagg
     kind: "ckks" for kind in TASK_STEPS if kind.startswith("ckks_")
 }
 HANDOFF_STEPS = ("daisy_reseal", "daisy_receive")
-BYTES = "uint8"
 
 
 def refusal(message: TaskMessage, ctx: SiloContext) -> str | None:

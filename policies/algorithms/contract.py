@@ -164,9 +164,10 @@ class PhaseRule:
     the rounds it may run in. `sums`: the tensors its weighted mean sums (none: its answers
     reach the coordinator one by one); `references`: for each summed tensor the task does not
     carry, what a secure sum sends as its reference ("zeros" or "model") and its shape.
-    `routed`: its models are handed on (daisy chains). `reports`: it releases scalars only,
-    once per position (the allowance that bounds an oracle). `handed_from`: the phase of the
-    same round whose hand-off a position's task must train (None: any model the silo hosts)."""
+    `routed`: its models are handed on (daisy chains). `handed_from`: the phase of the same
+    round whose hand-off a position's task must train (None: any model the silo hosts). A
+    phase that only reports scalars (a loss probe, an evaluation) is answered, like every
+    position, once: the allowance that bounds an oracle (docs/threat-model.md)."""
 
     name: str
     kind: str
@@ -176,7 +177,6 @@ class PhaseRule:
     sums: tuple[str, ...] = ()
     references: Callable[[SiloFacts], dict[str, TensorRule]] = lambda facts: {}
     routed: bool = False
-    reports: bool = False
     indices: Callable[[SiloFacts], int] | None = None
     handed_from: Callable[[Position], str | None] = lambda position: None
 
@@ -297,13 +297,11 @@ def chosen_train_options(policy: Policy) -> dict[str, Callable[[Any, SiloFacts],
     return chosen
 
 
-def expected_train(
-    policy: Policy, seed: Callable[[Position], int | None] = lambda position: None
-) -> Expected:
+def expected_train(policy: Policy) -> Expected:
     """`expected` of a `train` phase: the derived config, with the chosen options copied."""
 
     def expected(received: TaskConfig, position: Position, facts: SiloFacts) -> TaskConfig:
-        derived = derived_train(policy, position, seed(position))
+        derived = derived_train(policy, position)
         return with_chosen(derived, received, chosen_train_options(policy), facts)
 
     return expected
@@ -415,17 +413,12 @@ def evaluation_rule(policy: Policy, split: str = "test", name: str = "evaluate")
         "evaluate",
         evaluation_rounds(policy),
         lambda r, p, f: EvaluateTask(split=split),
-        reports=True,
     )
 
 
-def train_rule(
-    policy: Policy, name: str = "train", rounds: Rounds | None = None, sums=(MODEL,)
-) -> PhaseRule:
-    """A phase of the algorithm's `train` tasks from the model sent, summed as `sums` says."""
-    return PhaseRule(
-        name, "train", rounds or every_round(policy), expected_train(policy), sums=sums
-    )
+def train_rule(policy: Policy, sums: tuple[str, ...] = (MODEL,)) -> PhaseRule:
+    """Each round's `train` phase, its models summed as `sums` says (none: one by one)."""
+    return PhaseRule("train", "train", every_round(policy), expected_train(policy), sums=sums)
 
 
 def averaging_contract(policy: Policy, *rules: PhaseRule) -> SiloContract:
@@ -441,17 +434,14 @@ def report_rule(
     kind: str,
     config: Callable[[Position], TaskConfig],
     rounds: Rounds | None = None,
-    tensors: Tensors = carries_model,
 ) -> PhaseRule:
-    """A phase whose answers are scalar reports (a loss probe), once per position."""
-    return PhaseRule(
-        name,
-        kind,
-        rounds or every_round(policy),
-        lambda received, position, facts: config(position),
-        tensors,
-        reports=True,
-    )
+    """A phase whose answers are scalar reports of the model sent (a loss probe), each round
+    unless `rounds` says otherwise; its config derived from the position alone."""
+
+    def expected(received: TaskConfig, position: Position, facts: SiloFacts) -> TaskConfig:
+        return config(position)
+
+    return PhaseRule(name, kind, rounds or every_round(policy), expected)
 
 
 # -- daisy chains ---------------------------------------------------------------------------------

@@ -107,7 +107,6 @@ class FedDcConfig(AlgorithmBase):
                     evaluated,
                     lambda received, position, facts, split=split: DaisyEvaluate(split=split),
                     carries_nothing,
-                    reports=True,
                 )
             )
             if self.aggregation_period is not None:

@@ -76,15 +76,13 @@ class MultiBoostConfig(AlgorithmBase):
             carries_model,
             indices=lambda facts: self.base_learners,
         )
-        boost = PhaseRule("boost", "boost_probe", every_round(policy), probe, learners,
-                          reports=True)  # fmt: skip
+        boost = PhaseRule("boost", "boost_probe", every_round(policy), probe, learners)
         evaluate = PhaseRule(
             "evaluate",
             "boost_probe",
             evaluation_rounds(policy),
             lambda received, position, facts: BoostProbe(split="test", evaluate=True),
             learners,
-            reports=True,
         )
         return averaging_contract(policy, base, boost, evaluate)
 
