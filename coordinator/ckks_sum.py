@@ -12,12 +12,15 @@ share of the sample counts released at join (or of the strategy's weights); ever
 the whole vector and checks it against its own policy (`min_group`, `min_weight`), sends
 w_k (model_k - reference), clipped to the policy's bound, encrypted and signed, and the mean
 is the reference (as in secure_sum.py) plus the decrypted sum over survivors divided by their
-total weight. The
-decryptor gets every survivor's signed input, not a sum: it checks the signatures and the
-group size itself, adds them and decrypts. A silo that drops after joining is simply absent
-from the sum. The decryptor is the policy's, else the key holder,
-when it sent an input; otherwise the first survivor by name (every member holds the key, so
-the choice changes no one's view). A decryptor that fails is replaced by the next survivor.
+total weight. Every survivor then confirms the set of survivors (`ckks_confirm`, one set per
+aggregation); the decryptor gets every survivor's signed input and confirmation, not a sum:
+it checks the signatures, that each survivor confirmed exactly this set, and the group size
+itself, adds them and decrypts, so no second decryption over another set is possible. A silo
+that drops after joining is simply absent from the sum; a survivor that does not confirm
+abandons the round (CKKS cannot leave out an input it holds). The decryptor is the policy's,
+else the key holder, when it sent an input; otherwise the first survivor by name (every member
+holds the key, so the choice changes no one's view). A decryptor that fails is replaced by the
+next survivor: every one of them decrypts the same set, so the same sum.
 """
 
 from __future__ import annotations
@@ -43,8 +46,14 @@ from fedsilo.privacy.ckks import (
     context_digest,
     load_public_context,
 )
-from fedsilo.wire.tasks import CkksDecrypt, CkksJoin, CkksKeygen, EncryptedInput
-from fedsilo.wire.tasks.tensor_names import CHUNK, PUBLIC_CONTEXT, SEALED_CONTEXT, SUM
+from fedsilo.wire.tasks import CkksConfirm, CkksDecrypt, CkksJoin, CkksKeygen, EncryptedInput
+from fedsilo.wire.tasks.tensor_names import (
+    CHUNK,
+    CONFIRMATION,
+    PUBLIC_CONTEXT,
+    SEALED_CONTEXT,
+    SUM,
+)
 from fedsilo.wire.tensors import tensor_bytes
 
 
@@ -112,6 +121,13 @@ class CkksMean(SecureMean):
         )
         self._enough(phase, "encrypt", len(encrypted))
         survivors = sorted(encrypted)
+        confirmed = self.step(
+            "confirm",
+            [Task(s, CkksConfirm(contributors=tuple(survivors))) for s in survivors],
+        )
+        if set(confirmed) != set(survivors):
+            # each contributor confirms one set of contributors a sum: none can be left out
+            raise self.missed(phase, "a contributor did not confirm the contributors")
         reference = tasks[survivors[0]].tensors
         length = sum(reference[n].numel() for n in aggregate.tensors)
         try:  # inputs that cannot be added would make every decryptor fail: stop here
@@ -122,6 +138,9 @@ class CkksMean(SecureMean):
             f"{silo}/{name}": tensor
             for silo in survivors
             for name, tensor in encrypted[silo].result.tensors.items()
+        } | {
+            f"{silo}/{CONFIRMATION}": confirmed[silo].result.tensors[CONFIRMATION]
+            for silo in survivors
         }
         config = CkksDecrypt(length=length, weights=weights, contributors=tuple(survivors))
         total = self._decrypted(phase, keys, survivors, inputs, config)

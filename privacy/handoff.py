@@ -2,8 +2,10 @@
 or in the clear.
 
 `pack` writes the flat model as safetensors with its binding (deployment, round, phase and
-recipient) and its sender's name in the metadata, and signs those bytes with the sender's
-provisioned Ed25519 identity; `seal` puts them in a nacl `SealedBox` for the recipient's X25519
+recipient), its sender's name and its root (the digest of the model its lineage was adopted
+from: a silo sends a hosted model into a secure sum only if it descends from the sum's
+reference) in the metadata, and signs those bytes with the sender's provisioned Ed25519
+identity; `seal` puts them in a nacl `SealedBox` for the recipient's X25519
 key, so the coordinator that relays them cannot read them. `unpack` checks the sender's
 signature against the roster and the binding, so a model the coordinator made itself (anyone
 can seal to a public key: the FedDC paper's appendix A.7 names this limit of sealed boxes),
@@ -28,7 +30,7 @@ from safetensors.torch import load, save
 
 from fedsilo.wire.tasks.tensor_names import MODEL
 
-BINDING, SENDER = "binding", "sender"
+BINDING, SENDER, ROOT = "binding", "sender", "root"
 SIGNATURE_BYTES = 64
 
 
@@ -52,21 +54,30 @@ class Binding:
         return f"{self.deployment}/r{self.round}/{self.phase}->{self.recipient or '*'}"
 
 
-def pack(model: torch.Tensor, binding: Binding, sender: str, identity: SigningKey) -> bytes:
-    """The model, its binding and its sender, signed by the sender's identity."""
+@dataclass(frozen=True)
+class Handed:
+    """A model a member handed on: the model, who sent it, and its root."""
+
+    model: torch.Tensor
+    sender: str
+    root: bytes
+
+
+def pack(
+    model: torch.Tensor, binding: Binding, sender: str, identity: SigningKey, root: bytes
+) -> bytes:
+    """The model, its binding, its sender and its root, signed by the sender's identity."""
     if not bool(torch.isfinite(model).all()):
         raise HandoffError("refusing to hand off a model with NaN or infinite values")
     body = save(
         {MODEL: model.detach().cpu().contiguous()},
-        metadata={BINDING: binding.text, SENDER: sender},
+        metadata={BINDING: binding.text, SENDER: sender, ROOT: root.hex()},
     )
     return bytes(identity.sign(body))
 
 
-def unpack(
-    data: bytes, binding: Binding, roster: Mapping[str, VerifyKey]
-) -> tuple[torch.Tensor, str]:
-    """The model a member handed on under `binding`, and the member's name."""
+def unpack(data: bytes, binding: Binding, roster: Mapping[str, VerifyKey]) -> Handed:
+    """The model a member handed on under `binding`, with its sender and root."""
     signature, body = data[:SIGNATURE_BYTES], data[SIGNATURE_BYTES:]
     try:
         metadata = _metadata(body)
@@ -89,7 +100,11 @@ def unpack(
         raise HandoffError(f"a hand-off holds exactly one tensor {MODEL!r}, not {sorted(tensors)}")
     if not bool(torch.isfinite(model).all()):
         raise HandoffError("the handed-off model holds NaN or infinite values")
-    return model, sender
+    try:
+        root = bytes.fromhex(metadata.get(ROOT, ""))
+    except ValueError:
+        raise HandoffError("the hand-off's root is not hex") from None
+    return Handed(model, sender, root)
 
 
 def seal(packed: bytes, recipient: PublicKey) -> bytes:

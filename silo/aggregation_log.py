@@ -16,9 +16,12 @@ from __future__ import annotations
 import json
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from fedsilo.silo.tasks.base import SiloContext
 from fedsilo.wire.durable import make_private_folder, write_atomically
+
+if TYPE_CHECKING:  # the task handlers that claim steps import this module
+    from fedsilo.silo.tasks.base import SiloContext
 
 FILE = "aggregations.json"
 
@@ -61,6 +64,21 @@ class AggregationLog:
                 document = json.dumps({"claimed": sorted(claimed)}, indent=0).encode()
                 write_atomically(self.path, [document])
             self._claimed = claimed
+
+    def choose(self, label: bytes, choice: str) -> None:
+        """Record, durably, that this silo took `choice` (one position of a kind it takes once
+        per round, e.g. one cyclic visit) for `label`: the same choice again is no second one;
+        another raises `StepAlreadyTaken`."""
+        prefix = f"{self.job}|{label.decode()}|"
+        with self._lock:
+            taken = {e.removeprefix(prefix) for e in self._claimed if e.startswith(prefix)}
+        if taken - {choice}:
+            raise StepAlreadyTaken(
+                f"this silo took {sorted(taken)[0]!r} of {label.decode()!r} already; it takes "
+                "one such position a round"
+            )
+        if not taken:
+            self.claim(label, choice)
 
 
 def aggregation_log(ctx: SiloContext) -> AggregationLog:

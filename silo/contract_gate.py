@@ -18,7 +18,9 @@ when, by the silo's own signed policy,
   where the protocol says so), and its parameter spec, if any, is the silo's model's;
 - a position that trains a model handed on earlier in the round (a cyclic visit) finds that
   hand-off delivered: the silo never trains, for the coordinator to see, a model no member
-  handed it (hand-offs are signed by their sender: privacy/handoff.py).
+  handed it (hand-offs are signed by their sender: privacy/handoff.py); a silo takes one
+  cyclic visit a round, recorded in its aggregation log; and a FedDC silo puts into a secure
+  sum only a hosted model that descends from the sum's reference (its root).
 
 What the protocols choose per aggregation (advertisements, shares, survivors, signatures,
 weights, key holders) is checked by the steps' handlers (silo/tasks/secure_sum.py,
@@ -42,7 +44,8 @@ from fedsilo.policies.algorithms.contract import (
     checked_handoff,
     routed_receive,
 )
-from fedsilo.silo.tasks.base import SiloContext
+from fedsilo.silo.aggregation_log import StepAlreadyTaken, aggregation_log
+from fedsilo.silo.tasks.base import SiloContext, model_digest
 from fedsilo.wire.messages import TASK_STEPS, TaskMessage, task_id
 from fedsilo.wire.tasks import (
     CkksDecrypt,
@@ -52,7 +55,14 @@ from fedsilo.wire.tasks import (
     SecAggUnmask,
     TaskConfig,
 )
-from fedsilo.wire.tasks.tensor_names import CHUNK, CONTRIBUTION, HANDOFF, MODEL, SEALED_CONTEXT
+from fedsilo.wire.tasks.tensor_names import (
+    CHUNK,
+    CONFIRMATION,
+    CONTRIBUTION,
+    HANDOFF,
+    MODEL,
+    SEALED_CONTEXT,
+)
 from fedsilo.wire.tensors import read_only
 
 PROTOCOL_OF = {kind: "masking" for kind in TASK_STEPS if kind.startswith("secagg_")} | {
@@ -97,6 +107,29 @@ def check(message: TaskMessage, ctx: SiloContext) -> None:
         _check_config(message.config, rule.expected(message.config, position, facts))
         _check_tensors(message.tensors, rule.tensors(message.config, position, facts))
         _check_handed(rule, position, ctx)
+        if rule.once_a_round:
+            _take_once(rule, position, ctx)
+
+
+def _check_root(message: TaskMessage, ctx: SiloContext) -> None:
+    """A hosted model goes into a secure sum only if it descends from the sum's reference:
+    otherwise a coordinator could first have the other silos adopt models whose training says
+    nothing (in a phase with no sum), then sum them with the target's honest one."""
+    if ctx.store.hosted.root != model_digest(read_only(message.tensors, MODEL)):
+        raise ContractError(
+            "the model this silo hosts does not descend from the sum's reference (it was adopted "
+            "from, or handed on from a silo that adopted, another model)"
+        )
+
+
+def _take_once(rule: PhaseRule, position: Position, ctx: SiloContext) -> None:
+    """One position of `rule` a round (a cyclic visit: a silo in two cycles of one round would
+    let their answers be differenced), recorded in the silo's aggregation log."""
+    label = f"{ctx.deployment}/r{position.round}/{rule.name}".encode()
+    try:
+        aggregation_log(ctx).choose(label, position.phase)
+    except StepAlreadyTaken as exc:
+        raise ContractError(str(exc)) from None
 
 
 def _check_handed(rule: PhaseRule, position: Position, ctx: SiloContext) -> None:
@@ -138,6 +171,8 @@ def _check_secure_step(
         carried = rule.tensors(inner, position, facts)
         references = {n: r for n, r in rule.references(facts).items() if n not in carried}
         _check_tensors(message.tensors, carried | references)
+        if rule.from_reference and not getattr(inner, "adopt", False):
+            _check_root(message, ctx)
     elif isinstance(config, SecAggUnmask) and config.advertise_next is not None:
         ahead = config.advertise_next
         if ahead.round <= message.round or not ctx.contract.aggregates(
@@ -158,7 +193,7 @@ def _check_secure_step(
         _check_byte_tensors(message.tensors, _signed_inputs(facts), "signed inputs")
     elif message.kind == "ckks_join":
         _check_byte_tensors(message.tensors, lambda name: name == SEALED_CONTEXT, "sealed context")
-    else:  # advertise, share, confirm, keygen: their values travel in the config
+    else:  # advertise, share, confirm, keygen, CKKS's confirm: their values are the config
         _check_tensors(message.tensors, {})
 
 
@@ -175,7 +210,7 @@ def _signed_inputs(facts: SiloFacts) -> Callable[[str], bool]:
 
     def named(name: str) -> bool:
         silo, _, part = name.partition("/")
-        return silo in members and (part == CONTRIBUTION or part.startswith(CHUNK))
+        return silo in members and (part in (CONTRIBUTION, CONFIRMATION) or part.startswith(CHUNK))
 
     return named
 

@@ -21,11 +21,14 @@ if TYPE_CHECKING:
 class HostedModel:
     """FedDC and cyclic: the model this silo hosts, and FedProx's anchor for it (the model of
     the last exchange); both None until the first model arrives. `delivered`: the (round,
-    phase) of the hand-off it hosts (None: it adopted the model, or trained its own since)."""
+    phase) of the hand-off it hosts (None: it adopted the model, or trained its own since).
+    `root`: the digest of the model its lineage was adopted from (by this silo, or by the
+    silo that handed it on)."""
 
     model: Tensor | None = None
     anchor: Tensor | None = None
     delivered: tuple[int, str] | None = None
+    root: bytes | None = None
 
 
 @dataclass

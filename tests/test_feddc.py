@@ -178,10 +178,11 @@ def test_a_hand_off_moves_each_model_to_its_recipient() -> None:
     for recipient, blob in routes.items():
         (sender,) = [s for s, b in sent.items() if torch.equal(b, blob)]
         assert sender != recipient
-        model, signer = unpack(
+        handed = unpack(
             bytes(blob.numpy()), Binding("simulation", 1, "daisy", None), consortium.roster
         )
-        assert signer == sender and torch.equal(consortium.hosted(recipient), model)
+        assert handed.sender == sender
+        assert torch.equal(consortium.hosted(recipient), handed.model)
     assert history.records[0].status == "completed"
 
 
@@ -207,10 +208,8 @@ def test_sealed_hand_offs_open_only_at_their_recipient() -> None:
             if other != task.silo:
                 with pytest.raises(HandoffError, match="does not open"):
                     open_sealed(blob, consortium.sealing[other])
-        model, _ = unpack(
-            open_sealed(blob, consortium.sealing[task.silo]), bound, consortium.roster
-        )
-        assert torch.equal(consortium.hosted(task.silo), model)
+        handed = unpack(open_sealed(blob, consortium.sealing[task.silo]), bound, consortium.roster)
+        assert torch.equal(consortium.hosted(task.silo), handed.model)
 
 
 def test_a_hand_off_key_outside_the_roster_is_refused() -> None:
@@ -261,14 +260,14 @@ def test_a_dropped_recipients_model_is_rerouted_not_lost() -> None:
         t for t in consortium.tasks
         if t.kind == "daisy_receive" and torch.equal(t.tensors[HANDOFF], sent[sender])
     ]  # fmt: skip
-    model, signer = unpack(
+    handed = unpack(
         open_sealed(bytes(sent[sender].numpy()), consortium.sealing[delivery.silo]),
         Binding("simulation", 2, "daisy", delivery.silo),
         consortium.roster,
     )
-    assert signer == sender
+    assert handed.sender == sender
     assert delivery.silo != "silo-2"
-    assert torch.equal(consortium.hosted(delivery.silo), model)
+    assert torch.equal(consortium.hosted(delivery.silo), handed.model)
 
 
 def test_fedavg_is_the_schedule_without_hand_offs() -> None:

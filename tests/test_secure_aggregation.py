@@ -298,7 +298,7 @@ class TwoMeansConfig(FedAvgConfig):
 
     def silo_contract(self, policy: Policy) -> SiloContract:
         every = averaging_contract(policy)
-        return replace(every, rules=(*every.rules, train_rule(policy, "again")))
+        return replace(every, rules=(*every.rules, replace(train_rule(policy), name="again")))
 
 
 def test_each_masked_phase_of_a_round_folds_its_keys_for_the_same_phase_of_the_next() -> None:
@@ -327,7 +327,7 @@ class OddRoundsConfig(FedAvgConfig):
 
     def silo_contract(self, policy: Policy) -> SiloContract:
         every = every_round(policy)
-        odd = train_rule(policy, rounds=lambda r: every(r) and r % 2 == 1)
+        odd = replace(train_rule(policy), rounds=lambda r: every(r) and r % 2 == 1)
         return averaging_contract(policy, odd, evaluation_rule(policy))
 
 

@@ -38,7 +38,7 @@ from fedsilo.coordinator.transport import InProcessTransport
 from fedsilo.ops.sim_silos import ConsortiumKeys, build_agent
 from fedsilo.ops.simulate import load_silos
 from fedsilo.policies.algorithms.base import algorithm_classes, names_of
-from fedsilo.policies.loading import load_policy, parse_policy
+from fedsilo.policies.loading import PolicyError, load_policy, parse_policy
 from fedsilo.policies.schema import Policy
 from fedsilo.silo import contract_gate
 from fedsilo.silo.agent import SiloAgent
@@ -82,7 +82,7 @@ SOURCES: dict[str, tuple[str, dict[str, Any]]] = {
 AVERAGING = [
     name
     for name in SOURCES
-    if name not in ("central", "local", "cyclic", "multiboost", "drfa-fedtorch")
+    if name not in ("central", "local", "cyclic", "multiboost", "drfa-fedtorch", "agnostic_fedavg")
 ]
 CASES = (
     [(name, "none") for name in SOURCES]
@@ -108,6 +108,7 @@ CHOSEN: dict[str, frozenset[str]] = {
     "ckks_keygen": frozenset({"recipients"}),
     "ckks_join": frozenset({"key_holder", "context_digest"}),
     "ckks_encrypt": frozenset({"weights"}),
+    "ckks_confirm": frozenset({"contributors"}),
     "ckks_decrypt": frozenset({"weights", "contributors"}),
 }
 # The tensors whose presence the coordinator chooses: a silo's sealed copy of the CKKS context
@@ -470,3 +471,49 @@ def test_weights_outside_a_secure_sums_rules_are_refused_by_every_silo(
     assert attempt(c, train_phase(c, model, spec)) is None
     kind = "secagg_mask" if method == "masking" else "ckks_encrypt"
     assert set(c.refusals(kind)) == set(c.silos), c.refusals()
+
+
+# -- what no contract can hold a secure sum to ----------------------------------------------------
+
+
+REFUSED_UNDER_SECURE_SUMS = {
+    "drfa's fedtorch variant (a chosen update scale per silo)": (
+        {"name": "drfa", "variant": "fedtorch"},
+        {"steps": 3},
+        "the fedtorch variant scales each silo's update",
+    ),
+    "agnostic_fedavg over the data's domains (chosen domain weights)": (
+        {"name": "agnostic_fedavg", "domains": "data"},
+        {},
+        "domain weights",
+    ),
+    "feddc with a client fraction (silos keep models of older aggregates)": (
+        {"name": "feddc", "client_fraction": 0.5},
+        {"steps": 1},
+        "client_fraction 1",
+    ),
+}
+
+
+@pytest.mark.parametrize("method", ["masking", "ckks"])
+@pytest.mark.parametrize(
+    ("algorithm", "training", "message"),
+    list(REFUSED_UNDER_SECURE_SUMS.values()),
+    ids=list(REFUSED_UNDER_SECURE_SUMS),
+)
+def test_a_policy_whose_chosen_fields_could_silence_a_secure_sum_is_refused_when_read(
+    method: str, algorithm: dict, training: dict, message: str
+) -> None:
+    """Each of these lets the coordinator choose, per silo or per domain, something that could
+    leave one silo's update alone in a sum, and no silo could check it inside a secure sum."""
+    document = {
+        "version": 1,
+        "algorithm": algorithm,
+        "training": training,
+        "data": {"source": "heart", "domain": "sex"} if "domains" in algorithm else {},
+        "channel": {"sealed_handoffs": True} if algorithm["name"] == "feddc" else {},
+        "secure_aggregation": method,
+    }
+    with pytest.raises(PolicyError, match=message):
+        parse_policy(document)
+    parse_policy(document | {"secure_aggregation": "none"})  # the same without a secure sum

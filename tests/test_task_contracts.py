@@ -26,6 +26,7 @@ from fedsilo.silo.tasks import TASK_KINDS
 from fedsilo.wire.tasks import (
     TASK_CONFIGS,
     BoostProbe,
+    CkksConfirm,
     CkksDecrypt,
     CkksJoin,
     CkksKeygen,
@@ -100,6 +101,7 @@ EXAMPLES: list[TaskConfig] = [
     CkksKeygen(recipients=SILOS),
     CkksJoin(key_holder="silo-1", context_digest="d1"),
     EncryptedInput(inner=FeatureMoments(), weights=WEIGHTS, tensors=("count", "sum", "sumsq")),
+    CkksConfirm(contributors=SILOS),
     CkksDecrypt(length=42, weights=WEIGHTS, contributors=SILOS),
     DaisyTrain(train=TrainTask(local=LOCAL), adopt=True),
     DaisyTrain(train=TrainTask(local=LOCAL), send=True, handoff=Handoff(seal_to="aa")),
@@ -231,6 +233,7 @@ BUILT_TODAY: list[tuple[str, str, dict[str, Any]]] = [
             "tensors": ["count", "sum", "sumsq"],
         },
     ),
+    ("ckks_confirm", "CkksMean.run", {"contributors": ["silo-1", "silo-2"]}),
     (
         "ckks_decrypt",
         "CkksMean.run",

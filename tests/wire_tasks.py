@@ -9,6 +9,7 @@ from typing import Any
 
 from fedsilo.wire.messages import TaskMessage
 from fedsilo.wire.tasks import (
+    CkksConfirm,
     CkksDecrypt,
     CkksJoin,
     CkksKeygen,
@@ -62,6 +63,7 @@ ONE_PER_KIND: dict[str, TaskConfig] = {
         CkksKeygen(recipients=SILOS),
         CkksJoin(key_holder="silo-0", context_digest="00"),
         EncryptedInput(inner=TRAIN, weights={}, tensors=("model",)),
+        CkksConfirm(contributors=SILOS),
         CkksDecrypt(length=1, weights={}, contributors=SILOS),
         DaisyTrain(train=TRAIN),
         DaisyReseal(handoff=Handoff()),

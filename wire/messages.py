@@ -60,6 +60,7 @@ TASK_STEPS: dict[str, str] = {
     "ckks_keygen": "keygen",
     "ckks_join": "join",
     "ckks_encrypt": "encrypt",
+    "ckks_confirm": "confirm",
     "ckks_decrypt": "decrypt",
     "daisy_reseal": "reseal",
     "daisy_receive": "deliver",

@@ -165,7 +165,11 @@ class PhaseRule:
     reach the coordinator one by one); `references`: for each summed tensor the task does not
     carry, what a secure sum sends as its reference ("zeros" or "model") and its shape.
     `routed`: its models are handed on (daisy chains). `handed_from`: the phase of the same
-    round whose hand-off a position's task must train (None: any model the silo hosts). A
+    round whose hand-off a position's task must train (None: any model the silo hosts).
+    `once_a_round`: a silo takes at most one of an indexed phase's positions a round (a cyclic
+    visit), recorded durably. `from_reference`: in a secure sum, a silo sends only a model it
+    trained from the sum's reference (FedDC's hosted models: adopted from it, or handed on from
+    a silo that did). A
     phase that only reports scalars (a loss probe, an evaluation) is answered, like every
     position, once: the allowance that bounds an oracle (docs/threat-model.md)."""
 
@@ -179,6 +183,8 @@ class PhaseRule:
     routed: bool = False
     indices: Callable[[SiloFacts], int] | None = None
     handed_from: Callable[[Position], str | None] = lambda position: None
+    once_a_round: bool = False
+    from_reference: bool = False
 
     def match(self, phase: str, facts: SiloFacts) -> int | None | bool:
         """False when `phase` is not this rule's; else its index (None for a plain name)."""

@@ -37,7 +37,7 @@ class CyclicConfig(AlgorithmBase):
     deterministic_cycle: bool = False
 
     def silo_contract(self, policy: Policy) -> SiloContract:
-        """Each round, visits `visit_0`, `visit_1`, ... (at most one per member): the first
+        """Each round, visits `visit_0`, `visit_1`, ... (a silo takes one a round): the first
         adopts the round's model, each later one trains the model the visit before handed it
         this round (signed by a member, privacy/handoff.py), and each hands its model on sealed
         to the next, or, after the first visit, sends it to the coordinator instead (the
@@ -70,6 +70,7 @@ class CyclicConfig(AlgorithmBase):
             routed=True,
             indices=lambda facts: facts.consortium,
             handed_from=lambda position: f"visit_{position.index - 1}" if position.index else None,
+            once_a_round=True,
         )
         return averaging_contract(policy, visit, evaluation_rule(policy))
 

@@ -58,6 +58,15 @@ class FedDcConfig(AlgorithmBase):
     def title(self) -> str:
         return f"{self.name} with the Radon aggregator" if self.aggregator == "radon" else self.name
 
+    def check(self, policy: Policy) -> None:
+        if policy.secure_aggregation.enabled and self.client_fraction < 1:
+            raise ValueError(
+                "algorithm.client_fraction: under secure aggregation every feddc silo sends into "
+                "a sum only a hosted model that descends from the sum's reference (the last "
+                "aggregate), and a silo left out of an aggregation keeps an older one; use "
+                "client_fraction 1 or secure_aggregation none"
+            )
+
     def is_aggregation(self, step: int) -> bool:
         """Local step `step` (0-based) ends with an aggregation."""
         return self.aggregation_period is not None and (step + 1) % self.aggregation_period == 0
@@ -88,6 +97,7 @@ class FedDcConfig(AlgorithmBase):
                 daisy_tensors,
                 sums=(MODEL,) if self.aggregator == "mean" else (),
                 references=lambda facts: {MODEL: facts.model()},
+                from_reference=True,
             ),
             PhaseRule(
                 "daisy",

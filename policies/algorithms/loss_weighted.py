@@ -90,8 +90,21 @@ class AgnosticFedAvgConfig(LambdaConfig):
         return LossProbe(by_domain=self.domains == "data")
 
     def chosen_train_options(self, policy: Policy) -> dict[str, Callable[[Any, SiloFacts], Any]]:
-        """Over the data's domains, the coordinator's weight of each domain's rows (omega)."""
-        return {"domain_weights": non_negative_weights} if self.domains == "data" else {}
+        """Over the data's domains, the coordinator's weight of each domain's rows (omega);
+        never inside a secure sum (`check`)."""
+        if self.domains != "data" or policy.secure_aggregation.enabled:
+            return {}
+        return {"domain_weights": non_negative_weights}
+
+    def check(self, policy: Policy) -> None:
+        if self.domains == "data" and policy.secure_aggregation.enabled:
+            raise ValueError(
+                "secure_aggregation: agnostic_fedavg over the data's domains weighs each row's "
+                "loss by the coordinator's domain weights, which inside a secure sum could give "
+                "every other silo's domains weight 0 and leave one silo's update alone (no silo "
+                "sees the others' domains to check it); use domains 'silo' (its weights are the "
+                "sum's, which each silo checks) or secure_aggregation none"
+            )
 
 
 class QFedAvgConfig(LossWeightedConfig):

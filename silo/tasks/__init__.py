@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from fedsilo.silo.tasks.base import Release, TaskKind
 from fedsilo.silo.tasks.ckks_sum import (
+    confirm_contributors,
     decrypted_sum,
     encrypted_input,
     encrypted_input_releases,
@@ -70,6 +71,7 @@ TASK_KINDS: dict[str, TaskKind] = {
     "ckks_keygen": TaskKind(keygen, public_release, Release.ENCRYPTED),
     "ckks_join": TaskKind(join, join_releases, Release.ENCRYPTED),
     "ckks_encrypt": TaskKind(encrypted_input, encrypted_input_releases, Release.ENCRYPTED),
+    "ckks_confirm": TaskKind(confirm_contributors, public_release, Release.ENCRYPTED),
     "ckks_decrypt": TaskKind(decrypted_sum, public_release, Release.ENCRYPTED),
     "daisy_train": TaskKind(daisy_train, daisy_train_releases, Release.SEALED_HANDOFF),
     # the model just handed off, again: post-processing

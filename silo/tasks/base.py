@@ -218,6 +218,13 @@ def inner_message(message: TaskMessage) -> TaskMessage:
     return replace(message, config=config.inner)
 
 
+def model_digest(model: torch.Tensor) -> bytes:
+    """A flat model's digest (dtype, length and bytes): what names a daisy chain's root."""
+    flat = model.detach().to("cpu").contiguous().reshape(-1)
+    header = f"{str(flat.dtype).removeprefix('torch.')}|{flat.numel()}|".encode()
+    return digest_of([header, memoryview(flat.view(torch.uint8).numpy()) if flat.numel() else b""])
+
+
 def task_digest(message: TaskMessage) -> bytes:
     """What every silo of one secure sum must have received alike, digested: the task its
     masked or encrypted input wraps (less `PER_SILO_KEYS`, which differ by design), its

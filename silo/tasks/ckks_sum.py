@@ -15,13 +15,19 @@
   `min_weight`), run the real task (`inner_kind`) and send its update (result minus the model
   received) times its own weight, clipped to the policy's bound, encrypted in slot-sized
   chunks, with its signature over (label, context, weights, digest of the chunks).
-- `ckks_decrypt`, at the decryptor: given every contributor's chunks and signature (not a sum
-  the coordinator made, which could hold one input), check each signature against the roster,
-  that at least the policy's `min_group` silos contributed under one weight vector that
-  passes the policy's rule, add them, decrypt the sum once per (job, round, phase)
-  (persisted) and return it rounded to a grid well above CKKS's approximation error, so the
-  exact decryption (which would let the coordinator solve for the secret key, Li and
-  Micciancio 2021) never leaves the silo.
+- `ckks_confirm`, every contributor: sign the set of contributors the coordinator names (this
+  silo among them, at least the policy's group, carrying the weights the rule needs) with its
+  input's aggregation, context, weights and task digest; one set per (job, round, phase),
+  persisted. Without it, the signed inputs of one aggregation could be decrypted twice, by two
+  silos, over two sets of contributors, and the two sums differenced.
+- `ckks_decrypt`, at the decryptor: given every contributor's chunks, signature and
+  confirmation (not a sum the coordinator made, which could hold one input), check each
+  signature against the roster, that every contributor confirmed exactly this set of
+  contributors (the one the decryptor confirmed itself), that at least the policy's
+  `min_group` silos contributed under one weight vector that passes the policy's rule, add
+  them, decrypt the sum once per (job, round, phase) (persisted) and return it rounded to a
+  grid well above CKKS's approximation error, so the exact decryption (which would let the
+  coordinator solve for the secret key, Li and Micciancio 2021) never leaves the silo.
 
 A silo's first `ckks_join` carries its sealed copy of the context; later ones only the digest.
 A silo restarted since then holds no context and fails its join, and the coordinator sends
@@ -72,9 +78,10 @@ from fedsilo.silo.tasks.base import (
     with_tensors,
 )
 from fedsilo.wire.messages import TaskMessage, TaskResult
-from fedsilo.wire.tasks import CkksDecrypt, CkksJoin, CkksKeygen, EncryptedInput
+from fedsilo.wire.tasks import CkksConfirm, CkksDecrypt, CkksJoin, CkksKeygen, EncryptedInput
 from fedsilo.wire.tasks.tensor_names import (
     CHUNK,
+    CONFIRMATION,
     CONTRIBUTION,
     PUBLIC_CONTEXT,
     SEALED_CONTEXT,
@@ -154,7 +161,7 @@ def encrypted_input(message: TaskMessage, ctx: SiloContext) -> TaskResult:
     weights = _weights(task.weights)
     _check_weights(weights, ctx, ctx.name)
     weight = weights[ctx.name]
-    session["task"] = task_digest(message)
+    session |= {"task": task_digest(message), "weights": weights}
     inner = inner_message(message)
     result = TASK_KINDS[inner.kind].handler(inner, ctx)
     bound = ctx.secure_aggregation.bound
@@ -176,19 +183,37 @@ def encrypted_input(message: TaskMessage, ctx: SiloContext) -> TaskResult:
     return with_tensors(message, ctx, result, {**tensors, CONTRIBUTION: bytes_tensor(signature)})
 
 
+def confirm_contributors(message: TaskMessage, ctx: SiloContext) -> TaskResult:
+    """Sign the set of contributors of this aggregation's sum: one set per aggregation, ever."""
+    session = _own_input(message, ctx)
+    contributors = sorted(set(config_of(message, CkksConfirm).contributors))
+    if ctx.name not in contributors:
+        raise CkksError(f"{ctx.name} is not among the contributors it is asked to confirm")
+    outsiders = [s for s in contributors if s not in session["weights"]]
+    if outsiders:
+        raise CkksError(f"{outsiders} carry no weight in the vector this silo encrypted under")
+    _check_weights(session["weights"], ctx, ctx.name, members=contributors)
+    aggregation_log(ctx).claim(_label(message, ctx), "confirm")
+    session["confirmed"] = contributors
+    signature = _identity(ctx).sign(_confirmation(message, ctx, session, contributors))
+    return task_result(message, ctx, {CONFIRMATION: bytes_tensor(signature.signature)})
+
+
 def decrypted_sum(message: TaskMessage, ctx: SiloContext) -> TaskResult:
-    session = _session(message, ctx, "digest")
+    session = _own_input(message, ctx)
     if session.get("decrypted"):
         raise CkksError("this aggregation's sum was already decrypted; a second is refused")
-    if not session.get("encrypted"):
-        raise CkksError(
-            "this silo sent no input to this aggregation; it decrypts only sums it is in (its "
-            "own input's task is what every contributor must have signed)"
-        )
     context = _contexts(ctx)[session["digest"]]
     task = config_of(message, CkksDecrypt)
+    contributors = sorted(set(task.contributors))
+    if session.get("confirmed") != contributors:
+        raise CkksError(
+            "the contributors to decrypt are not the set this silo confirmed for this "
+            "aggregation: refusing to decrypt"
+        )
     weights = _weights(task.weights)
-    inputs = _signed_inputs(message, task.contributors, ctx, session, weights)
+    inputs = _signed_inputs(message, contributors, ctx, session, weights)
+    _confirmed_by_all(message, contributors, ctx, session)
     _check_weights(weights, ctx, None, members=list(inputs))
     aggregation_log(ctx).claim(_label(message, ctx), "decrypt")
     session["decrypted"] = True
@@ -248,6 +273,52 @@ def _signed_inputs(
             f"least secure_aggregation.min_group {smallest}"
         )
     return inputs
+
+
+def _own_input(message: TaskMessage, ctx: SiloContext) -> dict[str, Any]:
+    """This aggregation's session, where this silo sent its own input: it confirms and
+    decrypts only sums it is in (its own input's task is what every contributor signed)."""
+    session = _session(message, ctx, "digest")
+    if not session.get("encrypted"):
+        raise CkksError(
+            "this silo sent no input to this aggregation; it confirms and decrypts only sums "
+            "it is in"
+        )
+    return session
+
+
+def _confirmed_by_all(
+    message: TaskMessage, contributors: list[str], ctx: SiloContext, session: dict[str, Any]
+) -> None:
+    """Every contributor's confirmation of exactly `contributors` (under "<silo>/")."""
+    statement = _confirmation(message, ctx, session, contributors)
+    for silo in contributors:
+        signature = message.tensors.get(f"{silo}/{CONFIRMATION}")
+        try:
+            if signature is None:
+                raise BadSignatureError("no confirmation")
+            ctx.roster[silo].verify(statement, tensor_bytes(signature))
+        except (BadSignatureError, ValueError):
+            raise CkksError(
+                f"{silo} did not confirm exactly these contributors for this aggregation: "
+                "refusing to decrypt"
+            ) from None
+
+
+def _confirmation(
+    message: TaskMessage, ctx: SiloContext, session: dict[str, Any], contributors: list[str]
+) -> bytes:
+    """What a contributor confirms: the aggregation, the context, the weights, the task of
+    its input and the contributors of the sum."""
+    body = json.dumps(
+        {
+            "context": session["digest"],
+            "weights": sorted(session["weights"].items()),
+            "task": session["task"].hex(),
+            "contributors": contributors,
+        }
+    ).encode()
+    return b"|".join((b"fedsilo/ckks-confirm", _label(message, ctx), body))
 
 
 def _contribution(

@@ -23,7 +23,7 @@ from nacl.public import PrivateKey, PublicKey
 from fedsilo.privacy.accounting import Mechanism
 from fedsilo.privacy.handoff import Binding, HandoffError, open_sealed, pack, seal, unpack
 from fedsilo.silo.memory import HostedModel
-from fedsilo.silo.tasks.base import SiloContext, config_of, with_tensors
+from fedsilo.silo.tasks.base import SiloContext, config_of, model_digest, with_tensors
 from fedsilo.silo.tasks.evaluate import evaluate, evaluate_releases
 from fedsilo.silo.tasks.train import train, train_releases
 from fedsilo.wire.messages import TaskMessage, TaskResult
@@ -47,7 +47,7 @@ def daisy_train(message: TaskMessage, ctx: SiloContext) -> TaskResult:
         if MODEL not in message.tensors:
             raise HandoffError("daisy_train says adopt but carries no model")
         hosted.model = hosted.anchor = message.tensors[MODEL]
-        hosted.delivered = None
+        hosted.delivered, hosted.root = None, model_digest(hosted.model)
     if hosted.model is None or hosted.anchor is None:
         raise HandoffError(
             f"{ctx.name} hosts no daisy-chain model yet; the first task must carry one to adopt"
@@ -86,14 +86,15 @@ def daisy_receive(message: TaskMessage, ctx: SiloContext) -> TaskResult:
         data = open_sealed(data, _sealing_key(ctx))
     recipient = ctx.name if sealed else None
     bound = Binding(ctx.deployment, message.round, message.phase, recipient)
-    model, _ = unpack(data, bound, ctx.roster)
+    handed = unpack(data, bound, ctx.roster)
+    model = handed.model
     expected = hosted.model.numel() if hosted.model is not None else model.numel()
     if model.numel() != expected or model.dim() != 1:
         raise HandoffError(
             f"the handed-off model has {model.numel()} parameters, this silo's {expected}"
         )
     hosted.model = hosted.anchor = model.to(ctx.device)
-    hosted.delivered = (message.round, message.phase)
+    hosted.delivered, hosted.root = (message.round, message.phase), handed.root
     return TaskResult(task_id=message.task_id, silo=ctx.name, kind=message.kind)
 
 
@@ -123,17 +124,19 @@ def _packed(
     """The model packed for this phase's recipient, signed with this silo's identity: sealed
     to the key `handoff` names, which must be another member's (the coordinator cannot slip in
     a key of its own), or plain."""
-    if ctx.identity is None:
+    identity, root = ctx.identity, _hosted(ctx).root
+    if identity is None:
         raise HandoffError("hand-offs are signed by their sender; this silo has no identity")
+    assert root is not None  # a hosted model was adopted, or handed on with its root
     if handoff.seal_to is None:
         bound = Binding(ctx.deployment, message.round, message.phase, None)
-        return bytes_tensor(pack(model, bound, ctx.name, ctx.identity))
+        return bytes_tensor(pack(model, bound, ctx.name, identity, root))
     key = bytes.fromhex(handoff.seal_to)
     recipients = [n for n, k in ctx.sealing_roster.items() if n != ctx.name and bytes(k) == key]
     if not recipients:
         raise HandoffError("the hand-off key is no other member's; refusing to seal to it")
     bound = Binding(ctx.deployment, message.round, message.phase, recipients[0])
-    return bytes_tensor(seal(pack(model, bound, ctx.name, ctx.identity), PublicKey(key)))
+    return bytes_tensor(seal(pack(model, bound, ctx.name, identity, root), PublicKey(key)))
 
 
 def _as(message: TaskMessage, config: TaskConfig, tensors: dict[str, torch.Tensor]) -> TaskMessage:

@@ -336,7 +336,8 @@ def test_a_model_the_coordinator_hands_on_itself_is_not_trained_and_sent_back() 
     start = DaisyTrain(train=honest.config, adopt=True, handoff=Handoff(seal_to=key))
     assert c.ask(c.message(first, start, phase="visit_0", tensors={MODEL: model}, spec=spec)).ok
     bound = Binding(SIMULATION, 1, "visit_0", target)  # as silo-1 would bind it, but unsigned
-    forged = seal(pack(model, bound, first, SigningKey.generate()), c.keys.sealing_roster[target])
+    forged = pack(model, bound, first, SigningKey.generate(), b"")
+    forged = seal(forged, c.keys.sealing_roster[target])
     delivery = DaisyReceive(sealed=True)
     c.ask(c.message(target, delivery, phase="visit_0", step="deliver",
                     tensors={HANDOFF: bytes_tensor(forged)}))  # fmt: skip

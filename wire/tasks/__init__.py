@@ -2,7 +2,13 @@
 read by the silo's handlers, exactly one JSON object on the wire) and the names of the tensors
 tasks carry. `TASK_CONFIGS` holds every kind's class, `decode_task_config` reads one."""
 
-from fedsilo.wire.tasks.ckks import CkksDecrypt, CkksJoin, CkksKeygen, EncryptedInput
+from fedsilo.wire.tasks.ckks import (
+    CkksConfirm,
+    CkksDecrypt,
+    CkksJoin,
+    CkksKeygen,
+    EncryptedInput,
+)
 from fedsilo.wire.tasks.codec import TaskConfig
 from fedsilo.wire.tasks.daisy import (
     DaisyEvaluate,
@@ -30,6 +36,7 @@ from fedsilo.wire.tasks.training import EnergySignals, LocalTraining, SuperFedTr
 __all__ = [
     "TASK_CONFIGS",
     "BoostProbe",
+    "CkksConfirm",
     "CkksDecrypt",
     "CkksJoin",
     "CkksKeygen",

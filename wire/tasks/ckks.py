@@ -1,6 +1,6 @@
 """The steps of CKKS secure aggregation, as the coordinator asks them of each silo: make the
-keys (the key holder), join the context, send the encrypted input of a wrapped task, decrypt
-the sum."""
+keys (the key holder), join the context, send the encrypted input of a wrapped task, confirm
+the contributors, decrypt the sum."""
 
 from __future__ import annotations
 
@@ -42,9 +42,20 @@ class EncryptedInput(TaskConfig):
 
 
 @dataclass(frozen=True, kw_only=True)
+class CkksConfirm(TaskConfig):
+    """`ckks_confirm`: sign the `contributors` (the silos whose encrypted inputs the sum holds,
+    this one among them) with its own input's aggregation, context, weights and task
+    (CONFIRMATION): one set per aggregation, so no sum of another set is ever decrypted."""
+
+    KIND: ClassVar[str] = "ckks_confirm"
+    contributors: tuple[str, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
 class CkksDecrypt(TaskConfig):
-    """`ckks_decrypt`: check each of `contributors`' signed input (sent under "<silo>/") and
-    return the decrypted sum's first `length` values (SUM)."""
+    """`ckks_decrypt`: check each of `contributors`' signed input and its confirmation of
+    exactly these contributors (sent under "<silo>/"), and return the decrypted sum's first
+    `length` values (SUM)."""
 
     KIND: ClassVar[str] = "ckks_decrypt"
     length: int

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from fedsilo.wire.tasks.ckks import CkksDecrypt, CkksJoin, CkksKeygen, EncryptedInput
+from fedsilo.wire.tasks.ckks import (
+    CkksConfirm,
+    CkksDecrypt,
+    CkksJoin,
+    CkksKeygen,
+    EncryptedInput,
+)
 from fedsilo.wire.tasks.codec import TaskConfig
 from fedsilo.wire.tasks.daisy import DaisyEvaluate, DaisyReceive, DaisyReseal, DaisyTrain
 from fedsilo.wire.tasks.evaluation import EvaluateTask, LossProbe, SuperFedEvaluate
@@ -40,6 +46,7 @@ TASK_CONFIGS: dict[str, type[TaskConfig]] = {
         CkksKeygen,
         CkksJoin,
         EncryptedInput,
+        CkksConfirm,
         CkksDecrypt,
         DaisyTrain,
         DaisyReseal,
