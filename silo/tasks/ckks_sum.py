@@ -254,17 +254,15 @@ def _signed_inputs(
         prefix = f"{silo}/"  # the coordinator relays each input's tensors under its silo
         names = sorted(n for n in message.tensors if n.startswith(prefix + CHUNK))
         chunks = [tensor_bytes(message.tensors[n]) for n in names]
-        signature = message.tensors.get(prefix + CONTRIBUTION)
-        statement = _contribution(message, ctx, session, weights, chunks)
-        try:
-            if signature is None:
-                raise BadSignatureError("no signature")
-            ctx.roster[silo].verify(statement, tensor_bytes(signature))
-        except (BadSignatureError, ValueError):
-            raise CkksError(
-                f"the input said to be {silo}'s is not signed by {silo}'s identity for this "
-                "aggregation and weight vector: refusing to decrypt"
-            ) from None
+        _check_signature(
+            message,
+            ctx,
+            silo,
+            CONTRIBUTION,
+            _contribution(message, ctx, session, weights, chunks),
+            f"the input said to be {silo}'s is not signed by {silo}'s identity for this "
+            "aggregation and weight vector: refusing to decrypt",
+        )
         inputs[silo] = chunks
     smallest = ctx.secure_aggregation.min_group
     if len(inputs) < smallest:
@@ -293,16 +291,29 @@ def _confirmed_by_all(
     """Every contributor's confirmation of exactly `contributors` (under "<silo>/")."""
     statement = _confirmation(message, ctx, session, contributors)
     for silo in contributors:
-        signature = message.tensors.get(f"{silo}/{CONFIRMATION}")
-        try:
-            if signature is None:
-                raise BadSignatureError("no confirmation")
-            ctx.roster[silo].verify(statement, tensor_bytes(signature))
-        except (BadSignatureError, ValueError):
-            raise CkksError(
-                f"{silo} did not confirm exactly these contributors for this aggregation: "
-                "refusing to decrypt"
-            ) from None
+        _check_signature(
+            message,
+            ctx,
+            silo,
+            CONFIRMATION,
+            statement,
+            f"{silo} did not confirm exactly these contributors for this aggregation: refusing "
+            "to decrypt",
+        )
+
+
+def _check_signature(
+    message: TaskMessage, ctx: SiloContext, silo: str, name: str, statement: bytes, refusal: str
+) -> None:
+    """`silo`'s signature over `statement`, relayed as its tensor `name` (under "<silo>/"),
+    checked against the roster; `refusal` otherwise."""
+    signature = message.tensors.get(f"{silo}/{name}")
+    try:
+        if signature is None:
+            raise BadSignatureError(f"no {name}")
+        ctx.roster[silo].verify(statement, tensor_bytes(signature))
+    except (BadSignatureError, ValueError):
+        raise CkksError(refusal) from None
 
 
 def _confirmation(

@@ -316,19 +316,22 @@ def test_a_phase_or_round_outside_the_policy_aggregates_nothing(round_no: int, p
 # -- a model the coordinator hands a silo itself ------------------------------------------------
 
 
+def cyclic_policy():
+    """Cyclic weight transfer over the three silos, sealed hand-offs, no secure sum."""
+    return policy(
+        "none",
+        algorithm={"name": "cyclic"},
+        participants={"min_silos": 1, "phase_timeout_s": 60},
+        channel={"sealed_handoffs": True},
+    )
+
+
 def test_a_model_the_coordinator_hands_on_itself_is_not_trained_and_sent_back() -> None:
     """Cyclic: visit_0 starts the cycle at silo-1; the coordinator keeps silo-1's sealed model
     and delivers to the target, as silo-1's hand-off, a model of its own sealed to the target's
     key (anyone can seal to a public key); the target's visit_1 is the cycle's last, so it
     would train that model and send it back: the target's exact update."""
-    c = Consortium(
-        policy(
-            "none",
-            algorithm={"name": "cyclic"},
-            participants={"min_silos": 1, "phase_timeout_s": 60},
-            channel={"sealed_handoffs": True},
-        )
-    )
+    c = Consortium(cyclic_policy())
     model, spec = c.initial_model()
     first, target = "silo-1", TARGET
     honest = c.train_task(first, model, spec)

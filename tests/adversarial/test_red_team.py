@@ -38,7 +38,7 @@ from fedsilo.wire.tasks import CkksDecrypt, DaisyReceive, DaisyTrain, EncryptedI
 from fedsilo.wire.tasks import MaskedInput as MaskedInputConfig
 from fedsilo.wire.tasks.tensor_names import HANDOFF, MODEL, SUM
 from tests.adversarial.rewriting import Consortium, close, policy, trained_alone
-from tests.adversarial.test_deny_by_default import dead
+from tests.adversarial.test_deny_by_default import cyclic_policy, dead
 
 TARGET = "silo-0"
 METHODS = ["masking", "ckks"]
@@ -276,14 +276,7 @@ def test_three_cycles_in_one_round_do_not_give_one_silos_update() -> None:
     visits share the round's minibatch seed), the three answers are M + d_T + d_X, M + d_X +
     d_Y and M + d_Y + d_T up to second-order terms (a silo trains a model one update away
     from M), so (R1 - R2 + R3 - M) / 2 is d_T to first order."""
-    c = Consortium(
-        policy(
-            "none",
-            algorithm={"name": "cyclic"},
-            participants={"min_silos": 1, "phase_timeout_s": 60},
-            channel={"sealed_handoffs": True},
-        )
-    )
+    c = Consortium(cyclic_policy())
     model, spec = c.initial_model()
     t, x, y = c.silos
     following = {t: x, x: y, y: t}
