@@ -63,7 +63,7 @@ from fedsilo.wire.tasks.tensor_names import (
     MODEL,
     SEALED_CONTEXT,
 )
-from fedsilo.wire.tensors import read_only
+from fedsilo.wire.tensors import TensorsOnDemand, read_only
 
 PROTOCOL_OF = {kind: "masking" for kind in TASK_STEPS if kind.startswith("secagg_")} | {
     kind: "ckks" for kind in TASK_STEPS if kind.startswith("ckks_")
@@ -258,16 +258,26 @@ def _check_tensors(tensors: Mapping[str, torch.Tensor], rules: Mapping[str, Tens
         )
     chosen: dict[str, int] = {}
     for name, rule in rules.items():
-        tensor = read_only(tensors, name)
-        if not rule.fits(tensor, chosen):
+        shape, dtype = _described(tensors, name)
+        if not rule.fits(shape, dtype, chosen):
             raise ContractError(
-                f"tensor {name!r} is {tuple(tensor.shape)} "
-                f"{str(tensor.dtype).removeprefix('torch.')}; this silo's is {rule.describe()}"
+                f"tensor {name!r} is {shape} {str(dtype).removeprefix('torch.')}; this silo's is "
+                f"{rule.describe()}"
             )
-        if rule.value == "zeros" and bool(tensor.any()):
+        if rule.value == "zeros" and bool(read_only(tensors, name).any()):
             raise ContractError(f"tensor {name!r} is a sum's reference, all zeros; it is not")
-        if rule.value == "model" and not torch.equal(tensor, read_only(tensors, MODEL)):
+        if rule.value == "model" and not torch.equal(
+            read_only(tensors, name), read_only(tensors, MODEL)
+        ):
             raise ContractError(f"tensor {name!r} is a sum's reference, the model sent; it is not")
+
+
+def _described(tensors: Mapping[str, torch.Tensor], name: str) -> tuple[tuple[int, ...], Any]:
+    """A tensor's shape and dtype, from its message's index where it is still unread there
+    (no view of its bytes made)."""
+    lazy = tensors.unread(name) if isinstance(tensors, TensorsOnDemand) else None
+    tensor = lazy if lazy is not None else tensors[name]
+    return tuple(tensor.shape), tensor.dtype
 
 
 def _check_byte_tensors(
@@ -278,8 +288,8 @@ def _check_byte_tensors(
 ) -> None:
     """Opaque bytes (sealed boxes, ciphertexts, signatures), one flat uint8 tensor each."""
     for name in tensors:
-        tensor = read_only(tensors, name)
-        if not named(name) or tensor.dim() != 1 or tensor.dtype != torch.uint8:
+        shape, dtype = _described(tensors, name)
+        if not named(name) or len(shape) != 1 or dtype != torch.uint8:
             raise ContractError(f"tensor {name!r} is none of the {what} this step carries")
     if exactly is not None and len(tensors) != exactly:
         raise ContractError(f"it carries {len(tensors)} tensors; this step carries {exactly}")

@@ -114,11 +114,10 @@ class TensorRule:
     dtype: str
     value: str | None = None
 
-    def fits(self, tensor: torch.Tensor, chosen: dict[str, int]) -> bool:
-        """Whether `tensor` has this shape and dtype; a chosen length is recorded in `chosen`
-        by its name the first time, and must be the same after."""
-        shape = tuple(tensor.shape)
-        if str(tensor.dtype).removeprefix("torch.") != self.dtype or len(shape) != len(self.shape):
+    def fits(self, shape: tuple[int, ...], dtype: torch.dtype, chosen: dict[str, int]) -> bool:
+        """Whether a tensor of `shape` and `dtype` is this one; a chosen length is recorded in
+        `chosen` by its name the first time, and must be the same after."""
+        if str(dtype).removeprefix("torch.") != self.dtype or len(shape) != len(self.shape):
             return False
         for n, d in zip(shape, self.shape, strict=True):
             if isinstance(d, ChosenLength):
