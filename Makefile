@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo compare test lint bench proto clean flower-env
+.PHONY: setup demo compare test fuzz lint bench proto clean flower-env
 
 setup: $(STAMP)
 
@@ -26,6 +26,14 @@ compare: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
+
+# For a release: many more drawn policies than CI's fixed sample (tests/test_policy_space.py),
+# at a fresh seed it prints first (FEDSILO_POLICY_SEED=N make fuzz draws those again).
+fuzz: $(STAMP)
+	@seed=$${FEDSILO_POLICY_SEED:-$$(date +%s)}; echo "policy-space seed $$seed"; \
+	FEDSILO_POLICY_SEED=$$seed FEDSILO_POLICY_EXAMPLES=$${FEDSILO_POLICY_EXAMPLES:-1000} \
+	FEDSILO_POLICY_DEPLOYED=$${FEDSILO_POLICY_DEPLOYED:-6} \
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests/test_policy_space.py --hypothesis-show-statistics
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

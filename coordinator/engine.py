@@ -125,6 +125,21 @@ class RunHistory:
     def to_json(self) -> dict[str, Any]:
         return {"rounds": [r.to_json() for r in self.records], "final": self.final.to_json()}
 
+    @property
+    def failed(self) -> list[RoundRecord]:
+        """The rounds that failed (missed a quorum, or an aggregation did not finish): each
+        left the model as it was, so none may go unnamed in a run's log and results."""
+        return [r for r in self.records if r.round > 0 and r.status == "failed"]
+
+    def failed_note(self) -> str | None:
+        """One line naming the failed rounds and why, or None when every round completed."""
+        failed = self.failed
+        if not failed:
+            return None
+        rounds = len([r for r in self.records if r.round > 0])
+        named = "; ".join(f"round {r.round}: {r.error}" for r in failed)
+        return f"{len(failed)} of {rounds} rounds failed and left the model as it was ({named})"
+
 
 class EngineObserver(Protocol):
     def on_round(self, record: RoundRecord, total_rounds: int) -> None: ...

@@ -117,7 +117,10 @@ def _checked(
         return Dropout(f"task failed at the silo ({result.status}): {result.error}")
     for name, tensor in tensors.items():
         if tensor.dtype.is_floating_point and not _all_finite(tensor):
-            return Dropout(f"non-finite values in {name!r}")
+            return Dropout(
+                f"non-finite values in {name!r} (training that diverged: a smaller training.lr "
+                "or optimizer settings may help)"
+            )
     if aggregate is not None:
         missing = [t for t in aggregate.tensors if t not in tensors]
         if missing:

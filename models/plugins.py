@@ -11,20 +11,15 @@ random state untouched.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from importlib.metadata import EntryPoint, entry_points
 
-import torch
 from torch import nn
 
+from fedsilo.models.global_rng import seeded_global_rng
 from fedsilo.policies.model import PluginModel
 
 GROUP = "fedsilo.models"
-
-# The global RNG is seeded for a factory's call: one build at a time, so concurrent builds in
-# one process (silos of a simulation) neither interleave nor see each other's seeds.
-_BUILD_LOCK = threading.Lock()
 
 
 class PluginError(ValueError):
@@ -68,8 +63,7 @@ def build_plugin(
     against the policy's pin (`zoo.build_model` checks it)."""
     factory = load_factory(config.factory)
     try:
-        with _BUILD_LOCK, torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
+        with seeded_global_rng(seed):
             model = factory(tuple(input_shape), output_dim, **config.args)
     except Exception as error:  # arguments the factory refuses, or a bug in it
         raise PluginError(

@@ -7,6 +7,7 @@ and exits with status 1 before anything is written; an output folder is never de
 
 from __future__ import annotations
 
+import math
 import tempfile
 from contextlib import ExitStack
 from importlib.resources import as_file, files
@@ -46,6 +47,7 @@ from fedsilo.ops.report import (
     fmt_metric,
     write_results,
 )
+from fedsilo.ops.shown_metrics import MetricDisplay, ShownRounds
 from fedsilo.ops.status import deployment_status
 from fedsilo.ops.status_view import print_status
 from fedsilo.policies.loading import (
@@ -101,15 +103,22 @@ def policy() -> None:
 @policy.command("validate")
 @click.argument("file", type=click.Path(path_type=Path))
 def validate(file: Path) -> None:
-    """Check FILE against the policy schema and say what it selects."""
+    """Check FILE against the policy schema and say what it selects; where its data is on
+    this machine, also check the consortium it makes as `simulate` would."""
     loaded = _load(file)
+    from fedsilo.ops.model_cli import plugin_report  # loads the model zoo's checks
+    from fedsilo.ops.simulate import consortium_report  # the silo side: data, Opacus
+
+    try:
+        consortium = consortium_report(loaded, policy_folder(file))
+    except USER_ERRORS as exc:
+        raise click.ClickException(f"{file}: {exc}") from None
     console.print(
         f"[green]OK[/green] {file}: policy '{loaded.name}' (version {loaded.version}), "
         f"algorithm {loaded.algorithm.name}, model {loaded.model.name}, {loaded.rounds} rounds, "
         f"data {loaded.data.source}"
     )
-    from fedsilo.ops.model_cli import plugin_report  # loads the model zoo's checks
-
+    click.echo(consortium)
     for line in plugin_report(loaded, file):
         click.echo(line)
 
@@ -203,6 +212,10 @@ def simulate_command(
     first = next(iter(results.values()))
     console.print(f"device: {first.device}")
     console.print(comparison_table(results))
+    for name, result in results.items():
+        for note in (result.history.failed_note(), _diverged_note(result)):
+            if note is not None:
+                console.print(f"[yellow]Note:[/yellow] {name}: {note}", highlight=False)
     _explain_label_rates(first)
     console.print(f"results in {out}/")
 
@@ -216,8 +229,12 @@ def _run_all(
     with Progress(*_progress_columns(), console=console) as progress:
         for name, variant in variants.items():
             bar = progress.add_task(name, total=variant.rounds, status="")
+            display = MetricDisplay.of(variant.privacy)
             results[name] = simulate(
-                variant, datasets, observers=[_ProgressObserver(progress, bar)], backend=backend
+                variant,
+                datasets,
+                observers=[ShownRounds(_ProgressObserver(progress, bar, display), display)],
+                backend=backend,
             )
     return results
 
@@ -228,9 +245,8 @@ def _require_an_evaluated_round(results: dict[str, SimulationResult]) -> None:
     for name, result in results.items():
         history = result.history
         rounds = [r for r in history.records if r.round > 0]  # round 0: the setup
-        if any(r.status == "completed" and r.evaluation for r in rounds) or (
-            history.final.evaluation
-        ):
+        completed = any(r.status == "completed" for r in rounds)
+        if completed and (any(r.evaluation for r in rounds) or history.final.evaluation):
             continue
         first = next((r for r in rounds if r.error), None)
         cause = f"; round {first.round}: {first.error}" if first else ""
@@ -250,15 +266,32 @@ def _progress_columns() -> tuple:
 
 
 class _ProgressObserver:
-    def __init__(self, progress: Progress, bar: object) -> None:
-        self.progress, self.bar = progress, bar
+    """The progress bar's status: a round's mean metric, as shown (`ShownRounds`)."""
+
+    def __init__(self, progress: Progress, bar: object, display: MetricDisplay) -> None:
+        self.progress, self.bar, self.display = progress, bar, display
 
     def on_round(self, record: RoundRecord, total_rounds: int) -> None:
         status = f"round {record.round} {record.status}"
         if record.summary:
             metric = "accuracy" if "accuracy" in record.summary else next(iter(record.summary))
-            status += f"  mean {metric} {record.summary[metric]['mean']:.3f}"
+            status += f"  mean {self.display.label(metric)} {record.summary[metric]['mean']:.3f}"
         self.progress.update(self.bar, advance=1, status=status)
+
+
+def _diverged_note(result: SimulationResult) -> str | None:
+    """One line naming the silos whose final headline metric is not finite (the model's
+    outputs overflow there: a training that diverged), or None."""
+    metric = result.headline_metric
+    final = result.history.final.evaluation or {}
+    lost = sorted(s for s, m in final.items() if not math.isfinite(m.get(metric, math.nan)))
+    if not lost:
+        return None
+    return (
+        f"the final {metric} is not finite at {', '.join(lost)}: the model's outputs overflow "
+        "there, a training that diverged (a smaller training.lr or other optimizer settings "
+        "may help)"
+    )
 
 
 def _explain_label_rates(result: SimulationResult) -> None:
@@ -377,7 +410,7 @@ def coordinator_start(
     log_json: bool,
 ) -> None:
     """Serve the consortium and run the policy's rounds to completion."""
-    _load(policy_file)  # its fields checked here, before anything starts
+    started = _load(policy_file)  # its fields checked here, before anything starts
     check_state_file(state_file)
     if out is not None:
         try:
@@ -403,11 +436,15 @@ def coordinator_start(
         raise click.ClickException(str(exc)) from None
     final = history.final
     console.print(f"deployment complete at round {final.round}")
-    if final.evaluation:
-        for name, metrics in sorted(final.evaluation.items()):
-            console.print(
-                f"  {name:16s} " + "  ".join(f"{k} {v:.4f}" for k, v in sorted(metrics.items()))
-            )
+    failed = history.failed_note()
+    if failed is not None:
+        console.print(f"[yellow]Note:[/yellow] {failed}", highlight=False)
+    display = MetricDisplay.of(started.privacy)
+    for name, metrics in sorted((display.evaluation(final.evaluation) or {}).items()):
+        console.print(
+            f"  {name:16s} "
+            + "  ".join(f"{display.label(k)} {v:.4f}" for k, v in sorted(metrics.items()))
+        )
     if out is not None:
         console.print(f"final model and history in {out}/")
 

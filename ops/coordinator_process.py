@@ -45,6 +45,7 @@ from fedsilo.ops.memory import return_freed_memory
 from fedsilo.ops.metrics import CoordinatorMetrics, MetricsServer, serve_metrics
 from fedsilo.ops.provision import CoordinatorKit, load_coordinator_kit
 from fedsilo.ops.report import write_deployment_results
+from fedsilo.ops.shown_metrics import MetricDisplay, ShownRounds
 from fedsilo.ops.synthetic import snapshots_for
 from fedsilo.policies.loading import parse_policy_text
 from fedsilo.policies.schema import Policy
@@ -91,7 +92,9 @@ def run_coordinator(options: CoordinatorOptions, stop: threading.Event | None = 
         workers=2 * len(kit.silos) + 8,
     )
     serving.metrics.deployment = job.id
-    serving.metrics.set_epsilon_cap(job.policy.privacy.epsilon_cap)
+    serving.metrics.set_privacy(
+        job.policy.privacy.epsilon_cap, job.policy.privacy.differentially_private
+    )
     try:
         check_job(serving, job)
         threading.Thread(
@@ -124,8 +127,12 @@ def run_coordinator(options: CoordinatorOptions, stop: threading.Event | None = 
 
 
 def log_audit_anchors(job: str, history: RunHistory) -> None:
-    """Each silo's last reported ledger head: the anchor a privacy officer audits its ledger
-    against (`fedsilo privacy audit --ledger FILE --anchor HEAD`)."""
+    """The rounds that failed, if any (never lost silently), and each silo's last reported
+    ledger head: the anchor a privacy officer audits its ledger against (`fedsilo privacy
+    audit --ledger FILE --anchor HEAD`)."""
+    failed = history.failed_note()
+    if failed is not None:
+        log.warning("job %s: %s", job, failed)
     for silo, (round_no, head) in ledger_anchors([*history.records, history.final]).items():
         log.info(
             "job %s: silo %s's audit anchor (its ledger head at round %d): %s",
@@ -306,12 +313,17 @@ def run_job(
         store.set_participant(job.id, silo, "refused", reason)
         log.warning("silo %s is not participating: %s", silo, reason)
     snapshots = snapshots_for(policy)
+    display = MetricDisplay.of(policy.privacy)
     engine = RoundEngine(
         job.strategy,
         GrpcTransport(hub),
         policy,
         members,
-        observers=[metrics, _RoundLog(), *([snapshots] if snapshots else [])],
+        observers=[
+            ShownRounds(metrics, display),
+            ShownRounds(_RoundLog(display), display),
+            *([snapshots] if snapshots else []),
+        ],
         deployment=job.id,
         store=store,
         policy_digest=job.signed.digest,
@@ -334,12 +346,17 @@ def require_a_completed_round(history: RunHistory) -> None:
 
 
 class _RoundLog:
+    """One log line a round, its metrics as shown (`ShownRounds`: marked when noised)."""
+
+    def __init__(self, display: MetricDisplay) -> None:
+        self.display = display
+
     def on_round(self, record: RoundRecord, total_rounds: int) -> None:
         dropped = {s: why for p in record.phases.values() for s, why in p["dropped"].items()}
         summary = ""
         if record.summary:
             metric = next(iter(record.summary))
-            summary = f" mean {metric} {record.summary[metric]['mean']:.4f}"
+            summary = f" mean {self.display.label(metric)} {record.summary[metric]['mean']:.4f}"
         log.info(
             "round %d/%d %s in %.2fs%s%s",
             record.round,

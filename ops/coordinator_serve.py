@@ -159,7 +159,9 @@ def run_queued_job(
         serving.use_kit(load_coordinator_kit(options.kit))
         job = prepare_job(_signed(queue.policy(job_id)), f"job {job_id}")
         serving.metrics.deployment = job.id
-        serving.metrics.set_epsilon_cap(job.policy.privacy.epsilon_cap)
+        serving.metrics.set_privacy(
+            job.policy.privacy.epsilon_cap, job.policy.privacy.differentially_private
+        )
         serving.service.set_job(job.signed, job.id)
         log.info("job %s %s", job.id, "resumes" if resumed else "starts")
         check_job(serving, job)

@@ -131,14 +131,23 @@ class CoordinatorMetrics:
         )
         self.silo_metric = Gauge(
             "fedsilo_silo_metric",
-            "Last evaluation metric of each silo's test split.",
+            "Last evaluation metric of each silo's test split; (noised) when "
+            "fedsilo_metrics_noised is 1: a DP release, clipped into the metric's range.",
             ["silo", "name"],
             registry=r,
         )
         self.summary_metric = Gauge(
             "fedsilo_summary_metric",
-            "Last cross-silo summary of an evaluation metric (mean, worst, gini, ...).",
+            "Last cross-silo summary of an evaluation metric (mean, worst, gini, ...); (noised) "
+            "when fedsilo_metrics_noised is 1: computed from the clipped noised releases.",
             ["name", "statistic"],
+            registry=r,
+        )
+        self.metrics_noised = Gauge(
+            "fedsilo_metrics_noised",
+            "1 when the deployment's policy is DP: every metric its silos report is (noised), "
+            "a Gaussian release shown clipped into the metric's range; 0 when exact.",
+            ["deployment"],
             registry=r,
         )
         self.mixing_weight = Gauge(
@@ -183,10 +192,12 @@ class CoordinatorMetrics:
         for status in ROUND_STATUSES:
             self.rounds.labels(status)
 
-    def set_epsilon_cap(self, cap: float | None) -> None:
-        """The running job's policy cap (nothing exported for a policy without one)."""
+    def set_privacy(self, cap: float | None, noised: bool) -> None:
+        """The running job's policy cap (nothing exported for a policy without one), and
+        whether its metrics are noised releases."""
         if cap is not None:
             self.epsilon_cap.labels(self.deployment).set(cap)
+        self.metrics_noised.labels(self.deployment).set(1 if noised else 0)
 
     # -- from the round engine ----------------------------------------------------------------
 

@@ -43,6 +43,7 @@ from fedsilo.ops.epsilon import (
     single_lines,
 )
 from fedsilo.ops.plots import integer_ticks, pyplot
+from fedsilo.ops.shown_metrics import MetricDisplay
 from fedsilo.ops.synthetic import write_synthetic
 from fedsilo.policies.schema import Policy
 from fedsilo.wire.tasks.tensor_names import MODEL, SYNTHETIC
@@ -275,7 +276,10 @@ def write_report(
         **document,
         **privacy,
         "model": card.to_json() if card else None,
+        # under DP the metrics as the silos released them, noised (shown clipped elsewhere)
+        "metrics_noised": policy.privacy.differentially_private,
         "final": {"round": final.round, "per_silo": final.evaluation, "summary": final.summary},
+        "failed_rounds": [{"round": r.round, "error": r.error} for r in history.failed],
         "history": history.to_json()["rounds"],
     }
     (folder / "results.json").write_text(json.dumps(_finite(results), indent=2))
@@ -294,9 +298,10 @@ def write_report(
                 + [values.get(m, "") for m in metrics]
             )
     if metric is not None:
-        histories = {policy.algorithm.name: history}
-        _plot_rounds(folder / "metric_per_round.png", histories, metric)
-        _plot_final(folder / "final_per_silo.png", histories, silos, metric)
+        display = MetricDisplay.of(policy.privacy)
+        histories = {policy.algorithm.name: display.history(history)}
+        _plot_rounds(folder / "metric_per_round.png", histories, metric, display)
+        _plot_final(folder / "final_per_silo.png", histories, silos, metric, display)
     if epsilon:
         plot_epsilon(
             folder / "epsilon_per_round.png", single_lines(epsilon), policy.privacy.epsilon_cap
@@ -342,19 +347,23 @@ def write_comparison(folder: Path, results: Mapping[str, SimulationResult]) -> N
         for name, r in results.items()
     }
     (folder / "comparison.json").write_text(json.dumps(_finite(document), indent=2))
-    histories = {name: r.history for name, r in results.items()}
+    display = MetricDisplay.of(first.policy.privacy)  # every variant keeps the privacy section
+    histories = {name: display.history(r.history) for name, r in results.items()}
     silos = [p.name for p in first.silos]
-    _plot_rounds(folder / "comparison_per_round.png", histories, metric)
-    _plot_final(folder / "comparison_per_silo.png", histories, silos, metric)
+    _plot_rounds(folder / "comparison_per_round.png", histories, metric, display)
+    _plot_final(folder / "comparison_per_silo.png", histories, silos, metric, display)
 
 
 def comparison_table(results: Mapping[str, SimulationResult]) -> Table:
     """Per-silo test metric of every algorithm side by side (under DP with each silo's final
-    epsilon beside it), then mean and worst silo."""
+    epsilon beside it, the metric as shown: noised, clipped into its range), then mean and
+    worst silo."""
     first = next(iter(results.values()))
     metric = first.headline_metric
     spent = {name: final_epsilons(_epsilon_series(r.history)) for name, r in results.items()}
-    table = Table(title=f"test {metric} per silo")
+    display = MetricDisplay.of(first.policy.privacy)  # every variant keeps the privacy section
+    finals = {name: display.record(r.history.final) for name, r in results.items()}
+    table = Table(title=f"test {display.label(metric)} per silo")
     table.add_column("silo")
     table.add_column("train/val/test", justify="right")
     if any(p.positive_rate is not None for p in first.silos):
@@ -370,12 +379,9 @@ def comparison_table(results: Mapping[str, SimulationResult]) -> Table:
         row = [profile.name, f"{profile.train}/{profile.val}/{profile.test}"]
         if profile.positive_rate is not None:
             row.append(f"{profile.positive_rate:.0%}")
-        for name, result in results.items():
-            row.append(
-                fmt_metric(
-                    (result.history.final.evaluation or {}).get(profile.name, {}).get(metric)
-                )
-            )
+        for name in results:
+            shown = (finals[name].evaluation or {}).get(profile.name, {})
+            row.append(fmt_metric(shown.get(metric)))
             if spent[name]:
                 row.append(fmt_epsilon(spent[name].get(profile.name)))
         table.add_row(*row)
@@ -383,8 +389,8 @@ def comparison_table(results: Mapping[str, SimulationResult]) -> Table:
     pad = [""] * (len(table.columns) - 1 - len(results) - sum(1 for s in spent.values() if s))
     for label, key in (("mean", "mean"), ("worst silo", "worst"), ("Gini", "gini")):
         values = []
-        for name, r in results.items():
-            values.append(fmt_metric(((r.history.final.summary or {}).get(metric) or {}).get(key)))
+        for name in results:
+            values.append(fmt_metric(((finals[name].summary or {}).get(metric) or {}).get(key)))
             if spent[name]:
                 values.append("")
         table.add_row(label, *pad, *values)
@@ -395,7 +401,11 @@ def _epsilon_caption(delta: float, cap: float | None) -> str:
     return f"ε: booked at δ={delta:g}, " + ("no cap" if cap is None else f"cap {cap:g}")
 
 
-def _plot_rounds(path: Path, histories: Mapping[str, RunHistory], metric: str) -> None:
+def _plot_rounds(
+    path: Path, histories: Mapping[str, RunHistory], metric: str, display: MetricDisplay
+) -> None:
+    """Each history's mean and worst silo of `metric` by round; the histories are as shown
+    (`MetricDisplay.history`), the axis names the metric as `display` does."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
     for name, history in histories.items():
@@ -411,7 +421,7 @@ def _plot_rounds(path: Path, histories: Mapping[str, RunHistory], metric: str) -
         )
     ax.set_xlabel("round")
     integer_ticks(ax)
-    ax.set_ylabel(f"test {metric}")
+    ax.set_ylabel(f"test {display.label(metric)}")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -420,7 +430,11 @@ def _plot_rounds(path: Path, histories: Mapping[str, RunHistory], metric: str) -
 
 
 def _plot_final(
-    path: Path, histories: Mapping[str, RunHistory], silos: list[str], metric: str
+    path: Path,
+    histories: Mapping[str, RunHistory],
+    silos: list[str],
+    metric: str,
+    display: MetricDisplay,
 ) -> None:
     plt = pyplot()
     width = 0.8 / len(histories)
@@ -429,7 +443,7 @@ def _plot_final(
         values = [(history.final.evaluation or {}).get(s, {}).get(metric, math.nan) for s in silos]
         ax.bar([j + i * width for j in range(len(silos))], values, width, label=name)
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(silos))], silos, rotation=30, ha="right")
-    ax.set_ylabel(f"final test {metric}")
+    ax.set_ylabel(f"final test {display.label(metric)}")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

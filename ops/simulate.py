@@ -23,15 +23,19 @@ from fedsilo.coordinator.engine import EngineObserver, RoundEngine, RunHistory
 from fedsilo.coordinator.strategies import make_strategy
 from fedsilo.coordinator.strategies.references import POOLED_SILO, Central
 from fedsilo.coordinator.transport import InProcessTransport
+from fedsilo.models.plugins import PluginError
 from fedsilo.ops.backends import BACKENDS, IN_PROCESS, RAY
 from fedsilo.ops.memory import keep_freed_memory
 from fedsilo.ops.sim_silos import ConsortiumKeys, build_agent, read_ledgers
 from fedsilo.ops.synthetic import snapshots_for
+from fedsilo.policies.loading import PolicyError
+from fedsilo.policies.model import PluginModel
 from fedsilo.policies.schema import Policy
 from fedsilo.silo.data import DataError, SiloDataset, load_consortium, pool
 from fedsilo.silo.data.plugins import is_plugin_task, task_plugin
 from fedsilo.silo.device import resolve_device
 from fedsilo.silo.domains import check_domains
+from fedsilo.silo.errors import DataNotHere, DpSgdError
 from fedsilo.silo.readiness import check_model_for
 
 
@@ -89,6 +93,53 @@ def load_silos(policy: Policy, base_dir: Path | None) -> list[SiloDataset]:
     return datasets
 
 
+def check_consortium(
+    policy: Policy, datasets: Sequence[SiloDataset], *, model: bool = True
+) -> None:
+    """What a deployment checks before a job, on the simulated consortium: the policy fits its
+    number of silos (quorum, algorithm, secure aggregation: the coordinator's check), its
+    algorithm the data's task, and, with
+    `model`, the model builds and trains on each silo's data (each silo's); a PolicyError,
+    PluginError or DpSgdError naming the field."""
+    problem = policy.consortium_problem(len(datasets)) or next(
+        (
+            p
+            for d in datasets
+            if (p := policy.algorithm.task_problem(d.task, d.num_classes)) is not None
+        ),
+        None,
+    )
+    if problem:
+        raise PolicyError(problem)
+    if not model:
+        return
+    for data in {(d.input_shape, d.output_dim): d for d in datasets}.values():
+        try:
+            check_model_for(policy, data)
+        except (PluginError, DpSgdError):
+            raise
+        except ValueError as error:
+            raise PolicyError(str(error)) from None
+
+
+def consortium_report(policy: Policy, base_dir: Path | None) -> str:
+    """What `policy validate` says of the consortium the data section makes on this machine:
+    its silos, checked as `simulate` checks them (`check_consortium`: a PolicyError, DataError,
+    PluginError or DpSgdError when they do not fit), or, where the data is not here (a site's
+    own file, a data plug-in not installed here), that it was not checked."""
+    try:
+        datasets = load_silos(policy, base_dir)
+    except DataNotHere as error:
+        return f"data: not checked here ({error}); simulate and each silo check it where it is"
+    # a plug-in network is checked where it is installed (ops/model_cli.py `plugin_report`)
+    check_consortium(policy, datasets, model=not isinstance(policy.model, PluginModel))
+    rows = sum(len(d.y_train) + len(d.y_val) + len(d.y_test) for d in datasets)
+    return (
+        f"data: {len(datasets)} silos, {rows} rows, a {datasets[0].task} task; the policy fits "
+        "that consortium and its model each silo's data"
+    )
+
+
 def simulate(
     policy: Policy,
     datasets: Sequence[SiloDataset] | None = None,
@@ -105,8 +156,7 @@ def simulate(
     started = time.perf_counter()
     if datasets is None:
         datasets = load_silos(policy, None)
-    for data in {(d.input_shape, d.output_dim): d for d in datasets}.values():
-        check_model_for(policy, data)  # what each silo of a deployment checks before it accepts
+    check_consortium(policy, datasets)
     keys = ConsortiumKeys.generate(d.name for d in datasets)
     strategy = make_strategy(policy)
     silos = {d.name: d for d in datasets}

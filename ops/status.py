@@ -10,6 +10,7 @@ from typing import Any
 from fedsilo.coordinator.engine import RoundRecord
 from fedsilo.coordinator.state import StateError, StateStore
 from fedsilo.ops.epsilon import epsilon_by_round, final_epsilons
+from fedsilo.ops.shown_metrics import MetricDisplay
 from fedsilo.policies.privacy import PrivacyConfig
 
 
@@ -26,7 +27,9 @@ class DeploymentStatus:
     failed_rounds: int
     epsilon: dict[str, float] = field(default_factory=dict)  # silo -> last epsilon it reported
     epsilon_cap: float | None = None  # the policy's cap per silo (a site may set a lower one)
-    noised: bool = False  # a DP policy: every metric a silo reports carries Gaussian noise
+    # a DP policy: every metric a silo reports carries Gaussian noise; `last_evaluation` holds
+    # them as shown, clipped into each metric's range (ops/shown_metrics.py)
+    noised: bool = False
 
 
 def deployment_status(state: Path, consortium: str) -> DeploymentStatus:
@@ -55,7 +58,9 @@ def deployment_status(state: Path, consortium: str) -> DeploymentStatus:
         last_round=saved.round,
         last_status=saved.status,
         participants=participants,
-        last_evaluation=evaluated["evaluation"] if evaluated else {},
+        last_evaluation=MetricDisplay.of(privacy).evaluation(evaluated["evaluation"]) or {}
+        if evaluated
+        else {},
         evaluated_round=evaluated["round"] if evaluated else None,
         dropouts=_dropouts(records),
         failed_rounds=sum(1 for r in records if r.get("status") == "failed"),

@@ -12,9 +12,9 @@ from rich.table import Table
 
 from fedsilo.ops.epsilon import fmt_epsilon
 from fedsilo.ops.report import fmt_metric
+from fedsilo.ops.shown_metrics import NOISED
 from fedsilo.ops.status import DeploymentStatus
 
-NOISED = "(noised)"  # after a metric's name under DP
 STATUS_WIDTH = 40  # the most the status column reserves for its longest word
 
 
@@ -33,7 +33,10 @@ def print_status(console: Console, report: DeploymentStatus, silos: Iterable[str
     )
     table = Table(title=f"silos ({evaluated})")
     if report.noised:
-        table.caption = f"{NOISED}: reported with Gaussian noise (DP), not exact"
+        table.caption = (
+            f"{NOISED}: reported with Gaussian noise (DP), not exact; shown clipped into each "
+            "metric's range"
+        )
     metric_names = sorted({m for values in report.last_evaluation.values() for m in values})
     rows = {silo: report.participants.get(silo, ("never joined", "")) for silo in sorted(silos)}
     table.add_column("silo")

@@ -4,12 +4,14 @@ numbers.
 An unknown key is refused with the closest allowed name, so `lrr: 0.1` reads
 "unknown field 'lrr' (did you mean 'lr'?)" instead of being silently ignored. A number is a
 finite number: `.inf` and `.nan` are refused, and so is `true` where a number belongs (YAML's
-booleans would otherwise read as 1 and 0).
+booleans would otherwise read as 1 and 0), and so is a subnormal float (5e-324: noise or a
+clip bound it scales underflows to 0).
 """
 
 from __future__ import annotations
 
 import difflib
+import sys
 import types
 import typing
 from typing import Annotated, Any, Union
@@ -46,6 +48,12 @@ class PolicyModel(BaseModel):
                     raise ValueError(unknown_key_message(str(key), allowed))
                 if isinstance(value, bool) and _is_number(cls.model_fields[key].annotation):
                     raise ValueError(f"{key}: expected a number, got {str(value).lower()}")
+                if isinstance(value, float) and 0 < abs(value) < sys.float_info.min:
+                    raise ValueError(
+                        f"{key}: {value!r} is below the smallest normal float "
+                        f"({sys.float_info.min:g}): no setting means that; write 0 or a larger "
+                        "value"
+                    )
         return data
 
 

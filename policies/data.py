@@ -399,6 +399,16 @@ class DataConfig(PolicyModel):
             return NaturalPartition(kind="natural", column=TCGA_SILO_COLUMN)
         return IidPartition(kind="iid", silos=DEFAULT_SILOS)
 
+    def known_silos(self) -> int | None:
+        """How many silos the partition in force makes, when the policy alone says: None for
+        a natural partition (one silo per value the data holds, known once it is read), and
+        for a site's own data without a partition (in a deployment each site reads its own;
+        a simulation deals it into DEFAULT_SILOS, checked once it is read)."""
+        if self.partition is None and self.source in SITE_SOURCES:
+            return None
+        partition = self.resolved_partition()
+        return None if isinstance(partition, NaturalPartition) else partition.silos
+
     def with_silos(self, n: int) -> DataConfig:
         """A copy whose partition (the default one resolved first) has `n` silos."""
         partition = self.resolved_partition()

@@ -12,9 +12,22 @@ from __future__ import annotations
 
 from typing import Literal, get_args
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from fedsilo.policies.base import PolicyModel
+
+# The least noise multiplier a mechanism takes: below it the guarantee is void (epsilon in the
+# thousands for one release) and the noise's std can underflow to 0 with a small clip bound.
+MIN_NOISE_MULTIPLIER = 0.01
+
+
+def _meaningful_noise(value: float | None) -> float | None:
+    if value is not None and 0 < value < MIN_NOISE_MULTIPLIER:
+        raise ValueError(
+            f"noise_multiplier {value:g} is below {MIN_NOISE_MULTIPLIER:g}, which leaves no "
+            "guarantee (one release alone costs an epsilon in the thousands); raise it"
+        )
+    return value
 
 
 class DpSgdConfig(PolicyModel):
@@ -31,6 +44,8 @@ class DpSgdConfig(PolicyModel):
     noise_multiplier: float | None = Field(default=None, ge=0)
     target_epsilon: float | None = Field(default=None, gt=0)
     poisson_sampling: bool = True
+
+    _noise = field_validator("noise_multiplier")(_meaningful_noise)
 
     @model_validator(mode="after")
     def _one_noise_setting(self) -> DpSgdConfig:
@@ -59,6 +74,8 @@ class ClientDpConfig(PolicyModel):
     noise_multiplier: float = Field(gt=0)
     noise: Literal["central", "distributed"] = "distributed"
 
+    _noise = field_validator("noise_multiplier")(_meaningful_noise)
+
 
 ReportKind = Literal["counts", "losses", "metrics"]
 REPORT_KINDS: tuple[str, ...] = get_args(ReportKind)
@@ -76,11 +93,13 @@ class ReportsConfig(PolicyModel):
     loss_bound: float = Field(default=10.0, gt=0)
     forbidden: list[ReportKind] = Field(default_factory=list)
 
+    _noise = field_validator("noise_multiplier")(_meaningful_noise)
+
 
 class PrivacyConfig(PolicyModel):
     """Accounting (delta, accountant), the per-silo budget, and the mechanisms in use."""
 
-    delta: float = Field(default=1e-5, gt=0, lt=1)
+    delta: float = Field(default=1e-5, gt=0, le=0.1)  # above, no guarantee worth the name
     accountant: Literal["rdp", "prv"] = "rdp"
     epsilon_cap: float | None = Field(default=None, gt=0)
     dp_sgd: DpSgdConfig | None = None

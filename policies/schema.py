@@ -117,6 +117,10 @@ class Policy(PolicyModel):
         self._check_secure_aggregation()
         self._check_local_work()
         self.algorithm.check(self)
+        silos = self.data.known_silos()
+        problem = None if silos is None else self.consortium_problem(silos)
+        if problem:
+            raise ValueError(problem)
         return self
 
     def _check_dp_noise(self) -> None:
@@ -175,11 +179,21 @@ class Policy(PolicyModel):
                 f"every silo must take part in every round (algorithm.client_fraction "
                 f"{fraction:g}); use client_fraction 1 or leave neighbours out"
             )
-        partition = self.data.partition
-        if partition is not None:
-            problem = self.secure_aggregation_problem(partition.silos)
-            if problem:
-                raise ValueError(problem)
+
+    def consortium_problem(self, silos: int) -> str | None:
+        """Why this policy cannot run over a consortium of `silos` silos, or None: a
+        simulation's (known from its partition, or for a natural partition once its data is
+        read) or a deployment's members at the start of a job. Its quorum, its algorithm's own
+        rule, and its secure aggregation's group."""
+        quorum = self.participants.min_silos
+        if silos < quorum:
+            return (
+                f"participants.min_silos: every phase needs {quorum} silos' answers and the "
+                f"consortium has {silos}; lower min_silos or add silos"
+            )
+        return self.algorithm.consortium_problem(self, silos) or self.secure_aggregation_problem(
+            silos
+        )
 
     def secure_aggregation_problem(self, consortium: int) -> str | None:
         """Why this policy's secure aggregation cannot run in a consortium of `consortium`

@@ -104,8 +104,16 @@ class SiloAgent:
         self.policy_digest = policy_digest
         self.ledger = ledger
         self.deployment = deployment
-        caps = [c for c in (self.context.privacy.epsilon_cap, epsilon_cap) if c is not None]
-        self.epsilon_cap = min(caps) if caps else None
+        caps = {  # the tighter cap binds; a refusal names its key
+            key: cap
+            for key, cap in (
+                ("rules.epsilon_cap", epsilon_cap),
+                ("privacy.epsilon_cap", self.context.privacy.epsilon_cap),
+            )
+            if cap is not None
+        }
+        self.cap_key = min(caps, key=caps.__getitem__) if caps else None
+        self.epsilon_cap = caps[self.cap_key] if self.cap_key else None
         self.total_epsilon_cap = total_epsilon_cap
         folder = None if local_state.folder is None else local_state.folder / FOLDER
         keeps_answers = (
@@ -297,7 +305,7 @@ class SiloAgent:
         if self.epsilon_cap is not None and epsilon > self.epsilon_cap:
             return (
                 f"this task would bring epsilon to {epsilon:.4g}, above the cap "
-                f"{self.epsilon_cap:g} for job {self.deployment!r}"
+                f"{self.epsilon_cap:g} for job {self.deployment!r} ({self.cap_key})"
             )
         if self.total_epsilon_cap is None:
             return None

@@ -41,11 +41,14 @@ def _cuda(requested: str) -> tuple[torch.device, str]:
     visible = _visible_cuda_devices()
     if visible == 0:
         raise DeviceError(
-            f"{requested} requested but no CUDA device visible; use device: cpu or auto"
+            f"compute.device: {requested} requested but no CUDA device visible; use device: cpu "
+            "or auto"
         )
     if index >= visible:
         names = ", ".join(f"cuda:{i}" for i in range(visible))
-        raise DeviceError(f"{requested} requested but {visible} CUDA device(s) visible: {names}")
+        raise DeviceError(
+            f"compute.device: {requested} requested but {visible} CUDA device(s) visible: {names}"
+        )
     return torch.device(f"cuda:{index}"), f"{requested}: using {_describe(index)}"
 
 

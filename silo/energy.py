@@ -24,18 +24,17 @@ concurrent silos in one process stay reproducible.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
+from fedsilo.models.global_rng import seeded_global_rng
 from fedsilo.wire.tasks import EnergySignals
 
 ENERGIES = ("joint", "marginal")
 SIGN_ZERO = 1e-12  # |E| below this has sign 0 (s = 1)
-_GLOBAL_GENERATOR = threading.Lock()
 
 
 def energy_of(logits: Tensor, y: Tensor, kind: str) -> Tensor:
@@ -60,8 +59,7 @@ def input_gradient(model: nn.Module, x: Tensor, y: Tensor, kind: str, clip: floa
 def with_spectral_norm(model: nn.Sequential, seed: int) -> nn.Sequential:
     """`model` with its last layer spectrally normalised, the power iteration's vectors drawn
     from `seed` (torch draws them from its global generator: seeded and restored here)."""
-    with _GLOBAL_GENERATOR, torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+    with seeded_global_rng(seed):
         nn.utils.parametrizations.spectral_norm(model[-1])
     return model
 

@@ -21,7 +21,12 @@ class DataError(ValueError):
 
     def within(self, section: str) -> DataError:
         """The same error naming keys as spelled under `section` (silo.yaml: `data.source`)."""
-        return DataError(self.template, section)
+        return type(self)(self.template, section)
+
+
+class DataNotHere(DataError):
+    """Data this machine does not hold: a file that is not here, or a data plug-in that is not
+    installed here (a deployment's policy names what each site holds)."""
 
 
 class DpSgdError(ValueError):

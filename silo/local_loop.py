@@ -12,10 +12,13 @@ Poisson sampling.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from fedsilo.models.global_rng import seeded_global_rng
+from fedsilo.policies.model import PluginModel
 from fedsilo.silo.reports import LOSSES
 from fedsilo.silo.schedule import LocalSchedule, shuffled_batches
 from fedsilo.wire.messages import TaskMessage
@@ -60,17 +63,30 @@ def local_steps(
 ) -> tuple[list[float | None], dict[str, float]]:
     """A training task's steps: `plain(batches)` over the task seed's shuffled batches, or under
     the silo's DP-SGD `private(plan, private_seed)`; each step's loss, and the metrics (the
-    steps, and the DP plan's public parameters)."""
+    steps, and the DP plan's public parameters). A plug-in network's own randomness (dropout)
+    comes from torch's global generator, seeded from the task alone (`network_randomness`)."""
     metrics = {"steps": float(schedule.steps)}
     local = local_training(message.config)
     if ctx.privacy.dp_sgd is None:
         generator = torch.Generator().manual_seed(local.seed)
-        return list(plain(shuffled_batches(schedule, generator))), metrics
+        with network_randomness(ctx, local.seed):
+            return list(plain(shuffled_batches(schedule, generator))), metrics
     from fedsilo.silo.dp_training import dp_sgd_plan  # Opacus loads only on the DP path
 
     plan = dp_sgd_plan(ctx.privacy, local, schedule.n, ctx.rounds)
-    losses = private(plan, ctx.private_seed(message.task_id, "dp-sgd"))
+    with network_randomness(ctx, ctx.private_seed(message.task_id, "network")):
+        losses = private(plan, ctx.private_seed(message.task_id, "dp-sgd"))
     return losses, metrics | plan.public_metrics()
+
+
+def network_randomness(ctx: SiloContext, seed: int) -> AbstractContextManager[None]:
+    """Where a training task's network draws its own randomness: a plug-in network (which may
+    use dropout) from torch's global generator seeded with `seed` (the task's; under DP-SGD
+    from the silo's secret, like the rest of the task's randomness) and held while it trains
+    (models/global_rng.py); a zoo network draws none."""
+    if isinstance(ctx.policy.model, PluginModel):
+        return seeded_global_rng(seed)
+    return nullcontext()
 
 
 def gradient_steps(

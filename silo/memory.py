@@ -38,7 +38,12 @@ class SiloMemory:
     `hosted`: the daisy chain's model. `sessions`: per secure-aggregation protocol, the one
     aggregation under way, by session id, its steps' values. `ckks_contexts`: the CKKS secret
     context by digest (one at a time). `aggregation_log`: the silo's log of the protocol steps
-    it took, read from its state folder when first needed. `skeleton`: the network a task's
+    it took, read from its state folder when first needed. `advertised`: masking's
+    advertisements (public keys and the released sample count) by session id, with their
+    round, and `ckks_made`: the CKKS keys this silo made as key holder (its answer's tensors and
+    their recipients): a coordinator restarted in the middle of an aggregation asks for them
+    again and gets the same ones, which are public or sealed, so it finishes the aggregation
+    the silos began. `skeleton`: the network a task's
     model is loaded into (silo/model_skeleton.py). `background`: one worker thread for what a
     task computes while it trains (masking's streams), started on first use and kept, since
     starting a thread per task cost a quarter of a millisecond."""
@@ -48,6 +53,8 @@ class SiloMemory:
     hosted: HostedModel = field(default_factory=HostedModel)
     sessions: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
     ckks_contexts: dict[str, ts.Context] = field(default_factory=dict)
+    advertised: dict[str, tuple[int, bytes, int]] = field(default_factory=dict)
+    ckks_made: tuple[tuple[str, ...], dict[str, Tensor]] | None = None
     aggregation_log: AggregationLog | None = None
     skeleton: ModelSkeleton = field(default_factory=ModelSkeleton)
     background: ThreadPoolExecutor = field(

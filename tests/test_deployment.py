@@ -3,6 +3,7 @@ as real processes on 127.0.0.1 over mutual TLS, the same answer as the in-proces
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -330,3 +331,36 @@ def test_drflm_on_molecular_graphs_over_processes_equals_the_simulation(
     expected_policy = parse_policy(document)
     expected = simulate(expected_policy, load_silos(expected_policy, None)).history.state.model
     assert torch.equal(tensors["model"], expected)
+
+
+@pytest.mark.parametrize("method", ["masking", "ckks"])
+def test_a_coordinator_killed_mid_secure_round_and_restarted_ends_with_the_uninterrupted_model(
+    consortium: Consortium, method: str
+) -> None:
+    # silo-2 is frozen once round 2 ends, so the coordinator is stuck inside round 3's secure
+    # aggregation when SIGKILL reaches it; restarted with the same command, it finishes the
+    # aggregation the silos began (tests/test_restart_mid_aggregation.py: at every step)
+    document = policy_document(rounds=4, secure_aggregation=method)
+    policy = consortium.write_policy(document)
+    consortium.start_coordinator(policy, "--out", "results")
+    for silo in SILOS:
+        consortium.start_silo(silo)
+    consortium.wait_for_log("coordinator", "round 2/4 completed", timeout=120, interval=0.02)
+    consortium.send_signal("silo-2", signal.SIGSTOP)
+    consortium.kill("coordinator")
+    consortium.send_signal("silo-2", signal.SIGCONT)
+    assert "round 3/4" not in consortium.log("coordinator")
+    consortium.start_coordinator(policy, "--out", "results", name="restarted")
+    assert consortium.wait("restarted", timeout=120) == 0, consortium.log("restarted")
+    resumed = consortium.log("restarted")
+    assert "round 3/4 completed" in resumed and "failed" not in resumed
+
+    tensors, _ = decode_tensors(
+        (consortium.root / "results" / "final_model.safetensors").read_bytes()
+    )
+    expected_policy = parse_policy(document)
+    expected = simulate(expected_policy, load_silos(expected_policy, None)).history.state.model
+    if method == "masking":  # exact fixed-point sums: the same bits
+        assert torch.equal(tensors["model"], expected)
+    else:  # CKKS decrypts approximately (rounded to 2^-22): the same model within that
+        assert torch.allclose(tensors["model"], expected, atol=1e-5)

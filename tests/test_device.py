@@ -59,7 +59,9 @@ def test_an_existing_cuda_index_is_honoured(two_gpus):
 def test_an_out_of_range_cuda_index_names_the_visible_devices(one_gpu):
     with pytest.raises(DeviceError) as refused:
         resolve_device("cuda:3")
-    assert str(refused.value) == "cuda:3 requested but 1 CUDA device(s) visible: cuda:0"
+    assert str(refused.value) == (
+        "compute.device: cuda:3 requested but 1 CUDA device(s) visible: cuda:0"
+    )
 
 
 @pytest.mark.parametrize("requested", ["cuda", "cuda:0"])
@@ -67,7 +69,7 @@ def test_cuda_without_any_cuda_device_suggests_cpu_or_auto(no_cuda, requested):
     with pytest.raises(DeviceError) as refused:
         resolve_device(requested)
     assert str(refused.value) == (
-        f"{requested} requested but no CUDA device visible; use device: cpu or auto"
+        f"compute.device: {requested} requested but no CUDA device visible; use device: cpu or auto"
     )
 
 

@@ -388,13 +388,15 @@ def test_the_epsilon_panel_draws_each_silos_epsilon_against_the_policys_cap() ->
     assert {"id": "displayName", "value": "cap"} in cap["properties"]
 
 
-def test_the_policys_epsilon_cap_is_exported_for_the_running_job() -> None:
+def test_the_policys_epsilon_cap_and_noised_metrics_are_exported_for_the_running_job() -> None:
     metrics = CoordinatorMetrics()
     metrics.deployment = "job-1"
-    metrics.set_epsilon_cap(None)
+    metrics.set_privacy(None, noised=False)
     assert value(metrics.registry, "fedsilo_privacy_epsilon_cap", deployment="job-1") is None
-    metrics.set_epsilon_cap(8.0)
+    assert value(metrics.registry, "fedsilo_metrics_noised", deployment="job-1") == 0
+    metrics.set_privacy(8.0, noised=True)
     assert value(metrics.registry, "fedsilo_privacy_epsilon_cap", deployment="job-1") == 8.0
+    assert value(metrics.registry, "fedsilo_metrics_noised", deployment="job-1") == 1
 
 
 def test_the_scrape_config_names_the_coordinator_and_silo_jobs_the_dashboard_filters_on() -> None:

@@ -265,14 +265,22 @@ def test_a_quorum_of_every_draw_from_lambda_is_refused_at_check_time(name: str) 
     policy(name, settings={"variant": "fedtorch"}, **quorum)  # uniform draws, no replacement
 
 
-def test_a_deployments_consortium_that_every_draw_must_cover_is_refused_at_the_start() -> None:
-    """The natural partition's silo count (a deployment's roster) is known only when the run
-    starts: the run stops there with the same reason, before any round."""
+def test_a_consortium_that_every_draw_must_cover_is_refused_once_its_silos_are_known() -> None:
+    """A natural partition's silo count is known once its data is read (a deployment's roster
+    when the run starts): `simulate` refuses it then with the same reason, before any round,
+    and so does the engine of a deployment."""
     p = parse_policy(
         {
             "version": 1, "rounds": 2, "algorithm": {"name": "drfa"}, "model": {"name": "linear"},
             "training": {"steps": 2}, "participants": {"min_silos": 4}, "data": {"source": "heart"},
         }
     )  # fmt: skip
-    with pytest.raises(RunAborted, match="min_silos: drfa draws 4 silo.*quorum of 4"):
+    with pytest.raises(PolicyError, match="min_silos: drfa draws 4 silo.*quorum of 4"):
         run(p)
+    datasets = load_consortium(p.data, seed=p.seed)
+    keys = ConsortiumKeys.generate(d.name for d in datasets)
+    agents = {d.name: build_agent(p, d.name, d, torch.device("cpu"), keys) for d in datasets}
+    transport = InProcessTransport({n: a.handle_bytes for n, a in agents.items()})
+    engine = RoundEngine(make_strategy(p), transport, p, sorted(agents))
+    with pytest.raises(RunAborted, match="min_silos: drfa draws 4 silo.*quorum of 4"):
+        engine.run()

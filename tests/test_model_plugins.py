@@ -41,6 +41,7 @@ SMALL = "tests.plugin_fixtures:small_net"
 WIDE = "tests.plugin_fixtures:wide_net"
 BATCHNORM = "tests.plugin_fixtures:batchnorm_net"
 NOT_A_MODULE = "tests.plugin_fixtures:not_a_module"
+DROPOUT = "tests.plugin_fixtures:dropout_net"
 HEART = ((23,), 2)  # the bundled heart data's input shape and classes
 
 
@@ -49,7 +50,7 @@ def installed(monkeypatch: pytest.MonkeyPatch) -> None:
     """The test factories, as a site that installed them would see them."""
     entry_points = [
         EntryPoint(name=value.rsplit(":", 1)[1], value=value, group=GROUP)
-        for value in (SMALL, WIDE, BATCHNORM, NOT_A_MODULE)
+        for value in (SMALL, WIDE, BATCHNORM, NOT_A_MODULE, DROPOUT)
     ]
     monkeypatch.setattr(plugins, "installed_factories", lambda: entry_points)
 
@@ -398,6 +399,22 @@ def test_a_simulation_trains_a_plugin_model_whose_final_model_loads_back_into_th
     model = load_final_model(path)
     assert type(model).__name__ == "SmallNet" and not model.training
     assert torch.equal(state.spec.flatten(dict(model.named_parameters())), state.model)
+
+
+@pytest.mark.parametrize("privacy", [{}, DP], ids=["plain", "dp-sgd"])
+def test_a_plugin_with_dropout_gives_the_same_bits_in_two_identical_runs(privacy: dict) -> None:
+    # dropout draws from torch's global generator, which concurrent silos share: each training
+    # task seeds it from the task alone, and holds it while it trains (models/global_rng.py)
+    policy = parse_policy(
+        plugin_policy(
+            pinned(DROPOUT), rounds=2, privacy=privacy, training={"epochs": 2, "batch_size": 16}
+        )
+    )
+    datasets = load_silos(policy, None)
+    first, second = (simulate(policy, datasets).history.state.model for _ in range(2))
+    assert torch.equal(first, second)
+    other_seed = policy.with_overrides(seed=policy.seed + 1)
+    assert not torch.equal(first, simulate(other_seed, datasets).history.state.model)
 
 
 def test_a_simulation_refuses_a_batchnorm_plugin_under_dp_before_its_first_round() -> None:

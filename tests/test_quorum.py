@@ -252,15 +252,19 @@ def test_fedsilo_simulate_refuses_a_consortium_smaller_than_min_silos(tmp_path: 
         main, ["simulate", "--policy", str(path), "--out", str(tmp_path / "out")]
     )
     assert result.exit_code == 1, result.output
-    assert "participants.min_silos is 4" in result.output
+    assert (
+        "participants.min_silos: every phase needs 4 silos' answers and the consortium has 3"
+        in (result.output)
+    )
     assert "Traceback" not in result.output
     assert not (tmp_path / "out").exists()
 
 
 def test_fedsilo_coordinator_start_refuses_a_roster_smaller_than_min_silos(tmp_path: Path) -> None:
-    consortium = provision(tmp_path)  # three silos
+    consortium = provision(tmp_path)  # three silos, for data the policy deals into four
+    four = {"source": "sklearn:breast_cancer", "partition": {"kind": "iid", "silos": 4}}
     policy = consortium.write_policy(
-        policy_document(participants={"min_silos": 4, "phase_timeout_s": 20})
+        policy_document(participants={"min_silos": 4, "phase_timeout_s": 20}, data=four)
     )
     args = ["coordinator", "start", "--kit", str(consortium.kits / "coordinator")]
     args += ["--policy", str(policy), "--state", str(tmp_path / "state.db"), "--join-timeout", "5"]

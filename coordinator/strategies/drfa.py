@@ -42,6 +42,7 @@ from fedsilo.coordinator.mixing import (
     projected_loss_ascent,
     proportional_to_counts,
 )
+from fedsilo.coordinator.noised_reports import loss_in_domain
 from fedsilo.coordinator.phases import Phase, Task, WeightedMean
 from fedsilo.coordinator.strategies.base import (
     MIXING,
@@ -115,8 +116,12 @@ class Drfa(Strategy):
             ),
         )
         reported = {s: r for s, r in probe.reports.items() if math.isfinite(r.metrics["loss"])}
+        privacy = self.policy.privacy  # noised losses read in their domain
         losses = np.array(
-            [reported[s].metrics["loss"] if s in reported else math.nan for s in silos]
+            [
+                loss_in_domain(reported[s].metrics["loss"], privacy) if s in reported else math.nan
+                for s in silos
+            ]
         )
         if mixing.lam is None and settings.init == "counts":
             lam = proportional_to_counts(

@@ -61,6 +61,7 @@ from fedsilo.coordinator.mixing import (
     qfedavg_weights,
     term_weights,
 )
+from fedsilo.coordinator.noised_reports import loss_in_domain
 from fedsilo.coordinator.phases import Phase, SiloReport, Task, WeightedMean
 from fedsilo.coordinator.strategies.base import (
     MIXING,
@@ -137,10 +138,12 @@ class LossWeighted(Strategy):
     def decide_from(
         self, reports: Mapping[str, SiloReport], mixing: MixingState, ctx: RoundContext
     ) -> Decision:
-        """Coefficients from the probe's reports: each silo's mean loss and released count
-        (a silo whose loss is not finite did not report)."""
+        """Coefficients from the probe's reports: each silo's mean loss (under DP clamped
+        into its domain: coordinator/noised_reports.py) and released count (a silo whose loss
+        is not finite did not report)."""
+        privacy = self.policy.privacy
         reported = {
-            s: (float(r.metrics["loss"]), float(r.num_samples))
+            s: (loss_in_domain(float(r.metrics["loss"]), privacy), float(r.num_samples))
             for s, r in reports.items()
             if math.isfinite(r.metrics.get("loss", math.nan))
         }

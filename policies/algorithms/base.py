@@ -66,6 +66,12 @@ class AlgorithmBase(PolicyModel):
         at check time, a deployment's consortium at the start of the run); None: it can."""
         return None
 
+    def task_problem(self, task: str, classes: int | None) -> str | None:
+        """Why this algorithm cannot learn a `task` of `classes` classes (None: not a
+        classification), once the data says which (`policy validate`, `simulate`; a silo
+        refuses the task itself too); None: it can."""
+        return None
+
     @model_validator(mode="before")
     @classmethod
     def _name_who_reads_a_setting(cls, data: Any) -> Any:
@@ -104,3 +110,16 @@ def readers_of(setting: str) -> list[str]:
         if setting in cls.model_fields and setting != "name"
         for name in names_of(cls)
     )
+
+
+def task_kind(task: str, classes: int | None) -> str:
+    """A task as messages name it: "classification task of 3 classes", "regression task"."""
+    return f"{task} task" + (f" of {classes} classes" if task == "classification" else "")
+
+
+def classification_problem(name: str, task: str, classes: int | None) -> str | None:
+    """Why `name`, which learns per class, cannot learn `task`; None for a classification."""
+    if task == "classification" and (classes or 0) >= 2:
+        return None
+    kind = task_kind(task, classes)
+    return f"algorithm: {name} works per class (classification only); this data is a {kind}"

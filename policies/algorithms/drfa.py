@@ -114,10 +114,6 @@ class DrfaConfig(LambdaConfig):
                 "training.steps: the fedtorch variant draws its checkpoint before step "
                 "k' ~ U{1..tau-1}, so it needs tau >= 2 local steps"
             )
-        silos = getattr(policy.data.partition, "silos", None)  # known for a simulation
-        problem = None if silos is None else self.consortium_problem(policy, silos)
-        if problem:
-            raise ValueError(problem)
 
     def consortium_problem(self, policy: Policy, silos: int) -> str | None:
         """The paper's variant draws M silos from lambda with replacement and weighs each by

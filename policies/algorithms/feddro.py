@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 
 from pydantic import Field
 
-from fedsilo.policies.algorithms.base import AlgorithmBase
+from fedsilo.policies.algorithms.base import AlgorithmBase, classification_problem
 from fedsilo.policies.algorithms.contract import (
     PhaseRule,
     Position,
@@ -96,6 +96,9 @@ class FedDroConfig(AlgorithmBase):
             sums=(MODEL,),
         )
         return averaging_contract(policy, schema_rule(), support, train, evaluation_rule(policy))
+
+    def task_problem(self, task: str, classes: int | None) -> str | None:
+        return classification_problem(self.name, task, classes)
 
     def check(self, policy: Policy) -> None:
         if not self.release_point_clouds:

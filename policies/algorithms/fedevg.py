@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
 
-from fedsilo.policies.algorithms.base import AlgorithmBase
+from fedsilo.policies.algorithms.base import AlgorithmBase, classification_problem
 from fedsilo.policies.algorithms.contract import (
     PhaseRule,
     Position,
@@ -108,6 +108,9 @@ class FedEvgConfig(AlgorithmBase):
             },
         )
         return averaging_contract(policy, schema_rule(), energy, evaluation_rule(policy))
+
+    def task_problem(self, task: str, classes: int | None) -> str | None:
+        return classification_problem(self.name, task, classes)
 
     def check(self, policy: Policy) -> None:
         if policy.data.scaling != "none":

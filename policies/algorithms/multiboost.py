@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import Field
 
-from fedsilo.policies.algorithms.base import SAMPLE_WEIGHTED, AlgorithmBase
+from fedsilo.policies.algorithms.base import SAMPLE_WEIGHTED, AlgorithmBase, task_kind
 from fedsilo.policies.algorithms.contract import (
     ChosenLength,
     ContractError,
@@ -44,6 +44,12 @@ class MultiBoostConfig(AlgorithmBase):
     name: Literal["multiboost"]
     base_learners: int = Field(default=1, ge=1, le=16)
     step: float = Field(default=1.0, gt=0)
+
+    def task_problem(self, task: str, classes: int | None) -> str | None:
+        if task == "classification" and classes == 2:
+            return None
+        kind = task_kind(task, classes)
+        return f"algorithm: multiboost boosts binary classifiers; this data is a {kind}"
 
     def learner_seed(self, policy: Policy, learner: int) -> int:
         """The run seed base classifier `learner` is trained from, the same at every silo."""

@@ -25,7 +25,7 @@ from torch.utils.data import Dataset
 
 from fedsilo.policies.data import BUILTIN_TASKS, SURVIVAL, DataConfig, is_entry_point_value
 from fedsilo.silo.data.survival import SurvivalTask
-from fedsilo.silo.errors import SECTION, DataError
+from fedsilo.silo.errors import SECTION, DataError, DataNotHere
 
 DATASETS_GROUP = "fedsilo.datasets"
 TASKS_GROUP = "fedsilo.tasks"
@@ -92,7 +92,7 @@ def _registered(group: str, value: str, key: str) -> Any:
     found = [point for point in installed(group) if point.value == value]
     if not found:
         listing = ", ".join(sorted(point.value for point in installed(group))) or "none"
-        raise DataError(
+        raise DataNotHere(
             f"{SECTION}.{key}: '{value}' is not an installed plug-in of group {group}; "
             f"installed: {listing}"
         )

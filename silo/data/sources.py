@@ -26,7 +26,7 @@ from fedsilo.policies.data import (
     DataConfig,
 )
 from fedsilo.silo.data.plugins import load_plugin_data
-from fedsilo.silo.errors import SECTION, DataError
+from fedsilo.silo.errors import SECTION, DataError, DataNotHere
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ HEART_CSV = "datasets/heart/heart_disease_uci.csv"
 # static split (train/test, from `fold2`); the 39 feature columns are brca.csv's, the targets
 # (time, event) its T and E.
 TCGA_FOLDER = "datasets/tcga_brca"
-TCGA_DICTIONARY = DataDictionary(target="T", not_features=("pid", "T", "E"))
+TCGA_DICTIONARY = DataDictionary(target="T", not_features=("pid", TCGA_SILO_COLUMN, "T", "E"))
 # A molecular source's frame: each molecule's Bemis-Murcko scaffold (not a feature).
 SCAFFOLD_COLUMN = "scaffold"
 DIGITS_INTENSITIES = 16.0  # scikit-learn's 8x8 digits count 0..16 per pixel
@@ -87,7 +87,7 @@ def _resolve_path(path: str, base_dir: Path | None) -> Path:
     if not resolved.is_absolute() and base_dir is not None:
         resolved = base_dir / resolved
     if not resolved.is_file():
-        raise DataError(f"{SECTION}.path: data file not found: {resolved}")
+        raise DataNotHere(f"{SECTION}.path: data file not found: {resolved}")
     return resolved
 
 

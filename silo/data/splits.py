@@ -15,7 +15,8 @@ def split_sizes(n: int, split: SplitConfig, silo: str) -> list[int]:
     needed = 3 if split.val > 0 else 2
     if n < needed:
         raise DataError(
-            f"silo '{silo}' has {n} rows; splitting it into train/val/test needs at least {needed}"
+            f"{SECTION}.partition: silo '{silo}' has {n} rows; splitting it into train/val/test "
+            f"needs at least {needed} (fewer silos, or a partition that gives each more rows)"
         )
     val = max(1, int(n * split.val + 0.5)) if split.val > 0 else 0  # rounded half up
     test = max(1, int(n * split.test + 0.5))

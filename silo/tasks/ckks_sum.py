@@ -103,6 +103,11 @@ def keygen(message: TaskMessage, ctx: SiloContext) -> TaskResult:
         raise CkksError(f"{outsiders} are not members of this consortium; no key for them")
     if ctx.name not in recipients:
         raise CkksError("the key holder seals its context to itself too, to survive a restart")
+    made = ctx.store.ckks_made
+    if made is not None and made[0] == tuple(recipients):
+        # the keys it made already, to a coordinator restarted since (it keeps no keys): the
+        # public part and sealed copies only, so the silos finish the sums they began with them
+        return task_result(message, ctx, {name: t.clone() for name, t in made[1].items()})
     secret = new_secret_context(_parameters(ctx))
     public = public_context(secret)
     _contexts(ctx)[context_digest(public)] = load_secret_context(secret)
@@ -110,7 +115,9 @@ def keygen(message: TaskMessage, ctx: SiloContext) -> TaskResult:
         f"{SEALED_CONTEXT}/{r}": bytes_tensor(seal_context(secret, ctx.sealing_roster[r], identity))
         for r in recipients
     }
-    return task_result(message, ctx, {PUBLIC_CONTEXT: bytes_tensor(public), **sealed})
+    tensors = {PUBLIC_CONTEXT: bytes_tensor(public), **sealed}
+    ctx.store.ckks_made = (tuple(recipients), {name: t.clone() for name, t in tensors.items()})
+    return task_result(message, ctx, tensors)
 
 
 def join(message: TaskMessage, ctx: SiloContext) -> TaskResult:

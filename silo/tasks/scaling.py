@@ -52,5 +52,5 @@ def standardise(message: TaskMessage, ctx: SiloContext) -> TaskResult:
 
 
 def _apply(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
-    flat = (x.reshape(len(x), -1).to(torch.float64) - mean) / std
+    flat = (x.reshape(len(x), mean.numel()).to(torch.float64) - mean) / std  # 0 rows too
     return torch.nan_to_num(flat, nan=0.0).to(x.dtype).reshape(x.shape)

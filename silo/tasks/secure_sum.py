@@ -122,26 +122,29 @@ def _advertisement(
 ) -> tuple[bytes, int]:
     """This silo's signed public keys for the aggregation of `phase` in round `round_no`, and
     its sample count, asked for by `message`: a fresh key set, its advertise step claimed
-    durably first (one key set per aggregation, ever), or the same keys again while none of
-    their shares went out (an advertisement repeated, e.g. to a coordinator restarted since it
-    was made, is public)."""
-    identity = _identity(ctx)
+    durably first (one key set per aggregation, ever), or the same advertisement again, as long
+    as this process remembers it (asked again by a coordinator restarted since: it is public,
+    and every later step of the aggregation is taken once, so the restarted coordinator can
+    only finish the aggregation the silos began)."""
+    key = session_key(round_no, phase)
+    advertised = ctx.store.advertised
+    if key in advertised:
+        _, advert, count = advertised[key]
+        return advert, count
+    label = aggregation_label(ctx.deployment, round_no, phase)
+    aggregation_log(ctx).claim(label, "advertise")
+    keys = MaskingKeys.generate()
     sessions = ctx.store.sessions.setdefault("secagg", {})
-    session = sessions.get(session_key(round_no, phase))
-    if session is None or not _unshared(session):
-        label = aggregation_label(ctx.deployment, round_no, phase)
-        aggregation_log(ctx).claim(label, "advertise")
-        keys = MaskingKeys.generate()
-        session = new_session(
-            ctx, "secagg", session_key(round_no, phase), keep=_ahead(sessions, message.round)
-        )
-        session |= {
-            "round": round_no,
-            "keys": keys,
-            "advert": keys.advertise(ctx.name, identity, label).to_bytes(),
-            "count": ctx.reports(message.task_id, "train").count(len(ctx.data.y_train)),
-        }
-        ctx.released_count("train")
+    session = new_session(ctx, "secagg", key, keep=_ahead(sessions, message.round))
+    session |= {
+        "round": round_no,
+        "keys": keys,
+        "advert": keys.advertise(ctx.name, _identity(ctx), label).to_bytes(),
+        "count": ctx.reports(message.task_id, "train").count(len(ctx.data.y_train)),
+    }
+    ctx.released_count("train")
+    recent = {k: v for k, v in advertised.items() if v[0] >= message.round - 1}
+    ctx.store.advertised = recent | {key: (round_no, session["advert"], session["count"])}
     return session["advert"], session["count"]
 
 

@@ -116,7 +116,7 @@ def test_keys_are_not_folded_for_an_aggregation_the_silo_already_advertised_for(
     """An unmask task asking for keys for the aggregation it unmasks (round 1, advertised
     already) names no later weighted mean of the policy: the contract refuses the whole task,
     nothing is revealed and no keys are folded. Its handler, run on that task all the same,
-    answers the unmask but makes no second key set for round 1."""
+    answers the unmask with round 1's own keys again, public already: no second key set."""
     c = consortium(secure_policy())
     first = DeviatingCoordinator(c)
     adverts = first.advertise(SILOS)
@@ -132,17 +132,40 @@ def test_keys_are_not_folded_for_an_aggregation_the_silo_already_advertised_for(
     assert isinstance(message.config, SecAggUnmask)
     answered = TASK_KINDS["secagg_unmask"].handler(message, c.agents[TARGET].context)
     assert answered.ok and REVEALED_SEED + TARGET in answered.tensors
-    assert folded({TARGET: answered}) == {}  # no second key set for round 1 comes with it
+    assert folded({TARGET: answered}) == {TARGET: adverts[TARGET]}  # no second key set
 
 
-def test_keys_folded_ahead_are_never_repeated_once_shared() -> None:
-    c = consortium(secure_policy())
+def test_keys_asked_for_again_once_shared_are_the_same_and_finish_the_one_aggregation(
+    tmp_path: Path,
+) -> None:
+    # A coordinator that lost the folded keys (restarted in the middle of round 2, after the
+    # shares went out) asks for them again: each silo (keeping its answers in its state
+    # folder, as a deployed silo does) hands out the same public keys, never a second set,
+    # and its shares again, the same bytes under the same task ids, so the only aggregation of
+    # round 2 it can finish is the one the silos began; its sum is every silo's.
+    c = consortium(secure_policy(), state=tmp_path)
     _, _, adverts = round_one_folding_round_two(c)
-    coordinator = DeviatingCoordinator(c, round_no=2)
-    coordinator.share(dict.fromkeys(SILOS, adverts))
-    asked = DeviatingCoordinator(c, round_no=2)
-    assert asked.advertise(SILOS) == {}  # the keys now have shares out: not handed out again
-    assert "already took the advertise step" in asked.refusals["advertise"][TARGET]
+    lost = DeviatingCoordinator(c, round_no=2)
+    lost.share(dict.fromkeys(SILOS, adverts))
+    restarted_coordinator = DeviatingCoordinator(c, round_no=2)
+    assert restarted_coordinator.advertise(SILOS) == adverts
+    shared = restarted_coordinator.share(dict.fromkeys(SILOS, adverts))
+    assert {s: r.tensors.keys() for s, r in shared.items()} == {
+        s: r.tensors.keys() for s, r in lost.shared.items()
+    }
+    assert all(
+        tensor_bytes(shared[s].tensors[name]) == tensor_bytes(lost.shared[s].tensors[name])
+        for s in SILOS
+        for name in shared[s].tensors
+    )
+    restarted_coordinator.mask(WEIGHTS)
+    revealed = restarted_coordinator.unmask(dict.fromkeys(SILOS, SILOS))
+    total = sum(true_update(c, silo, round_no=2) for silo in SILOS)
+    assert decodes(restarted_coordinator.sum_of(revealed, SILOS), total, 1 / len(SILOS))
+    # and under task ids no position has, nothing: neither keys nor shares
+    again = DeviatingCoordinator(c, round_no=2, tag="again-")
+    assert again.advertise(SILOS) == {}
+    assert "this position's task is" in again.refusals["advertise"][TARGET]
 
 
 def test_a_silo_restarted_after_folding_its_keys_sits_that_round_out(tmp_path: Path) -> None:

@@ -1,0 +1,22 @@
+"""Noised loss reports post-processed into their domain before a strategy reads them.
+
+Under DP a silo reports a mean loss as its rows' losses clipped to [0, loss_bound], averaged,
+plus Gaussian noise (silo/reports.py), so a report may fall below 0 or above `loss_bound`,
+where no mean of clipped losses lies. The strategies read each one clamped into
+[0, loss_bound]: AAggFF's CDF responses take non-negative losses, q-FedAvg raises them to a
+power, PropFair takes the log of its baseline less the loss. Clamping is post-processing of a
+DP release, so it costs no privacy (Dwork and Roth 2014, Proposition 2.1), and it never moves a
+report further from the value it noises, which lies in that interval. The raw reports stay in
+the round's record. Without DP a report is exact and read as it is.
+"""
+
+from __future__ import annotations
+
+from fedsilo.policies.privacy import PrivacyConfig
+
+
+def loss_in_domain(value: float, privacy: PrivacyConfig) -> float:
+    """A reported mean loss as strategies read it: clamped into [0, loss_bound] under DP."""
+    if not privacy.differentially_private:
+        return value
+    return min(max(value, 0.0), privacy.reports.loss_bound)
