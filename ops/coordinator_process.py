@@ -259,7 +259,8 @@ def close_serving(serving: Serving) -> None:
 
 def check_job(serving: Serving, job: Job) -> None:
     """Open the job in the state store (a job saved earlier resumes) and refuse it when the
-    consortium, less its revoked silos, cannot meet its quorum or secure aggregation."""
+    consortium, less its revoked silos, cannot meet its quorum or secure aggregation (its
+    group, and the key holder and decryptor it names)."""
     policy = job.policy
     serving.store.open_deployment(job.id, job.signed.digest, policy.model_dump_json())
     serving.revocations.sync()
@@ -270,7 +271,9 @@ def check_job(serving: Serving, job: Job) -> None:
             f"has {len(members_left)} silo(s) not revoked ({', '.join(members_left)}): no "
             "round could reach its quorum; lower participants.min_silos or provision more"
         )
-    problem = policy.secure_aggregation_problem(len(members_left))
+    problem = policy.secure_aggregation_problem(
+        len(members_left)
+    ) or policy.secure_aggregation.roster_problem(members_left)
     if problem:
         raise DeploymentError(problem)
 

@@ -97,17 +97,15 @@ def check_consortium(
     policy: Policy, datasets: Sequence[SiloDataset], *, model: bool = True
 ) -> None:
     """What a deployment checks before a job, on the simulated consortium: the policy fits its
-    number of silos (quorum, algorithm, secure aggregation: the coordinator's check), its
-    algorithm the data's task, and, with
+    number of silos and their names (quorum, algorithm, secure aggregation: the coordinator's
+    check), its algorithm the data's task, and, with
     `model`, the model builds and trains on each silo's data (each silo's); a PolicyError,
     PluginError or DpSgdError naming the field."""
-    problem = policy.consortium_problem(len(datasets)) or next(
-        (
-            p
-            for d in datasets
-            if (p := policy.algorithm.task_problem(d.task, d.num_classes)) is not None
-        ),
-        None,
+    tasks = {(d.task, d.num_classes) for d in datasets}
+    problem = (
+        policy.consortium_problem(len(datasets))
+        or policy.secure_aggregation.roster_problem([d.name for d in datasets])
+        or next(filter(None, (policy.algorithm.task_problem(*t) for t in sorted(tasks))), None)
     )
     if problem:
         raise PolicyError(problem)

@@ -11,6 +11,7 @@ security, SEAL's prime sizes), so a policy with bad parameters is refused when i
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -202,6 +203,20 @@ class SecureAggregationConfig(PolicyModel):
     def weight_floor(self, silos: int) -> float:
         """The weight at least `min_group` of a sum's `silos` silos must carry."""
         return self.min_weight if self.min_weight is not None else 1 / (2 * silos)
+
+    def roster_problem(self, members: Collection[str]) -> str | None:
+        """Why the silos this section names (`key_holder`, `decryptor`) cannot serve a
+        consortium of `members`, or None."""
+        if not self.enabled:
+            return None
+        for key in ("key_holder", "decryptor"):
+            named = getattr(self, key)
+            if named is not None and named not in members:
+                return (
+                    f"secure_aggregation.{key}: {named!r} is not a silo of this consortium "
+                    f"({', '.join(sorted(members))})"
+                )
+        return None
 
     def group_problem(self, silos: int) -> str | None:
         """Why this section cannot aggregate over `silos` silos (a simulation's partition, or a

@@ -237,3 +237,15 @@ def test_a_delta_that_guarantees_nothing_is_refused_when_the_policy_is_read(tmp_
     }
     result = cli("policy", "validate", str(write(tmp_path, document)))
     assert result.exit_code == 1 and "privacy.delta" in result.output, result.output
+
+
+@pytest.mark.parametrize("key", ["key_holder", "decryptor"])
+def test_a_ckks_key_holder_or_decryptor_outside_the_consortium_is_refused_when_the_data_is_read(
+    tmp_path: Path, key: str
+) -> None:
+    # was: accepted; every round failed ("the key holder 'nobody' is not a member of this
+    # consortium")
+    document = {"version": 1, "rounds": 1, "secure_aggregation": {"method": "ckks", key: "nobody"}}
+    result = cli("policy", "validate", str(write(tmp_path, document)))
+    assert result.exit_code == 1, result.output
+    assert f"secure_aggregation.{key}: 'nobody' is not a silo of this consortium" in result.output
