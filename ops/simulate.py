@@ -113,11 +113,14 @@ def check_consortium(
         return
     for data in {(d.input_shape, d.output_dim): d for d in datasets}.values():
         try:
-            check_model_for(policy, data)
+            parameters = check_model_for(policy, data)
         except (PluginError, DpSgdError):
             raise
         except ValueError as error:
             raise PolicyError(str(error)) from None
+        problem = policy.algorithm.model_problem(policy, len(datasets), parameters)
+        if problem:
+            raise PolicyError(problem)
 
 
 def consortium_report(policy: Policy, base_dir: Path | None) -> str:

@@ -12,9 +12,10 @@ from fedsilo.silo.data import SiloDataset
 from fedsilo.silo.dp_training import check_model as check_dp_model
 
 
-def check_model_for(policy: Policy, data: SiloDataset) -> None:
-    """Raise (PluginError, DpSgdError or ValueError, each naming what is wrong) unless the
-    policy's model can be trained on `data` under the policy's privacy section."""
+def check_model_for(policy: Policy, data: SiloDataset) -> int:
+    """The number of parameters of the policy's model for `data`; raise (PluginError,
+    DpSgdError or ValueError, each naming what is wrong) unless that model can be trained on
+    `data` under the policy's privacy section."""
     if isinstance(policy.model, LogisticModel) and (
         data.task != "classification" or data.num_classes != 2
     ):
@@ -26,3 +27,4 @@ def check_model_for(policy: Policy, data: SiloDataset) -> None:
     model = build_model(policy.model, data.input_shape, data.output_dim, policy.seed)
     if policy.privacy.dp_sgd is not None:
         check_dp_model(model)
+    return sum(p.numel() for p in model.parameters())

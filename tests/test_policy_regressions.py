@@ -249,3 +249,50 @@ def test_a_ckks_key_holder_or_decryptor_outside_the_consortium_is_refused_when_t
     result = cli("policy", "validate", str(write(tmp_path, document)))
     assert result.exit_code == 1, result.output
     assert f"secure_aggregation.{key}: 'nobody' is not a silo of this consortium" in result.output
+
+
+DIVERGING = {
+    "version": 1,
+    "seed": 16384,
+    "rounds": 1,
+    "data": {"source": "molecules:esol", "partition": {"kind": "scaffold", "silos": 2}},
+    "algorithm": {"name": "superfed", "ortho_nu": 2.3, "prox_mu": 2.3, "start_fraction": 0.0},
+    "model": {"name": "linear"},
+}
+
+
+@pytest.mark.parametrize("method", ["masking", "ckks"])
+def test_a_diverged_update_enters_no_secure_sum(tmp_path: Path, method: str) -> None:
+    # was, under masking: the NaN update fixed-point encoded into the sum as garbage, and the
+    # run ended "completed" with a model whose every metric was not finite; under CKKS:
+    # "CkksError: values must be finite", naming no setting
+    document = {**DIVERGING, "secure_aggregation": method}
+    result = cli(
+        "simulate", "--policy", str(write(tmp_path, document)), "--out", str(tmp_path / "o")
+    )
+    assert result.exit_code == 1, result.output
+    said = " ".join(result.output.split())
+    assert "every round failed" in said
+    assert (
+        "the trained 'model' is not finite, so it enters no sum" in said and "training.lr" in said
+    )
+
+
+def test_a_radon_aggregation_a_round_cannot_feed_is_refused_when_the_model_is_known(
+    tmp_path: Path,
+) -> None:
+    # was: simulate crashed mid-run, "RadonError: 1 models given, but the Radon point of
+    # models with d = 40 parameters needs at least r = d + 2 = 42"
+    document = {
+        "version": 1,
+        "rounds": 1,
+        "data": {"source": "tcga_brca"},
+        "algorithm": {"name": "feddc", "aggregator": "radon", "aggregation_period": 1},
+    }
+    result = cli("policy", "validate", str(write(tmp_path, document)))
+    assert result.exit_code == 1, result.output
+    said = " ".join(result.output.split())
+    assert (
+        "algorithm.aggregator: the Radon point of models of 40 parameters takes r = d + 2 = 42"
+        in said
+    )

@@ -47,7 +47,7 @@ from fedsilo.wire.tensors import decode_tensors
 from tests.deployment import provision
 from tests.policy_space import PLUGIN_FACTORIES, plugin_factory, policies
 
-EXAMPLES = int(os.environ.get("FEDSILO_POLICY_EXAMPLES", "120"))
+EXAMPLES = int(os.environ.get("FEDSILO_POLICY_EXAMPLES", "300"))
 SEED = os.environ.get("FEDSILO_POLICY_SEED")  # unset: derandomised, the same draws every run
 FILES = Path(tempfile.mkdtemp(prefix="fedsilo-policy-space-"))
 # What a silo's refusal names when a task crashed in it rather than refused (silo/agent.py

@@ -26,7 +26,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedsilo.coordinator.phases import Phase, PhaseOutcome, SiloReport, Task, WeightedMean
+from fedsilo.coordinator.phases import (
+    Phase,
+    PhaseOutcome,
+    QuorumNotMet,
+    SiloReport,
+    Task,
+    WeightedMean,
+)
 from fedsilo.coordinator.radon import iterated_radon_point, radon_height, radon_number
 from fedsilo.coordinator.strategies.base import (
     EvaluationScript,
@@ -156,6 +163,14 @@ class FedDC(Strategy):
         models = {s: t[MODEL] for s, t in out.tensors.items()}
         dim = next(iter(models.values())).numel()
         r = radon_number(dim)
+        if len(models) < r:  # too few answered: the round fails, as one below its quorum
+            raise QuorumNotMet(
+                f"algorithm.aggregator: the Radon point of models of {dim} parameters takes "
+                f"r = d + 2 = {r} of them, and {len(models)} answered",
+                out.phase,
+                out.reports,
+                out.dropped,
+            )
         height = min(self.config.radon_iterations, radon_height(len(models), dim))
         order = sorted(models)
         chosen = [order[i] for i in ctx.rng("radon").permutation(len(order))]

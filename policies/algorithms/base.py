@@ -66,6 +66,11 @@ class AlgorithmBase(PolicyModel):
         at check time, a deployment's consortium at the start of the run); None: it can."""
         return None
 
+    def model_problem(self, policy: Policy, silos: int, parameters: int) -> str | None:
+        """Why this algorithm cannot aggregate a model of `parameters` parameters over
+        `silos` silos, once the data says how large the model is; None: it can."""
+        return None
+
     def task_problem(self, task: str, classes: int | None) -> str | None:
         """Why this algorithm cannot learn a `task` of `classes` classes (None: not a
         classification), once the data says which (`policy validate`, `simulate`; a silo

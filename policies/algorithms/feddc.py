@@ -67,6 +67,17 @@ class FedDcConfig(AlgorithmBase):
                 "client_fraction 1 or secure_aggregation none"
             )
 
+    def model_problem(self, policy: Policy, silos: int, parameters: int) -> str | None:
+        """The Radon point of models of d parameters takes r = d + 2 of them each round."""
+        cohort = policy.cohort_size(silos)
+        if self.aggregator != "radon" or cohort >= parameters + 2:
+            return None
+        return (
+            f"algorithm.aggregator: the Radon point of models of {parameters} parameters takes "
+            f"r = d + 2 = {parameters + 2} of them a round, and a round asks {cohort} of the "
+            f"{silos} silos; use aggregator mean, a smaller model or more silos"
+        )
+
     def is_aggregation(self, step: int) -> bool:
         """Local step `step` (0-based) ends with an aggregation."""
         return self.aggregation_period is not None and (step + 1) % self.aggregation_period == 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from functools import cached_property
@@ -306,6 +306,19 @@ def task_result(
         tensors=tensors,
         spec=spec,
     )
+
+
+def summable(result: TaskResult, names: Iterable[str]) -> TaskResult:
+    """A wrapped task's `result`, once its tensors `names` are finite: a secure sum cannot
+    leave out a non-finite value the way the coordinator drops one sent in the clear, and an
+    encoding would turn it into garbage that no one could see in the sum."""
+    for name in names:
+        if not bool(torch.isfinite(result.tensors[name]).all()):
+            raise ValueError(
+                f"the trained {name!r} is not finite, so it enters no sum: a training that "
+                "diverged (a smaller training.lr or other optimizer settings may help)"
+            )
+    return result
 
 
 def with_tensors(

@@ -73,6 +73,7 @@ from fedsilo.silo.tasks.base import (
     inner_message,
     new_session,
     session_id,
+    summable,
     task_digest,
     task_result,
     with_tensors,
@@ -170,7 +171,7 @@ def encrypted_input(message: TaskMessage, ctx: SiloContext) -> TaskResult:
     weight = weights[ctx.name]
     session |= {"task": task_digest(message), "weights": weights}
     inner = inner_message(message)
-    result = TASK_KINDS[inner.kind].handler(inner, ctx)
+    result = summable(TASK_KINDS[inner.kind].handler(inner, ctx), task.tensors)
     bound = ctx.secure_aggregation.bound
     updates = []
     for name in task.tensors:

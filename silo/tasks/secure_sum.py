@@ -92,6 +92,7 @@ from fedsilo.silo.tasks.base import (
     new_session,
     session_id,
     session_key,
+    summable,
     task_digest,
     task_result,
     with_tensors,
@@ -256,7 +257,7 @@ def masked_input(message: TaskMessage, ctx: SiloContext) -> TaskResult:
         )
         for name in config.tensors
     }
-    result = TASK_KINDS[inner.kind].handler(inner, ctx)
+    result = summable(TASK_KINDS[inner.kind].handler(inner, ctx), config.tensors)
     encoding = FixedPoint.for_silos(ctx.secure_aggregation.bound, len(session["adverts"]))
     masked = {}
     for name in config.tensors:
