@@ -36,7 +36,9 @@ from fedsilo.silo.data.plugins import is_plugin_task, task_plugin
 from fedsilo.silo.device import resolve_device
 from fedsilo.silo.domains import check_domains
 from fedsilo.silo.errors import DataNotHere, DpSgdError
+from fedsilo.silo.evaluation import per_sample_loss_function
 from fedsilo.silo.readiness import check_model_for
+from fedsilo.wire.tasks import LossProbe
 
 
 @dataclass(frozen=True)
@@ -106,6 +108,7 @@ def check_consortium(
         policy.consortium_problem(len(datasets))
         or policy.secure_aggregation.roster_problem([d.name for d in datasets])
         or next(filter(None, (policy.algorithm.task_problem(*t) for t in sorted(tasks))), None)
+        or next(filter(None, (_per_row_loss_problem(policy, t) for t, _ in sorted(tasks))), None)
     )
     if problem:
         raise PolicyError(problem)
@@ -121,6 +124,28 @@ def check_consortium(
         problem = policy.algorithm.model_problem(policy, len(datasets), parameters)
         if problem:
             raise PolicyError(problem)
+
+
+def _per_row_loss_problem(policy: Policy, task: str) -> str | None:
+    """Why `policy` needs per-row losses `task` does not have (the survival task's Cox loss,
+    a task plug-in without `per_sample_loss`), or None."""
+    if policy.privacy.dp_sgd is not None:
+        needs = "privacy.dp_sgd: DP-SGD clips each row's gradient, of that row's loss"
+    elif policy.privacy.differentially_private:
+        needs = (
+            "privacy: under DP each loss a silo reports is a mean of per-row losses clipped to "
+            "[0, loss_bound]"
+        )
+    elif any(rule.kind == LossProbe.KIND for rule in policy.algorithm.silo_contract(policy).rules):
+        name = policy.algorithm.name
+        needs = f"algorithm: {name} probes each silo's loss, a mean of per-row losses"
+    else:
+        return None
+    try:
+        per_sample_loss_function(task)
+    except ValueError as error:
+        return f"{needs}; {error}"
+    return None
 
 
 def consortium_report(policy: Policy, base_dir: Path | None) -> str:

@@ -102,6 +102,11 @@ class MaskingError(ValueError):
 
 # -- fixed point ----------------------------------------------------------------------------
 
+# The finest encoding used, whatever the bound: 2^-64 is below every update float64 tells from 0
+# next to its other coordinates, and a finer scale would overflow float64 (a bound of 1e-300
+# asks for 2^1027).
+MAX_FRACTION_BITS = 64
+
 
 @dataclass(frozen=True)
 class FixedPoint:
@@ -116,7 +121,7 @@ class FixedPoint:
         most 1) cannot overflow: bound * 2^f + silos / 2 < 2^31."""
         if not (bound > 0 and math.isfinite(bound)) or silos < 1:
             raise MaskingError(f"need a positive bound and at least one silo ({bound}, {silos})")
-        bits = math.floor(math.log2((2**31 - silos) / bound))
+        bits = min(math.floor(math.log2(2**31 - silos) - math.log2(bound)), MAX_FRACTION_BITS)
         while bound * 2.0**bits + silos / 2 >= 2**31:  # log2's rounding at the edge
             bits -= 1
         if bits < 1:

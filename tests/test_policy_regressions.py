@@ -6,14 +6,22 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from click.testing import CliRunner, Result
 
+from fedsilo.coordinator.engine import RoundEngine
+from fedsilo.coordinator.strategies import make_strategy
+from fedsilo.coordinator.transport import InProcessTransport
 from fedsilo.ops.cli import main
+from fedsilo.ops.sim_silos import ConsortiumKeys, build_agent
+from fedsilo.ops.simulate import load_silos
 from fedsilo.policies.loading import PolicyError, parse_policy
+from fedsilo.wire.messages import TaskResult
 
 MASKING_OVER_A_NATURAL_PARTITION = {
     "version": 1,
@@ -296,3 +304,56 @@ def test_a_radon_aggregation_a_round_cannot_feed_is_refused_when_the_model_is_kn
         "algorithm.aggregator: the Radon point of models of 40 parameters takes r = d + 2 = 42"
         in said
     )
+
+
+def test_dp_or_loss_probes_on_a_task_without_per_row_losses_are_refused_when_the_data_is_read(
+    tmp_path: Path,
+) -> None:
+    # was: accepted; every round failed at every silo ("the survival task's Cox
+    # partial-likelihood loss has no per-row loss") under client DP's noised reports, and under
+    # a mixing schedule's loss probes
+    for extra, says in (
+        ({"privacy": {"client_dp": {"clip": 1.0, "noise_multiplier": 1.0}}}, "privacy: under DP"),
+        ({"algorithm": {"name": "aaggff"}}, "algorithm: aaggff probes each silo's loss"),
+    ):
+        document = {"version": 1, "rounds": 1, "data": {"source": "tcga_brca"}, **extra}
+        result = cli("policy", "validate", str(write(tmp_path, document)))
+        assert result.exit_code == 1, result.output
+        said = " ".join(result.output.split())
+        assert says in said and "has no per-row loss" in said
+
+
+def test_masking_with_the_smallest_bound_runs(tmp_path: Path) -> None:
+    # was: every round failed at every silo, "OverflowError: cannot convert float infinity to
+    # integer" (the finest fixed point for a bound of 2.2e-308 asked for 2^1053)
+    document = {
+        "version": 1,
+        "rounds": 1,
+        "secure_aggregation": {"method": "masking", "bound": 2.2250738585072014e-308},
+    }
+    results = simulated(tmp_path, document)
+    assert results["history"][0]["status"] == "completed"
+
+
+def test_a_probe_in_which_no_silo_reports_a_finite_loss_fails_its_round_naming_why() -> None:
+    # was: simulate crashed, "ValueError: no silo reported a finite loss; there is nothing to
+    # aggregate" (AAggFF after its server optimizer's tau of 2.2e-308 blew the model up; here
+    # the silos' loss reports are made non-finite on the way)
+    policy = parse_policy({"version": 1, "rounds": 1, "algorithm": {"name": "aaggff"}})
+    datasets = load_silos(policy, None)
+    keys = ConsortiumKeys.generate(d.name for d in datasets)
+
+    def diverged(endpoint):
+        def answer(payload):
+            result = TaskResult.decode(endpoint(payload))
+            if result.kind == "loss":
+                result = replace(result, metrics={**result.metrics, "loss": math.nan})
+            return result.encode()
+
+        return answer
+
+    agents = {d.name: build_agent(policy, d.name, d, torch.device("cpu"), keys) for d in datasets}
+    transport = InProcessTransport({n: diverged(a.handle_bytes) for n, a in agents.items()})
+    (record,) = RoundEngine(make_strategy(policy), transport, policy, sorted(agents)).run().records
+    assert record.status == "failed"
+    assert record.error.startswith("no silo reported a finite loss: the model diverged")

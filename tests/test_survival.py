@@ -13,7 +13,7 @@ from lifelines.utils import concordance_index as lifelines_c_index
 
 from fedsilo.coordinator.summary import summarize_metrics
 from fedsilo.ops.simulate import load_silos, simulate
-from fedsilo.policies.loading import load_policy
+from fedsilo.policies.loading import PolicyError, load_policy
 from fedsilo.policies.schema import Policy
 from fedsilo.silo.data.plugins import task_plugin
 from fedsilo.silo.data.survival import SurvivalTask, concordance_index, cox_loss
@@ -86,7 +86,7 @@ def test_survival_has_no_per_row_loss() -> None:
         per_sample_loss_function("survival")
 
 
-def test_dp_sgd_is_refused_for_survival_naming_why() -> None:
+def test_dp_sgd_is_refused_for_survival_naming_why_before_round_1() -> None:
     policy = load_policy(TCGA)
     document = {
         **policy.model_dump(),
@@ -95,10 +95,9 @@ def test_dp_sgd_is_refused_for_survival_naming_why() -> None:
         "privacy": {"delta": 1e-5, "dp_sgd": {"noise_multiplier": 1.0}},
     }
     private = Policy.model_validate(document)
-    record = simulate(private, load_silos(private, EXAMPLE)).history.records[-1]
-    assert record.status == "failed" and record.error is not None
-    assert "privacy.dp_sgd" in record.error
-    assert "each row's term depends on its risk set" in record.error
+    with pytest.raises(PolicyError, match="privacy.dp_sgd: DP-SGD clips each row's gradient") as e:
+        simulate(private, load_silos(private, EXAMPLE))
+    assert "each row's term depends on its risk set" in str(e.value)
 
 
 def test_fedavg_on_tcga_brca_ranks_patients_better_than_chance() -> None:

@@ -42,7 +42,7 @@ from fedsilo.coordinator.mixing import (
     projected_loss_ascent,
     proportional_to_counts,
 )
-from fedsilo.coordinator.noised_reports import loss_in_domain
+from fedsilo.coordinator.noised_reports import reported_losses
 from fedsilo.coordinator.phases import Phase, Task, WeightedMean
 from fedsilo.coordinator.strategies.base import (
     MIXING,
@@ -115,17 +115,11 @@ class Drfa(Strategy):
                 for s in sorted(reachable[i] for i in probed)
             ),
         )
-        reported = {s: r for s, r in probe.reports.items() if math.isfinite(r.metrics["loss"])}
-        privacy = self.policy.privacy  # noised losses read in their domain
-        losses = np.array(
-            [
-                loss_in_domain(reported[s].metrics["loss"], privacy) if s in reported else math.nan
-                for s in silos
-            ]
-        )
+        reported = reported_losses(probe.reports, self.policy.privacy, "probe")
+        losses = np.array([reported.get(s, math.nan) for s in silos])
         if mixing.lam is None and settings.init == "counts":
             lam = proportional_to_counts(
-                [reported[s].num_samples if s in reported else 0 for s in silos]
+                [probe.reports[s].num_samples if s in reported else 0 for s in silos]
             )
         cap = (
             mixing.loss_cap if mixing.loss_cap is not None else loss_cap(settings.loss_cap, losses)

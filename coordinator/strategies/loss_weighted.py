@@ -61,7 +61,7 @@ from fedsilo.coordinator.mixing import (
     qfedavg_weights,
     term_weights,
 )
-from fedsilo.coordinator.noised_reports import loss_in_domain
+from fedsilo.coordinator.noised_reports import reported_losses
 from fedsilo.coordinator.phases import Phase, SiloReport, Task, WeightedMean
 from fedsilo.coordinator.strategies.base import (
     MIXING,
@@ -141,12 +141,8 @@ class LossWeighted(Strategy):
         """Coefficients from the probe's reports: each silo's mean loss (under DP clamped
         into its domain: coordinator/noised_reports.py) and released count (a silo whose loss
         is not finite did not report)."""
-        privacy = self.policy.privacy
-        reported = {
-            s: (loss_in_domain(float(r.metrics["loss"]), privacy), float(r.num_samples))
-            for s, r in reports.items()
-            if math.isfinite(r.metrics.get("loss", math.nan))
-        }
+        losses = reported_losses(reports, self.policy.privacy, "loss")
+        reported = {s: (loss, float(reports[s].num_samples)) for s, loss in losses.items()}
         return self.decide(reported, mixing, ctx)
 
     def decide(self, reported: Reported, mixing: MixingState, ctx: RoundContext) -> Decision:
