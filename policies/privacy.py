@@ -19,6 +19,9 @@ from fedsilo.policies.base import PolicyModel
 # The least noise multiplier a mechanism takes: below it the guarantee is void (epsilon in the
 # thousands for one release) and the noise's std can underflow to 0 with a small clip bound.
 MIN_NOISE_MULTIPLIER = 0.01
+# The least delta the PRV accountant resolves: Opacus refuses one below its grid's floating-point
+# error (long double epsilon times the grid's size, about 1e-13 for a DP-SGD plan).
+MIN_PRV_DELTA = 1e-10
 
 
 def _meaningful_noise(value: float | None) -> float | None:
@@ -113,6 +116,16 @@ class PrivacyConfig(PolicyModel):
         return self.dp_sgd is not None or (
             self.client_dp is not None and self.client_dp.noise == "distributed"
         )
+
+    @model_validator(mode="after")
+    def _delta_the_accountant_resolves(self) -> PrivacyConfig:
+        if self.accountant == "prv" and self.delta < MIN_PRV_DELTA:
+            raise ValueError(
+                f"delta: {self.delta:g} is below {MIN_PRV_DELTA:g}, which the prv accountant "
+                "cannot resolve (floating-point error over its grid dominates); use a larger "
+                "delta or accountant rdp"
+            )
+        return self
 
     @model_validator(mode="after")
     def _target_within_cap(self) -> PrivacyConfig:

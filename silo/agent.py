@@ -154,7 +154,10 @@ class SiloAgent:
             releases = TASK_KINDS[message.kind].releases(message, self.context)
         except Exception as exc:  # e.g. a DP plan that cannot be calibrated
             return self._refuse(message.header, STATUS_ERROR, _describe(exc))
-        epsilon = self._would_reach(releases)
+        try:
+            epsilon = self._would_reach(releases)
+        except Exception as exc:  # an accountant that cannot compute it (refused, never run)
+            return self._refuse(message.header, STATUS_ERROR, _describe(exc))
         over = self._over_a_cap(epsilon)
         if over is not None:
             return self._refuse(

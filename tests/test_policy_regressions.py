@@ -357,3 +357,24 @@ def test_a_probe_in_which_no_silo_reports_a_finite_loss_fails_its_round_naming_w
     (record,) = RoundEngine(make_strategy(policy), transport, policy, sorted(agents)).run().records
     assert record.status == "failed"
     assert record.error.startswith("no silo reported a finite loss: the model diverged")
+
+
+def test_a_delta_the_prv_accountant_cannot_resolve_is_refused_when_the_policy_is_read(
+    tmp_path: Path,
+) -> None:
+    # was: every round failed, each silo "crashed: ValueError('cannot convert float NaN to
+    # integer')" accounting DP-SGD at delta 2.2e-308 with the PRV accountant
+    document = {
+        "version": 1,
+        "rounds": 1,
+        "privacy": {
+            "accountant": "prv",
+            "delta": 2.2250738585072014e-308,
+            "dp_sgd": {"noise_multiplier": 0.3},
+        },
+    }
+    result = cli("policy", "validate", str(write(tmp_path, document)))
+    assert result.exit_code == 1, result.output
+    assert "delta: 2.22507e-308 is below 1e-10, which the prv accountant cannot resolve" in (
+        " ".join(result.output.split())
+    )
