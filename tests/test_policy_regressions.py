@@ -378,3 +378,26 @@ def test_a_delta_the_prv_accountant_cannot_resolve_is_refused_when_the_policy_is
     assert "delta: 2.22507e-308 is below 1e-10, which the prv accountant cannot resolve" in (
         " ".join(result.output.split())
     )
+
+
+def test_a_survival_model_that_diverged_is_evaluated_to_a_c_index_it_says_is_not_finite(
+    tmp_path: Path,
+) -> None:
+    # was: every round failed at the evaluation, "ValueError: NaNs detected in inputs" from
+    # lifelines (FedAdam's server step with tau 2.2e-308 blew the model up)
+    document = {
+        "version": 1,
+        "seed": 218382,
+        "rounds": 1,
+        "data": {
+            "source": "tcga_brca",
+            "partition": {"kind": "iid", "silos": 1},
+            "scaling": "federated",
+        },
+        "algorithm": {"name": "fedadam", "tau": 2.2250738585072014e-308},
+    }
+    result = cli(
+        "simulate", "--policy", str(write(tmp_path, document)), "--out", str(tmp_path / "o")
+    )
+    assert result.exit_code == 0, result.output
+    assert "the final c_index is not finite at silo-0" in " ".join(result.output.split())

@@ -54,9 +54,12 @@ def cox_loss(score: Tensor, time: Tensor, event: Tensor) -> Tensor:
 
 def concordance_index(score: Tensor, time: Tensor, event: Tensor) -> float:
     """Harrell's C of risk `score` for (time, event), by lifelines; NaN without a comparable
-    pair (lifelines refuses those, e.g. a split without an event)."""
+    pair (lifelines refuses those, e.g. a split without an event), and NaN for scores that are
+    not all finite (a model that diverged: lifelines refuses them too)."""
     from lifelines.utils import concordance_index as lifelines_c_index  # slow import: here only
 
+    if not bool(torch.isfinite(score).all()):
+        return float("nan")
     try:
         return float(
             lifelines_c_index(
