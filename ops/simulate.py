@@ -158,11 +158,13 @@ def consortium_report(policy: Policy, base_dir: Path | None) -> str:
     except DataNotHere as error:
         return f"data: not checked here ({error}); simulate and each silo check it where it is"
     # a plug-in network is checked where it is installed (ops/model_cli.py `plugin_report`)
-    check_consortium(policy, datasets, model=not isinstance(policy.model, PluginModel))
+    plugin = isinstance(policy.model, PluginModel)
+    check_consortium(policy, datasets, model=not plugin)
     rows = sum(len(d.y_train) + len(d.y_val) + len(d.y_test) for d in datasets)
+    model = "" if plugin else " and its model each silo's data"
     return (
         f"data: {len(datasets)} silos, {rows} rows, a {datasets[0].task} task; the policy fits "
-        "that consortium and its model each silo's data"
+        f"that consortium{model}"
     )
 
 

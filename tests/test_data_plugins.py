@@ -129,10 +129,18 @@ def test_a_survival_task_plugin_trains_with_fedavg_and_reports_its_c_index() -> 
     assert summary["c_index"]["worst"] == min(m["c_index"] for m in evaluation.values())
 
 
-def test_a_task_plugin_without_a_per_row_loss_is_refused_under_dp_sgd() -> None:
+def test_a_task_plugin_without_a_per_row_loss_is_refused_under_dp_sgd(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     dp = {"delta": 1e-5, "dp_sgd": {"noise_multiplier": 1.0}}
     p = policy(plugin_data("survival"), rounds=1, privacy=dp)
-    record = simulate(p, load_silos(p, None)).history.records[-1]
+    silos = load_silos(p, None)
+    message = rf"^privacy\.dp_sgd: .*task plug-in '{COX_TASK}' defines no per_sample_loss"
+    with pytest.raises(PolicyError, match=message):  # refused before the run, once data is read
+        simulate(p, silos)
+    # and each silo refuses on its own when a coordinator sends the round regardless
+    monkeypatch.setattr("fedsilo.ops.simulate.check_consortium", lambda *_, **__: None)
+    record = simulate(p, silos).history.records[-1]
     assert record.status == "failed"
     assert record.error is not None
     assert f"task plug-in '{COX_TASK}' defines no per_sample_loss" in record.error
