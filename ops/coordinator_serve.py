@@ -116,7 +116,7 @@ def serve_coordinator(options: ServeOptions, stop: threading.Event | None = None
         aborts = AbortWatcher(queue, serving.hub)
         threading.Thread(
             target=watch,
-            args=(stop, serving.revocations, serving.connections, aborts),
+            args=(stop, serving.revocations, serving.connections, aborts, serving.certificate),
             daemon=True,
             name="watchers",
         ).start()

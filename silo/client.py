@@ -1,4 +1,5 @@
-"""The silo agent's connection to its coordinator: outbound mTLS gRPC only.
+"""The silo agent's connection to its coordinator: outbound mTLS gRPC only (the channel, its
+route through a proxy and its renewed certificates: silo/channel.py).
 
 It joins, receives the deployment policy and checks the operator's signature on it, checks
 the site's local rules, and accepts (pinning the policy digest) or refuses naming the rule.
@@ -36,6 +37,7 @@ from nacl.signing import SigningKey, VerifyKey
 from fedsilo.policies.loading import parse_policy_text
 from fedsilo.policies.schema import Policy
 from fedsilo.privacy.policy_signing import PolicySignatureError, verify_policy
+from fedsilo.silo.channel import ChannelSettings, CoordinatorChannel
 from fedsilo.wire import fedsilo_pb2_grpc as pb_grpc
 from fedsilo.wire.control import (
     ACCEPT,
@@ -97,18 +99,6 @@ def failure_reason(exc: BaseException) -> str:
 
 
 @dataclass(frozen=True)
-class ChannelSettings:
-    address: str
-    ca_pem: bytes
-    key_pem: bytes
-    cert_pem: bytes
-    poll_seconds: float = 5.0
-    max_payload_bytes: int = 2**31
-    backoff_initial_s: float = 0.2
-    backoff_max_s: float = 10.0
-
-
-@dataclass(frozen=True)
 class SiloIdentity:
     name: str
     deployment: str
@@ -125,18 +115,15 @@ class CoordinatorConnection:
         self.settings = settings
         self.identity = identity
         self.stop = stop
-        credentials = grpc.ssl_channel_credentials(
-            settings.ca_pem, settings.key_pem, settings.cert_pem
-        )
-        self.channel = grpc.secure_channel(
-            settings.address,
-            credentials,
-            options=[("grpc.keepalive_time_ms", 30_000), ("grpc.keepalive_timeout_ms", 10_000)],
-        )
-        self.stub = pb_grpc.CoordinatorStub(self.channel)
+        self.channel = CoordinatorChannel(settings)
         self.verifier = EnvelopeVerifier(
             identity.deployment, {"coordinator": identity.coordinator_key}
         )
+
+    @property
+    def stub(self) -> pb_grpc.CoordinatorStub:
+        """The stub of the channel as it is now (a new one once the certificate is renewed)."""
+        return self.channel.stub()
 
     def exchange(self, payload: bytes | AnyPayload, label: str, round_no: int = 0) -> bytes:
         """Send one request (a control message, or the result of the task `label`) and return the
@@ -158,7 +145,7 @@ class CoordinatorConnection:
             )
             try:
                 replies = self.stub.Exchange(
-                    to_frames(envelope, payload), timeout=self.settings.poll_seconds + 60
+                    to_frames(envelope, payload), timeout=self.settings.call_timeout_s
                 )
                 answered, reply = read_message(
                     replies, self.verifier, self.settings.max_payload_bytes
@@ -174,7 +161,12 @@ class CoordinatorConnection:
                     raise ChannelError(
                         f"the coordinator rejected this silo's {label!r}: {exc.details()}"
                     ) from None
-                log.info("coordinator unreachable (%s); retrying in %.1fs", exc.code().name, delay)
+                log.info(
+                    "coordinator unreachable (%s: %s); retrying in %.1fs",
+                    exc.code().name,
+                    exc.details(),
+                    delay,
+                )
             self.stop.wait(delay * random.uniform(0.5, 1.0))
             delay = min(delay * 2, self.settings.backoff_max_s)
         raise InterruptedError("stopped")
