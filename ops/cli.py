@@ -49,7 +49,7 @@ from fedsilo.ops.report import (
 )
 from fedsilo.ops.shown_metrics import MetricDisplay, ShownRounds
 from fedsilo.ops.status import deployment_status
-from fedsilo.ops.status_view import print_status
+from fedsilo.ops.status_view import print_certificate, print_status
 from fedsilo.policies.loading import (
     PolicyError,
     load_policy,
@@ -586,7 +586,8 @@ def demo(folder: Path | None, rounds: int | None) -> None:
     help="The state file (with the coordinator kit).",
 )
 def status(kit_dir: Path, state_file: Path | None) -> None:
-    """Show a deployment's round, participants, last metrics and dropouts."""
+    """Show a deployment's round, participants, last metrics and dropouts, and how long the
+    kit's certificate is valid."""
     try:
         role = kit_role(kit_dir)
     except KitError as exc:
@@ -598,6 +599,7 @@ def status(kit_dir: Path, state_file: Path | None) -> None:
                 "the coordinator kit, on the coordinator host"
             )
         print_remote_status(kit_dir)
+        print_certificate(console, OPERATOR, kit_dir / "client.crt")
         return
     if state_file is None:
         raise click.ClickException(
@@ -611,3 +613,4 @@ def status(kit_dir: Path, state_file: Path | None) -> None:
     except DEPLOYMENT_ERRORS as exc:
         raise click.ClickException(str(exc)) from None
     print_status(console, report, kit.silos)
+    print_certificate(console, "coordinator", kit.tls.certificate)

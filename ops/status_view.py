@@ -1,10 +1,13 @@
 """How `fedsilo status` shows a deployment: one summary line and a table of the silos, the same
 whether it was read from the coordinator's state file (`--kit COORDINATOR_KIT --state`) or
-asked of a running coordinator over the admin channel (`--kit OPERATOR_KIT`)."""
+asked of a running coordinator over the admin channel (`--kit OPERATOR_KIT`); and one line on
+the kit's own TLS certificate (`print_certificate`): how long it is valid, and from 30 days
+before it expires, to renew it."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -14,6 +17,7 @@ from fedsilo.ops.epsilon import fmt_epsilon
 from fedsilo.ops.report import fmt_metric
 from fedsilo.ops.shown_metrics import NOISED
 from fedsilo.ops.status import DeploymentStatus
+from fedsilo.privacy.certificate_files import CertificateError, expiry_note, read_certificate
 
 STATUS_WIDTH = 40  # the most the status column reserves for its longest word
 
@@ -70,3 +74,12 @@ def status_from_json(data: dict[str, Any]) -> DeploymentStatus:
         silo: (str(state), str(reason)) for silo, (state, reason) in data["participants"].items()
     }
     return DeploymentStatus(**fields)
+
+
+def print_certificate(console: Console, party: str, path: Path) -> None:
+    """The line on `party`'s certificate in `path`: valid until when, or expired."""
+    try:
+        note = expiry_note(path, read_certificate(path))
+    except CertificateError as exc:
+        note = str(exc)
+    console.print(f"certificate of the {party}: {note}", soft_wrap=True, highlight=False)
