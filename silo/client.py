@@ -162,10 +162,10 @@ class CoordinatorConnection:
                         f"the coordinator rejected this silo's {label!r}: {exc.details()}"
                     ) from None
                 log.info(
-                    "coordinator unreachable (%s: %s); retrying in %.1fs",
+                    "coordinator unreachable (%s); retrying in %.1fs: %s",
                     exc.code().name,
-                    exc.details(),
                     delay,
+                    exc.details(),
                 )
             self.stop.wait(delay * random.uniform(0.5, 1.0))
             delay = min(delay * 2, self.settings.backoff_max_s)

@@ -18,12 +18,14 @@ import yaml
 from click.testing import CliRunner
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
+from rich.console import Console
 
 from fedsilo.coordinator.jobs import COMPLETED, RUNNING, JobQueue
 from fedsilo.coordinator.state import StateStore
 from fedsilo.ops.cli import main
 from fedsilo.ops.demo import free_port
 from fedsilo.ops.provision import load_coordinator_kit, load_operator_kit, load_silo_kit
+from fedsilo.ops.status_view import print_certificate
 from fedsilo.privacy.certificate_files import TlsFileWatch
 from fedsilo.privacy.certificates import certificate_fingerprint, verify_issued_by
 from fedsilo.privacy.identity import read_secret_file
@@ -176,7 +178,7 @@ def test_an_expired_or_not_yet_valid_certificate_stops_a_party_at_start_naming_i
     assert not state.exists()  # refused before the state file was made
 
 
-def test_a_certificate_within_30_days_of_expiry_is_warned_about_once_a_day(
+def test_a_certificate_within_30_days_of_expiry_is_warned_about_once_a_day_and_in_status(
     consortium: Consortium, caplog: pytest.LogCaptureFixture
 ) -> None:
     kit = consortium.kits / "silos" / "silo-0"
@@ -193,6 +195,11 @@ def test_a_certificate_within_30_days_of_expiry_is_warned_about_once_a_day(
     assert f"{kit / 'client.crt'} is valid until" in message and "(20 days left)" in message
     assert "fedsilo consortium renew" in message
     assert 19 < watch.days_left() <= 20
+    console = Console(record=True, width=200)
+    print_certificate(console, "silo-0", kit / "client.crt")
+    line = console.export_text()
+    assert line.startswith(f"certificate of the silo-0: {kit / 'client.crt'} is valid until")
+    assert "(20 days left); renew it with `fedsilo consortium renew`" in line
 
 
 def served_certificate(consortium: Consortium, silo: str = "silo-0") -> x509.Certificate:
