@@ -30,6 +30,7 @@ from fedsilo.silo.client import ChannelSettings, CoordinatorConnection, SiloClie
 from fedsilo.silo.config import SiloConfig, load_silo_config
 from fedsilo.silo.device import resolve_device
 from fedsilo.silo.domains import check_domains
+from fedsilo.silo.heartbeat import Heartbeat
 from fedsilo.silo.readiness import check_model_for
 from fedsilo.silo.tasks.base import SiloKeys
 from fedsilo.wire.messages import STATUS_BUDGET_EXHAUSTED, BadTaskConfig, TaskMessage
@@ -67,6 +68,7 @@ def run_silo(
             config_path, policy, digest, problems
         ),
     )
+    heartbeat = Heartbeat(connection).start()
     try:
         metrics.set_connected(True)
         reason = client.run()
@@ -74,6 +76,7 @@ def run_silo(
         return reason
     finally:
         metrics.set_connected(False)
+        heartbeat.stop()
         connection.close()
         if server is not None:
             server.close()
