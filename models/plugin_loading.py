@@ -51,11 +51,10 @@ def site_folders() -> list[str]:
 
 def path_files() -> set[tuple[Path, int]]:
     """The site folders' `.pth` files, each with its modification time."""
-    return {
-        (path, path.stat().st_mtime_ns)
-        for folder in site_folders()
-        for path in Path(folder).glob("*.pth")
-    }
+    found = (
+        (path, _mtime(path)) for folder in site_folders() for path in Path(folder).glob("*.pth")
+    )
+    return {(path, when) for path, when in found if when is not None}  # gone since: not there
 
 
 @dataclass
