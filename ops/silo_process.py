@@ -7,7 +7,10 @@ tasks until the deployment is complete. Under a coordinator that serves several 
 (`coordinator serve`) it stays connected and takes part in job after job, each with an agent of
 its own (`_start_agent`), refusing the jobs its rules do not allow. silo.yaml is read again
 for each job, so a site changes its rules or its data between jobs without restarting the
-agent (the kit and the metrics port stay those it started with).
+agent (the kit and the metrics port stay those it started with), and the installed plug-ins are
+read afresh (models/plugin_loading.py): a plug-in package installed while the agent runs is used
+from the next job on, and one that changed on disk since the agent loaded it is refused, the
+refusal saying the agent must restart.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from fedsilo.models.plugin_loading import read_afresh
 from fedsilo.ops.job_id import job_id
 from fedsilo.ops.metrics import SiloMetrics, serve_metrics
 from fedsilo.ops.provision import SiloKit, load_silo_kit
@@ -104,6 +108,14 @@ def _start_agent(
     digest: str,
     metrics: SiloMetrics,
 ) -> Callable[[bytes], bytes]:
+    for package, changes in read_afresh().items():
+        log.warning(
+            "silo %s: plug-in package %s changed since this agent loaded it (%s): a job using it "
+            "is refused until the agent restarts",
+            kit.name,
+            package,
+            changes,
+        )
     device, why = resolve_device((config.compute or policy.compute).device)
     data = config.data.load(policy.seed, base_dir=config_path.parent)
     check_domains(policy, data)
