@@ -14,7 +14,8 @@ window is gone (`reap`, once a second): every task it holds or has queued fails 
 `offline`, which the engine takes for a dropout, it leaves the job's members (it joins again
 when it comes back: its next pull is answered "not a member"), a task posted to it fails at
 once, and the join of a job stops waiting for it once the silos that did answer can meet the
-quorum. A silo never heard from has one window from the hub's start to be heard. A silo counts
+quorum. A silo never heard from has `STARTUP_WINDOWS` windows from the hub's start to be heard
+(agents started with their coordinator import torch and read their data first). A silo counts
 as connected when heard from within the window; a revoked silo never does.
 
 A long-running coordinator (`fedsilo coordinator serve`) runs a sequence of jobs through one
@@ -43,6 +44,7 @@ REFUSED = "refused"
 NOT_CONNECTED = "not connected"
 OFFLINE = "offline"  # no heartbeat for a whole window
 DEFAULT_HEARTBEAT_WINDOW_S = 10.0
+STARTUP_WINDOWS = 6  # a silo never heard from has this many windows from the hub's start
 
 
 @dataclass(frozen=True)
@@ -173,10 +175,15 @@ class SiloHub:
 
     def _silent(self) -> set[str]:
         now = self._clock()
+        started_s = now - self._started
         return {
             silo
             for silo in self.roster
-            if now - self._last_seen.get(silo, self._started) > self.heartbeat_window_s
+            if (
+                now - self._last_seen[silo] > self.heartbeat_window_s
+                if silo in self._last_seen
+                else started_s > STARTUP_WINDOWS * self.heartbeat_window_s
+            )
         }
 
     def reap(self) -> None:

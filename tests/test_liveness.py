@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from fedsilo.coordinator.hub import OFFLINE, PostedTask, SiloHub
+from fedsilo.coordinator.hub import OFFLINE, STARTUP_WINDOWS, PostedTask, SiloHub
 from fedsilo.coordinator.transport import Reply
 from fedsilo.ops.demo import free_port
 from tests.deployment import Consortium, fedsilo, metric, policy_document, provision, wait_for
@@ -173,7 +173,9 @@ def test_the_join_ends_when_the_silos_not_gone_have_answered_and_can_meet_the_qu
     clock = FakeClock()
     hub = SiloHub(["s0", "s1", "s2"], clock=clock, heartbeat_window_s=WINDOW_S)
     hub.start_job("job")
-    clock.now += WINDOW_S + 1  # none heard since the hub started: all gone
+    for silo in ("s0", "s1", "s2"):
+        hub.seen(silo)
+    clock.now += WINDOW_S + 1  # s2 silent since: gone
     for silo in ("s0", "s1"):
         hub.seen(silo)
         hub.accept(silo)
@@ -183,9 +185,11 @@ def test_the_join_ends_when_the_silos_not_gone_have_answered_and_can_meet_the_qu
     assert time.monotonic() - started >= 0.5
 
 
-def test_a_silo_never_heard_from_has_one_window_after_the_coordinator_starts() -> None:
+def test_a_silo_never_heard_from_has_some_windows_to_start_after_the_coordinator_did() -> None:
     clock = FakeClock()
     hub = SiloHub(["s0", "s1"], clock=clock, heartbeat_window_s=WINDOW_S)
-    assert hub.offline() == []
+    hub.seen("s0")
     clock.now += WINDOW_S + 0.5
+    assert hub.offline() == ["s0"]  # heard once, then silent for a window: gone
+    clock.now += (STARTUP_WINDOWS - 1) * WINDOW_S
     assert hub.offline() == ["s0", "s1"]
