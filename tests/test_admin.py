@@ -78,6 +78,10 @@ class FakeBackend:
             raise AdminError(f"no job {job_id!r} on this coordinator (see `fedsilo job list`)")
         return job_info("running")
 
+    def awaiting(self, job_id: str) -> list[dict[str, Any]]:
+        self.calls.append(("awaiting", (job_id,)))
+        return [{"silo": "silo-1", "task_id": None, "since": 1.0e9, "until": 1.0e9 + 600}]
+
     def abort(self, job_id: str) -> JobInfo:
         self.calls.append(("abort", (job_id,)))
         return job_info("aborted", "aborted by the operator before it started")
@@ -228,6 +232,7 @@ def test_list_status_abort_and_logs_round_trip(consortium: Consortium, served: A
     assert served.backend.calls == [
         ("jobs", ()),
         ("job", (JOB,)),
+        ("awaiting", (JOB,)),
         ("abort", (JOB,)),
         ("logs", (JOB, 2)),
     ]
