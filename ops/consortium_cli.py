@@ -67,12 +67,12 @@ def add_silo_command(
     console.print(
         f"Issued silo '{name}' a kit in {added.kit}/: give it to that institution's IT team "
         "over a channel you trust.\n"
-        f"Enrolled '{name}' in {added.coordinator_roster}. If that is a copy, put it in place "
-        "of kit.yaml in the coordinator host's kit. A serving coordinator (`coordinator serve`) "
+        f"Enrolled '{name}' in {added.coordinator_roster} and signed roster version "
+        f"{added.roster_version} (roster.json beside it). If that is a copy, put both files in "
+        "place in the coordinator host's kit. A serving coordinator (`coordinator serve`) "
         f"admits '{name}' from its next job on, one started afterwards from its start.\n"
-        f"The kits of {', '.join(added.existing_silos)} were not changed and do not list "
-        f"'{name}' as a peer: jobs with secure aggregation or sealed hand-offs between silos "
-        "need every silo's kit to list every other.",
+        f"The kits of {', '.join(added.existing_silos)} were not changed: they learn '{name}' "
+        "from the signed roster their coordinator hands them with each job.",
         soft_wrap=True,
     )
 
