@@ -476,6 +476,15 @@ def load_coordinator_kit(folder: Path) -> CoordinatorKit:
     return _expect(load_kit(folder), CoordinatorKit, folder)
 
 
+def install_roster(folder: Path, roster: SignedRoster) -> CoordinatorKit:
+    """Write the verified `roster` into the coordinator kit `folder` and return the kit read
+    again; a roster whose members are not as in kit.yaml is a KitError, and nothing is written."""
+    document = _validate(CoordinatorKitDocument, _read_kit_document(folder), folder)
+    _listed({}, document, roster, folder)
+    write_roster_file(folder, roster)
+    return load_coordinator_kit(folder)
+
+
 def load_silo_kit(folder: Path) -> SiloKit:
     return _expect(load_kit(folder), SiloKit, folder)
 
