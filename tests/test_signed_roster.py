@@ -16,6 +16,7 @@ import pytest
 from nacl.encoding import HexEncoder
 from nacl.signing import SigningKey
 
+from fedsilo.coordinator.jobs import COMPLETED
 from fedsilo.ops.provision import KitError, load_coordinator_kit, load_silo_kit
 from fedsilo.ops.silo_process import _keys, roster_gate
 from fedsilo.privacy.identity import read_signing_key
@@ -30,7 +31,8 @@ from fedsilo.privacy.roster import (
 )
 from fedsilo.silo.client import SiloClient, SiloIdentity
 from fedsilo.wire.control import ACCEPT, ACK, JOIN, POLICY, REFUSE, Control, decode_control
-from tests.deployment import SILOS, Consortium, provision
+from tests.deployment import SILOS, Consortium, fedsilo, policy_document, provision
+from tests.test_serve import participants, wait_until_ended
 
 POLICY_TEXT = (
     Path(__file__).parents[1] / "policies" / "examples" / "heart-fedavg.yaml"
@@ -321,3 +323,59 @@ def test_a_silo_that_never_saw_a_roster_works_with_its_kit_peers(
     coordinator, started = join(consortium, tmp_path / "state", {})
     assert coordinator.refusal() is None and started == [None]
     assert [label for label, _ in coordinator.sent] == [JOIN, ACCEPT]
+
+
+# -- real processes: a silo enrolled while serving, then one revoked from afar ----------------
+
+
+def test_a_silo_enrolled_while_serving_masks_with_all_and_a_remote_revocation_refuses_one(
+    tmp_path: Path,
+) -> None:
+    consortium = provision(tmp_path)
+    data = {"source": "sklearn:breast_cancer", "partition": {"kind": "iid", "silos": 4}}
+    masked = {"secure_aggregation": {"method": "masking"}, "data": data}
+    try:
+        consortium.start_serve()
+        for silo in SILOS:
+            consortium.start_silo(silo, consortium.write_silo_config(silo, data=data))
+        consortium.wait_for_log("coordinator", "serving mTLS gRPC")
+        consortium.add_silo("silo-3")  # no other kit is issued again
+        consortium.start_silo("silo-3", consortium.write_silo_config("silo-3", data=data))
+        everyone = [*SILOS, "silo-3"]
+        first = consortium.submit(
+            consortium.write_policy(
+                policy_document(
+                    rounds=1,
+                    name="all",
+                    participants={"min_silos": 4, "phase_timeout_s": 20},
+                    **masked,
+                ),
+                "all.yaml",
+            )
+        )
+        assert wait_until_ended(consortium, first).status == COMPLETED
+        assert participants(consortium, first) == dict.fromkeys(everyone, "active")
+
+        fedsilo(
+            "consortium",
+            "revoke",
+            "silo-1",
+            "--kit",
+            str(consortium.kits / "operator"),
+            "--reason",
+            "audit failed",
+        )
+        assert consortium.wait("silo-1", timeout=30) != 0  # refused: the agent ends
+        consortium.processes.pop("silo-1")
+        assert "revoked" in consortium.log("silo-1")
+        assert first_roster(consortium).document.revoked == {"silo-1": "audit failed"}
+        second = consortium.submit(
+            consortium.write_policy(policy_document(rounds=1, name="after", **masked), "after.yaml")
+        )
+        assert wait_until_ended(consortium, second).status == COMPLETED
+        assert participants(consortium, CONSORTIUM)["silo-1"] == "revoked"
+        left = ["silo-0", "silo-2", "silo-3"]
+        assert participants(consortium, second) == dict.fromkeys(left, "active")
+        assert "roster version 3" in consortium.log("silo-0")
+    finally:
+        consortium.stop_all()
