@@ -13,10 +13,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 from nacl.encoding import HexEncoder
 from nacl.signing import SigningKey
 
-from fedsilo.coordinator.jobs import COMPLETED
+from fedsilo.coordinator.admin_api import AdminError
+from fedsilo.coordinator.jobs import COMPLETED, JobQueue
+from fedsilo.ops.cli import main
+from fedsilo.ops.coordinator_process import close_serving, open_serving
+from fedsilo.ops.coordinator_serve import ServeBackend
 from fedsilo.ops.provision import KitError, load_coordinator_kit, load_silo_kit
 from fedsilo.ops.silo_process import _keys, roster_gate
 from fedsilo.privacy.identity import read_signing_key
@@ -160,6 +165,47 @@ def test_a_coordinator_kit_whose_roster_and_kit_yaml_disagree_on_a_member_is_ref
     path.write_text(json.dumps(sign_roster(forged, operator_key(consortium)).to_json()))
     with pytest.raises(KitError, match="silo 'silo-0' of roster version 2 is not as in"):
         load_coordinator_kit(consortium.kits / "coordinator")
+
+
+def test_a_serving_coordinator_installs_only_a_newer_signed_roster_and_revokes_as_it_says(
+    tmp_path: Path,
+) -> None:
+    consortium = provision(tmp_path)
+    kit = load_coordinator_kit(consortium.kits / "coordinator")
+    serving = open_serving(kit, tmp_path / "state.db", None, 0.5, 1 << 20, None, workers=4)
+    jobs = JobQueue(tmp_path / "state.db")
+    try:
+        backend = ServeBackend(serving, jobs, tmp_path / "state.jobs", tmp_path / "state.db")
+        key, first = operator_key(consortium), first_roster(consortium)
+        assert backend.roster() == first.to_json()
+        second = sign_roster(first.document.revoking("silo-1", "audit failed"), key)
+        forged = sign_roster(second.document, SigningKey.generate())
+        with pytest.raises(AdminError, match="does not verify"):
+            backend.install_roster(forged.text, forged.signature)
+
+        installed = backend.install_roster(second.text, second.signature)
+
+        assert installed == {
+            "version": 2,
+            "silos": ["silo-0", "silo-2"],
+            "revoked": {"silo-1": "audit failed"},
+        }
+        assert first_roster(consortium) == second  # kept in the kit
+        assert backend.consortium_status()["silos"]["silo-1"] == {
+            "connected": False,
+            "revoked": True,
+            "reason": "audit failed",
+        }
+        assert serving.service.roster == second
+        for stale, why in [(first, "rolled-back"), (second, "installed already")]:
+            with pytest.raises(AdminError, match=why):
+                backend.install_roster(stale.text, stale.signature)
+        reinstated = sign_roster(second.document.following(first.document.silos, {}), key)
+        with pytest.raises(AdminError, match="stays revoked: silo-1"):
+            backend.install_roster(reinstated.text, reinstated.signature)
+    finally:
+        jobs.close()
+        close_serving(serving)
 
 
 # -- a silo never trusts its coordinator with the roster ---------------------------------------
@@ -369,6 +415,10 @@ def test_a_silo_enrolled_while_serving_masks_with_all_and_a_remote_revocation_re
         consortium.processes.pop("silo-1")
         assert "revoked" in consortium.log("silo-1")
         assert first_roster(consortium).document.revoked == {"silo-1": "audit failed"}
+        again = CliRunner().invoke(
+            main, ["consortium", "revoke", "silo-1", "--kit", str(consortium.kits / "operator")]
+        )
+        assert again.exit_code == 1 and "silo-1: already revoked" in again.output
         second = consortium.submit(
             consortium.write_policy(policy_document(rounds=1, name="after", **masked), "after.yaml")
         )
