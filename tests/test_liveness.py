@@ -113,7 +113,8 @@ def test_an_agent_refused_as_unknown_retries_and_is_admitted_once_enrolled(
         consortium.start_silo(silo, consortium.write_silo_config(silo, data=data))
     consortium.wait_for_log("silo-3", "does not know this silo yet")
     # ... and the coordinator's host gets the new roster a moment after silo-3 started
-    os.replace(staged / "kit.yaml", consortium.kits / "coordinator" / "kit.yaml")
+    for name in ("kit.yaml", "roster.json"):  # the signed roster admits silo-3
+        os.replace(staged / name, consortium.kits / "coordinator" / name)
     connected = "fedsilo_silos_connected"
     wait_for(lambda: metric(port, connected) == 4, 30, "silo-3 admitted", consortium)
     job = consortium.submit(consortium.write_policy(policy_document(rounds=1, data=data)))
