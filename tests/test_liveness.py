@@ -190,3 +190,13 @@ def test_a_silo_never_heard_from_has_one_window_after_the_coordinator_starts() -
     assert hub.offline() == []
     clock.now += WINDOW_S + 0.5
     assert hub.offline() == ["s0", "s1"]
+
+
+def test_a_silo_enrolled_while_serving_is_not_gone_before_a_window_from_its_enrolment() -> None:
+    clock = FakeClock()
+    hub = SiloHub(["s0"], clock=clock, heartbeat_window_s=WINDOW_S)
+    clock.now += 3 * WINDOW_S
+    hub.set_roster(["s0", "s1"])
+    assert hub.offline() == ["s0"]  # never heard since the hub started; s1 was just enrolled
+    clock.now += WINDOW_S + 1
+    assert hub.offline() == ["s0", "s1"]
