@@ -153,7 +153,7 @@ def client(coordinator: FakeCoordinator, start_agent) -> SiloClient:
 
 
 def failing(exc: Exception):
-    def start_agent(policy, digest):
+    def start_agent(policy, digest, roster):
         raise exc
 
     return start_agent
@@ -217,8 +217,10 @@ def test_a_sites_missing_data_file_becomes_the_refusal_text(tmp_path: Path) -> N
     kit = load_silo_kit(config.kit_path(config_path))
     coordinator = FakeCoordinator()
 
-    def start_agent(policy, digest):
-        return silo_process._start_agent(config, config_path, kit, policy, digest, SiloMetrics())
+    def start_agent(policy, digest, roster):
+        return silo_process._start_agent(
+            config, config_path, kit, policy, digest, SiloMetrics(), roster
+        )
 
     with pytest.raises(PolicyRefused, match="records.csv"):
         client(coordinator, start_agent).join()
