@@ -7,6 +7,7 @@ and exits with status 1 before anything is written; an output folder is never de
 
 from __future__ import annotations
 
+import json
 import math
 import tempfile
 from contextlib import ExitStack
@@ -48,8 +49,8 @@ from fedsilo.ops.report import (
     write_results,
 )
 from fedsilo.ops.shown_metrics import MetricDisplay, ShownRounds
-from fedsilo.ops.status import deployment_status
-from fedsilo.ops.status_view import print_status
+from fedsilo.ops.status import state_file_document
+from fedsilo.ops.status_view import print_consortium
 from fedsilo.policies.loading import (
     PolicyError,
     load_policy,
@@ -585,8 +586,15 @@ def demo(folder: Path | None, rounds: int | None) -> None:
     type=click.Path(path_type=Path),
     help="The state file (with the coordinator kit).",
 )
-def status(kit_dir: Path, state_file: Path | None) -> None:
-    """Show a deployment's round, participants, last metrics and dropouts."""
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print one JSON document (README, 'Scripting the admin CLI') instead of tables.",
+)
+def status(kit_dir: Path, state_file: Path | None, as_json: bool) -> None:
+    """Show the consortium's running or latest job: its status, round, participants, last
+    metrics and dropouts."""
     try:
         role = kit_role(kit_dir)
     except KitError as exc:
@@ -597,7 +605,7 @@ def status(kit_dir: Path, state_file: Path | None) -> None:
                 "--state: the operator's kit asks the running coordinator; --state goes with "
                 "the coordinator kit, on the coordinator host"
             )
-        print_remote_status(kit_dir)
+        print_remote_status(kit_dir, as_json)
         return
     if state_file is None:
         raise click.ClickException(
@@ -607,7 +615,10 @@ def status(kit_dir: Path, state_file: Path | None) -> None:
     check_state_file(state_file)
     try:
         kit = load_coordinator_kit(kit_dir)
-        report = deployment_status(state_file, kit.consortium)
+        document = state_file_document(state_file, kit.consortium, kit.silos)
     except DEPLOYMENT_ERRORS as exc:
         raise click.ClickException(str(exc)) from None
-    print_status(console, report, kit.silos)
+    if as_json:
+        click.echo(json.dumps(document, indent=2, allow_nan=False))
+        return
+    print_consortium(console, document)

@@ -1,7 +1,9 @@
 """The silo agent's connection to its coordinator: outbound mTLS gRPC only.
 
-It joins, receives the deployment policy and checks the operator's signature on it, checks
-the site's local rules, and accepts (pinning the policy digest) or refuses naming the rule.
+It joins, receives the deployment policy and checks the operator's signature on it (and, for
+a second or later attempt at a policy, the operator's signature of the attempt: the attempt is
+part of the job's id, so only the operator starts one), checks the site's local rules, and
+accepts (pinning the policy digest) or refuses naming the rule.
 Then it long-polls for a task, runs it with the agent and sends the result, whose reply is its
 next task (or IDLE, or FINISHED), so it pulls only when it holds no reply. A coordinator
 that serves several jobs (`coordinator serve`) says so (`more` in POLICY and FINISHED): the
@@ -35,7 +37,7 @@ from nacl.signing import SigningKey, VerifyKey
 
 from fedsilo.policies.loading import parse_policy_text
 from fedsilo.policies.schema import Policy
-from fedsilo.privacy.policy_signing import PolicySignatureError, verify_policy
+from fedsilo.privacy.policy_signing import PolicySignatureError, verify_attempt, verify_policy
 from fedsilo.wire import fedsilo_pb2_grpc as pb_grpc
 from fedsilo.wire.control import (
     ACCEPT,
@@ -189,19 +191,20 @@ class SiloClient:
         connection: CoordinatorConnection,
         operator_key: VerifyKey,
         check_policy: Callable[[Policy, str], list[str]],
-        start_agent: Callable[[Policy, str], SiloEndpoint],
-        record_decision: Callable[[Policy, str, list[str]], None] = lambda *_: None,
+        start_agent: Callable[[Policy, str, int], SiloEndpoint],
+        record_decision: Callable[[Policy, str, int, list[str]], None] = lambda *_: None,
     ) -> None:
-        """`check_policy(policy, digest)` lists broken local rules; `start_agent(policy, digest)`
-        returns the agent's endpoint (encoded task in, encoded result out);
-        `record_decision(policy, digest, problems)` keeps the silo's final word on a policy
-        (accepted when `problems` is empty), before the coordinator hears it."""
+        """`check_policy(policy, digest)` lists broken local rules; `start_agent(policy, digest,
+        attempt)` returns the agent's endpoint (encoded task in, encoded result out) for that
+        attempt at the policy; `record_decision(policy, digest, attempt, problems)` keeps the
+        silo's final word on a policy (accepted when `problems` is empty), before the
+        coordinator hears it."""
         self.connection = connection
         self.operator_key = operator_key
         self.check_policy = check_policy
         self.start_agent = start_agent
         self.record_decision = record_decision
-        self._current: tuple[str, SiloEndpoint] | None = None  # digest, endpoint
+        self._current: tuple[tuple[str, int], SiloEndpoint] | None = None  # (digest, attempt)
 
     def run(self) -> str:
         """Take part in job after job: join, accept or refuse the job's policy, work until the
@@ -246,15 +249,15 @@ class SiloClient:
                 log.warning("unexpected %s from the coordinator; ignored", control.type)
         return None
 
-    def join(self) -> tuple[str, SiloEndpoint] | None:
+    def join(self) -> tuple[tuple[str, int], SiloEndpoint] | None:
         """Join, verify the policy, check the local rules and get ready to work under it (load
-        the data, build the agent; the current one is reused when its digest is the policy's,
-        else dropped first), and only then accept: acceptance means ready. A policy this silo
-        cannot work under is refused with the reason. Returns the accepted digest and the
-        agent's endpoint; None when no job is running yet, or when a coordinator that serves
-        several jobs (POLICY's `more`) is told this silo refuses (or missed) this one: the silo
-        then joins again for the next. A single-policy coordinator's refused policy raises
-        `PolicyRefused`."""
+        the data, build the agent; the current one is reused when its digest and attempt are
+        the policy's, else dropped first), and only then accept: acceptance means ready. A
+        policy this silo cannot work under is refused with the reason. Returns the accepted
+        digest and attempt, and the agent's endpoint; None when no job is running yet, or when
+        a coordinator that serves several jobs (POLICY's `more`) is told this silo refuses (or
+        missed) this one: the silo then joins again for the next. A single-policy
+        coordinator's refused policy raises `PolicyRefused`."""
         reply = _readable(decode_control, self.connection.exchange(Control(JOIN).encode(), JOIN))
         if reply.type == IDLE:
             return None
@@ -262,17 +265,18 @@ class SiloClient:
             raise PolicyRefused(f"the coordinator answered a join with {reply.type!r}")
         more = bool(reply.get("more"))
         policy, digest = self._verified_policy(reply)
-        if self._current is not None and self._current[0] != digest:
+        attempt = self._verified_attempt(reply, digest)
+        if self._current is not None and self._current[0] != (digest, attempt):
             self._current = None  # the last job's agent goes before the next one is built
         endpoint = self._current[1] if self._current is not None else None
         try:
             problems = self.check_policy(policy, digest)
             if not problems and endpoint is None:
-                endpoint = self.start_agent(policy, digest)
+                endpoint = self.start_agent(policy, digest, attempt)
         except Exception as exc:  # data, model, device or state that do not fit: refused
             log.warning("cannot prepare policy %s: %s", policy.name, exc)
             problems = [f"cannot work under this policy: {failure_reason(exc)}"]
-        self.record_decision(policy, digest, problems)
+        self.record_decision(policy, digest, attempt, problems)
         if problems:
             self.connection.exchange(
                 Control(REFUSE, {"reason": "; ".join(problems)}).encode(), REFUSE
@@ -290,8 +294,8 @@ class SiloClient:
                 log.info("acceptance of %s not taken: %s", policy.name, ack.get("reason"))
                 return None
             raise PolicyRefused(f"the coordinator did not take our acceptance: {ack.get('reason')}")
-        log.info("accepted policy %s (%s)", policy.name, digest[:12])
-        self._current = (digest, endpoint)
+        log.info("accepted policy %s (%s, attempt %d)", policy.name, digest[:12], attempt)
+        self._current = ((digest, attempt), endpoint)
         return self._current
 
     def _verified_policy(self, reply: Control) -> tuple[Policy, str]:
@@ -303,6 +307,21 @@ class SiloClient:
         except PolicySignatureError as exc:
             raise PolicyRefused(f"policy signature check failed: {exc}") from None
         return parse_policy_text(text, source="the deployment policy"), digest
+
+    def _verified_attempt(self, reply: Control, digest: str) -> int:
+        """Which attempt at the policy the job is: 1, or a later one the operator signed."""
+        attempt = reply.get("attempt", 1)
+        if attempt == 1 and not isinstance(attempt, bool):
+            return 1
+        if not isinstance(attempt, int) or isinstance(attempt, bool) or attempt < 1:
+            raise PolicyRefused(f"the policy's attempt {attempt!r} is not a number from 1")
+        try:
+            verify_attempt(
+                digest, attempt, str(reply.get("attempt_signature", "")), self.operator_key
+            )
+        except PolicySignatureError as exc:
+            raise PolicyRefused(f"attempt signature check failed: {exc}") from None
+        return attempt
 
     def _answer(self, payload: bytes, endpoint: SiloEndpoint) -> bytes | None:
         """Run the task, send its result and return the coordinator's reply (the next task,
