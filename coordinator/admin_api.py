@@ -33,6 +33,11 @@ class AdminBackend(Protocol):
 
     def job(self, job_id: str) -> JobInfo: ...
 
+    def awaiting(self, job_id: str) -> list[dict[str, Any]]:
+        """Whom job `job_id` waits for now, if it runs (coordinator/hub.py `Awaited`), as
+        {"silo": str, "task_id": str or None (its join), "since": unix s, "until": unix s}."""
+        ...
+
     def abort(self, job_id: str) -> JobInfo: ...
 
     def logs(self, job_id: str, tail: int | None) -> str:

@@ -128,7 +128,10 @@ class AdminService:
         if command == LIST:
             return AdminReply(ok=True, data=[info.to_json() for info in backend.jobs()])
         if command == STATUS:
-            return AdminReply(ok=True, data=backend.job(args["job"]).to_json())
+            info = backend.job(args["job"])
+            return AdminReply(
+                ok=True, data={**info.to_json(), "awaiting": backend.awaiting(info.job_id)}
+            )
         if command == ABORT:
             return AdminReply(ok=True, data=backend.abort(args["job"]).to_json())
         if command == LOGS:

@@ -8,8 +8,15 @@ refused as late: it can never be applied to a later round. Only the silo a task 
 can answer it, and the tasks of a revoked silo, or of one that refused the policy (it could
 not prepare the job, and said why), fail at once instead of waiting for their deadline.
 
-A silo counts as connected while it holds a task, or was heard from within a window (its long
-poll plus a margin); an agent that left drops out of it, a revoked silo is never in it.
+Liveness: every agent heartbeats (silo/heartbeat.py) every quarter of the coordinator's
+heartbeat window (`heartbeat_window_s`), also while it trains. A silo not heard from for a whole
+window is gone (`reap`, once a second): every task it holds or has queued fails at once as
+`offline`, which the engine takes for a dropout, it leaves the job's members (it joins again
+when it comes back: its next pull is answered "not a member"), a task posted to it fails at
+once, and the join of a job stops waiting for it once the silos that did answer can meet the
+quorum. A silo never heard from has `STARTUP_WINDOWS` windows from the hub's start to be heard
+(agents started with their coordinator import torch and read their data first). A silo counts
+as connected when heard from within the window; a revoked silo never does.
 
 A long-running coordinator (`fedsilo coordinator serve`) runs a sequence of jobs through one
 hub: `start_job` forgets the last job's acceptances, refusals, tasks and its end, and keeps the
@@ -19,19 +26,25 @@ silos the job is over; `abort` fails every task of the running job at once and r
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from fedsilo.coordinator.transport import Reply
 from fedsilo.wire.payload import AnyPayload
 
+log = logging.getLogger("fedsilo.coordinator")
 REVOKED = "revoked"
 REFUSED = "refused"
 NOT_CONNECTED = "not connected"
+OFFLINE = "offline"  # no heartbeat for a whole window
+DEFAULT_HEARTBEAT_WINDOW_S = 10.0
+STARTUP_WINDOWS = 6  # a silo never heard from has this many windows from the hub's start
 
 
 @dataclass(frozen=True)
@@ -40,17 +53,47 @@ class PostedTask:
     task_id: str
     round: int
     payload: AnyPayload
+    until: float | None = None  # the phase's deadline, unix seconds
+
+
+class Waiting(NamedTuple):
+    """A posted task waiting for its silo's result."""
+
+    silo: str
+    replies: queue.Queue[Reply]
+    since: float  # unix seconds
+    until: float | None
+
+
+@dataclass(frozen=True)
+class Awaited:
+    """A silo the running job waits for: to join it, or for the result of task `task_id`."""
+
+    silo: str
+    task_id: str | None  # None: its join
+    since: float  # unix seconds
+    until: float | None
 
 
 class SiloHub:
-    def __init__(self, roster: list[str], clock: Callable[[], float] = time.monotonic) -> None:
-        """`clock`: when silos were last heard from (a test's fake clock)."""
+    def __init__(
+        self,
+        roster: list[str],
+        clock: Callable[[], float] = time.monotonic,
+        heartbeat_window_s: float = DEFAULT_HEARTBEAT_WINDOW_S,
+    ) -> None:
+        """`clock`: when silos were last heard from (a test's fake clock); a silo silent for
+        `heartbeat_window_s` is gone."""
         self.roster = tuple(roster)
+        self.heartbeat_window_s = heartbeat_window_s
         self._clock = clock
+        self._started = clock()
         self._lock = threading.Condition()
         self._outboxes: dict[str, deque[PostedTask]] = {s: deque() for s in roster}
-        self._pending: dict[str, tuple[str, queue.Queue[Reply]]] = {}  # task id -> (silo, replies)
+        self._pending: dict[str, Waiting] = {}  # by task id
         self._last_seen: dict[str, float] = {}
+        self._gone: set[str] = set()  # reaped, not heard from since
+        self._joining: tuple[float, float] | None = None  # since, until (unix) while gathering
         self.accepted: set[str] = set()
         self.refused: dict[str, str] = {}
         self.revoked: set[str] = set()
@@ -107,7 +150,7 @@ class SiloHub:
     def _fail_all(self, failure: str) -> None:
         for outbox in self._outboxes.values():
             outbox.clear()
-        for task_id, (silo, replies) in list(self._pending.items()):
+        for task_id, (silo, replies, *_) in list(self._pending.items()):
             del self._pending[task_id]
             replies.put(Reply(silo, task_id, None, failure))
 
@@ -116,15 +159,52 @@ class SiloHub:
     def seen(self, silo: str) -> None:
         with self._lock:
             self._last_seen[silo] = self._clock()
+            self._gone.discard(silo)
 
-    def connected(self, within_s: float) -> list[str]:
-        """The silos not revoked that hold a task or were heard from within `within_s`."""
+    def connected(self) -> list[str]:
+        """The silos not revoked heard from within the heartbeat window."""
         now = self._clock()
         with self._lock:
-            queued = {task.task_id for outbox in self._outboxes.values() for task in outbox}
-            holding = {silo for t, (silo, _) in self._pending.items() if t not in queued}
-            heard = {silo for silo, t in self._last_seen.items() if now - t <= within_s}
-            return sorted((heard | holding) - self.revoked)
+            heard = {s for s, t in self._last_seen.items() if now - t <= self.heartbeat_window_s}
+            return sorted(heard - self.revoked)
+
+    def offline(self) -> list[str]:
+        """The silos of the roster, revoked or not, silent for a whole heartbeat window."""
+        with self._lock:
+            return sorted(self._silent())
+
+    def _silent(self) -> set[str]:
+        now = self._clock()
+        started_s = now - self._started
+        return {
+            silo
+            for silo in self.roster
+            if (
+                now - self._last_seen[silo] > self.heartbeat_window_s
+                if silo in self._last_seen
+                else started_s > STARTUP_WINDOWS * self.heartbeat_window_s
+            )
+        }
+
+    def reap(self) -> None:
+        """Take every silo silent for a whole window for gone: the tasks it holds or has queued
+        fail at once as `offline`, and it leaves the job's members until it joins again."""
+        with self._lock:
+            for silo in self._silent() - self._gone:
+                self._gone.add(silo)
+                if silo in self.accepted or self._tasks_of(silo):
+                    silent_s = self._clock() - self._last_seen.get(silo, self._started)
+                    log.warning("silo %s: no heartbeat for %.0fs; it is a dropout", silo, silent_s)
+                self.accepted.discard(silo)
+                self._fail_tasks_of(silo, self._offline_reason(silo))
+            self._lock.notify_all()
+
+    def _offline_reason(self, silo: str) -> str:
+        silent_s = self._clock() - self._last_seen.get(silo, self._started)
+        return f"{OFFLINE}: no heartbeat for {silent_s:.0f}s (window {self.heartbeat_window_s:g}s)"
+
+    def _tasks_of(self, silo: str) -> list[str]:
+        return [t for t, waiting in self._pending.items() if waiting.silo == silo]
 
     def accept(self, silo: str) -> None:
         with self._lock:
@@ -152,25 +232,47 @@ class SiloHub:
 
     def _fail_tasks_of(self, silo: str, failure: str) -> None:
         self._outboxes.get(silo, deque()).clear()
-        for task_id in [t for t, (owner, _) in self._pending.items() if owner == silo]:
-            _, replies = self._pending.pop(task_id)
+        for task_id in self._tasks_of(silo):
+            replies = self._pending.pop(task_id).replies
             replies.put(Reply(silo, task_id, None, failure))
 
-    def wait_for_members(self, wanted: int, timeout_s: float) -> list[str]:
-        """The silos that accepted the policy once `wanted` did (or once every silo not revoked
-        has accepted or refused it), or when `timeout_s` passed."""
+    def wait_for_members(self, wanted: int, timeout_s: float, quorum: int = 1) -> list[str]:
+        """The silos that accepted the policy once `wanted` did, once every silo not revoked
+        has accepted or refused it, once at least `quorum` accepted and every other silo not
+        revoked refused or is gone (silent for a window), or when `timeout_s` passed."""
         deadline = time.monotonic() + timeout_s
         with self._lock:
+            self._joining = (time.time(), time.time() + timeout_s)
             while (
                 len(self.accepted) < wanted
                 and self.accepted | set(self.refused) < (set(self.roster) - self.revoked)
+                and not (
+                    len(self.accepted) >= quorum
+                    and self.accepted | set(self.refused) | self._silent()
+                    >= set(self.roster) - self.revoked
+                )
                 and self.aborted is None
             ):
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break
                 self._lock.wait(timeout=min(remaining, 1.0))
+            self._joining = None
             return sorted(self.accepted)
+
+    def awaited(self) -> list[Awaited]:
+        """Whom the running job waits for: the silos not yet answered while it gathers its
+        members (not the ones gone), else the silos that hold a task of it, each with since and
+        until when."""
+        with self._lock:
+            if self._joining is not None:
+                since, until = self._joining
+                answered = self.accepted | set(self.refused) | self.revoked | self._silent()
+                return [Awaited(s, None, since, until) for s in self.roster if s not in answered]
+            return sorted(
+                (Awaited(w.silo, t, w.since, w.until) for t, w in self._pending.items()),
+                key=lambda a: (a.silo, a.task_id or ""),
+            )
 
     # -- tasks and results ------------------------------------------------------------------
 
@@ -186,11 +288,13 @@ class SiloHub:
                     if task.silo in self.revoked
                     else f"{REFUSED}: {self.refused[task.silo]}"
                     if task.silo in self.refused
+                    else self._offline_reason(task.silo)
+                    if task.silo in self._gone
                     else NOT_CONNECTED
                 )
                 replies.put(Reply(task.silo, task.task_id, None, failure))
                 return
-            self._pending[task.task_id] = (task.silo, replies)
+            self._pending[task.task_id] = Waiting(task.silo, replies, time.time(), task.until)
             self._outboxes[task.silo].append(task)
             self._lock.notify_all()
 
@@ -210,10 +314,10 @@ class SiloHub:
         `silo` (unknown, withdrawn, or posted to another silo)."""
         with self._lock:
             waiting = self._pending.get(task_id)
-            if waiting is None or waiting[0] != silo:
+            if waiting is None or waiting.silo != silo:
                 return False
             del self._pending[task_id]
-        waiting[1].put(Reply(silo, task_id, payload))
+        waiting.replies.put(Reply(silo, task_id, payload))
         return True
 
     def withdraw(self, task_ids: set[str]) -> None:

@@ -35,6 +35,7 @@ from fedsilo.wire.control import (
     ACCEPT,
     ACK,
     FINISHED,
+    HEARTBEAT,
     IDLE,
     JOIN,
     LATE,
@@ -46,7 +47,7 @@ from fedsilo.wire.control import (
     decode_control,
     payload_type,
 )
-from fedsilo.wire.envelope import EnvelopeVerifier
+from fedsilo.wire.envelope import UNKNOWN_SENDER, EnvelopeVerifier
 from fedsilo.wire.framing import MALFORMED, MessageRejected, read_message, seal_reply, to_frames
 from fedsilo.wire.messages import TaskResult
 from fedsilo.wire.payload import AnyPayload
@@ -55,6 +56,7 @@ from fedsilo.wire.tensors import WireError
 log = logging.getLogger("fedsilo.coordinator")
 
 COORDINATOR = "coordinator"
+HEARTBEATS_PER_WINDOW = 4  # a silo is gone only after missing this many heartbeats in a row
 IDENTITY_MISMATCH, REVOKED = "identity_mismatch", "revoked"
 
 
@@ -160,6 +162,9 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             return _ack(True)
         if message.type == PULL:
             return self._pull(silo)
+        if message.type == HEARTBEAT:  # heard: `seen` above
+            every_s = self.hub.heartbeat_window_s / HEARTBEATS_PER_WINDOW
+            return Control(ACK, {"accepted": True, "every_s": every_s}).encode()
         raise MessageRejected("malformed", f"a silo may not send {message.type!r}")
 
     def _join(self, silo: str) -> bytes:
@@ -218,7 +223,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         log.warning("rejected a message from %s: %s", peer, rejected)
         code = (
             grpc.StatusCode.PERMISSION_DENIED
-            if rejected.reason in {IDENTITY_MISMATCH, REVOKED, "unknown_sender", "bad_signature"}
+            if rejected.reason in {IDENTITY_MISMATCH, REVOKED, UNKNOWN_SENDER, "bad_signature"}
             else grpc.StatusCode.INVALID_ARGUMENT
         )
         context.abort(code, f"{rejected.reason}: {rejected.detail}")

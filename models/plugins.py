@@ -17,6 +17,7 @@ from importlib.metadata import EntryPoint, entry_points
 from torch import nn
 
 from fedsilo.models.global_rng import seeded_global_rng
+from fedsilo.models.plugin_loading import PluginChanged, load_plugin
 from fedsilo.policies.model import PluginModel
 
 GROUP = "fedsilo.models"
@@ -46,7 +47,9 @@ def load_factory(factory: str) -> Callable[..., nn.Module]:
             f"{installed})"
         )
     try:
-        loaded = entry_point.load()
+        loaded = load_plugin(entry_point)
+    except PluginChanged as error:
+        raise PluginError(f"model factory {factory!r} {error}") from None
     except Exception as error:  # the package is broken: say so, never a traceback
         raise PluginError(
             f"model factory {factory!r} cannot be loaded: {type(error).__name__}: {error}"

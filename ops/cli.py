@@ -22,6 +22,7 @@ from rich.table import Table
 import fedsilo.ops.openmp  # noqa: F401 (first, before torch loads: see the module)
 from fedsilo import __version__
 from fedsilo.coordinator.engine import RoundRecord, RunAborted
+from fedsilo.coordinator.hub import DEFAULT_HEARTBEAT_WINDOW_S
 from fedsilo.coordinator.strategies import STRATEGIES
 from fedsilo.ops.backends import BACKENDS, IN_PROCESS, RAY, BackendError
 from fedsilo.ops.cli_support import DEPLOYMENT_ERRORS, USER_ERRORS, console, stop_on_signals, within
@@ -347,6 +348,14 @@ silo_poll_option = click.option(
     callback=within(0.01, 3600),
     help="Long-poll window for silos.",
 )
+heartbeat_window_option = click.option(
+    "--heartbeat-window",
+    "heartbeat_window_s",
+    default=DEFAULT_HEARTBEAT_WINDOW_S,
+    show_default=True,
+    callback=within(1.0, 3600),
+    help="Seconds without a silo's heartbeat after which it is a dropout (it beats 4x as often).",
+)
 max_payload_option = click.option(
     "--max-payload-mb",
     default=1024,
@@ -384,6 +393,7 @@ log_json_option = click.option(
     help="Seconds to wait for silos to join.",
 )
 @silo_poll_option
+@heartbeat_window_option
 @max_payload_option
 @click.option(
     "--out", type=click.Path(path_type=Path), help="Write the final model and history here."
@@ -404,6 +414,7 @@ def coordinator_start(
     metrics_port: int | None,
     join_timeout: float,
     poll_seconds: float,
+    heartbeat_window_s: float,
     max_payload_mb: int,
     out: Path | None,
     overwrite: bool,
@@ -424,12 +435,13 @@ def coordinator_start(
         policy_file,
         state_file,
         metrics_port,
-        join_timeout,
-        poll_seconds,
-        max_payload_mb << 20,
-        linger_seconds,
-        out,
-        overwrite,
+        join_timeout_s=join_timeout,
+        poll_seconds=poll_seconds,
+        heartbeat_window_s=heartbeat_window_s,
+        max_payload_bytes=max_payload_mb << 20,
+        linger_s=linger_seconds,
+        out=out,
+        overwrite=overwrite,
     )
     try:
         history = run_coordinator(options, stop_on_signals())
@@ -466,8 +478,9 @@ def coordinator_start(
     default=600.0,
     show_default=True,
     callback=within(0.01, MAX_SECONDS),
-    help="Seconds each job waits for silos to join.",
+    help="Seconds each job waits for silos to join (not for one known gone).",
 )
+@heartbeat_window_option
 @max_payload_option
 @click.option(
     "--jobs-dir",
@@ -481,6 +494,7 @@ def coordinator_serve(
     metrics_port: int | None,
     poll_seconds: float,
     join_timeout: float,
+    heartbeat_window_s: float,
     max_payload_mb: int,
     jobs_dir: Path | None,
     log_json: bool,
@@ -495,10 +509,11 @@ def coordinator_serve(
         kit_dir,
         state_file,
         metrics_port,
-        poll_seconds,
-        join_timeout,
-        max_payload_mb << 20,
-        jobs_dir,
+        poll_seconds=poll_seconds,
+        join_timeout_s=join_timeout,
+        heartbeat_window_s=heartbeat_window_s,
+        max_payload_bytes=max_payload_mb << 20,
+        jobs_dir=jobs_dir,
     )
     try:
         serve_coordinator(options, stop_on_signals())

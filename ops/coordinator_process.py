@@ -32,7 +32,7 @@ import grpc
 
 from fedsilo.coordinator.engine import RoundEngine, RoundRecord, RunAborted, RunHistory
 from fedsilo.coordinator.grpc_transport import GrpcTransport
-from fedsilo.coordinator.hub import SiloHub
+from fedsilo.coordinator.hub import DEFAULT_HEARTBEAT_WINDOW_S, SiloHub
 from fedsilo.coordinator.replay_store import ReplayStore
 from fedsilo.coordinator.service import CoordinatorService, SignedPolicy, handler
 from fedsilo.coordinator.state import StateStore
@@ -56,7 +56,6 @@ from fedsilo.wire.envelope import MAX_AGE_S, EnvelopeVerifier
 log = logging.getLogger("fedsilo.coordinator")
 
 REVOKED = "revoked"
-CONNECTED_MARGIN_S = 10.0  # beyond the long poll: a silo silent this much longer has left
 
 
 class DeploymentError(RuntimeError):
@@ -85,6 +84,7 @@ class CoordinatorOptions:
     metrics_port: int | None = None
     join_timeout_s: float = 600.0
     poll_seconds: float = 5.0
+    heartbeat_window_s: float = DEFAULT_HEARTBEAT_WINDOW_S
     max_payload_bytes: int = 1 << 30
     linger_s: float = 0.0  # keep serving (metrics, "finished" to silos) after the last round
     out: Path | None = None  # where the final model and history are written
@@ -104,6 +104,7 @@ def run_coordinator(options: CoordinatorOptions, stop: threading.Event | None = 
         options.max_payload_bytes,
         job.signed,
         workers=2 * len(kit.silos) + 8,
+        heartbeat_window_s=options.heartbeat_window_s,
     )
     serving.metrics.deployment = job.id
     serving.metrics.set_privacy(
@@ -214,8 +215,10 @@ def open_serving(
     max_payload_bytes: int,
     policy: SignedPolicy | None,
     workers: int,
+    heartbeat_window_s: float = DEFAULT_HEARTBEAT_WINDOW_S,
 ) -> Serving:
-    """Everything but the server's start; `policy`: the one job's (None: jobs come later)."""
+    """Everything but the server's start; `policy`: the one job's (None: jobs come later); a
+    silo silent for `heartbeat_window_s` is gone (coordinator/hub.py)."""
     store = StateStore(state)
     try:
         store.open_consortium(kit.consortium)
@@ -224,7 +227,7 @@ def open_serving(
         raise
     replays = ReplayStore(state, MAX_AGE_S)
     metrics = CoordinatorMetrics()
-    hub = SiloHub(sorted(kit.silos))
+    hub = SiloHub(sorted(kit.silos), heartbeat_window_s=heartbeat_window_s)
     verifier = EnvelopeVerifier(
         kit.consortium,
         {name: silo.verify_key for name, silo in kit.silos.items()},
@@ -258,7 +261,7 @@ def open_serving(
         metrics_server,
         server,
         RevocationWatcher(store, kit.consortium, hub, verifier, kit, metrics),
-        ConnectionGauge(hub, metrics, poll_seconds + CONNECTED_MARGIN_S),
+        ConnectionGauge(hub, metrics),
     )
 
 
@@ -308,7 +311,7 @@ def run_job(
         job.policy,
     )
     wanted = len(kit.silos) - len(hub.revoked)
-    members = hub.wait_for_members(wanted, join_timeout_s)
+    members = hub.wait_for_members(wanted, join_timeout_s, policy.participants.min_silos)
     stopping = should_stop()
     if stopping is not None:
         raise RunAborted(stopping)
@@ -457,15 +460,16 @@ class RevocationWatcher:
 
 @dataclass(frozen=True)
 class ConnectionGauge:
-    """Keeps `fedsilo_silos_connected` at the silos that hold a task or were heard from within
-    `window_s` (the long poll plus a margin), so it drops when an agent leaves."""
+    """Takes every silo silent for its heartbeat window for gone (its tasks fail at once as
+    dropouts, coordinator/hub.py) and keeps `fedsilo_silos_connected` at the silos heard from
+    within it, so it drops when an agent leaves."""
 
     hub: SiloHub
     metrics: CoordinatorMetrics
-    window_s: float
 
     def sync(self) -> None:
-        self.metrics.set_connected(len(self.hub.connected(self.window_s)))
+        self.hub.reap()
+        self.metrics.set_connected(len(self.hub.connected()))
 
 
 class Watcher(Protocol):

@@ -12,14 +12,15 @@ too few silos accept, some refusing it, ends `refused` with each refusal's reaso
 job stops before its next round (its waiting tasks fail at once) and ends `aborted`, its rounds
 so far kept in the state file. A job that ended failed, refused or aborted runs again as a new
 attempt the operator signs (`fedsilo job submit --retry JOB`), a job of its own. The
-coordinator kit is read again before each job, so a silo enrolled meanwhile (`fedsilo
-consortium add-silo`) takes part in later jobs; revoked silos stay out. Restarted with the same
-command, the coordinator resumes the job that was running (bit-identical, from the state file)
-and keeps the queue.
+coordinator kit is read again as soon as its kit.yaml changes (and before each job), so a silo
+enrolled meanwhile (`fedsilo consortium add-silo`) is admitted within a second and takes part
+in the next job; revoked silos stay out. Restarted with the same command, the coordinator
+resumes the job that was running (bit-identical, from the state file) and keeps the queue.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from dataclasses import dataclass
@@ -29,7 +30,7 @@ from typing import Any
 from fedsilo.coordinator.admin_api import AdminError
 from fedsilo.coordinator.admin_service import admin_handler
 from fedsilo.coordinator.engine import RunAborted
-from fedsilo.coordinator.hub import SiloHub
+from fedsilo.coordinator.hub import DEFAULT_HEARTBEAT_WINDOW_S, SiloHub
 from fedsilo.coordinator.jobs import (
     ABORTED,
     COMPLETED,
@@ -61,7 +62,7 @@ from fedsilo.ops.coordinator_process import (
 from fedsilo.ops.coordinator_process import run_job as run_job_rounds
 from fedsilo.ops.job_id import job_id as attempt_id
 from fedsilo.ops.memory import return_freed_memory
-from fedsilo.ops.provision import CoordinatorKit, load_coordinator_kit
+from fedsilo.ops.provision import KIT_FILE, CoordinatorKit, KitError, load_coordinator_kit
 from fedsilo.ops.report import write_deployment_results
 from fedsilo.ops.status import FROM_COORDINATOR, consortium_document
 from fedsilo.privacy.policy_signing import PolicySignatureError, verify_attempt, verify_policy
@@ -81,6 +82,7 @@ class ServeOptions:
     metrics_port: int | None = None
     poll_seconds: float = 5.0
     join_timeout_s: float = 600.0  # per job
+    heartbeat_window_s: float = DEFAULT_HEARTBEAT_WINDOW_S
     max_payload_bytes: int = 1 << 30
     jobs_dir: Path | None = None  # default: `<state stem>.jobs/` beside the state file
 
@@ -102,6 +104,7 @@ def serve_coordinator(options: ServeOptions, stop: threading.Event | None = None
         options.max_payload_bytes,
         None,
         workers=2 * len(kit.silos) + 16,  # room for silos enrolled while serving
+        heartbeat_window_s=options.heartbeat_window_s,
     )
     queue = JobQueue(options.state)  # after the StateStore made (or checked) the file
     try:
@@ -119,9 +122,10 @@ def serve_coordinator(options: ServeOptions, stop: threading.Event | None = None
             )
         )
         aborts = AbortWatcher(queue, serving.hub)
+        enrolments = KitWatcher(serving, options.kit)
         threading.Thread(
             target=watch,
-            args=(stop, serving.revocations, serving.connections, aborts),
+            args=(stop, enrolments, serving.revocations, serving.connections, aborts),
             daemon=True,
             name="watchers",
         ).start()
@@ -213,6 +217,38 @@ class AbortWatcher:
             self.hub.abort(ABORTED_BY_OPERATOR)
 
 
+class KitWatcher:
+    """Admits a silo as soon as it is enrolled: the coordinator kit is read again whenever its
+    kit.yaml changes (`consortium add-silo` replaces it atomically); a kit that does not read is
+    logged and the roster kept as it was."""
+
+    def __init__(self, serving: Serving, folder: Path) -> None:
+        self.serving = serving
+        self.path = folder / KIT_FILE
+        self.read_at = self._changed_at()
+
+    def _changed_at(self) -> int:
+        try:
+            return self.path.stat().st_mtime_ns
+        except OSError:
+            return 0
+
+    def sync(self) -> None:
+        changed_at = self._changed_at()
+        if changed_at == self.read_at:
+            return
+        self.read_at = changed_at
+        try:
+            kit = load_coordinator_kit(self.path.parent)
+        except (KitError, OSError) as exc:
+            log.error("the coordinator kit changed but does not read (%s); roster kept", exc)
+            return
+        enrolled = sorted(set(kit.silos) - set(self.serving.kit.silos))
+        self.serving.use_kit(kit)
+        if enrolled:
+            log.info("enrolled silo(s) admitted: %s", ", ".join(enrolled))
+
+
 class ServeBackend:
     """What the admin channel asks of a serving coordinator (coordinator/admin_api.py)."""
 
@@ -250,6 +286,10 @@ class ServeBackend:
         except JobError as exc:
             raise AdminError(str(exc)) from None
 
+    def awaiting(self, job_id: str) -> list[dict[str, Any]]:
+        hub = self.serving.hub
+        return [dataclasses.asdict(a) for a in hub.awaited()] if hub.job == job_id else []
+
     def abort(self, job_id: str) -> JobInfo:
         try:
             return self.queue.request_abort(job_id)
@@ -279,7 +319,7 @@ class ServeBackend:
 
     def consortium_status(self) -> dict[str, Any]:
         kit, hub = self.serving.kit, self.serving.hub
-        connected = set(hub.connected(self.serving.connections.window_s))
+        connected = set(hub.connected())
         with StateStore(self.state) as store:
             reasons = {
                 silo: why

@@ -139,12 +139,13 @@ def list_jobs(kit_dir: Path, as_json: bool) -> None:
 @kit_option
 @json_option
 def job_status(job: str, kit_dir: Path, as_json: bool) -> None:
-    """Where job JOB stands."""
-    info = JobInfo.from_json(_call(kit_dir, STATUS, job=job).data)
+    """Where job JOB stands, and whom it waits for while it runs."""
+    data = _call(kit_dir, STATUS, job=job).data
+    info, awaiting = JobInfo.from_json(data), list(data.get("awaiting", []))
     if as_json:
-        _print_json({"schema": STATUS_SCHEMA, "job": info.to_json()})
+        _print_json({"schema": STATUS_SCHEMA, "job": {**info.to_json(), "awaiting": awaiting}})
         return
-    _print_job(info)
+    _print_job(info, awaiting)
 
 
 @job_group.command("abort")
@@ -297,7 +298,7 @@ def _verifies(path: Path, signature: Path, kit: OperatorKit) -> bool:
     return True
 
 
-def _print_job(info: JobInfo) -> None:
+def _print_job(info: JobInfo, awaiting: list[dict[str, Any]]) -> None:
     table = Table(box=None, show_header=False, title=f"job {info.job_id}")
     for label, value in (
         ("policy", info.name),
@@ -309,9 +310,17 @@ def _print_job(info: JobInfo) -> None:
         ("policy digest", info.policy_digest),
         ("note", info.note),
         *((f"refused by {silo}", reason) for silo, reason in info.refusals.items()),
+        *((f"awaiting {wait['silo']}", _awaited(wait)) for wait in awaiting),
     ):
         table.add_row(label, value)
     console.print(table)
+
+
+def _awaited(wait: dict[str, Any]) -> str:
+    """`its join since 12:00:01, until 12:10:01` (the coordinator's `Awaited`)."""
+    what = "its join" if wait["task_id"] is None else f"task {wait['task_id']}"
+    until = "" if wait["until"] is None else f", until {_when(wait['until'], '%H:%M:%S')}"
+    return f"{what} since {_when(wait['since'], '%H:%M:%S')}{until}"
 
 
 def _when(timestamp: float | None, form: str = "%Y-%m-%d %H:%M:%S") -> str:

@@ -7,7 +7,10 @@ tasks until the deployment is complete. Under a coordinator that serves several 
 (`coordinator serve`) it stays connected and takes part in job after job, each with an agent of
 its own (`_start_agent`), refusing the jobs its rules do not allow. silo.yaml is read again
 for each job, so a site changes its rules or its data between jobs without restarting the
-agent (the kit and the metrics port stay those it started with).
+agent (the kit and the metrics port stay those it started with), and the installed plug-ins are
+read afresh (models/plugin_loading.py): a plug-in package installed while the agent runs is used
+from the next job on, and one that changed on disk since the agent loaded it is refused, the
+refusal saying the agent must restart.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from fedsilo.models.plugin_loading import read_afresh
 from fedsilo.ops.job_id import job_id
 from fedsilo.ops.metrics import SiloMetrics, serve_metrics
 from fedsilo.ops.provision import SiloKit, load_silo_kit
@@ -30,6 +34,7 @@ from fedsilo.silo.client import ChannelSettings, CoordinatorConnection, SiloClie
 from fedsilo.silo.config import SiloConfig, load_silo_config
 from fedsilo.silo.device import resolve_device
 from fedsilo.silo.domains import check_domains
+from fedsilo.silo.heartbeat import Heartbeat
 from fedsilo.silo.readiness import check_model_for
 from fedsilo.silo.tasks.base import SiloKeys
 from fedsilo.wire.messages import STATUS_BUDGET_EXHAUSTED, BadTaskConfig, TaskMessage
@@ -67,6 +72,7 @@ def run_silo(
             config_path, policy, digest, attempt, problems
         ),
     )
+    heartbeat = Heartbeat(connection).start()
     try:
         metrics.set_connected(True)
         reason = client.run()
@@ -74,6 +80,7 @@ def run_silo(
         return reason
     finally:
         metrics.set_connected(False)
+        heartbeat.stop()
         connection.close()
         if server is not None:
             server.close()
@@ -105,6 +112,14 @@ def _start_agent(
     attempt: int,
     metrics: SiloMetrics,
 ) -> Callable[[bytes], bytes]:
+    for package, changes in read_afresh().items():
+        log.warning(
+            "silo %s: plug-in package %s changed since this agent loaded it (%s): a job using it "
+            "is refused until the agent restarts",
+            kit.name,
+            package,
+            changes,
+        )
     device, why = resolve_device((config.compute or policy.compute).device)
     data = config.data.load(policy.seed, base_dir=config_path.parent)
     check_domains(policy, data)

@@ -12,8 +12,10 @@ agent; the last job's is dropped first); a single-policy coordinator's FINISHED 
 connection is retried with exponential backoff and jitter; a task it has already answered
 (the coordinator restarted, or an acknowledgement was lost) gets the very bytes it got before
 from the agent's answer store (kept in the silo's state folder, so across restarts too), so
-result delivery is idempotent. A coordinator that refuses this silo (revoked, or not on its
-roster) ends the agent with `SiloRefused`: retrying cannot help.
+result delivery is idempotent. A coordinator that does not know this silo (not on its roster:
+it may have been enrolled a moment ago) is retried with the same backoff; one that refuses it
+(revoked, or another identity) ends the agent with `SiloRefused`: retrying cannot help. A
+heartbeat (silo/heartbeat.py) tells the coordinator the agent is alive, also while it trains.
 
 Failures are reported, not left to time out: a job the silo cannot prepare (its data does not
 load, the model does not build, the device is unavailable, a site rule is broken) is refused
@@ -53,7 +55,7 @@ from fedsilo.wire.control import (
     decode_control,
     payload_type,
 )
-from fedsilo.wire.envelope import EnvelopeVerifier, seal
+from fedsilo.wire.envelope import UNKNOWN_SENDER, EnvelopeVerifier, seal
 from fedsilo.wire.framing import check_answers, read_message, to_frames
 from fedsilo.wire.messages import (
     STATUS_ERROR,
@@ -150,36 +152,49 @@ class CoordinatorConnection:
         """
         delay = self.settings.backoff_initial_s
         while not self.stop.is_set():
-            envelope = seal(
-                payload,
-                signing_key=self.identity.signing_key,
-                sender=self.identity.name,
-                deployment=self.identity.deployment,
-                round=round_no,
-                task_id=f"{label}/{uuid.uuid4().hex}",
-            )
             try:
-                replies = self.stub.Exchange(
-                    to_frames(envelope, payload), timeout=self.settings.poll_seconds + 60
+                return self.exchange_once(
+                    payload, label, round_no, timeout_s=self.settings.poll_seconds + 60
                 )
-                answered, reply = read_message(
-                    replies, self.verifier, self.settings.max_payload_bytes
-                )
-                check_answers(answered, envelope)
-                return reply.to_bytes()
             except grpc.RpcError as exc:
                 if exc.code() == grpc.StatusCode.PERMISSION_DENIED:
-                    raise SiloRefused(
-                        f"the coordinator refuses this silo: {exc.details()}"
-                    ) from None
-                if exc.code() not in RETRYABLE:
+                    if not exc.details().startswith(UNKNOWN_SENDER):
+                        raise SiloRefused(
+                            f"the coordinator refuses this silo: {exc.details()}"
+                        ) from None
+                    log.warning(  # it may have been enrolled a moment ago
+                        "the coordinator does not know this silo yet (%s); retrying in %.0fs",
+                        exc.details(),
+                        delay,
+                    )
+                elif exc.code() not in RETRYABLE:
                     raise ChannelError(
                         f"the coordinator rejected this silo's {label!r}: {exc.details()}"
                     ) from None
-                log.info("coordinator unreachable (%s); retrying in %.1fs", exc.code().name, delay)
+                else:
+                    log.info(
+                        "coordinator unreachable (%s); retrying in %.1fs", exc.code().name, delay
+                    )
             self.stop.wait(delay * random.uniform(0.5, 1.0))
             delay = min(delay * 2, self.settings.backoff_max_s)
         raise InterruptedError("stopped")
+
+    def exchange_once(
+        self, payload: bytes | AnyPayload, label: str, round_no: int, timeout_s: float
+    ) -> bytes:
+        """One attempt of `exchange`: the verified reply, or the `grpc.RpcError`."""
+        envelope = seal(
+            payload,
+            signing_key=self.identity.signing_key,
+            sender=self.identity.name,
+            deployment=self.identity.deployment,
+            round=round_no,
+            task_id=f"{label}/{uuid.uuid4().hex}",
+        )
+        replies = self.stub.Exchange(to_frames(envelope, payload), timeout=timeout_s)
+        answered, reply = read_message(replies, self.verifier, self.settings.max_payload_bytes)
+        check_answers(answered, envelope)
+        return reply.to_bytes()
 
     def close(self) -> None:
         self.channel.close()

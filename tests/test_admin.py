@@ -8,6 +8,7 @@ backend that records every call, so "nothing reached the backend" is checked, no
 from __future__ import annotations
 
 import dataclasses
+import json
 import uuid
 from collections.abc import Iterator
 from concurrent import futures
@@ -88,6 +89,10 @@ class FakeBackend:
         if job_id != JOB:
             raise AdminError(f"no job {job_id!r} on this coordinator (see `fedsilo job list`)")
         return job_info("running")
+
+    def awaiting(self, job_id: str) -> list[dict[str, Any]]:
+        self.calls.append(("awaiting", (job_id,)))
+        return [{"silo": "silo-1", "task_id": None, "since": 1.0e9, "until": 1.0e9 + 600}]
 
     def abort(self, job_id: str) -> JobInfo:
         self.calls.append(("abort", (job_id,)))
@@ -271,8 +276,9 @@ def test_retry_signs_the_next_attempt_with_the_operators_key_and_sends_it(
     result = fedsilo("job", "submit", "--retry", JOB, "--kit", kit)
     assert result.exit_code == 0, result.output
     assert f"submitted attempt 2 at the policy of job {JOB} as job {JOB}-attempt2" in result.output
-    [status, (call, (job, attempt, signature, by))] = served.backend.calls
-    assert status == ("job", (JOB,)) and (call, job, attempt, by) == ("retry", JOB, 2, OPERATOR)
+    *status, (call, (job, attempt, signature, by)) = served.backend.calls
+    assert status == [("job", (JOB,)), ("awaiting", (JOB,))]
+    assert (call, job, attempt, by) == ("retry", JOB, 2, OPERATOR)
     operator = load_operator_kit(kit).signing_key.verify_key
     verify_attempt("ab" * 32, 2, signature, operator)
     with pytest.raises(PolicySignatureError):
@@ -315,6 +321,7 @@ def test_list_status_abort_and_logs_round_trip(consortium: Consortium, served: A
     shown = fedsilo("job", "status", JOB, "--kit", kit)
     assert shown.exit_code == 0, shown.output
     assert "running" in shown.output and "ab" * 10 in shown.output
+    assert "awaiting silo-1" in shown.output and "its join since" in shown.output
     aborted = fedsilo("job", "abort", JOB, "--kit", kit)
     assert aborted.exit_code == 0, aborted.output
     assert f"job {JOB}: aborted" in aborted.output
@@ -324,9 +331,24 @@ def test_list_status_abort_and_logs_round_trip(consortium: Consortium, served: A
     assert served.backend.calls == [
         ("jobs", ()),
         ("job", (JOB,)),
+        ("awaiting", (JOB,)),
         ("abort", (JOB,)),
         ("logs", (JOB, 2)),
     ]
+
+
+def test_job_status_json_is_the_job_and_whom_it_awaits(
+    consortium: Consortium, served: AdminServer
+) -> None:
+    result = fedsilo("job", "status", JOB, "--kit", operator_kit(consortium), "--json")
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.output)
+    assert document["schema"] == 1
+    assert document["job"] == {
+        **job_info("running").to_json(),
+        "awaiting": [{"silo": "silo-1", "task_id": None, "since": 1.0e9, "until": 1.0e9 + 600}],
+    }
+    assert document["job"]["note"] == "" and document["job"]["refusals"] == {}
 
 
 def test_results_are_written_under_out(

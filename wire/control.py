@@ -3,8 +3,11 @@
 Like tasks and results they are fedsilo safetensors messages (no tensors, a JSON header), so
 every payload on the channel has one format and one type field:
 
-  silo -> coordinator: join, accept, refuse, pull, and results (wire/messages.py)
+  silo -> coordinator: join, accept, refuse, pull, heartbeat, and results (wire/messages.py)
   coordinator -> silo: policy, ack, idle, finished, and tasks (wire/messages.py)
+
+A heartbeat is answered at once with an ack carrying `every_s`: how often the coordinator wants
+to hear from the silo (a quarter of its heartbeat window, coordinator/hub.py).
 
 A result is answered like a pull (the silo's next task, idle or finished), or with an ack that
 refuses it (`LATE`: no task waits for it; `NOT_A_MEMBER`: the silo has not accepted the
@@ -21,9 +24,9 @@ from fedsilo.wire.messages import PROTOCOL_VERSION
 from fedsilo.wire.payload import AnyPayload, as_payload
 from fedsilo.wire.tensors import WireError, decode_tensors, encode_tensors, index_tensors
 
-JOIN, ACCEPT, REFUSE, PULL = "join", "accept", "refuse", "pull"
+JOIN, ACCEPT, REFUSE, PULL, HEARTBEAT = "join", "accept", "refuse", "pull", "heartbeat"
 POLICY, ACK, IDLE, FINISHED = "policy", "ack", "idle", "finished"
-CONTROL_TYPES = {JOIN, ACCEPT, REFUSE, PULL, POLICY, ACK, IDLE, FINISHED}
+CONTROL_TYPES = {JOIN, ACCEPT, REFUSE, PULL, HEARTBEAT, POLICY, ACK, IDLE, FINISHED}
 LATE, NOT_A_MEMBER = "late", "not_a_member"  # why an ack refuses a result or a pull
 
 

@@ -43,8 +43,10 @@ SIMULATION = "simulation"
 # 5: a silo holds every task to its algorithm's contract (silo/contract_gate.py: task ids name
 # their position, a hand-off's own task no step), a masking survivor's statement and a CKKS
 # contribution cover the digest of the task they are for, and hand-offs are signed by their
-# sender: a silo of version 4 would sign other statements, so the two must not meet
-PROTOCOL_VERSION = 5
+# sender: a silo of version 4 would sign other statements, so the two must not meet; 6: silos
+# heartbeat (wire/control.py) and a coordinator takes one silent for its window for gone, so a
+# silo of version 5, which never beats, would be a dropout in every round
+PROTOCOL_VERSION = 6
 
 SiloEndpoint = Callable[[bytes | AnyPayload], bytes | AnyPayload]
 

@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
+from fedsilo.models.plugin_loading import PluginChanged, load_plugin
 from fedsilo.policies.data import BUILTIN_TASKS, SURVIVAL, DataConfig, is_entry_point_value
 from fedsilo.silo.data.survival import SurvivalTask
 from fedsilo.silo.errors import SECTION, DataError, DataNotHere
@@ -97,7 +98,9 @@ def _registered(group: str, value: str, key: str) -> Any:
             f"installed: {listing}"
         )
     try:
-        return found[0].load()
+        return load_plugin(found[0])
+    except PluginChanged as error:
+        raise DataError(f"{SECTION}.{key}: plug-in '{value}' {error}") from None
     except (ImportError, AttributeError) as error:
         raise DataError(f"{SECTION}.{key}: plug-in '{value}' fails to load: {error}") from None
 
