@@ -7,7 +7,6 @@ and exits with status 1 before anything is written; an output folder is never de
 
 from __future__ import annotations
 
-import json
 import math
 import tempfile
 from contextlib import ExitStack
@@ -35,7 +34,7 @@ from fedsilo.ops.coordinator_process import (
 from fedsilo.ops.coordinator_serve import ServeOptions, serve_coordinator
 from fedsilo.ops.demo import DemoFailed, run_demo
 from fedsilo.ops.examples_cli import examples_group
-from fedsilo.ops.job_cli import job_group, print_remote_status
+from fedsilo.ops.job_cli import job_group, print_json, print_remote_status
 from fedsilo.ops.lazy_group import LazyGroup
 from fedsilo.ops.logs import configure_logging
 from fedsilo.ops.privacy_cli import privacy_group
@@ -634,6 +633,6 @@ def status(kit_dir: Path, state_file: Path | None, as_json: bool) -> None:
     except DEPLOYMENT_ERRORS as exc:
         raise click.ClickException(str(exc)) from None
     if as_json:
-        click.echo(json.dumps(document, indent=2, allow_nan=False))
+        print_json(document)
         return
     print_consortium(console, document)

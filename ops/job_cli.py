@@ -111,7 +111,7 @@ def list_jobs(kit_dir: Path, as_json: bool) -> None:
     """Every job of the coordinator, in submission order."""
     jobs = [JobInfo.from_json(data) for data in _call(kit_dir, LIST).data]
     if as_json:
-        _print_json({"schema": STATUS_SCHEMA, "jobs": [info.to_json() for info in jobs]})
+        print_json({"schema": STATUS_SCHEMA, "jobs": [info.to_json() for info in jobs]})
         return
     rows = [
         (
@@ -143,7 +143,7 @@ def job_status(job: str, kit_dir: Path, as_json: bool) -> None:
     data = _call(kit_dir, STATUS, job=job).data
     info, awaiting = JobInfo.from_json(data), list(data.get("awaiting", []))
     if as_json:
-        _print_json({"schema": STATUS_SCHEMA, "job": {**info.to_json(), "awaiting": awaiting}})
+        print_json({"schema": STATUS_SCHEMA, "job": {**info.to_json(), "awaiting": awaiting}})
         return
     _print_job(info, awaiting)
 
@@ -197,7 +197,7 @@ def print_remote_status(kit_dir: Path, as_json: bool = False) -> None:
     then its running or latest job as the local `fedsilo status` shows one."""
     document = _call(kit_dir, CONSORTIUM).data
     if as_json:
-        _print_json(document)
+        print_json(document)
         return
     print_consortium(console, document)
 
@@ -217,7 +217,8 @@ def _retry(kit_dir: Path, job: str) -> None:
     )
 
 
-def _print_json(document: Any) -> None:
+def print_json(document: Any) -> None:
+    """A `--json` document, standard JSON (no NaN or infinity)."""
     click.echo(json.dumps(document, indent=2, allow_nan=False))
 
 

@@ -137,3 +137,21 @@ def test_job_list_job_status_and_status_label_every_job_as_it_ended_and_say_so_i
     heading = cli(consortium, "status").splitlines()[1]
     assert heading.startswith(f"latest job {endless} (aborted): round ")
     assert heading.endswith("; aborted by the operator")
+
+    # on the coordinator host, from the state file: the same job and rounds, no connections
+    local = CliRunner().invoke(
+        main,
+        [
+            "status",
+            "--kit",
+            str(consortium.kits / "coordinator"),
+            "--state",
+            str(consortium.root / "state.db"),
+            "--json",
+        ],
+    )
+    assert local.exit_code == 0, local.output
+    read = json.loads(local.output)
+    assert (read["schema"], read["source"], read["running"]) == (1, "state file", None)
+    assert all(silo["connected"] is None for silo in read["silos"].values())
+    assert (read["job"], read["progress"]) == (status["job"], status["progress"])
