@@ -49,8 +49,8 @@ from fedsilo.ops.report import (
     write_results,
 )
 from fedsilo.ops.shown_metrics import MetricDisplay, ShownRounds
-from fedsilo.ops.status import state_file_document
-from fedsilo.ops.status_view import print_consortium
+from fedsilo.ops.status import certificate_status, state_file_document
+from fedsilo.ops.status_view import print_certificate, print_consortium
 from fedsilo.policies.loading import (
     PolicyError,
     load_policy,
@@ -608,7 +608,7 @@ def demo(folder: Path | None, rounds: int | None) -> None:
 )
 def status(kit_dir: Path, state_file: Path | None, as_json: bool) -> None:
     """Show the consortium's running or latest job: its status, round, participants, last
-    metrics and dropouts."""
+    metrics and dropouts; and how long the kit's certificate is valid."""
     try:
         role = kit_role(kit_dir)
     except KitError as exc:
@@ -632,7 +632,9 @@ def status(kit_dir: Path, state_file: Path | None, as_json: bool) -> None:
         document = state_file_document(state_file, kit.consortium, kit.silos)
     except DEPLOYMENT_ERRORS as exc:
         raise click.ClickException(str(exc)) from None
+    document["certificate"] = certificate_status("coordinator", kit.tls.certificate)
     if as_json:
         print_json(document)
         return
     print_consortium(console, document)
+    print_certificate(console, "coordinator", kit.tls.certificate)

@@ -23,11 +23,13 @@ from fedsilo.ops.coordinator_process import DeploymentError
 from fedsilo.ops.provision import KitError
 from fedsilo.ops.report import OutputFolderError
 from fedsilo.policies.loading import PolicyError
+from fedsilo.privacy.certificate_files import CertificateError
 from fedsilo.privacy.identity import IdentityError
 from fedsilo.privacy.policy_signing import PolicySignatureError
 from fedsilo.silo.client import ChannelError, PolicyRefused, SiloRefused
 from fedsilo.silo.device import DeviceError
 from fedsilo.silo.errors import DataError, DpSgdError
+from fedsilo.silo.proxy import ProxyError
 
 USER_ERRORS = (
     PolicyError,
@@ -45,6 +47,8 @@ DEPLOYMENT_ERRORS = (
     StateError,
     DeploymentError,
     KitError,
+    CertificateError,
+    ProxyError,
     IdentityError,
     PolicySignatureError,
     PolicyRefused,

@@ -2,6 +2,8 @@
 provisioning; it issues one more silo kit from the same CA and enrols it with the coordinator.
 `fedsilo consortium issue-operator-kit` gives an operator folder provisioned before the
 operator had a kit (for `fedsilo job` and `fedsilo status`) its kit.yaml and client certificate.
+`fedsilo consortium renew` issues the parties' TLS certificates again before they expire
+(ops/renewal.py).
 
 The consortium-wide `revoke` stays `fedsilo coordinator revoke` (it writes the coordinator's
 state file, on the coordinator host).
@@ -15,7 +17,8 @@ import click
 from rich.console import Console
 
 from fedsilo.ops.provision import ProvisionError, add_silo, issue_operator_kit
-from fedsilo.policies.consortium import load_consortium_file
+from fedsilo.ops.renewal import Renewal, renew_certificates
+from fedsilo.policies.consortium import CertificateLifetimes, load_consortium_file
 from fedsilo.policies.loading import PolicyError
 
 console = Console()
@@ -23,7 +26,7 @@ console = Console()
 
 @click.group("consortium")
 def consortium_group() -> None:
-    """Change a provisioned consortium's roster."""
+    """Change a provisioned consortium's roster and renew its certificates."""
 
 
 @consortium_group.command("add-silo")
@@ -102,3 +105,89 @@ def issue_operator_kit_command(operator: Path, coordinator: Path) -> None:
         f"{operator}` now administers the coordinator.",
         soft_wrap=True,
     )
+
+
+@consortium_group.command("renew")
+@click.option(
+    "--kits",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="The kits folder of `fedsilo provision --out` (coordinator/, silos/NAME/, operator/).",
+)
+@click.option(
+    "--ca-kit",
+    "operator",
+    type=click.Path(path_type=Path),
+    help="The operator's folder (ca.crt, ca.key, client.crt)  [default: KITS/operator]",
+)
+@click.option(
+    "--coordinator-kit",
+    "coordinator",
+    type=click.Path(path_type=Path),
+    help="The coordinator kit (server.crt; its roster gets the silos' new fingerprints)  "
+    "[default: KITS/coordinator]",
+)
+@click.option(
+    "--party",
+    "parties",
+    multiple=True,
+    help="Renew only this party's certificate: coordinator, operator or a silo's name "
+    "(repeatable; default: every party).",
+)
+@click.option(
+    "--days",
+    type=click.IntRange(min=1),
+    default=CertificateLifetimes().client_days,
+    show_default=True,
+    help="Validity of the renewed certificates, from now.",
+)
+@click.option(
+    "--within",
+    type=click.IntRange(min=0),
+    help="Renew only certificates that expire within this many days (e.g. from a daily job).",
+)
+def renew_command(
+    kits: Path,
+    operator: Path | None,
+    coordinator: Path | None,
+    parties: tuple[str, ...],
+    days: int,
+    within: int | None,
+) -> None:
+    """Issue the parties' TLS certificates again from the consortium's CA, for the same names
+    and keys, before they expire."""
+    try:
+        renewal = renew_certificates(
+            operator or kits / "operator",
+            coordinator or kits / "coordinator",
+            kits,
+            days,
+            parties,
+            within,
+        )
+    except (ProvisionError, OSError) as exc:
+        raise click.ClickException(str(exc)) from None
+    _print_renewal(renewal)
+
+
+def _print_renewal(renewal: Renewal) -> None:
+    for item in renewal.renewed:
+        console.print(
+            f"renewed {item.party}'s {item.path}: valid until {item.new_expiry:%Y-%m-%d} (was "
+            f"{item.old_expiry:%Y-%m-%d}; the old certificate kept as {item.backup.name})",
+            soft_wrap=True,
+        )
+    for party, path, expiry in renewal.not_due:
+        console.print(f"kept {party}'s {path}: valid until {expiry:%Y-%m-%d}", soft_wrap=True)
+    for party in renewal.missing:
+        console.print(f"[yellow]not renewed:[/yellow] {party}: no kit folder here", soft_wrap=True)
+    if renewal.roster is not None:
+        console.print(f"the roster {renewal.roster} lists the silos' new fingerprints")
+    if renewal.renewed:
+        console.print(
+            "Keys are unchanged: a renewed certificate is public, give each party its new file "
+            "(a silo its client.crt, the coordinator host its server.crt and kit.yaml). Running "
+            "parties use them without a restart: the coordinator for new connections, a silo "
+            "from its next exchange.",
+            soft_wrap=True,
+        )

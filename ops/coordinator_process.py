@@ -8,7 +8,10 @@ restarted coordinator refuses their replay. A consortium (less revoked silos) sm
 `participants.min_silos` is refused before serving, and a run in which every round failed is
 an error (nothing is written to `--out`). Revocations written to the state store by
 `fedsilo coordinator revoke` take effect within a second, also in a running coordinator, and
-`fedsilo_silos_connected` follows agents that come and go within a second too.
+`fedsilo_silos_connected` follows agents that come and go within a second too. The server's
+certificate is read again when its file changes (ops/server_credentials.py: a renewed
+certificate serves new connections, the job goes on), its days left are the gauge
+`fedsilo_certificate_expiry_days{party="coordinator"}`, and an expired one is refused at start.
 
 The consortium and the job are separate: the wire (envelopes, joining) and revocations belong
 to the consortium, while the rounds, checkpoints, participants, task ids and metric labels
@@ -45,10 +48,12 @@ from fedsilo.ops.memory import return_freed_memory
 from fedsilo.ops.metrics import CoordinatorMetrics, MetricsServer, serve_metrics
 from fedsilo.ops.provision import CoordinatorKit, load_coordinator_kit
 from fedsilo.ops.report import write_deployment_results
+from fedsilo.ops.server_credentials import reloading_server_credentials
 from fedsilo.ops.shown_metrics import MetricDisplay, ShownRounds
 from fedsilo.ops.synthetic import snapshots_for
 from fedsilo.policies.loading import parse_policy_text
 from fedsilo.policies.schema import Policy
+from fedsilo.privacy.certificate_files import TlsFileWatch
 from fedsilo.privacy.identity import noise_secret
 from fedsilo.privacy.policy_signing import signature_path, verify_policy
 from fedsilo.wire.envelope import MAX_AGE_S, EnvelopeVerifier
@@ -114,7 +119,7 @@ def run_coordinator(options: CoordinatorOptions, stop: threading.Event | None = 
         check_job(serving, job)
         threading.Thread(
             target=watch,
-            args=(stop, serving.revocations, serving.connections),
+            args=(stop, serving.revocations, serving.connections, serving.certificate),
             daemon=True,
             name="watchers",
         ).start()
@@ -184,7 +189,7 @@ def prepare_job(signed: SignedPolicy, source: str) -> Job:
 class Serving:
     """What a coordinator holds while it serves its consortium, one job or many: the state
     store, the replay memory, the hub, the envelope verifier, the gRPC service and server,
-    the metrics and the watchers of revocations and connections."""
+    the metrics and the watchers of revocations, connections and the server's certificate."""
 
     kit: CoordinatorKit
     store: StateStore
@@ -197,6 +202,7 @@ class Serving:
     server: grpc.Server
     revocations: RevocationWatcher
     connections: ConnectionGauge
+    certificate: TlsFileWatch
 
     def use_kit(self, kit: CoordinatorKit) -> None:
         """Take the kit's roster as it is now (a silo enrolled since joins the next job);
@@ -218,7 +224,9 @@ def open_serving(
     heartbeat_window_s: float = DEFAULT_HEARTBEAT_WINDOW_S,
 ) -> Serving:
     """Everything but the server's start; `policy`: the one job's (None: jobs come later); a
-    silo silent for `heartbeat_window_s` is gone (coordinator/hub.py)."""
+    silo silent for `heartbeat_window_s` is gone (coordinator/hub.py). An expired server
+    certificate is refused first (`CertificateError`)."""
+    certificate = server_certificate(kit)
     store = StateStore(state)
     try:
         store.open_consortium(kit.consortium)
@@ -227,6 +235,7 @@ def open_serving(
         raise
     replays = ReplayStore(state, MAX_AGE_S)
     metrics = CoordinatorMetrics()
+    metrics.watch_certificate("coordinator", certificate.days_left)
     hub = SiloHub(sorted(kit.silos), heartbeat_window_s=heartbeat_window_s)
     verifier = EnvelopeVerifier(
         kit.consortium,
@@ -246,7 +255,7 @@ def open_serving(
         poll_seconds,
         more_jobs=policy is None,
     )
-    server = grpc_server(kit, service, workers)
+    server = grpc_server(kit, service, workers, certificate)
     metrics_server = (
         serve_metrics(metrics.registry, metrics_port) if metrics_port is not None else None
     )
@@ -262,6 +271,14 @@ def open_serving(
         server,
         RevocationWatcher(store, kit.consortium, hub, verifier, kit, metrics),
         ConnectionGauge(hub, metrics),
+        certificate,
+    )
+
+
+def server_certificate(kit: CoordinatorKit) -> TlsFileWatch:
+    """The kit's server certificate, key and CA, read again when renewed."""
+    return TlsFileWatch(
+        kit.tls.ca_certificate, kit.tls.certificate, kit.tls.private_key, "coordinator", log
     )
 
 
@@ -409,12 +426,11 @@ def _signature(policy: Path) -> str:
     return sig.read_text().strip()
 
 
-def grpc_server(kit: CoordinatorKit, service: CoordinatorService, workers: int) -> grpc.Server:
-    credentials = grpc.ssl_server_credentials(
-        [(kit.tls.private_key.read_bytes(), kit.tls.certificate.read_bytes())],
-        root_certificates=kit.tls.ca_certificate.read_bytes(),
-        require_client_auth=True,
-    )
+def grpc_server(
+    kit: CoordinatorKit, service: CoordinatorService, workers: int, certificate: TlsFileWatch
+) -> grpc.Server:
+    """The mTLS server on the kit's address, serving `certificate` as it is renewed."""
+    credentials = reloading_server_credentials(certificate)
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="grpc"),
         options=[

@@ -125,7 +125,14 @@ def serve_coordinator(options: ServeOptions, stop: threading.Event | None = None
         enrolments = KitWatcher(serving, options.kit)
         threading.Thread(
             target=watch,
-            args=(stop, enrolments, serving.revocations, serving.connections, aborts),
+            args=(
+                stop,
+                enrolments,
+                serving.revocations,
+                serving.connections,
+                aborts,
+                serving.certificate,
+            ),
             daemon=True,
             name="watchers",
         ).start()

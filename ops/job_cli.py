@@ -19,13 +19,13 @@ from nacl.signing import SigningKey
 from rich.console import Console
 from rich.table import Table
 
-from fedsilo.coordinator.admin_api import AdminError
+from fedsilo.coordinator.admin_api import OPERATOR, AdminError
 from fedsilo.coordinator.jobs import JobInfo
 from fedsilo.ops.admin_client import AdminChannelError, AdminConnection
 from fedsilo.ops.provision import KitError, OperatorKit, load_operator_kit
 from fedsilo.ops.report import OutputFolderError, atomic_directory, check_output_folder
-from fedsilo.ops.status import STATUS_SCHEMA
-from fedsilo.ops.status_view import print_consortium
+from fedsilo.ops.status import STATUS_SCHEMA, certificate_status
+from fedsilo.ops.status_view import print_certificate, print_consortium
 from fedsilo.policies.loading import PolicyError, example_file, example_name, load_policy
 from fedsilo.privacy.identity import IdentityError, read_signing_key
 from fedsilo.privacy.policy_signing import (
@@ -196,10 +196,12 @@ def print_remote_status(kit_dir: Path, as_json: bool = False) -> None:
     """`fedsilo status --kit OPERATOR_KIT`: the consortium as the running coordinator sees it,
     then its running or latest job as the local `fedsilo status` shows one."""
     document = _call(kit_dir, CONSORTIUM).data
+    document["certificate"] = certificate_status(OPERATOR, kit_dir / "client.crt")
     if as_json:
         print_json(document)
         return
     print_consortium(console, document)
+    print_certificate(console, OPERATOR, kit_dir / "client.crt")
 
 
 def _retry(kit_dir: Path, job: str) -> None:

@@ -5,7 +5,8 @@ Each service owns its own `CollectorRegistry` (never prometheus_client's global 
 coordinator and several silo agents can live in one process without sharing a sample.
 The coordinator's metrics follow the round engine as an observer (`CoordinatorMetrics.on_round`)
 and are fed by the transport for bytes, rejections, connections and silo status; a silo agent
-records its own tasks, bytes and rejections (`SiloMetrics`).
+records its own tasks, bytes and rejections (`SiloMetrics`). Both export the days their own TLS
+certificate has left, `fedsilo_certificate_expiry_days{party}`, read at each scrape.
 
 This module is imported by coordinator and silo code, so it imports nothing of ours but
 `fedsilo.wire`: it reads round records through the `RecordedRound` protocol.
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 from wsgiref.simple_server import WSGIServer
 
@@ -189,8 +190,13 @@ class CoordinatorMetrics:
             ["deployment"],
             registry=r,
         )
+        self.certificate_expiry = certificate_expiry_gauge(r)
         for status in ROUND_STATUSES:
             self.rounds.labels(status)
+
+    def watch_certificate(self, party: str, days_left: Callable[[], float]) -> None:
+        """Export `days_left()` of `party`'s certificate (the coordinator's) at each scrape."""
+        self.certificate_expiry.labels(party).set_function(days_left)
 
     def set_privacy(self, cap: float | None, noised: bool) -> None:
         """The running job's policy cap (nothing exported for a policy without one), and
@@ -305,6 +311,11 @@ class SiloMetrics:
             buckets=DURATION_BUCKETS,
             registry=r,
         )
+        self.certificate_expiry = certificate_expiry_gauge(r)
+
+    def watch_certificate(self, party: str, days_left: Callable[[], float]) -> None:
+        """Export `days_left()` of `party`'s certificate (this silo's) at each scrape."""
+        self.certificate_expiry.labels(party).set_function(days_left)
 
     def observe_task(self, kind: str, status: str, seconds: float) -> None:
         """Book one handled task of `kind` that ended with `status` after `seconds`."""
@@ -366,6 +377,16 @@ def serve_metrics(registry: CollectorRegistry, port: int, host: str = "127.0.0.1
     """
     server, thread = start_http_server(port, addr=host, registry=registry)
     return MetricsServer(server, thread)
+
+
+def certificate_expiry_gauge(registry: CollectorRegistry) -> Gauge:
+    return Gauge(
+        "fedsilo_certificate_expiry_days",
+        "Days until the party's TLS certificate expires (negative once it has), from its file "
+        "as it is now: a renewed certificate shows at once.",
+        ["party"],
+        registry=registry,
+    )
 
 
 def _dropped_silos(phases: Mapping[str, Mapping[str, Any]]) -> set[str]:

@@ -15,6 +15,8 @@ the client certificate) to an operator folder provisioned before it existed.
 
 `add_silo` issues one more silo kit later, from the same CA and operator key, and enrols it in
 the coordinator kit's roster (its kit.yaml, rewritten atomically); no other kit is touched.
+`fedsilo consortium renew` re-issues the kits' certificates (ops/renewal.py) with
+`load_certificate_authority`, `read_roster` and `replace_kit_document`.
 
 Every private key exists in exactly one kit, in a 0600 file. All kits are written into a
 temporary sibling of `out` (mode 0700) and renamed into place at the end, so a failure leaves
@@ -330,8 +332,21 @@ def add_silo(
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    _replace_kit_document(coordinator, enrolled)
+    replace_kit_document(coordinator, enrolled)
     return AddedSilo(folder, roster_path, tuple(sorted(roster.silos)))
+
+
+def load_certificate_authority(operator: Path, option: str = "--ca-kit") -> CertifiedKey:
+    """The consortium CA (certificate and key) in the operator's folder, given as `option`."""
+    return _load_operator(operator, option)[0]
+
+
+def read_roster(coordinator: Path) -> CoordinatorKitDocument:
+    """The coordinator kit's kit.yaml as written, or a ProvisionError naming --coordinator-kit."""
+    try:
+        return _validate(CoordinatorKitDocument, _read_kit_document(coordinator), coordinator)
+    except KitError as exc:
+        raise ProvisionError(f"--coordinator-kit: {exc}") from None
 
 
 def load_kit(folder: Path) -> CoordinatorKit | SiloKit:
@@ -508,7 +523,7 @@ def _check_same_consortium(
         raise ProvisionError(f"--ca-kit {operator}: its CA is not the CA of {coordinator}")
 
 
-def _replace_kit_document(folder: Path, document: PolicyModel) -> None:
+def replace_kit_document(folder: Path, document: PolicyModel) -> None:
     """Rewrite `folder`'s kit.yaml atomically (a temporary file renamed over it)."""
     staging = folder / f".{KIT_FILE}.partial"
     staging.write_text(yaml.safe_dump(document.model_dump(), sort_keys=False))

@@ -60,6 +60,11 @@ silo.add_command(silo_check)
     help="Serve Prometheus metrics on 127.0.0.1:PORT.",
 )
 @click.option(
+    "--proxy",
+    help="Reach the coordinator through this HTTP CONNECT proxy (http://host:port), or 'direct'; "
+    "default: https_proxy and no_proxy (coordinator.proxy).",
+)
+@click.option(
     "--allow-algorithm",
     "allowed",
     multiple=True,
@@ -86,6 +91,7 @@ def silo_init(
     select: str | None,
     device: str | None,
     metrics_port: int | None,
+    proxy: str | None,
     allowed: tuple[str, ...],
     require_dp: bool,
     epsilon_cap: float | None,
@@ -102,7 +108,17 @@ def silo_init(
         rules["total_epsilon_cap"] = total_epsilon_cap
     try:
         written, summary = write_silo_config(
-            kit_dir, out, source, data_path, target, select, device, metrics_port, rules, data_keys
+            kit_dir,
+            out,
+            source,
+            data_path,
+            target,
+            select,
+            device,
+            metrics_port,
+            rules,
+            data_keys,
+            proxy,
         )
     except (PolicyError, DataError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None

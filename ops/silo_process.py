@@ -1,22 +1,27 @@
 """`fedsilo silo start`: a hospital's silo agent as a service.
 
-It reads the site's own configuration (silo/config.py) and kit, connects out to the
-coordinator over mTLS, joins, checks the operator's signature on the policy and the site's
-local rules, records the digest of every policy it accepted, loads its own data, and runs
-tasks until the deployment is complete. Under a coordinator that serves several jobs
-(`coordinator serve`) it stays connected and takes part in job after job, each with an agent of
-its own (`_start_agent`), refusing the jobs its rules do not allow. silo.yaml is read again
-for each job, so a site changes its rules or its data between jobs without restarting the
-agent (the kit and the metrics port stay those it started with), and the installed plug-ins are
-read afresh (models/plugin_loading.py): a plug-in package installed while the agent runs is used
-from the next job on, and one that changed on disk since the agent loaded it is refused, the
-refusal saying the agent must restart.
+It reads the site's own configuration (silo/config.py) and kit, refuses a certificate that is
+expired or not yet valid, connects out to the coordinator over mTLS (directly or through the
+HTTP CONNECT proxy silo/proxy.py chooses, said in its log), joins, checks the operator's
+signature on the policy and the site's local rules, records the digest of every policy it
+accepted, loads its own data, and runs tasks until the deployment is complete. Under a
+coordinator that serves several jobs (`coordinator serve`) it stays connected and takes part in
+job after job, each with an agent of its own (`_start_agent`), refusing the jobs its rules do
+not allow. silo.yaml is read again for each job, so a site changes its rules or its data
+between jobs without restarting the agent (the kit, the metrics port and the route to the
+coordinator stay those it started with), and the installed plug-ins are read afresh
+(models/plugin_loading.py): a plug-in package installed while the agent runs is used from the
+next job on, and one that changed on disk since the agent loaded it is refused, the refusal
+saying the agent must restart. A renewed certificate in the kit is used from the next exchange
+on (silo/channel.py), and its days left are the gauge
+`fedsilo_certificate_expiry_days{party=<silo>}`.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -27,14 +32,17 @@ from fedsilo.ops.job_id import job_id
 from fedsilo.ops.metrics import SiloMetrics, serve_metrics
 from fedsilo.ops.provision import SiloKit, load_silo_kit
 from fedsilo.policies.schema import Policy
+from fedsilo.privacy.certificate_files import TlsFileWatch
 from fedsilo.privacy.identity import noise_secret
 from fedsilo.privacy.ledger import PrivacyLedger
 from fedsilo.silo.agent import SiloAgent
-from fedsilo.silo.client import ChannelSettings, CoordinatorConnection, SiloClient, SiloIdentity
+from fedsilo.silo.channel import ChannelSettings
+from fedsilo.silo.client import CoordinatorConnection, SiloClient, SiloIdentity
 from fedsilo.silo.config import SiloConfig, load_silo_config
 from fedsilo.silo.device import resolve_device
 from fedsilo.silo.domains import check_domains
 from fedsilo.silo.heartbeat import Heartbeat
+from fedsilo.silo.proxy import route
 from fedsilo.silo.readiness import check_model_for
 from fedsilo.silo.tasks.base import SiloKeys
 from fedsilo.wire.messages import STATUS_BUDGET_EXHAUSTED, BadTaskConfig, TaskMessage
@@ -52,13 +60,21 @@ def run_silo(
     stop = stop or threading.Event()
     config = load_silo_config(config_path)
     kit = load_silo_kit(config.kit_path(config_path))
+    settings = _settings(kit, config, poll_seconds)
+    log.info(
+        "silo %s reaches the coordinator at %s %s",
+        kit.name,
+        kit.coordinator_address,
+        settings.route.describe(),
+    )
     metrics = SiloMetrics()
+    metrics.watch_certificate(kit.name, settings.tls.days_left)
     server = (
         serve_metrics(metrics.registry, config.metrics_port)
         if config.metrics_port is not None
         else None
     )
-    connection = CoordinatorConnection(_settings(kit, poll_seconds), _identity(kit), stop)
+    connection = CoordinatorConnection(settings, _identity(kit), stop)
     client = SiloClient(
         connection,
         kit.operator_verify_key,
@@ -184,12 +200,15 @@ def _keys(kit: SiloKit) -> SiloKeys:
     )
 
 
-def _settings(kit: SiloKit, poll_seconds: float) -> ChannelSettings:
+def _settings(kit: SiloKit, config: SiloConfig, poll_seconds: float) -> ChannelSettings:
+    """The channel's settings; a certificate that is not valid now (`CertificateError`) or a
+    malformed proxy URL in the environment (`ProxyError`) is refused, naming it."""
     return ChannelSettings(
         address=kit.coordinator_address,
-        ca_pem=kit.tls.ca_certificate.read_bytes(),
-        key_pem=kit.tls.private_key.read_bytes(),
-        cert_pem=kit.tls.certificate.read_bytes(),
+        tls=TlsFileWatch(
+            kit.tls.ca_certificate, kit.tls.certificate, kit.tls.private_key, kit.name, log
+        ),
+        route=route(kit.coordinator_address, config.coordinator.proxy, os.environ),
         poll_seconds=poll_seconds,
     )
 

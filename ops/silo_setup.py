@@ -22,6 +22,7 @@ import yaml
 from fedsilo.ops.provision import load_silo_kit
 from fedsilo.ops.silo_check import render, summarise
 from fedsilo.policies.data import PATH_SOURCES
+from fedsilo.policies.loading import PolicyError
 from fedsilo.silo.config import parse_silo_config
 from fedsilo.silo.data import DataError
 
@@ -56,10 +57,12 @@ def write_silo_config(
     metrics_port: int | None,
     rules: Mapping[str, Any],
     data_keys: Mapping[str, Any] | None = None,
+    proxy: str | None = None,
 ) -> tuple[list[Path], list[str]]:
     """Write silo.yaml (at `out`) and fedsilo-silo-<name>.service beside it; return both paths
     and the data's summary. `rules`: the site's local rules (silo/config.py `LocalRules`) that
-    differ from the defaults; `data_keys`: more keys of the data section (`data_section_options`).
+    differ from the defaults; `data_keys`: more keys of the data section (`data_section_options`);
+    `proxy`: coordinator.proxy, the HTTP CONNECT proxy to reach the coordinator through.
     """
     kit = load_silo_kit(kit_dir)
     out = out.resolve()
@@ -80,13 +83,18 @@ def write_silo_config(
     if select is not None:
         data["select"] = select
     document: dict = {"version": 1, "kit": str(kit.folder.resolve()), "data": data}
+    if proxy is not None:
+        document["coordinator"] = {"proxy": proxy}
     if device is not None:
         document["compute"] = {"device": device}
     if metrics_port is not None:
         document["metrics_port"] = metrics_port
     if rules:
         document["rules"] = dict(rules)
-    config = parse_silo_config(document, "silo init")
+    try:
+        config = parse_silo_config(document, "silo init")
+    except PolicyError as error:
+        raise PolicyError(f"{error}{_flag_hints(str(error))}") from None
     try:
         summary = render(summarise(config, out.parent))
     except DataError as error:
@@ -105,6 +113,7 @@ FLAGS = {
     "data.source.drop_columns": "--drop-column COLUMN",
     "data.source.target": "--target",
     "data.source.path": "--data",
+    "coordinator.proxy": "--proxy",
 }
 
 

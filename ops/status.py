@@ -23,6 +23,7 @@ from fedsilo.coordinator.state import StateError, StateStore
 from fedsilo.ops.epsilon import epsilon_by_round, final_epsilons
 from fedsilo.ops.shown_metrics import MetricDisplay
 from fedsilo.policies.privacy import PrivacyConfig
+from fedsilo.privacy.certificate_files import CertificateError, days_left, read_certificate
 
 STATUS_SCHEMA = 1  # the version of the `--json` shapes of `status`, `job list`, `job status`
 FROM_COORDINATOR, FROM_STATE_FILE = "coordinator", "state file"  # a document's `source`
@@ -207,6 +208,21 @@ def state_file_document(state: Path, consortium: str, silos: Iterable[str]) -> d
         for silo in silos
     }
     return consortium_document(consortium, known, jobs, state, FROM_STATE_FILE)
+
+
+def certificate_status(party: str, path: Path) -> dict[str, Any]:
+    """The `certificate` a status document adds: the given kit's own TLS certificate, when it
+    expires and in how many days (negative once it has); `problem` when it does not read."""
+    try:
+        certificate = read_certificate(path)
+    except CertificateError as exc:
+        return {"party": party, "path": str(path), "problem": str(exc)}
+    return {
+        "party": party,
+        "path": str(path),
+        "valid_until": certificate.not_valid_after_utc.isoformat(),
+        "days_left": round(days_left(certificate), 3),
+    }
 
 
 def _epsilon_json(value: float | None) -> float | str | None:

@@ -2,11 +2,14 @@
 queue, the job shown (running, or the one that ended last) with its status, and a table of the
 silos in that job's rounds; the same whether it was read from the coordinator's state file
 (`--kit COORDINATOR_KIT --state`) or asked of a running coordinator over the admin channel
-(`--kit OPERATOR_KIT`): both render the document `--json` prints (ops/status.py)."""
+(`--kit OPERATOR_KIT`): both render the document `--json` prints (ops/status.py). Then one line
+on the kit's own TLS certificate (`print_certificate`): how long it is valid, and from 30 days
+before it expires, to renew it."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -17,6 +20,7 @@ from fedsilo.ops.epsilon import fmt_epsilon
 from fedsilo.ops.report import fmt_metric
 from fedsilo.ops.shown_metrics import NOISED
 from fedsilo.ops.status import FROM_COORDINATOR, DeploymentStatus
+from fedsilo.privacy.certificate_files import CertificateError, expiry_note, read_certificate
 
 STATUS_WIDTH = 40  # the most the status column reserves for its longest word
 
@@ -111,3 +115,12 @@ def print_status(
             *(fmt_metric(values.get(m)) for m in metric_names),
         )
     console.print(table)
+
+
+def print_certificate(console: Console, party: str, path: Path) -> None:
+    """The line on `party`'s certificate in `path`: valid until when, or expired."""
+    try:
+        note = expiry_note(path, read_certificate(path))
+    except CertificateError as exc:
+        note = str(exc)
+    console.print(f"certificate of the {party}: {note}", soft_wrap=True, highlight=False)

@@ -4,6 +4,8 @@ and one client certificate per silo, all EC P-256 (what gRPC's BoringSSL accepts
 The CA signs only certificates (CA:TRUE, pathlen 0, keyCertSign); the server certificate names
 the coordinator's host (plus localhost and 127.0.0.1) and is for serverAuth only; a silo's
 client certificate carries the silo's name as its common name and is for clientAuth only.
+`renew_certificate` re-issues a certificate from the same CA for the same name, key and uses,
+with a fresh serial number and validity (`fedsilo consortium renew`, ops/renewal.py).
 """
 
 from __future__ import annotations
@@ -71,6 +73,23 @@ def issue_client_certificate(authority: CertifiedKey, silo: str, days: int) -> C
     """A silo's TLS client certificate; its common name is the silo's name."""
     extensions = [x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH])]
     return _issue(authority, silo, days, extensions)
+
+
+def renew_certificate(
+    authority: CertifiedKey, certificate: x509.Certificate, days: int
+) -> x509.Certificate:
+    """`certificate` issued again by `authority`: its subject, public key and extensions (so its
+    names and uses) unchanged, a fresh serial number, valid from now for `days` days. The key
+    pair stays, so only the certificate, which is public, changes hands."""
+    builder = (
+        _validity(x509.CertificateBuilder(), days)
+        .subject_name(certificate.subject)
+        .issuer_name(authority.certificate.subject)
+        .public_key(certificate.public_key())
+    )
+    for extension in certificate.extensions:
+        builder = builder.add_extension(extension.value, critical=extension.critical)
+    return builder.sign(authority.private_key, hashes.SHA256())
 
 
 def certificate_fingerprint(certificate_pem: bytes) -> str:

@@ -1,4 +1,5 @@
-"""The silo agent's connection to its coordinator: outbound mTLS gRPC only.
+"""The silo agent's connection to its coordinator: outbound mTLS gRPC only (the channel, its
+route through a proxy and its renewed certificates: silo/channel.py).
 
 It joins, receives the deployment policy and checks the operator's signature on it (and, for
 a second or later attempt at a policy, the operator's signature of the attempt: the attempt is
@@ -40,6 +41,7 @@ from nacl.signing import SigningKey, VerifyKey
 from fedsilo.policies.loading import parse_policy_text
 from fedsilo.policies.schema import Policy
 from fedsilo.privacy.policy_signing import PolicySignatureError, verify_attempt, verify_policy
+from fedsilo.silo.channel import ChannelSettings, CoordinatorChannel
 from fedsilo.wire import fedsilo_pb2_grpc as pb_grpc
 from fedsilo.wire.control import (
     ACCEPT,
@@ -101,18 +103,6 @@ def failure_reason(exc: BaseException) -> str:
 
 
 @dataclass(frozen=True)
-class ChannelSettings:
-    address: str
-    ca_pem: bytes
-    key_pem: bytes
-    cert_pem: bytes
-    poll_seconds: float = 5.0
-    max_payload_bytes: int = 2**31
-    backoff_initial_s: float = 0.2
-    backoff_max_s: float = 10.0
-
-
-@dataclass(frozen=True)
 class SiloIdentity:
     name: str
     deployment: str
@@ -129,18 +119,15 @@ class CoordinatorConnection:
         self.settings = settings
         self.identity = identity
         self.stop = stop
-        credentials = grpc.ssl_channel_credentials(
-            settings.ca_pem, settings.key_pem, settings.cert_pem
-        )
-        self.channel = grpc.secure_channel(
-            settings.address,
-            credentials,
-            options=[("grpc.keepalive_time_ms", 30_000), ("grpc.keepalive_timeout_ms", 10_000)],
-        )
-        self.stub = pb_grpc.CoordinatorStub(self.channel)
+        self.channel = CoordinatorChannel(settings)
         self.verifier = EnvelopeVerifier(
             identity.deployment, {"coordinator": identity.coordinator_key}
         )
+
+    @property
+    def stub(self) -> pb_grpc.CoordinatorStub:
+        """The stub of the channel as it is now (a new one once the certificate is renewed)."""
+        return self.channel.stub()
 
     def exchange(self, payload: bytes | AnyPayload, label: str, round_no: int = 0) -> bytes:
         """Send one request (a control message, or the result of the task `label`) and return the
@@ -154,7 +141,7 @@ class CoordinatorConnection:
         while not self.stop.is_set():
             try:
                 return self.exchange_once(
-                    payload, label, round_no, timeout_s=self.settings.poll_seconds + 60
+                    payload, label, round_no, timeout_s=self.settings.call_timeout_s
                 )
             except grpc.RpcError as exc:
                 if exc.code() == grpc.StatusCode.PERMISSION_DENIED:
@@ -173,7 +160,10 @@ class CoordinatorConnection:
                     ) from None
                 else:
                     log.info(
-                        "coordinator unreachable (%s); retrying in %.1fs", exc.code().name, delay
+                        "coordinator unreachable (%s); retrying in %.1fs: %s",
+                        exc.code().name,
+                        delay,
+                        exc.details(),
                     )
             self.stop.wait(delay * random.uniform(0.5, 1.0))
             delay = min(delay * 2, self.settings.backoff_max_s)

@@ -10,6 +10,9 @@ Every key of silo.yaml (relative paths start at silo.yaml's folder):
 ```yaml
 version: 1                      # the format's version
 kit: /srv/fedsilo/kit           # this silo's kit folder (from `fedsilo provision`)
+coordinator:                    # how this silo reaches its coordinator (silo/proxy.py)
+  proxy: http://proxy.hospital:3128  # an HTTP CONNECT proxy (mTLS runs through it), or
+                                # `direct`; absent: https_proxy and no_proxy as gRPC reads them
 data:
   source:                       # a data section, as a policy's `data:` (policies/data.py)
     source: csv                 # csv or npz for a site's own file
@@ -46,7 +49,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, field_validator
 
 from fedsilo.policies.base import PolicyModel
 from fedsilo.policies.compute import ComputeConfig
@@ -56,6 +59,7 @@ from fedsilo.policies.model import PluginModel
 from fedsilo.policies.privacy import REPORT_KINDS, ReportKind
 from fedsilo.policies.schema import Policy
 from fedsilo.silo.data import DataError, SiloDataset, load_consortium
+from fedsilo.silo.proxy import DIRECT, check_proxy_url
 
 
 class LocalRules(PolicyModel):
@@ -165,9 +169,28 @@ class SiloData(PolicyModel):
         return datasets[names.index(self.select)]
 
 
+class CoordinatorLink(PolicyModel):
+    """How this silo reaches the coordinator: `proxy`, an HTTP CONNECT proxy's URL
+    (http://host:port) that takes precedence over https_proxy, or `direct`; None: the
+    environment decides, as gRPC reads it (silo/proxy.py)."""
+
+    proxy: str | None = None
+
+    @field_validator("proxy")
+    @classmethod
+    def _proxy_url(cls, value: str | None) -> str | None:
+        if value is None or value == DIRECT:
+            return value
+        try:
+            return check_proxy_url(value)
+        except ValueError as exc:
+            raise ValueError(f"{exc}, or {DIRECT!r} to connect directly") from None
+
+
 class SiloConfig(PolicyModel):
     version: int = Field(default=1, ge=1, le=1)
     kit: str
+    coordinator: CoordinatorLink = CoordinatorLink()
     data: SiloData
     compute: ComputeConfig | None = None  # overrides the policy's placement at this site
     metrics_port: int | None = Field(default=None, ge=1, le=65535)

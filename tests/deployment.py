@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -100,9 +101,11 @@ class Consortium:
         silo: str,
         metrics_port: int | None = None,
         data: dict | None = None,
+        proxy: str | None = None,
         **rules: object,
     ) -> Path:
-        """`data`: the data section (the default policy's when None), this silo selected."""
+        """`data`: the data section (the default policy's when None), this silo selected;
+        `proxy`: silo.yaml's coordinator.proxy."""
         folder = self.root / "sites" / silo
         folder.mkdir(parents=True, exist_ok=True)
         document: dict = {
@@ -112,20 +115,32 @@ class Consortium:
         }
         if metrics_port is not None:
             document["metrics_port"] = metrics_port
+        if proxy is not None:
+            document["coordinator"] = {"proxy": proxy}
         if rules:
             document["rules"] = rules
         path = folder / "silo.yaml"
         path.write_text(yaml.safe_dump(document, sort_keys=False))
         return path
 
-    def start(self, name: str, *args: str) -> subprocess.Popen:
+    def start(
+        self, name: str, *args: str, env: Mapping[str, str] | None = None
+    ) -> subprocess.Popen:
+        """`fedsilo ARGS` as process `name`; `env`: its whole environment (default: ours)."""
+        return self.spawn(name, [sys.executable, "-m", "fedsilo", *args], env)
+
+    def spawn(
+        self, name: str, argv: Sequence[str], env: Mapping[str, str] | None = None
+    ) -> subprocess.Popen:
+        """Any program as process `name`, logging to `name`.log, killed by `stop_all`."""
         with (self.root / f"{name}.log").open("w") as log:
             process = subprocess.Popen(
-                [sys.executable, "-m", "fedsilo", *args],
+                list(argv),
                 cwd=self.root,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                env=None if env is None else dict(env),
             )
         self.processes[name] = process
         return process
@@ -178,9 +193,13 @@ class Consortium:
         """Queue the signed `policy` on a serving coordinator's state file; its job id."""
         return submit_local(self.root / state, self.kits / "coordinator", policy).job_id
 
-    def start_silo(self, silo: str, config: Path | None = None) -> subprocess.Popen:
+    def start_silo(
+        self, silo: str, config: Path | None = None, env: Mapping[str, str] | None = None
+    ) -> subprocess.Popen:
         config = config or self.write_silo_config(silo)
-        return self.start(silo, "silo", "start", "--config", str(config), "--poll-seconds", "0.5")
+        return self.start(
+            silo, "silo", "start", "--config", str(config), "--poll-seconds", "0.5", env=env
+        )
 
     def wait(self, name: str, timeout: float = 120) -> int:
         try:

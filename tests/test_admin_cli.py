@@ -102,6 +102,13 @@ def test_job_list_job_status_and_status_label_every_job_as_it_ended_and_say_so_i
     assert (status["running"], status["queued"], status["progress"]) == (None, [], None)
     assert (status["job"]["job_id"], status["job"]["status"]) == (refused, "refused")
     assert all(silo["connected"] and not silo["revoked"] for silo in status["silos"].values())
+    certificate = status["certificate"]  # the operator kit's own
+    assert (certificate["party"], certificate["path"]) == (
+        "operator",
+        str(consortium.kits / "operator" / "client.crt"),
+    )
+    assert 364 < certificate["days_left"] <= 365
+    assert certificate["valid_until"].endswith("+00:00")
     said = " ".join(cli(consortium, "status").split())
     assert "no job has run yet" not in said
     assert f"latest job {refused} (refused): no round ran" in said
@@ -155,3 +162,4 @@ def test_job_list_job_status_and_status_label_every_job_as_it_ended_and_say_so_i
     assert (read["schema"], read["source"], read["running"]) == (1, "state file", None)
     assert all(silo["connected"] is None for silo in read["silos"].values())
     assert (read["job"], read["progress"]) == (status["job"], status["progress"])
+    assert read["certificate"]["party"] == "coordinator" and read["certificate"]["days_left"] > 364

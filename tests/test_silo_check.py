@@ -214,6 +214,20 @@ def test_silo_init_refuses_a_malformed_categorical_flag(
     assert not (tmp_path / "silo.yaml").exists()
 
 
+def test_silo_init_writes_the_proxy_to_reach_the_coordinator_through_and_refuses_a_bad_one(
+    kit: Path, tmp_path: Path
+) -> None:
+    result = init(kit, tmp_path, "--categorical", "smoker=no,yes", "--proxy", "http://p.h:3128")
+    assert result.exit_code == 0, result.output
+    document = yaml.safe_load((tmp_path / "silo.yaml").read_text())
+    assert document["coordinator"] == {"proxy": "http://p.h:3128"}
+    for written in ("silo.yaml", "fedsilo-silo-cleveland.service"):
+        (tmp_path / written).unlink()
+    bad = init(kit, tmp_path, "--categorical", "smoker=no,yes", "--proxy", "p.h:3128")
+    refused(bad, "coordinator.proxy", "http://", "--proxy")
+    assert not (tmp_path / "silo.yaml").exists()
+
+
 def test_silo_init_never_replaces_an_existing_silo_yaml(kit: Path, tmp_path: Path) -> None:
     (tmp_path / "silo.yaml").write_text("mine\n")
     refused(init(kit, tmp_path, "--categorical", "smoker=no,yes"), "silo.yaml exists")

@@ -23,7 +23,7 @@ from fedsilo.coordinator.service import CoordinatorService
 from fedsilo.coordinator.strategies import make_strategy
 from fedsilo.coordinator.strategies.base import RoundContext
 from fedsilo.coordinator.transport import Reply
-from fedsilo.ops.coordinator_process import grpc_server, signed_policy
+from fedsilo.ops.coordinator_process import grpc_server, server_certificate, signed_policy
 from fedsilo.ops.job_id import job_id
 from fedsilo.ops.metrics import CoordinatorMetrics
 from fedsilo.ops.provision import load_coordinator_kit
@@ -70,7 +70,7 @@ class DeviatingCoordinator:
             max_payload_bytes=1 << 30,
             poll_seconds=0.5,
         )
-        self.server = grpc_server(kit, service, workers=16)
+        self.server = grpc_server(kit, service, workers=16, certificate=server_certificate(kit))
         self.server.start()
 
     def __enter__(self) -> DeviatingCoordinator:
