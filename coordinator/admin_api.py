@@ -48,6 +48,17 @@ class AdminBackend(Protocol):
         """The files of an ended job's results folder, by path relative to it."""
         ...
 
+    def roster(self) -> dict[str, str]:
+        """The coordinator's signed roster as {"roster": text, "signature": hex}; AdminError
+        when its kit has none (provisioned before rosters were signed)."""
+        ...
+
+    def install_roster(self, text: str, signature: str) -> dict[str, Any]:
+        """Take a newer roster the operator signed, keep it in the kit and apply its revocations
+        as `fedsilo coordinator revoke` does; {"version": int, "silos": [...], "revoked":
+        {silo: reason}}."""
+        ...
+
     def consortium_status(self) -> dict[str, Any]:
         """The consortium now, as `fedsilo status --json` prints it (`consortium_document` in
         ops/status.py; README, "Scripting the admin CLI")."""

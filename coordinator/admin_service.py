@@ -1,5 +1,6 @@
 """The coordinator's admin channel: gRPC service `fedsilo.v1.Admin`, method `Exchange`, on the
-coordinator's mTLS server, through which the operator submits, lists, aborts and inspects jobs.
+coordinator's mTLS server, through which the operator submits, lists, aborts and inspects jobs,
+and reads and replaces the consortium's signed roster (`fedsilo consortium revoke`).
 
 Each request is checked before it is used: the caller's TLS certificate must be issued to
 `operator` (else PERMISSION_DENIED before anything of the request is read); its envelope must
@@ -26,10 +27,12 @@ from fedsilo.wire import fedsilo_pb2 as pb
 from fedsilo.wire.admin import (
     ABORT,
     CONSORTIUM,
+    INSTALL_ROSTER,
     LIST,
     LOGS,
     RESULTS,
     RETRY,
+    ROSTER,
     STATUS,
     SUBMIT,
     AdminReply,
@@ -139,6 +142,12 @@ class AdminService:
         if command == RESULTS:
             files = backend.results(args["job"])
             return AdminReply(ok=True, data={"files": sorted(files)}, files=files)
+        if command == ROSTER:
+            return AdminReply(ok=True, data=backend.roster())
+        if command == INSTALL_ROSTER:
+            return AdminReply(
+                ok=True, data=backend.install_roster(args["roster"], args["signature"])
+            )
         assert command == CONSORTIUM  # AdminRequest admits no other command
         return AdminReply(ok=True, data=backend.consortium_status())
 

@@ -88,6 +88,7 @@ class SiloHub:
         self.heartbeat_window_s = heartbeat_window_s
         self._clock = clock
         self._started = clock()
+        self._enrolled_at: dict[str, float] = {}  # silos enrolled while serving: since when
         self._lock = threading.Condition()
         self._outboxes: dict[str, deque[PostedTask]] = {s: deque() for s in roster}
         self._pending: dict[str, Waiting] = {}  # by task id
@@ -106,6 +107,8 @@ class SiloHub:
     def set_roster(self, roster: list[str]) -> None:
         """The consortium's silos from now on (one enrolled while serving joins later jobs)."""
         with self._lock:
+            for silo in set(roster) - set(self.roster):  # a window to connect from enrolment
+                self._enrolled_at[silo] = self._clock()
             self.roster = tuple(roster)
             for silo in roster:
                 self._outboxes.setdefault(silo, deque())
@@ -175,14 +178,14 @@ class SiloHub:
 
     def _silent(self) -> set[str]:
         now = self._clock()
-        started_s = now - self._started
         return {
             silo
             for silo in self.roster
             if (
                 now - self._last_seen[silo] > self.heartbeat_window_s
                 if silo in self._last_seen
-                else started_s > STARTUP_WINDOWS * self.heartbeat_window_s
+                else now - self._enrolled_at.get(silo, self._started)
+                > STARTUP_WINDOWS * self.heartbeat_window_s
             )
         }
 

@@ -14,7 +14,9 @@ The service answers for one job at a time: `coordinator start` builds it with it
 `coordinator serve` sets each job's policy as the job starts and clears it when it ends
 (`more_jobs`: FINISHED then tells the silos to stay and join the next). A silo that joins while
 no job runs, or that refused the current one, is held up to the long poll for a job to start
-and then told the policy, or IDLE.
+and then told the policy, or IDLE. The POLICY reply carries the operator-signed roster the job
+started with (privacy/roster.py; the same for every silo of the job), which each silo checks
+itself (silo/roster_gate.py); a kit provisioned before rosters were signed sends none.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from nacl.signing import SigningKey
 
 from fedsilo.coordinator.hub import SiloHub
 from fedsilo.ops.metrics import CoordinatorMetrics
+from fedsilo.privacy.roster import SignedRoster
 from fedsilo.wire import fedsilo_pb2 as pb
 from fedsilo.wire import fedsilo_pb2_grpc as pb_grpc
 from fedsilo.wire.control import (
@@ -84,8 +87,11 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         max_payload_bytes: int,
         poll_seconds: float = 5.0,
         more_jobs: bool = False,
+        roster: SignedRoster | None = None,
     ) -> None:
-        """`policy`: the one job's policy (`coordinator start`), or None until `set_job`."""
+        """`policy`: the one job's policy (`coordinator start`), or None until `set_job`;
+        `roster`: the consortium's signed roster now (`roster` is updated as it changes, and a
+        job keeps the one it started with)."""
         self.deployment = deployment
         self.hub = hub
         self.verifier = verifier
@@ -95,10 +101,14 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         self.max_payload_bytes = max_payload_bytes
         self.poll_seconds = poll_seconds
         self.more_jobs = more_jobs
+        self.roster = roster
+        self.job_roster = roster
 
     def set_job(self, policy: SignedPolicy, job: str) -> None:
-        """Job `job` runs `policy` from now on; every silo joins it afresh."""
+        """Job `job` runs `policy` from now on, under the roster of now; every silo joins it
+        afresh."""
         self.policy = policy
+        self.job_roster = self.roster
         self.hub.start_job(job)
 
     def clear_job(self) -> None:
@@ -175,6 +185,10 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             if policy is None or silo in self.hub.refused:
                 return Control(IDLE).encode()
         log.info("silo %s joined; sending the signed policy", silo)
+        roster = self.job_roster
+        signed_roster = (
+            {} if roster is None else {"roster": roster.text, "roster_signature": roster.signature}
+        )
         return Control(
             POLICY,
             {
@@ -184,6 +198,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
                 "attempt": policy.attempt,
                 "attempt_signature": policy.attempt_signature,
                 "more": self.more_jobs,
+                **signed_roster,
             },
         ).encode()
 

@@ -1,12 +1,14 @@
 """`fedsilo consortium add-silo`: the operator's command for a consortium's roster after
-provisioning; it issues one more silo kit from the same CA and enrols it with the coordinator.
-`fedsilo consortium issue-operator-kit` gives an operator folder provisioned before the
-operator had a kit (for `fedsilo job` and `fedsilo status`) its kit.yaml and client certificate.
-`fedsilo consortium renew` issues the parties' TLS certificates again before they expire
-(ops/renewal.py).
-
-The consortium-wide `revoke` stays `fedsilo coordinator revoke` (it writes the coordinator's
-state file, on the coordinator host).
+provisioning; it issues one more silo kit from the same CA and enrols it with the coordinator
+(the next version of the signed roster, privacy/roster.py). `fedsilo consortium revoke` revokes
+a silo from anywhere with the operator's kit: it reads the running coordinator's signed roster
+over the admin channel (ops/admin_client.py), checks the operator's own signature on it, signs
+the next version without the silo (revoked, with the reason) and sends it back; the coordinator
+applies it as `fedsilo coordinator revoke` (on its host, state file only) does, and every silo
+learns it with the next job's policy. `fedsilo consortium issue-operator-kit` gives an operator
+folder provisioned before the operator had a kit (for `fedsilo job` and `fedsilo status`) its
+kit.yaml and client certificate. `fedsilo consortium renew` issues the parties' TLS
+certificates again before they expire (ops/renewal.py).
 """
 
 from __future__ import annotations
@@ -16,17 +18,29 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from fedsilo.ops.provision import ProvisionError, add_silo, issue_operator_kit
+from fedsilo.coordinator.admin_api import AdminError
+from fedsilo.ops.admin_client import AdminChannelError, AdminConnection
+from fedsilo.ops.provision import (
+    KitError,
+    OperatorKit,
+    ProvisionError,
+    add_silo,
+    issue_operator_kit,
+    load_operator_kit,
+)
 from fedsilo.ops.renewal import Renewal, renew_certificates
 from fedsilo.policies.consortium import CertificateLifetimes, load_consortium_file
 from fedsilo.policies.loading import PolicyError
+from fedsilo.privacy.roster import DEFAULT_REASON, RosterError, sign_roster, verify_roster
+from fedsilo.wire.admin import INSTALL_ROSTER, ROSTER
 
 console = Console()
 
 
 @click.group("consortium")
 def consortium_group() -> None:
-    """Change a provisioned consortium's roster and renew its certificates."""
+    """Change a provisioned consortium's roster (enrol or revoke a silo) and renew its
+    certificates."""
 
 
 @consortium_group.command("add-silo")
@@ -70,14 +84,55 @@ def add_silo_command(
     console.print(
         f"Issued silo '{name}' a kit in {added.kit}/: give it to that institution's IT team "
         "over a channel you trust.\n"
-        f"Enrolled '{name}' in {added.coordinator_roster}. If that is a copy, put it in place "
-        "of kit.yaml in the coordinator host's kit. A serving coordinator (`coordinator serve`) "
+        f"Enrolled '{name}' in {added.coordinator_roster} and signed roster version "
+        f"{added.roster_version} (roster.json beside it). If that is a copy, put both files in "
+        "place in the coordinator host's kit. A serving coordinator (`coordinator serve`) "
         f"admits '{name}' from its next job on, one started afterwards from its start.\n"
-        f"The kits of {', '.join(added.existing_silos)} were not changed and do not list "
-        f"'{name}' as a peer: jobs with secure aggregation or sealed hand-offs between silos "
-        "need every silo's kit to list every other.",
+        f"The kits of {', '.join(added.existing_silos)} were not changed: they learn '{name}' "
+        "from the signed roster their coordinator hands them with each job.",
         soft_wrap=True,
     )
+
+
+@consortium_group.command("revoke")
+@click.argument("name")
+@click.option(
+    "--kit",
+    "kit_dir",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="The operator's kit (OUT/operator from `fedsilo provision`): it signs the roster.",
+)
+@click.option("--reason", default=DEFAULT_REASON, show_default=True, help="Why, as recorded.")
+def revoke_command(name: str, kit_dir: Path, reason: str) -> None:
+    """Revoke silo NAME: sign the next roster without it and send it to the coordinator."""
+    try:
+        kit = load_operator_kit(kit_dir)
+        with AdminConnection(kit) as connection:
+            installed = revoke_remotely(connection, kit, name, reason)
+    except (KitError, RosterError, AdminError, AdminChannelError, OSError) as exc:
+        raise click.ClickException(str(exc)) from None
+    console.print(
+        f"Revoked '{name}' ({reason}) in roster version {installed['version']}: the coordinator "
+        f"refuses it from now on; members: {', '.join(installed['silos']) or 'none'}.",
+        soft_wrap=True,
+    )
+
+
+def revoke_remotely(connection: AdminConnection, kit: OperatorKit, name: str, reason: str) -> dict:
+    """The coordinator's signed roster, checked under the operator's own key, its next version
+    without `name` signed and installed; the coordinator's answer."""
+    current = connection.call(ROSTER).data
+    if not isinstance(current, dict):
+        raise RosterError("the coordinator's roster reply is not a signed roster")
+    roster = verify_roster(
+        str(current.get("roster")),
+        str(current.get("signature")),
+        kit.signing_key.verify_key,
+        kit.consortium,
+    )
+    following = sign_roster(roster.document.revoking(name, reason), kit.signing_key)
+    return connection.call(INSTALL_ROSTER, **following.to_json()).data
 
 
 @consortium_group.command("issue-operator-kit")

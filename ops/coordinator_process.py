@@ -209,6 +209,7 @@ class Serving:
         revoked silos stay out."""
         self.kit = kit
         self.hub.set_roster(sorted(kit.silos))
+        self.service.roster = kit.roster
         self.revocations.kit = kit
         self.revocations.sync()
 
@@ -254,6 +255,7 @@ def open_serving(
         max_payload_bytes,
         poll_seconds,
         more_jobs=policy is None,
+        roster=kit.roster,
     )
     server = grpc_server(kit, service, workers, certificate)
     metrics_server = (
@@ -453,7 +455,9 @@ def grpc_server(
 
 @dataclass
 class RevocationWatcher:
-    """Applies revocations written to the state store to the running coordinator."""
+    """Applies revocations to the running coordinator: those written to the state store
+    (`fedsilo coordinator revoke`) and those of the kit's signed roster (`fedsilo consortium
+    revoke`), which it writes to the state store first, as `coordinator revoke` would."""
 
     store: StateStore
     deployment: str
@@ -465,6 +469,11 @@ class RevocationWatcher:
     def sync(self) -> None:
         participants = self.store.participants(self.deployment)
         revoked = {s for s, (status, _) in participants.items() if status == REVOKED}
+        signed = {} if self.kit.roster is None else self.kit.roster.document.revoked
+        for silo, reason in signed.items():
+            if silo not in revoked:
+                self.store.set_participant(self.deployment, silo, REVOKED, reason)
+                revoked.add(silo)
         for silo in revoked - self.hub.revoked:
             self.hub.revoke(silo)
             self.metrics.set_silo_status(silo, REVOKED)

@@ -12,10 +12,13 @@ too few silos accept, some refusing it, ends `refused` with each refusal's reaso
 job stops before its next round (its waiting tasks fail at once) and ends `aborted`, its rounds
 so far kept in the state file. A job that ended failed, refused or aborted runs again as a new
 attempt the operator signs (`fedsilo job submit --retry JOB`), a job of its own. The
-coordinator kit is read again as soon as its kit.yaml changes (and before each job), so a silo
-enrolled meanwhile (`fedsilo consortium add-silo`) is admitted within a second and takes part
-in the next job; revoked silos stay out. Restarted with the same command, the coordinator
-resumes the job that was running (bit-identical, from the state file) and keeps the queue.
+coordinator kit is read again as soon as its kit.yaml or its signed roster.json changes (and
+before each job), so a silo enrolled meanwhile (`fedsilo consortium add-silo`) is admitted
+within a second and takes part in the next job; revoked silos stay out. The operator replaces
+the signed roster over the admin channel (`fedsilo consortium revoke`: `install_roster`): a
+newer version only, kept in the kit, its revocations applied as `fedsilo coordinator revoke`
+applies them. Restarted with the same command, the coordinator resumes the job that was
+running (bit-identical, from the state file) and keeps the queue.
 """
 
 from __future__ import annotations
@@ -62,10 +65,17 @@ from fedsilo.ops.coordinator_process import (
 from fedsilo.ops.coordinator_process import run_job as run_job_rounds
 from fedsilo.ops.job_id import job_id as attempt_id
 from fedsilo.ops.memory import return_freed_memory
-from fedsilo.ops.provision import KIT_FILE, CoordinatorKit, KitError, load_coordinator_kit
+from fedsilo.ops.provision import (
+    KIT_FILE,
+    CoordinatorKit,
+    KitError,
+    install_roster,
+    load_coordinator_kit,
+)
 from fedsilo.ops.report import write_deployment_results
 from fedsilo.ops.status import FROM_COORDINATOR, consortium_document
 from fedsilo.privacy.policy_signing import PolicySignatureError, verify_attempt, verify_policy
+from fedsilo.privacy.roster import ROSTER_FILE, RosterError, not_older, verify_roster
 
 log = logging.getLogger("fedsilo.coordinator")
 
@@ -226,19 +236,16 @@ class AbortWatcher:
 
 class KitWatcher:
     """Admits a silo as soon as it is enrolled: the coordinator kit is read again whenever its
-    kit.yaml changes (`consortium add-silo` replaces it atomically); a kit that does not read is
-    logged and the roster kept as it was."""
+    kit.yaml or its signed roster.json changes (`consortium add-silo` replaces each atomically);
+    a kit that does not read is logged and the roster kept as it was."""
 
     def __init__(self, serving: Serving, folder: Path) -> None:
         self.serving = serving
-        self.path = folder / KIT_FILE
+        self.paths = (folder / KIT_FILE, folder / ROSTER_FILE)
         self.read_at = self._changed_at()
 
-    def _changed_at(self) -> int:
-        try:
-            return self.path.stat().st_mtime_ns
-        except OSError:
-            return 0
+    def _changed_at(self) -> tuple[int, ...]:
+        return tuple(_modified_ns(path) for path in self.paths)
 
     def sync(self) -> None:
         changed_at = self._changed_at()
@@ -246,9 +253,17 @@ class KitWatcher:
             return
         self.read_at = changed_at
         try:
-            kit = load_coordinator_kit(self.path.parent)
+            kit = load_coordinator_kit(self.paths[0].parent)
         except (KitError, OSError) as exc:
             log.error("the coordinator kit changed but does not read (%s); roster kept", exc)
+            return
+        held = self.serving.kit.roster
+        if held is not None and (kit.roster is None or kit.roster.version < held.version):
+            log.error(
+                "the coordinator kit's roster.json is now %s, older than version %d: roster kept",
+                "gone" if kit.roster is None else f"version {kit.roster.version}",
+                held.version,
+            )
             return
         enrolled = sorted(set(kit.silos) - set(self.serving.kit.silos))
         self.serving.use_kit(kit)
@@ -264,6 +279,7 @@ class ServeBackend:
         self.queue = queue
         self.jobs_folder = jobs_folder
         self.state = state
+        self._roster_lock = threading.Lock()
 
     def submit(self, policy_text: str, signature: str, submitted_by: str) -> JobInfo:
         return submit_job(self.queue, self.serving.kit, policy_text, signature, submitted_by)
@@ -324,6 +340,43 @@ class ServeBackend:
             if path.is_file()
         }
 
+    def roster(self) -> dict[str, str]:
+        kit = self.serving.kit
+        if kit.roster is None:
+            raise AdminError(
+                f"the coordinator kit {kit.folder} has no signed roster (provisioned before "
+                "rosters were signed): `fedsilo consortium add-silo` writes its first; until "
+                "then revoke on the coordinator's host with `fedsilo coordinator revoke`"
+            )
+        return kit.roster.to_json()
+
+    def install_roster(self, text: str, signature: str) -> dict[str, Any]:
+        with self._roster_lock:
+            kit = self.serving.kit
+            try:
+                roster = verify_roster(text, signature, kit.operator_verify_key, kit.consortium)
+                not_older(roster, kit.roster)
+                if kit.roster is not None and roster.version == kit.roster.version:
+                    raise RosterError(f"roster version {roster.version} is installed already")
+                revoked = set(kit.roster.document.revoked) if kit.roster is not None else set()
+                if reinstated := sorted(revoked & set(roster.document.silos)):
+                    raise RosterError(f"a revoked silo stays revoked: {', '.join(reinstated)}")
+                kit = install_roster(kit.folder, roster)
+            except (RosterError, KitError, OSError) as exc:
+                raise AdminError(f"roster refused: {_one_line(exc)}") from None
+            self.serving.use_kit(kit)  # its revocations go to the state file, as revoke's
+        document = roster.document
+        log.warning(
+            "roster version %d installed; revoked: %s",
+            document.version,
+            ", ".join(f"{s} ({why})" for s, why in sorted(document.revoked.items())) or "none",
+        )
+        return {
+            "version": document.version,
+            "silos": sorted(document.silos),
+            "revoked": dict(document.revoked),
+        }
+
     def consortium_status(self) -> dict[str, Any]:
         kit, hub = self.serving.kit, self.serving.hub
         connected = set(hub.connected())
@@ -375,6 +428,13 @@ def submit_local(state: Path, kit: Path, policy: Path, submitted_by: str = "oper
         return submit_job(queue, coordinator_kit, signed.text, signed.signature, submitted_by)
     finally:
         queue.close()
+
+
+def _modified_ns(path: Path) -> int:
+    try:
+        return path.stat().st_mtime_ns
+    except OSError:
+        return 0
 
 
 def _signed(queued: QueuedPolicy) -> SignedPolicy:

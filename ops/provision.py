@@ -4,7 +4,7 @@ kit back as typed keys and file paths.
 ```
 out/operator/     kit.yaml, operator.key, ca.crt, ca.key,   stays with the operator
                   client.crt, client.key
-out/coordinator/  kit.yaml, ca.crt, server.crt, server.key, signing.key
+out/coordinator/  kit.yaml, roster.json, ca.crt, server.crt, server.key, signing.key
 out/silos/<name>/ kit.yaml, ca.crt, client.crt, client.key, signing.key, sealing.key
 ```
 
@@ -13,8 +13,16 @@ The operator's folder is also the operator's kit for administering a running coo
 and it signs its requests with operator.key. `issue_operator_kit` adds that kit (kit.yaml and
 the client certificate) to an operator folder provisioned before it existed.
 
+roster.json is the consortium's membership signed by the operator (privacy/roster.py):
+`provision` writes version 1, `add_silo` the next version. kit.yaml's `silos` keeps being written
+beside it (so a kit stays readable as before), and it stays the coordinator's list of keys; when
+roster.json is there the coordinator admits only the silos the signed roster lists (members,
+or revoked, which it keeps refusing), and refuses a kit whose roster and kit.yaml disagree on a
+member's keys. A coordinator kit without roster.json (provisioned before) works as before.
+
 `add_silo` issues one more silo kit later, from the same CA and operator key, and enrols it in
-the coordinator kit's roster (its kit.yaml, rewritten atomically); no other kit is touched.
+the coordinator kit's roster (its kit.yaml, rewritten atomically, then the next signed roster);
+no other kit is touched: the silos learn the new member from the signed roster.
 `fedsilo consortium renew` re-issues the kits' certificates (ops/renewal.py) with
 `load_certificate_authority`, `read_roster` and `replace_kit_document`.
 
@@ -70,6 +78,16 @@ from fedsilo.privacy.identity import (
     read_signing_key,
     write_private_key,
     write_secret_file,
+)
+from fedsilo.privacy.roster import (
+    ROSTER_FILE,
+    RosterDocument,
+    RosterEntry,
+    RosterError,
+    SignedRoster,
+    read_roster_file,
+    sign_roster,
+    write_roster_file,
 )
 
 KIT_FILE = "kit.yaml"
@@ -170,6 +188,7 @@ class CoordinatorKit:
     operator_verify_key: VerifyKey
     coordinator_verify_key: VerifyKey
     silos: Mapping[str, EnrolledSilo]
+    roster: SignedRoster | None = None  # None: a kit provisioned before rosters were signed
 
 
 @dataclass(frozen=True)
@@ -216,6 +235,7 @@ class AddedSilo:
     kit: Path
     coordinator_roster: Path
     existing_silos: tuple[str, ...]
+    roster_version: int  # of the signed roster now in the coordinator kit
 
 
 @dataclass(frozen=True)
@@ -287,7 +307,9 @@ def add_silo(
     except KitError as exc:
         raise ProvisionError(f"--coordinator-kit: {exc}") from None
     _check_same_consortium(config, roster, authority, operator_key, operator, coordinator)
-    if name.lower() in {silo.lower() for silo in roster.silos}:
+    current = _current_roster(coordinator, roster, operator_key)
+    revoked = current.revoked if current is not None else {}
+    if name.lower() in {silo.lower() for silo in (*roster.silos, *revoked)}:
         raise ProvisionError(f"{name}: already enrolled in {roster_path}; choose another name")
     folder = out / "silos" / name
     if folder.exists():
@@ -333,12 +355,33 @@ def add_silo(
         shutil.rmtree(staging, ignore_errors=True)
         raise
     replace_kit_document(coordinator, enrolled)
-    return AddedSilo(folder, roster_path, tuple(sorted(roster.silos)))
+    if current is None:  # a kit provisioned before rosters were signed: its first roster
+        following = _roster_document(roster.consortium, 1, enrolled.silos)
+    else:
+        entry = RosterEntry(**enrolled.silos[name].model_dump())
+        following = current.following({**current.silos, name: entry}, current.revoked)
+    write_roster_file(coordinator, sign_roster(following, operator_key))
+    return AddedSilo(folder, roster_path, tuple(sorted(roster.silos)), following.version)
 
 
 def load_certificate_authority(operator: Path, option: str = "--ca-kit") -> CertifiedKey:
     """The consortium CA (certificate and key) in the operator's folder, given as `option`."""
     return _load_operator(operator, option)[0]
+
+
+def sign_next_roster(operator: Path, coordinator: Path) -> int | None:
+    """After kit.yaml's silo entries changed (`consortium renew`: new certificate fingerprints):
+    sign the next roster with its members as kit.yaml now has them and the same revocations;
+    its version, or None for a kit provisioned before rosters were signed."""
+    _, operator_key = _load_operator(operator)
+    document = read_roster(coordinator)
+    current = _current_roster(coordinator, document, operator_key)
+    if current is None:
+        return None
+    members = {name: RosterEntry(**document.silos[name].model_dump()) for name in current.silos}
+    following = current.following(members, current.revoked)
+    write_roster_file(coordinator, sign_roster(following, operator_key))
+    return following.version
 
 
 def read_roster(coordinator: Path) -> CoordinatorKitDocument:
@@ -463,6 +506,15 @@ def load_coordinator_kit(folder: Path) -> CoordinatorKit:
     return _expect(load_kit(folder), CoordinatorKit, folder)
 
 
+def install_roster(folder: Path, roster: SignedRoster) -> CoordinatorKit:
+    """Write the verified `roster` into the coordinator kit `folder` and return the kit read
+    again; a roster whose members are not as in kit.yaml is a KitError, and nothing is written."""
+    document = _validate(CoordinatorKitDocument, _read_kit_document(folder), folder)
+    _listed({}, document, roster, folder)
+    write_roster_file(folder, roster)
+    return load_coordinator_kit(folder)
+
+
 def load_silo_kit(folder: Path) -> SiloKit:
     return _expect(load_kit(folder), SiloKit, folder)
 
@@ -521,6 +573,25 @@ def _check_same_consortium(
         )
     if (coordinator / CA_CERTIFICATE).read_bytes() != authority.certificate_pem():
         raise ProvisionError(f"--ca-kit {operator}: its CA is not the CA of {coordinator}")
+
+
+def _current_roster(
+    coordinator: Path, document: CoordinatorKitDocument, operator_key: SigningKey
+) -> RosterDocument | None:
+    """The coordinator kit's signed roster (None: a kit provisioned before rosters were signed),
+    checked under the operator's key."""
+    try:
+        signed = read_roster_file(coordinator, operator_key.verify_key, document.consortium)
+    except RosterError as exc:
+        raise ProvisionError(f"--coordinator-kit: {exc}") from None
+    return None if signed is None else signed.document
+
+
+def _roster_document(
+    consortium: str, version: int, silos: Mapping[str, EnrolledSiloEntry]
+) -> RosterDocument:
+    entries = {name: RosterEntry(**entry.model_dump()) for name, entry in silos.items()}
+    return RosterDocument(consortium=consortium, version=version, silos=entries)
 
 
 def replace_kit_document(folder: Path, document: PolicyModel) -> None:
@@ -610,6 +681,8 @@ def _write_coordinator_kit(folder: Path, config: ConsortiumConfig, ids: _Identit
     )
     _new_folder(folder)
     _write_kit_document(folder, document)
+    roster = _roster_document(config.consortium, 1, document.silos)
+    write_roster_file(folder, sign_roster(roster, ids.operator_key))
     _write_tls(folder, ids.authority, ids.server, "server")
     write_private_key(folder / SIGNING_KEY, ids.coordinator_key)
 
@@ -690,16 +763,44 @@ def _load_coordinator_kit(folder: Path, document: CoordinatorKitDocument) -> Coo
         )
         for name, entry in document.silos.items()
     }
+    operator_verify_key = _verify_key(document.operator_verify_key, folder, "operator")
+    try:
+        roster = read_roster_file(folder, operator_verify_key, document.consortium)
+    except RosterError as exc:
+        raise KitError(str(exc)) from None
+    if roster is not None:
+        silos = _listed(silos, document, roster, folder)
     return CoordinatorKit(
         folder=folder,
         consortium=document.consortium,
         address=document.address,
         tls=tls,
         signing_key=signing_key,
-        operator_verify_key=_verify_key(document.operator_verify_key, folder, "operator"),
+        operator_verify_key=operator_verify_key,
         coordinator_verify_key=coordinator_verify_key,
         silos=MappingProxyType(silos),
+        roster=roster,
     )
+
+
+def _listed(
+    silos: dict[str, EnrolledSilo],
+    document: CoordinatorKitDocument,
+    roster: SignedRoster,
+    folder: Path,
+) -> dict[str, EnrolledSilo]:
+    """The silos of kit.yaml the signed roster lists, as members or revoked: one kit.yaml lists
+    and the roster not yet (`add-silo` writes kit.yaml first) is not admitted. A member whose
+    keys or certificate differ from kit.yaml's is a KitError."""
+    for name, entry in roster.document.silos.items():
+        enrolled = document.silos.get(name)
+        if enrolled is None or RosterEntry(**enrolled.model_dump()) != entry:
+            raise KitError(
+                f"{folder / ROSTER_FILE}: silo {name!r} of roster version {roster.version} "
+                f"is {'not in' if enrolled is None else 'not as in'} {folder / KIT_FILE}"
+            )
+    listed = set(roster.document.silos) | set(roster.document.revoked)
+    return {name: silo for name, silo in silos.items() if name in listed}
 
 
 def _load_silo_kit(folder: Path, document: SiloKitDocument) -> SiloKit:

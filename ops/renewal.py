@@ -37,6 +37,7 @@ from fedsilo.ops.provision import (
     load_certificate_authority,
     read_roster,
     replace_kit_document,
+    sign_next_roster,
 )
 from fedsilo.privacy.certificate_files import CertificateError, days_left, read_certificate
 from fedsilo.privacy.certificates import (
@@ -124,7 +125,7 @@ def renew_certificates(
         _replace(party, path, certificate, renew_certificate(authority, certificate, days))
         for party, (path, certificate) in due.items()
     )
-    return Renewal(renewed, tuple(not_due), missing, _update_roster(coordinator, renewed))
+    return Renewal(renewed, tuple(not_due), missing, _update_roster(operator, coordinator, renewed))
 
 
 def _check_within_authority(authority: CertifiedKey, days: int) -> None:
@@ -161,8 +162,11 @@ def _replace(
     return RenewedCertificate(party, path, backup, old.not_valid_after_utc, new.not_valid_after_utc)
 
 
-def _update_roster(coordinator: Path, renewed: tuple[RenewedCertificate, ...]) -> Path | None:
-    """Write the renewed silos' certificate fingerprints into the coordinator kit's roster."""
+def _update_roster(
+    operator: Path, coordinator: Path, renewed: tuple[RenewedCertificate, ...]
+) -> Path | None:
+    """Write the renewed silos' certificate fingerprints into the coordinator kit's roster:
+    kit.yaml, then the next operator-signed roster (which lists the fingerprints too)."""
     roster = read_roster(coordinator)
     fingerprints = {
         item.party: certificate_fingerprint(item.path.read_bytes())
@@ -178,4 +182,5 @@ def _update_roster(coordinator: Path, renewed: tuple[RenewedCertificate, ...]) -
         for name, entry in roster.silos.items()
     }
     replace_kit_document(coordinator, roster.model_copy(update={"silos": silos}))
+    sign_next_roster(operator, coordinator)
     return coordinator / "kit.yaml"

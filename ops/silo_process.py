@@ -14,7 +14,11 @@ coordinator stay those it started with), and the installed plug-ins are read afr
 next job on, and one that changed on disk since the agent loaded it is refused, the refusal
 saying the agent must restart. A renewed certificate in the kit is used from the next exchange
 on (silo/channel.py), and its days left are the gauge
-`fedsilo_certificate_expiry_days{party=<silo>}`.
+`fedsilo_certificate_expiry_days{party=<silo>}`. A job's peers (whose signatures and sealing
+keys the silo trusts: secure aggregation, hand-offs) are those of the operator-signed roster
+that comes with its policy (silo/roster_gate.py; the newest one seen is kept in the silo's
+state folder), so a silo enrolled later takes part without any kit being issued again; before
+any roster (kits provisioned before rosters were signed) they are the kit's `peers`.
 """
 
 from __future__ import annotations
@@ -33,8 +37,10 @@ from fedsilo.ops.metrics import SiloMetrics, serve_metrics
 from fedsilo.ops.provision import SiloKit, load_silo_kit
 from fedsilo.policies.schema import Policy
 from fedsilo.privacy.certificate_files import TlsFileWatch
-from fedsilo.privacy.identity import noise_secret
+from fedsilo.privacy.certificates import certificate_fingerprint
+from fedsilo.privacy.identity import noise_secret, public_key_hex
 from fedsilo.privacy.ledger import PrivacyLedger
+from fedsilo.privacy.roster import RosterEntry, SignedRoster
 from fedsilo.silo.agent import SiloAgent
 from fedsilo.silo.channel import ChannelSettings
 from fedsilo.silo.client import CoordinatorConnection, SiloClient, SiloIdentity
@@ -44,6 +50,7 @@ from fedsilo.silo.domains import check_domains
 from fedsilo.silo.heartbeat import Heartbeat
 from fedsilo.silo.proxy import route
 from fedsilo.silo.readiness import check_model_for
+from fedsilo.silo.roster_gate import RosterGate
 from fedsilo.silo.tasks.base import SiloKeys
 from fedsilo.wire.messages import STATUS_BUDGET_EXHAUSTED, BadTaskConfig, TaskMessage
 from fedsilo.wire.payload import AnyPayload
@@ -81,12 +88,20 @@ def run_silo(
         # silo.yaml is read again for each job: a site changes its rules or data between jobs
         # without restarting its agent (the kit and metrics port are the ones it started with)
         check_policy=lambda policy, digest: load_silo_config(config_path).rules.violations(policy),
-        start_agent=lambda policy, digest, attempt: _start_agent(
-            load_silo_config(config_path), config_path, kit, policy, digest, attempt, metrics
+        start_agent=lambda policy, digest, attempt, roster: _start_agent(
+            load_silo_config(config_path),
+            config_path,
+            kit,
+            policy,
+            digest,
+            attempt,
+            metrics,
+            roster,
         ),
         record_decision=lambda policy, digest, attempt, problems: _record_decision(
             config_path, policy, digest, attempt, problems
         ),
+        roster_gate=roster_gate(kit, config.state_path(config_path)),
     )
     heartbeat = Heartbeat(connection).start()
     try:
@@ -127,6 +142,7 @@ def _start_agent(
     digest: str,
     attempt: int,
     metrics: SiloMetrics,
+    roster: SignedRoster | None = None,
 ) -> Callable[[bytes], bytes]:
     for package, changes in read_afresh().items():
         log.warning(
@@ -154,7 +170,7 @@ def _start_agent(
         deployment=job,
         epsilon_cap=config.rules.epsilon_cap,
         total_epsilon_cap=config.rules.total_epsilon_cap,
-        keys=_keys(kit),
+        keys=_keys(kit, roster),
         state=config.state_path(config_path),
     )
     spent = ledger.spent(job)
@@ -184,19 +200,31 @@ def _start_agent(
     return endpoint
 
 
-def _keys(kit: SiloKit) -> SiloKeys:
-    """The silo's identity and its peers' keys, as provisioning pinned them in its kit."""
+def roster_gate(kit: SiloKit, state: Path) -> RosterGate:
+    """The gate of the rosters the coordinator sends, keeping the newest in `state`."""
+    own = RosterEntry(
+        certificate_fingerprint=certificate_fingerprint(kit.tls.certificate.read_bytes()),
+        verify_key=public_key_hex(kit.signing_key.verify_key),
+        sealing_public_key=public_key_hex(kit.sealing_key.public_key),
+    )
+    return RosterGate(kit.name, kit.consortium, kit.operator_verify_key, own, state)
+
+
+def _keys(kit: SiloKit, roster: SignedRoster | None = None) -> SiloKeys:
+    """The silo's identity and its peers' keys: the signed roster's members (the silo checked
+    its own entry), or, without a roster, its kit's peers as provisioning pinned them."""
+    if roster is not None:
+        members = roster.document.silos
+        verify = {name: entry.verify for name, entry in members.items()}
+        sealing = {name: entry.sealing for name, entry in members.items()}
+    else:
+        verify = {name: peer.verify_key for name, peer in kit.peers.items()}
+        sealing = {name: peer.sealing_public_key for name, peer in kit.peers.items()}
     return SiloKeys(
         identity=kit.signing_key,
-        roster={
-            kit.name: kit.signing_key.verify_key,
-            **{name: peer.verify_key for name, peer in kit.peers.items()},
-        },
+        roster={**verify, kit.name: kit.signing_key.verify_key},
         sealing_key=kit.sealing_key,
-        sealing_roster={
-            kit.name: kit.sealing_key.public_key,
-            **{name: peer.sealing_public_key for name, peer in kit.peers.items()},
-        },
+        sealing_roster={**sealing, kit.name: kit.sealing_key.public_key},
     )
 
 

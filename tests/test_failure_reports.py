@@ -155,7 +155,7 @@ def client(coordinator: FakeCoordinator, start_agent) -> SiloClient:
 
 
 def failing(exc: Exception):
-    def start_agent(policy, digest, attempt):
+    def start_agent(policy, digest, attempt, roster):
         raise exc
 
     return start_agent
@@ -219,9 +219,9 @@ def test_a_sites_missing_data_file_becomes_the_refusal_text(tmp_path: Path) -> N
     kit = load_silo_kit(config.kit_path(config_path))
     coordinator = FakeCoordinator()
 
-    def start_agent(policy, digest, attempt):
+    def start_agent(policy, digest, attempt, roster):
         return silo_process._start_agent(
-            config, config_path, kit, policy, digest, attempt, SiloMetrics()
+            config, config_path, kit, policy, digest, attempt, SiloMetrics(), roster
         )
 
     with pytest.raises(PolicyRefused, match="records.csv"):

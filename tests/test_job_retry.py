@@ -110,7 +110,7 @@ def test_a_job_a_site_refused_runs_to_its_end_as_a_second_attempt_once_the_site_
 def started_attempts(coordinator: FakeCoordinator) -> list[int]:
     attempts: list[int] = []
 
-    def start_agent(policy: Policy, digest: str, attempt: int):
+    def start_agent(policy: Policy, digest: str, attempt: int, roster: object):
         attempts.append(attempt)
         return lambda payload: payload
 

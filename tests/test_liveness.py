@@ -113,7 +113,8 @@ def test_an_agent_refused_as_unknown_retries_and_is_admitted_once_enrolled(
         consortium.start_silo(silo, consortium.write_silo_config(silo, data=data))
     consortium.wait_for_log("silo-3", "does not know this silo yet")
     # ... and the coordinator's host gets the new roster a moment after silo-3 started
-    os.replace(staged / "kit.yaml", consortium.kits / "coordinator" / "kit.yaml")
+    for name in ("kit.yaml", "roster.json"):  # the signed roster admits silo-3
+        os.replace(staged / name, consortium.kits / "coordinator" / name)
     connected = "fedsilo_silos_connected"
     wait_for(lambda: metric(port, connected) == 4, 30, "silo-3 admitted", consortium)
     job = consortium.submit(consortium.write_policy(policy_document(rounds=1, data=data)))
@@ -192,4 +193,14 @@ def test_a_silo_never_heard_from_has_some_windows_to_start_after_the_coordinator
     clock.now += WINDOW_S + 0.5
     assert hub.offline() == ["s0"]  # heard once, then silent for a window: gone
     clock.now += (STARTUP_WINDOWS - 1) * WINDOW_S
+    assert hub.offline() == ["s0", "s1"]
+
+
+def test_a_silo_enrolled_while_serving_has_as_long_to_start_from_its_enrolment() -> None:
+    clock = FakeClock()
+    hub = SiloHub(["s0"], clock=clock, heartbeat_window_s=WINDOW_S)
+    clock.now += STARTUP_WINDOWS * WINDOW_S + 1
+    hub.set_roster(["s0", "s1"])
+    assert hub.offline() == ["s0"]  # never heard since the hub started; s1 was just enrolled
+    clock.now += STARTUP_WINDOWS * WINDOW_S + 1
     assert hub.offline() == ["s0", "s1"]

@@ -48,7 +48,7 @@ CONSORTIUM = {
 }
 LAYOUT = {
     "operator": {"kit.yaml", "operator.key", "ca.crt", "ca.key", "client.crt", "client.key"},
-    "coordinator": {"kit.yaml", "ca.crt", "server.crt", "server.key", "signing.key"},
+    "coordinator": {"kit.yaml", "roster.json", "ca.crt", "server.crt", "server.key", "signing.key"},
     **{
         f"silos/{name}": {
             "kit.yaml",

@@ -89,9 +89,9 @@ def test_add_silo_issues_a_kit_from_the_same_ca_and_touches_no_other_kit(kits: P
     assert set(new.peers) == set(SILOS)
     after = fingerprints(kits)
     changed = {path for path in before if before[path] != after[path]}
-    assert changed == {"coordinator/kit.yaml"}
+    assert changed == {"coordinator/kit.yaml", "coordinator/roster.json"}
     assert all(path.startswith("silos/zurich/") for path in set(after) - set(before))
-    assert "silos/zurich" in output and "coordinator" in output and "peer" in output
+    assert "silos/zurich" in output and "coordinator" in output and "roster version 2" in output
 
 
 def test_a_coordinator_started_afterwards_enrols_the_new_silo_by_its_real_keys(

@@ -49,6 +49,9 @@ ARGUMENTS: dict[str, dict[str, tuple[type, ...]]] = {
     RESULTS: {"job": (str,)},
     CONSORTIUM: {},
 }
+ROSTER, INSTALL_ROSTER = "roster", "install_roster"  # the consortium's signed roster
+ARGUMENTS[ROSTER] = {}
+ARGUMENTS[INSTALL_ROSTER] = {"roster": (str,), "signature": (str,)}
 REQUEST, REPLY = "admin_request", "admin_reply"
 
 
