@@ -24,6 +24,11 @@ class AdminBackend(Protocol):
         """Verify the operator's signature and the policy's fields, then queue it as a job."""
         ...
 
+    def retry(self, job_id: str, attempt: int, signature: str, submitted_by: str) -> JobInfo:
+        """Queue attempt `attempt` at ended job `job_id`'s signed policy as a new job, once the
+        operator's `signature` of that attempt verifies."""
+        ...
+
     def jobs(self) -> list[JobInfo]: ...
 
     def job(self, job_id: str) -> JobInfo: ...
@@ -55,10 +60,6 @@ class AdminBackend(Protocol):
         ...
 
     def consortium_status(self) -> dict[str, Any]:
-        """The consortium now, JSON-able:
-        {"consortium": str,
-         "silos": {name: {"connected": bool, "revoked": bool, "reason": str}},
-         "running": job id or None, "queued": [job ids],
-         "job": None or the `DeploymentStatus` (ops/status.py) of the running or latest job,
-                as `dataclasses.asdict` gives it}"""
+        """The consortium now, as `fedsilo status --json` prints it (`consortium_document` in
+        ops/status.py; README, "Scripting the admin CLI")."""
         ...

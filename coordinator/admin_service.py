@@ -31,6 +31,7 @@ from fedsilo.wire.admin import (
     LIST,
     LOGS,
     RESULTS,
+    RETRY,
     ROSTER,
     STATUS,
     SUBMIT,
@@ -115,7 +116,7 @@ class AdminService:
         except AdminError as exc:
             log.info("operator: %s refused: %s", request.command, exc)
             return AdminReply(ok=False, error=str(exc))
-        if request.command == SUBMIT:
+        if request.command in (SUBMIT, RETRY):
             log.info("operator: submitted job %s", reply.data["job_id"])
         return reply
 
@@ -123,6 +124,9 @@ class AdminService:
         backend = self.backend
         if command == SUBMIT:
             info = backend.submit(args["policy"], args["signature"], OPERATOR)
+            return AdminReply(ok=True, data=info.to_json())
+        if command == RETRY:
+            info = backend.retry(args["job"], args["attempt"], args["signature"], OPERATOR)
             return AdminReply(ok=True, data=info.to_json())
         if command == LIST:
             return AdminReply(ok=True, data=[info.to_json() for info in backend.jobs()])

@@ -65,9 +65,14 @@ IDENTITY_MISMATCH, REVOKED = "identity_mismatch", "revoked"
 
 @dataclass(frozen=True)
 class SignedPolicy:
+    """A job's policy as the operator signed it; from the second attempt at it on, with the
+    operator's signature of the attempt (privacy/policy_signing.py `sign_attempt`)."""
+
     text: str
     signature: str
     digest: str
+    attempt: int = 1
+    attempt_signature: str = ""
 
 
 class CoordinatorService(pb_grpc.CoordinatorServicer):
@@ -190,6 +195,8 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
                 "deployment": self.deployment,
                 "policy": policy.text,
                 "signature": policy.signature,
+                "attempt": policy.attempt,
+                "attempt_signature": policy.attempt_signature,
                 "more": self.more_jobs,
                 **signed_roster,
             },

@@ -34,7 +34,7 @@ from fedsilo.ops.coordinator_process import (
 from fedsilo.ops.coordinator_serve import ServeOptions, serve_coordinator
 from fedsilo.ops.demo import DemoFailed, run_demo
 from fedsilo.ops.examples_cli import examples_group
-from fedsilo.ops.job_cli import job_group, print_remote_status
+from fedsilo.ops.job_cli import job_group, print_json, print_remote_status
 from fedsilo.ops.lazy_group import LazyGroup
 from fedsilo.ops.logs import configure_logging
 from fedsilo.ops.privacy_cli import privacy_group
@@ -49,8 +49,8 @@ from fedsilo.ops.report import (
     write_results,
 )
 from fedsilo.ops.shown_metrics import MetricDisplay, ShownRounds
-from fedsilo.ops.status import deployment_status
-from fedsilo.ops.status_view import print_certificate, print_status
+from fedsilo.ops.status import certificate_status, state_file_document
+from fedsilo.ops.status_view import print_certificate, print_consortium
 from fedsilo.policies.loading import (
     PolicyError,
     load_policy,
@@ -600,9 +600,15 @@ def demo(folder: Path | None, rounds: int | None) -> None:
     type=click.Path(path_type=Path),
     help="The state file (with the coordinator kit).",
 )
-def status(kit_dir: Path, state_file: Path | None) -> None:
-    """Show a deployment's round, participants, last metrics and dropouts, and how long the
-    kit's certificate is valid."""
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print one JSON document (README, 'Scripting the admin CLI') instead of tables.",
+)
+def status(kit_dir: Path, state_file: Path | None, as_json: bool) -> None:
+    """Show the consortium's running or latest job: its status, round, participants, last
+    metrics and dropouts; and how long the kit's certificate is valid."""
     try:
         role = kit_role(kit_dir)
     except KitError as exc:
@@ -613,8 +619,7 @@ def status(kit_dir: Path, state_file: Path | None) -> None:
                 "--state: the operator's kit asks the running coordinator; --state goes with "
                 "the coordinator kit, on the coordinator host"
             )
-        print_remote_status(kit_dir)
-        print_certificate(console, OPERATOR, kit_dir / "client.crt")
+        print_remote_status(kit_dir, as_json)
         return
     if state_file is None:
         raise click.ClickException(
@@ -624,8 +629,12 @@ def status(kit_dir: Path, state_file: Path | None) -> None:
     check_state_file(state_file)
     try:
         kit = load_coordinator_kit(kit_dir)
-        report = deployment_status(state_file, kit.consortium)
+        document = state_file_document(state_file, kit.consortium, kit.silos)
     except DEPLOYMENT_ERRORS as exc:
         raise click.ClickException(str(exc)) from None
-    print_status(console, report, kit.silos)
+    document["certificate"] = certificate_status("coordinator", kit.tls.certificate)
+    if as_json:
+        print_json(document)
+        return
+    print_consortium(console, document)
     print_certificate(console, "coordinator", kit.tls.certificate)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,6 +65,20 @@ REVOKED = "revoked"
 
 class DeploymentError(RuntimeError):
     """The deployment cannot start or go on (unsigned policy, too few silos, ...)."""
+
+
+class JobRefused(DeploymentError):
+    """Too few silos accepted the job's policy, and some refused it: `refusals` holds each
+    refusing silo's reason, the message one short line naming them."""
+
+    def __init__(
+        self, accepted: int, wanted: int, min_silos: int, refusals: Mapping[str, str]
+    ) -> None:
+        self.refusals = dict(sorted(refusals.items()))
+        super().__init__(
+            f"refused by {', '.join(self.refusals)}: {accepted} of {wanted} silos accepted the "
+            f"policy, min_silos is {min_silos}"
+        )
 
 
 @dataclass(frozen=True)
@@ -160,15 +174,15 @@ class Job:
 
 
 def prepare_job(signed: SignedPolicy, source: str) -> Job:
-    """The job that runs `signed` (its signature already verified); a policy whose fields do
-    not check, or that only a simulation may run, is refused."""
+    """The job that runs `signed` (its signature, and its attempt's, already verified); a
+    policy whose fields do not check, or that only a simulation may run, is refused."""
     policy = parse_policy_text(signed.text, source=source)
     strategy = make_strategy(policy)
     if isinstance(strategy, Central):
         raise DeploymentError(
             "algorithm 'central' pools every silo's data: a simulation reference only"
         )
-    return Job(job_id(policy.name, signed.digest), signed, policy, strategy)
+    return Job(job_id(policy.name, signed.digest, signed.attempt), signed, policy, strategy)
 
 
 @dataclass
@@ -320,11 +334,18 @@ def run_job(
     stopping = should_stop()
     if stopping is not None:
         raise RunAborted(stopping)
-    if len(members) < policy.participants.min_silos:
+    refusals = dict(hub.refused)
+    for silo, reason in refusals.items():
+        metrics.set_silo_status(silo, "refused")
+        store.set_participant(job.id, silo, "refused", reason)
+        log.warning("silo %s is not participating: %s", silo, reason)
+    min_silos = policy.participants.min_silos
+    if len(members) < min_silos and refusals:
+        raise JobRefused(len(members), wanted, min_silos, refusals)
+    if len(members) < min_silos:
         raise DeploymentError(
             f"{len(members)} of {wanted} silos accepted the policy within "
-            f"{join_timeout_s:.0f}s, min_silos is {policy.participants.min_silos}; "
-            f"refused: {hub.refused or 'none'}"
+            f"{join_timeout_s:.0f}s, min_silos is {min_silos}; none refused it"
         )
     earlier = store.participants(job.id)  # a resumed job keeps its retirements
     for silo in members:
@@ -333,10 +354,6 @@ def run_job(
             continue
         metrics.set_silo_status(silo, "active")
         store.set_participant(job.id, silo, "active")
-    for silo, reason in hub.refused.items():
-        metrics.set_silo_status(silo, "refused")
-        store.set_participant(job.id, silo, "refused", reason)
-        log.warning("silo %s is not participating: %s", silo, reason)
     snapshots = snapshots_for(policy)
     display = MetricDisplay.of(policy.privacy)
     engine = RoundEngine(

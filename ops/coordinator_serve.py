@@ -7,16 +7,18 @@ a time, in submission order, each exactly as `coordinator start` runs its one po
 (ops/coordinator_process.py: `check_job`, `run_job`); silo agents stay connected between jobs
 and join each in turn. A job's results go to `<jobs dir>/<job>/results/` and its log lines to
 `<jobs dir>/<job>/coordinator.log` (the jobs dir defaults to `<state stem>.jobs/` beside the
-state file). A job that fails ends `failed` with the one-line reason and the next one runs; an
-aborted job stops before its next round (its waiting tasks fail at once) and ends `aborted`,
-its rounds so far kept in the state file. The coordinator kit is read again as soon as its
-kit.yaml or its signed roster.json changes (and before each job), so a silo enrolled meanwhile
-(`fedsilo consortium add-silo`) is admitted within a second and takes part in the next job;
-revoked silos stay out. The operator replaces the signed roster over the admin channel
-(`fedsilo consortium revoke`: `install_roster`): a newer version only, kept in the kit, its
-revocations applied as `fedsilo coordinator revoke` applies them.
-Restarted with the same command, the coordinator resumes the job that was running
-(bit-identical, from the state file) and keeps the queue.
+state file). A job that fails ends `failed` with the one-line reason and the next one runs; one
+too few silos accept, some refusing it, ends `refused` with each refusal's reason; an aborted
+job stops before its next round (its waiting tasks fail at once) and ends `aborted`, its rounds
+so far kept in the state file. A job that ended failed, refused or aborted runs again as a new
+attempt the operator signs (`fedsilo job submit --retry JOB`), a job of its own. The
+coordinator kit is read again as soon as its kit.yaml or its signed roster.json changes (and
+before each job), so a silo enrolled meanwhile (`fedsilo consortium add-silo`) is admitted
+within a second and takes part in the next job; revoked silos stay out. The operator replaces
+the signed roster over the admin channel (`fedsilo consortium revoke`: `install_roster`): a
+newer version only, kept in the kit, its revocations applied as `fedsilo coordinator revoke`
+applies them. Restarted with the same command, the coordinator resumes the job that was
+running (bit-identical, from the state file) and keeps the queue.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from fedsilo.coordinator.jobs import (
     COMPLETED,
     ENDED,
     FAILED,
+    REFUSED,
     RUNNING,
     JobError,
     JobInfo,
@@ -48,6 +51,7 @@ from fedsilo.coordinator.state import StateError, StateStore
 from fedsilo.ops.coordinator_process import (
     REVOKED,
     DeploymentError,
+    JobRefused,
     Serving,
     check_job,
     close_serving,
@@ -59,6 +63,7 @@ from fedsilo.ops.coordinator_process import (
     watch,
 )
 from fedsilo.ops.coordinator_process import run_job as run_job_rounds
+from fedsilo.ops.job_id import job_id as attempt_id
 from fedsilo.ops.memory import return_freed_memory
 from fedsilo.ops.provision import (
     KIT_FILE,
@@ -68,8 +73,8 @@ from fedsilo.ops.provision import (
     load_coordinator_kit,
 )
 from fedsilo.ops.report import write_deployment_results
-from fedsilo.ops.status import deployment_status
-from fedsilo.privacy.policy_signing import verify_policy
+from fedsilo.ops.status import FROM_COORDINATOR, consortium_document
+from fedsilo.privacy.policy_signing import PolicySignatureError, verify_attempt, verify_policy
 from fedsilo.privacy.roster import ROSTER_FILE, RosterError, not_older, verify_roster
 
 log = logging.getLogger("fedsilo.coordinator")
@@ -200,6 +205,9 @@ def run_queued_job(
         elif queue.abort_requested(job_id):
             log.warning("job %s aborted by the operator", job_id)
             queue.mark_ended(job_id, ABORTED, ABORTED_BY_OPERATOR)
+        elif isinstance(exc, JobRefused):
+            log.error("job %s %s", job_id, exc)
+            queue.mark_ended(job_id, REFUSED, str(exc), exc.refusals)
         else:
             reason = _one_line(exc)
             log.error("job %s failed: %s", job_id, reason, exc_info=not _expected(exc))
@@ -275,6 +283,22 @@ class ServeBackend:
 
     def submit(self, policy_text: str, signature: str, submitted_by: str) -> JobInfo:
         return submit_job(self.queue, self.serving.kit, policy_text, signature, submitted_by)
+
+    def retry(self, job_id: str, attempt: int, signature: str, submitted_by: str) -> JobInfo:
+        ended = self.job(job_id)
+        if attempt != ended.attempt + 1:
+            raise AdminError(
+                f"job {job_id} is attempt {ended.attempt}: its retry is attempt "
+                f"{ended.attempt + 1}, not {attempt}"
+            )
+        try:
+            verify_attempt(
+                ended.policy_digest, attempt, signature, self.serving.kit.operator_verify_key
+            )
+            new_id = attempt_id(ended.name, ended.policy_digest, attempt)
+            return self.queue.retry(job_id, new_id, signature, submitted_by)
+        except (PolicySignatureError, JobError) as exc:
+            raise AdminError(str(exc)) from None
 
     def jobs(self) -> list[JobInfo]:
         return self.queue.jobs()
@@ -362,27 +386,17 @@ class ServeBackend:
                 for silo, (status, why) in store.participants(kit.consortium).items()
                 if status == REVOKED
             }
-        jobs = self.queue.jobs()
-        try:
-            job: dict[str, Any] | None = dataclasses.asdict(
-                deployment_status(self.state, kit.consortium)
-            )
-        except StateError:
-            job = None
-        return {
-            "consortium": kit.consortium,
-            "silos": {
-                silo: {
-                    "connected": silo in connected,
-                    "revoked": silo in hub.revoked,
-                    "reason": reasons.get(silo, ""),
-                }
-                for silo in sorted(kit.silos)
-            },
-            "running": next((j.job_id for j in jobs if j.status == RUNNING), None),
-            "queued": [j.job_id for j in jobs if j.status == "queued"],
-            "job": job,
+        silos = {
+            silo: {
+                "connected": silo in connected,
+                "revoked": silo in hub.revoked,
+                "reason": reasons.get(silo, ""),
+            }
+            for silo in kit.silos
         }
+        return consortium_document(
+            kit.consortium, silos, self.queue.jobs(), self.state, FROM_COORDINATOR
+        )
 
 
 def submit_job(
@@ -424,7 +438,9 @@ def _modified_ns(path: Path) -> int:
 
 
 def _signed(queued: QueuedPolicy) -> SignedPolicy:
-    return SignedPolicy(queued.text, queued.signature, queued.digest)
+    return SignedPolicy(
+        queued.text, queued.signature, queued.digest, queued.attempt, queued.attempt_signature
+    )
 
 
 def _job_log(path: Path) -> logging.Handler:

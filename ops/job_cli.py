@@ -1,29 +1,51 @@
 """`fedsilo job ...`: the operator's commands for a running coordinator (`fedsilo coordinator
 serve`), over the admin channel (ops/admin_client.py) with the operator's kit: submit a signed
-policy as a job, list the jobs, show, abort, read a job's log, fetch its results. The remote
-form of `fedsilo status` (`--kit OPERATOR_KIT`) is `print_remote_status`.
+policy as a job (or run an ended one again as a new attempt, `--retry`), list the jobs, show,
+abort, read a job's log, fetch its results. The remote form of `fedsilo status` (`--kit
+OPERATOR_KIT`) is `print_remote_status`. `--json` prints what `list`, `status` and `fedsilo
+status` show as one JSON document of a versioned shape (`STATUS_SCHEMA`, README "Scripting the
+admin CLI").
 """
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
 
 import click
+from nacl.signing import SigningKey
 from rich.console import Console
 from rich.table import Table
 
-from fedsilo.coordinator.admin_api import AdminError
+from fedsilo.coordinator.admin_api import OPERATOR, AdminError
 from fedsilo.coordinator.jobs import JobInfo
 from fedsilo.ops.admin_client import AdminChannelError, AdminConnection
-from fedsilo.ops.provision import KitError, load_operator_kit
+from fedsilo.ops.provision import KitError, OperatorKit, load_operator_kit
 from fedsilo.ops.report import OutputFolderError, atomic_directory, check_output_folder
-from fedsilo.ops.status_view import print_status, status_from_json
+from fedsilo.ops.status import STATUS_SCHEMA, certificate_status
+from fedsilo.ops.status_view import print_certificate, print_consortium
 from fedsilo.policies.loading import PolicyError, example_file, example_name, load_policy
 from fedsilo.privacy.identity import IdentityError, read_signing_key
-from fedsilo.privacy.policy_signing import sign_policy, signature_path
-from fedsilo.wire.admin import ABORT, CONSORTIUM, LIST, LOGS, RESULTS, STATUS, SUBMIT, AdminReply
+from fedsilo.privacy.policy_signing import (
+    PolicySignatureError,
+    sign_attempt,
+    sign_policy,
+    signature_path,
+    verify_policy,
+)
+from fedsilo.wire.admin import (
+    ABORT,
+    CONSORTIUM,
+    LIST,
+    LOGS,
+    RESULTS,
+    RETRY,
+    STATUS,
+    SUBMIT,
+    AdminReply,
+)
 from fedsilo.wire.durable import write_atomically
 
 console = Console()
@@ -35,6 +57,12 @@ kit_option = click.option(
     type=click.Path(path_type=Path),
     help="The operator's kit (OUT/operator from `fedsilo provision`).",
 )
+json_option = click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print one JSON document (README, 'Scripting the admin CLI') instead of tables.",
+)
 
 
 @click.group("job")
@@ -43,48 +71,81 @@ def job_group() -> None:
 
 
 @job_group.command("submit")
-@click.argument("policy")
+@click.argument("policy", required=False)
 @kit_option
 @click.option(
     "--key",
     "key_file",
     type=click.Path(path_type=Path),
-    help="The operator key, to sign POLICY first when POLICY.sig does not exist.",
+    help="The operator key, to sign POLICY first when POLICY.sig does not exist, or no longer "
+    "matches the policy's bytes.",
 )
-def submit(policy: str, kit_dir: Path, key_file: Path | None) -> None:
-    """Submit POLICY (a file, or example:NAME) and its operator signature as a new job."""
-    text, signature = _signed_policy(policy, key_file)
+@click.option(
+    "--retry",
+    "retry_job",
+    metavar="JOB",
+    help="Run ended job JOB's signed policy again as a new attempt (JOB failed, was refused or "
+    "was aborted); the attempt is signed with the operator kit's key.",
+)
+def submit(policy: str | None, kit_dir: Path, key_file: Path | None, retry_job: str | None) -> None:
+    """Submit POLICY (a file, or example:NAME) and its operator signature as a new job, or
+    run an ended job again (--retry JOB)."""
+    if retry_job is not None:
+        if policy is not None or key_file is not None:
+            raise click.ClickException(
+                "--retry: it runs JOB's own signed policy again; give no POLICY and no --key"
+            )
+        _retry(kit_dir, retry_job)
+        return
+    if policy is None:
+        raise click.ClickException("POLICY: give the policy to submit, or --retry JOB")
+    text, signature = _signed_policy(policy, key_file, _kit(kit_dir))
     info = JobInfo.from_json(_call(kit_dir, SUBMIT, policy=text, signature=signature).data)
     console.print(f"submitted {policy} as job {info.job_id} ({info.status})", soft_wrap=True)
 
 
 @job_group.command("list")
 @kit_option
-def list_jobs(kit_dir: Path) -> None:
+@json_option
+def list_jobs(kit_dir: Path, as_json: bool) -> None:
     """Every job of the coordinator, in submission order."""
     jobs = [JobInfo.from_json(data) for data in _call(kit_dir, LIST).data]
-    table = Table(title="jobs")
-    table.add_column("job", no_wrap=True)
-    table.add_column("status", no_wrap=True)
-    for column in ("submitted", "ended", "note"):
-        table.add_column(column)
-    for info in jobs:
-        table.add_row(
+    if as_json:
+        print_json({"schema": STATUS_SCHEMA, "jobs": [info.to_json() for info in jobs]})
+        return
+    rows = [
+        (
             info.job_id,
             info.status,
             _when(info.submitted_at, "%m-%d %H:%M"),
             _when(info.finished_at, "%m-%d %H:%M"),
-            _note(info),
+            info.note,
         )
+        for info in jobs
+    ]
+    table = Table(title="jobs")
+    for index, column in enumerate(("job", "status", "submitted", "ended")):
+        widest = max((len(row[index]) for row in rows), default=0)
+        table.add_column(column, no_wrap=True, min_width=max(widest, len(column)))
+    # one line a job, cut to the terminal: `job status JOB` (or --json) shows all of it
+    table.add_column("note", no_wrap=True, overflow="ellipsis")
+    for row in rows:
+        table.add_row(*row)
     console.print(table if jobs else "no jobs yet")
 
 
 @job_group.command("status")
 @click.argument("job")
 @kit_option
-def job_status(job: str, kit_dir: Path) -> None:
-    """Where job JOB stands."""
-    _print_job(JobInfo.from_json(_call(kit_dir, STATUS, job=job).data))
+@json_option
+def job_status(job: str, kit_dir: Path, as_json: bool) -> None:
+    """Where job JOB stands, and whom it waits for while it runs."""
+    data = _call(kit_dir, STATUS, job=job).data
+    info, awaiting = JobInfo.from_json(data), list(data.get("awaiting", []))
+    if as_json:
+        print_json({"schema": STATUS_SCHEMA, "job": {**info.to_json(), "awaiting": awaiting}})
+        return
+    _print_job(info, awaiting)
 
 
 @job_group.command("abort")
@@ -131,21 +192,43 @@ def results(job: str, kit_dir: Path, out: Path, overwrite: bool) -> None:
     console.print(table)
 
 
-def print_remote_status(kit_dir: Path) -> None:
+def print_remote_status(kit_dir: Path, as_json: bool = False) -> None:
     """`fedsilo status --kit OPERATOR_KIT`: the consortium as the running coordinator sees it,
     then its running or latest job as the local `fedsilo status` shows one."""
-    data = _call(kit_dir, CONSORTIUM).data
-    silos = data["silos"]
-    connected = [name for name, silo in sorted(silos.items()) if silo["connected"]]
+    document = _call(kit_dir, CONSORTIUM).data
+    document["certificate"] = certificate_status(OPERATOR, kit_dir / "client.crt")
+    if as_json:
+        print_json(document)
+        return
+    print_consortium(console, document)
+    print_certificate(console, OPERATOR, kit_dir / "client.crt")
+
+
+def _retry(kit_dir: Path, job: str) -> None:
+    """Sign the next attempt at `job`'s policy with the operator kit's key and submit it."""
+    ended = JobInfo.from_json(_call(kit_dir, STATUS, job=job).data)
+    attempt = ended.attempt + 1
+    signature = sign_attempt(_kit(kit_dir).signing_key, ended.policy_digest, attempt)
+    info = JobInfo.from_json(
+        _call(kit_dir, RETRY, job=job, attempt=attempt, signature=signature).data
+    )
     console.print(
-        f"consortium {data['consortium']}: running {data['running'] or 'no job'}, "
-        f"{len(data['queued'])} queued; connected silos: {', '.join(connected) or 'none'}",
+        f"submitted attempt {info.attempt} at the policy of job {job} as job {info.job_id} "
+        f"({info.status})",
         soft_wrap=True,
     )
-    if data["job"] is None:
-        console.print("no job has run yet")
-        return
-    print_status(console, status_from_json(data["job"]), silos)
+
+
+def print_json(document: Any) -> None:
+    """A `--json` document, standard JSON (no NaN or infinity)."""
+    click.echo(json.dumps(document, indent=2, allow_nan=False))
+
+
+def _kit(kit_dir: Path) -> OperatorKit:
+    try:
+        return load_operator_kit(kit_dir)
+    except (KitError, OSError) as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 def _call(kit_dir: Path, command: str, **args: Any) -> AdminReply:
@@ -157,52 +240,90 @@ def _call(kit_dir: Path, command: str, **args: Any) -> AdminReply:
         raise click.ClickException(str(exc)) from None
 
 
-def _signed_policy(policy: str, key_file: Path | None) -> tuple[str, str]:
-    """POLICY's exact text and its operator signature (signing it first with --key when it has
-    none yet); its fields are checked here, before anything is sent."""
+def _signed_policy(policy: str, key_file: Path | None, kit: OperatorKit) -> tuple[str, str]:
+    """POLICY's exact text and its operator signature; with --key, signed first when it has no
+    signature, or one older than its bytes (said so). Its fields and signature are checked
+    here, before anything is sent."""
     name = example_name(policy)
     try:
         load_policy(policy)
+        key = None if key_file is None else _operator_key(key_file, kit)
         if name is not None:
-            if key_file is None:
+            if key is None:
                 raise click.ClickException(
                     f"{policy}: a packaged example carries no signature; pass --key to sign it"
                 )
             data = example_file(name).read_bytes()
-            return data.decode("utf-8"), read_signing_key(key_file).sign(data).signature.hex()
+            return data.decode("utf-8"), key.sign(data).signature.hex()
         path = Path(policy)
         signature = signature_path(path)
         if not signature.exists():
-            if key_file is None:
+            if key is None:
                 raise click.ClickException(
                     f"{signature}: not found; sign the policy first (`fedsilo policy sign "
                     f"{path} --key OPERATOR_KEY`) or pass --key"
                 )
-            sign_policy(path, read_signing_key(key_file))
+            sign_policy(path, key)
+        elif not _verifies(path, signature, kit):
+            if key is None:
+                raise click.ClickException(
+                    f"{signature}: the signature is older than the policy (it does not verify "
+                    f"for {path} as it is now); sign it again (`fedsilo policy sign {path} --key "
+                    "OPERATOR_KEY`) or pass --key"
+                )
+            sign_policy(path, key)
+            console.print(
+                f"re-signed {path}: {signature} was older than the policy", soft_wrap=True
+            )
         return path.read_bytes().decode("utf-8"), signature.read_text(encoding="ascii")
     except (PolicyError, IdentityError, OSError, UnicodeDecodeError) as exc:
         raise click.ClickException(str(exc)) from None
 
 
-def _print_job(info: JobInfo) -> None:
+def _operator_key(key_file: Path, kit: OperatorKit) -> SigningKey:
+    """The key in --key, refused unless it is the kit's operator key (the coordinator would
+    refuse what another key signed)."""
+    key = read_signing_key(key_file)
+    if key.verify_key != kit.signing_key.verify_key:
+        raise click.ClickException(
+            f"--key {key_file}: not the operator key of the kit {kit.folder}"
+        )
+    return key
+
+
+def _verifies(path: Path, signature: Path, kit: OperatorKit) -> bool:
+    try:
+        verify_policy(
+            path.read_bytes(), signature.read_text(encoding="ascii"), kit.signing_key.verify_key
+        )
+    except (PolicySignatureError, UnicodeDecodeError):
+        return False
+    return True
+
+
+def _print_job(info: JobInfo, awaiting: list[dict[str, Any]]) -> None:
     table = Table(box=None, show_header=False, title=f"job {info.job_id}")
     for label, value in (
         ("policy", info.name),
+        ("attempt", str(info.attempt)),
         ("status", info.status),
         ("submitted", f"{_when(info.submitted_at)} by {info.submitted_by}"),
         ("started", _when(info.started_at)),
         ("finished", _when(info.finished_at)),
         ("policy digest", info.policy_digest),
-        ("note", _note(info)),
+        ("note", info.note),
+        *((f"refused by {silo}", reason) for silo, reason in info.refusals.items()),
+        *((f"awaiting {wait['silo']}", _awaited(wait)) for wait in awaiting),
     ):
         table.add_row(label, value)
     console.print(table)
 
 
-def _note(info: JobInfo) -> str:
-    if info.error:
-        return info.error
-    return "abort requested" if info.abort_requested and info.status == "running" else ""
+def _awaited(wait: dict[str, Any]) -> str:
+    """`its join since 12:00:01, until 12:10:01` (the coordinator's `Awaited`)."""
+    what = "its join" if wait["task_id"] is None else f"task {wait['task_id']}"
+    until = "" if wait["until"] is None else f", until {_when(wait['until'], '%H:%M:%S')}"
+    return f"{what} since {_when(wait['since'], '%H:%M:%S')}{until}"
 
 
 def _when(timestamp: float | None, form: str = "%Y-%m-%d %H:%M:%S") -> str:

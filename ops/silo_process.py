@@ -88,11 +88,18 @@ def run_silo(
         # silo.yaml is read again for each job: a site changes its rules or data between jobs
         # without restarting its agent (the kit and metrics port are the ones it started with)
         check_policy=lambda policy, digest: load_silo_config(config_path).rules.violations(policy),
-        start_agent=lambda policy, digest, roster: _start_agent(
-            load_silo_config(config_path), config_path, kit, policy, digest, metrics, roster
+        start_agent=lambda policy, digest, attempt, roster: _start_agent(
+            load_silo_config(config_path),
+            config_path,
+            kit,
+            policy,
+            digest,
+            attempt,
+            metrics,
+            roster,
         ),
-        record_decision=lambda policy, digest, problems: _record_decision(
-            config_path, policy, digest, problems
+        record_decision=lambda policy, digest, attempt, problems: _record_decision(
+            config_path, policy, digest, attempt, problems
         ),
         roster_gate=roster_gate(kit, config.state_path(config_path)),
     )
@@ -110,13 +117,16 @@ def run_silo(
             server.close()
 
 
-def _record_decision(config_path: Path, policy: Policy, digest: str, problems: list[str]) -> None:
-    """The silo's final word on a policy (its rules, then its data, model and device), kept
-    in `accepted_policies.jsonl` beside silo.yaml."""
+def _record_decision(
+    config_path: Path, policy: Policy, digest: str, attempt: int, problems: list[str]
+) -> None:
+    """The silo's final word on an attempt at a policy (its rules, then its data, model and
+    device), kept in `accepted_policies.jsonl` beside silo.yaml."""
     record = {
         "at": time.time(),
         "policy": policy.name,
         "digest": digest,
+        "attempt": attempt,
         "accepted": not problems,
         "broken_rules": problems,
     }
@@ -130,6 +140,7 @@ def _start_agent(
     kit: SiloKit,
     policy: Policy,
     digest: str,
+    attempt: int,
     metrics: SiloMetrics,
     roster: SignedRoster | None = None,
 ) -> Callable[[bytes], bytes]:
@@ -147,7 +158,7 @@ def _start_agent(
     check_model_for(policy, data)  # acceptance means ready: the model builds and trains here
     log.info("silo %s: %d training rows, device %s", kit.name, len(data.y_train), why)
     ledger = PrivacyLedger(config.ledger_path(config_path))
-    job = job_id(policy.name, digest)
+    job = job_id(policy.name, digest, attempt)
     agent = SiloAgent(
         kit.name,
         data,

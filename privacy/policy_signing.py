@@ -3,6 +3,11 @@ kept beside it as `<policy>.sig`, and the digest that names a verified policy.
 
 Signing the bytes, not a parsed form, means a verifier needs no canonical YAML: one changed
 byte (a comment, a space) and the signature no longer verifies.
+
+A signed policy runs once; the operator may run it again after it failed, was refused or was
+aborted by signing an *attempt* (`sign_attempt`: the policy's digest and the attempt's number,
+under a label of its own, so an attempt's signature is never a policy's): a new attempt is a new
+job with ids of its own, which only the operator, never the coordinator, can start.
 """
 
 from __future__ import annotations
@@ -19,6 +24,9 @@ from fedsilo.privacy.identity import public_key_hex
 
 SIGNATURE_SUFFIX = ".sig"
 SIGNATURE_BYTES = 64
+# An attempt's statement ends in NUL, which no YAML file (so no policy) can hold; envelopes
+# are signed under a label of their own (wire/envelope.py).
+ATTEMPT_LABEL = b"fedsilo/policy-attempt|"
 
 
 class PolicySignatureError(ValueError):
@@ -63,6 +71,32 @@ def verify_policy(policy_bytes: bytes, signature_hex: str, operator_verify_key: 
             "or another key signed it"
         ) from None
     return policy_digest(policy_bytes)
+
+
+def sign_attempt(operator_key: SigningKey, policy_digest: str, attempt: int) -> str:
+    """The operator's signature (hex) of attempt `attempt` at the policy `policy_digest`."""
+    return HexEncoder.encode(
+        operator_key.sign(_attempt_statement(policy_digest, attempt)).signature
+    ).decode("ascii")
+
+
+def verify_attempt(
+    policy_digest: str, attempt: int, signature_hex: str, operator_verify_key: VerifyKey
+) -> None:
+    """Raise PolicySignatureError unless the operator signed attempt `attempt` at the policy
+    `policy_digest`."""
+    signature = _decode_signature(signature_hex)
+    try:
+        operator_verify_key.verify(_attempt_statement(policy_digest, attempt), signature)
+    except BadSignatureError:
+        raise PolicySignatureError(
+            f"attempt {attempt} at policy {policy_digest[:12]} is not signed by operator key "
+            f"{public_key_hex(operator_verify_key)}"
+        ) from None
+
+
+def _attempt_statement(policy_digest: str, attempt: int) -> bytes:
+    return ATTEMPT_LABEL + f"{policy_digest}|{attempt}".encode("ascii") + b"\x00"
 
 
 def _decode_signature(signature_hex: str) -> bytes:

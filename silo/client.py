@@ -1,10 +1,12 @@
 """The silo agent's connection to its coordinator: outbound mTLS gRPC only (the channel, its
 route through a proxy and its renewed certificates: silo/channel.py).
 
-It joins, receives the deployment policy and checks the operator's signature on it, checks
-the consortium's signed roster that comes with it (silo/roster_gate.py: its peers are the
-job's), checks the site's local rules, and accepts (pinning the policy digest) or refuses
-naming the rule or what is wrong with the roster.
+It joins, receives the deployment policy and checks the operator's signature on it (and, for
+a second or later attempt at a policy, the operator's signature of the attempt: the attempt is
+part of the job's id, so only the operator starts one), checks the consortium's signed roster
+that comes with it (silo/roster_gate.py: its peers are the job's), checks the site's local
+rules, and accepts (pinning the policy digest) or refuses naming the rule or what is wrong
+with the roster.
 Then it long-polls for a task, runs it with the agent and sends the result, whose reply is its
 next task (or IDLE, or FINISHED), so it pulls only when it holds no reply. A coordinator
 that serves several jobs (`coordinator serve`) says so (`more` in POLICY and FINISHED): the
@@ -40,7 +42,7 @@ from nacl.signing import SigningKey, VerifyKey
 
 from fedsilo.policies.loading import parse_policy_text
 from fedsilo.policies.schema import Policy
-from fedsilo.privacy.policy_signing import PolicySignatureError, verify_policy
+from fedsilo.privacy.policy_signing import PolicySignatureError, verify_attempt, verify_policy
 from fedsilo.privacy.roster import RosterError, SignedRoster
 from fedsilo.silo.channel import ChannelSettings, CoordinatorChannel
 from fedsilo.silo.roster_gate import RosterGate
@@ -198,23 +200,25 @@ class SiloClient:
         connection: CoordinatorConnection,
         operator_key: VerifyKey,
         check_policy: Callable[[Policy, str], list[str]],
-        start_agent: Callable[[Policy, str, SignedRoster | None], SiloEndpoint],
-        record_decision: Callable[[Policy, str, list[str]], None] = lambda *_: None,
+        start_agent: Callable[[Policy, str, int, SignedRoster | None], SiloEndpoint],
+        record_decision: Callable[[Policy, str, int, list[str]], None] = lambda *_: None,
         roster_gate: RosterGate | None = None,
     ) -> None:
         """`check_policy(policy, digest)` lists broken local rules; `start_agent(policy, digest,
-        roster)` returns the agent's endpoint (encoded task in, encoded result out), its peers
-        the roster's (None: the kit's); `record_decision(policy, digest, problems)` keeps the
-        silo's final word on a policy (accepted when `problems` is empty), before the
-        coordinator hears it; `roster_gate` checks the roster that comes with each policy
-        (None: no roster is read, the kit's peers are used)."""
+        attempt, roster)` returns the agent's endpoint (encoded task in, encoded result out) for
+        that attempt at the policy, its peers the roster's (None: the kit's);
+        `record_decision(policy, digest, attempt, problems)` keeps the silo's final word on a
+        policy (accepted when `problems` is empty), before the coordinator hears it;
+        `roster_gate` checks the roster that comes with each policy (None: no roster is read,
+        the kit's peers are used)."""
         self.connection = connection
         self.operator_key = operator_key
         self.check_policy = check_policy
         self.start_agent = start_agent
         self.record_decision = record_decision
         self.roster_gate = roster_gate
-        self._current: tuple[str, SiloEndpoint] | None = None  # digest and roster, endpoint
+        # digest, attempt and roster version of the agent's job, and its endpoint
+        self._current: tuple[str, SiloEndpoint] | None = None
 
     def run(self) -> str:
         """Take part in job after job: join, accept or refuse the job's policy, work until the
@@ -260,14 +264,14 @@ class SiloClient:
         return None
 
     def join(self) -> tuple[str, SiloEndpoint] | None:
-        """Join, verify the policy, check the local rules and get ready to work under it (load
-        the data, build the agent; the current one is reused when its digest is the policy's,
-        else dropped first), and only then accept: acceptance means ready. A policy this silo
-        cannot work under is refused with the reason. Returns the accepted digest and the
-        agent's endpoint; None when no job is running yet, or when a coordinator that serves
-        several jobs (POLICY's `more`) is told this silo refuses (or missed) this one: the silo
-        then joins again for the next. A single-policy coordinator's refused policy raises
-        `PolicyRefused`."""
+        """Join, verify the policy (and its attempt), check the local rules and get ready to
+        work under it (load the data, build the agent; the current one is reused when its
+        digest, attempt and roster are the job's, else dropped first), and only then accept:
+        acceptance means ready. A policy this silo cannot work under is refused with the
+        reason. Returns the accepted digest and the agent's endpoint; None when no job is
+        running yet, or when a coordinator that serves several jobs (POLICY's `more`) is told
+        this silo refuses (or missed) this one: the silo then joins again for the next. A
+        single-policy coordinator's refused policy raises `PolicyRefused`."""
         reply = _readable(decode_control, self.connection.exchange(Control(JOIN).encode(), JOIN))
         if reply.type == IDLE:
             return None
@@ -275,24 +279,25 @@ class SiloClient:
             raise PolicyRefused(f"the coordinator answered a join with {reply.type!r}")
         more = bool(reply.get("more"))
         policy, digest = self._verified_policy(reply)
+        attempt = self._verified_attempt(reply, digest)
         try:
             roster = self._admitted_roster(reply)
         except RosterError as exc:
             roster, problems = None, [f"roster refused: {exc}"]
         else:
             problems = []
-        pinned = f"{digest}/{roster.version if roster is not None else 'kit'}"
+        pinned = f"{digest}/{attempt}/{roster.version if roster is not None else 'kit'}"
         if self._current is not None and self._current[0] != pinned:
             self._current = None  # the last job's agent goes before the next one is built
         endpoint = self._current[1] if self._current is not None else None
         try:
             problems = problems or self.check_policy(policy, digest)
             if not problems and endpoint is None:
-                endpoint = self.start_agent(policy, digest, roster)
+                endpoint = self.start_agent(policy, digest, attempt, roster)
         except Exception as exc:  # data, model, device or state that do not fit: refused
             log.warning("cannot prepare policy %s: %s", policy.name, exc)
             problems = [f"cannot work under this policy: {failure_reason(exc)}"]
-        self.record_decision(policy, digest, problems)
+        self.record_decision(policy, digest, attempt, problems)
         if problems:
             self.connection.exchange(
                 Control(REFUSE, {"reason": "; ".join(problems)}).encode(), REFUSE
@@ -310,7 +315,7 @@ class SiloClient:
                 log.info("acceptance of %s not taken: %s", policy.name, ack.get("reason"))
                 return None
             raise PolicyRefused(f"the coordinator did not take our acceptance: {ack.get('reason')}")
-        log.info("accepted policy %s (%s)", policy.name, digest[:12])
+        log.info("accepted policy %s (%s, attempt %d)", policy.name, digest[:12], attempt)
         self._current = (pinned, endpoint)
         return digest, endpoint
 
@@ -323,6 +328,21 @@ class SiloClient:
         except PolicySignatureError as exc:
             raise PolicyRefused(f"policy signature check failed: {exc}") from None
         return parse_policy_text(text, source="the deployment policy"), digest
+
+    def _verified_attempt(self, reply: Control, digest: str) -> int:
+        """Which attempt at the policy the job is: 1, or a later one the operator signed."""
+        attempt = reply.get("attempt", 1)
+        if attempt == 1 and not isinstance(attempt, bool):
+            return 1
+        if not isinstance(attempt, int) or isinstance(attempt, bool) or attempt < 1:
+            raise PolicyRefused(f"the policy's attempt {attempt!r} is not a number from 1")
+        try:
+            verify_attempt(
+                digest, attempt, str(reply.get("attempt_signature", "")), self.operator_key
+            )
+        except PolicySignatureError as exc:
+            raise PolicyRefused(f"attempt signature check failed: {exc}") from None
+        return attempt
 
     def _admitted_roster(self, reply: Control) -> SignedRoster | None:
         if self.roster_gate is None:

@@ -8,6 +8,7 @@ backend that records every call, so "nothing reached the backend" is checked, no
 from __future__ import annotations
 
 import dataclasses
+import json
 import uuid
 from collections.abc import Iterator
 from concurrent import futures
@@ -27,6 +28,13 @@ from fedsilo.ops.admin_client import AdminChannelError, AdminConnection
 from fedsilo.ops.cli import main
 from fedsilo.ops.provision import TlsFiles, load_coordinator_kit, load_operator_kit
 from fedsilo.ops.status import DeploymentStatus
+from fedsilo.privacy.identity import read_signing_key, write_private_key
+from fedsilo.privacy.policy_signing import (
+    PolicySignatureError,
+    sign_policy,
+    verify_attempt,
+    verify_policy,
+)
 from fedsilo.wire import fedsilo_pb2 as pb
 from fedsilo.wire.admin import AdminReply, AdminRequest, relative_path
 from fedsilo.wire.envelope import MAX_AGE_S, seal
@@ -67,6 +75,10 @@ class FakeBackend:
     def submit(self, policy_text: str, signature: str, submitted_by: str) -> JobInfo:
         self.calls.append(("submit", (policy_text, signature, submitted_by)))
         return job_info()
+
+    def retry(self, job_id: str, attempt: int, signature: str, submitted_by: str) -> JobInfo:
+        self.calls.append(("retry", (job_id, attempt, signature, submitted_by)))
+        return dataclasses.replace(job_info(), job_id=f"{JOB}-attempt{attempt}", attempt=attempt)
 
     def jobs(self) -> list[JobInfo]:
         self.calls.append(("jobs", ()))
@@ -109,7 +121,9 @@ class FakeBackend:
             failed_rounds=0,
         )
         return {
+            "schema": 1,
             "consortium": "test-consortium",
+            "source": "coordinator",
             "silos": {
                 "silo-0": {"connected": True, "revoked": False, "reason": ""},
                 "silo-1": {"connected": False, "revoked": False, "reason": ""},
@@ -117,7 +131,8 @@ class FakeBackend:
             },
             "running": JOB,
             "queued": ["next-job"],
-            "job": dataclasses.asdict(job),
+            "job": job_info("running").to_json(),
+            "progress": job.to_json(),
         }
 
 
@@ -204,6 +219,89 @@ def test_submit_signs_an_unsigned_policy_with_the_given_key(
     assert served.backend.calls[0][1][1] == (tmp_path / "unsigned.yaml.sig").read_text()
 
 
+def test_submit_refuses_a_signature_older_than_the_policy_and_sends_nothing(
+    consortium: Consortium, served: AdminServer, tmp_path: Path
+) -> None:
+    policy = tmp_path / "edited.yaml"
+    policy.write_text((consortium.root / "policy.yaml").read_text())
+    kit = operator_kit(consortium)
+    signature = sign_policy(policy, read_signing_key(kit / "operator.key"))
+    policy.write_text(policy.read_text().replace("seed: 7", "seed: 8"))  # edited after signing
+    stale = signature.read_text()
+    refused = fedsilo("job", "submit", policy, "--kit", kit)
+    assert refused.exit_code == 1
+    assert refused.output == (
+        f"Error: {signature}: the signature is older than the policy (it does not verify for "
+        f"{policy} as it is now); sign it again (`fedsilo policy sign {policy} --key "
+        "OPERATOR_KEY`) or pass --key\n"
+    )
+    assert served.backend.calls == [] and signature.read_text() == stale
+
+
+def test_submit_with_key_signs_again_a_policy_edited_since_it_was_signed_and_says_so(
+    consortium: Consortium, served: AdminServer, tmp_path: Path
+) -> None:
+    policy = tmp_path / "edited.yaml"
+    policy.write_text((consortium.root / "policy.yaml").read_text())
+    kit = operator_kit(consortium)
+    sign_policy(policy, read_signing_key(kit / "operator.key"))
+    policy.write_text(policy.read_text().replace("seed: 7", "seed: 8"))
+    result = fedsilo("job", "submit", policy, "--kit", kit, "--key", kit / "operator.key")
+    assert result.exit_code == 0, result.output
+    assert " ".join(result.output.split()).startswith(
+        f"re-signed {policy}: {policy}.sig was older than the policy"
+    )
+    [(_, (text, signature, _))] = served.backend.calls
+    assert text == policy.read_text()
+    verify_policy(text.encode(), signature, read_signing_key(kit / "operator.key").verify_key)
+
+
+def test_submit_refuses_a_key_that_is_not_the_kits_operator_key_and_signs_nothing(
+    consortium: Consortium, served: AdminServer, tmp_path: Path
+) -> None:
+    policy = tmp_path / "unsigned.yaml"
+    policy.write_text((consortium.root / "policy.yaml").read_text())
+    other = tmp_path / "other.key"
+    write_private_key(other, SigningKey.generate())
+    result = fedsilo("job", "submit", policy, "--kit", operator_kit(consortium), "--key", other)
+    assert result.exit_code == 1
+    assert f"--key {other}: not the operator key of the kit" in result.output
+    assert served.backend.calls == [] and not (tmp_path / "unsigned.yaml.sig").exists()
+
+
+def test_retry_signs_the_next_attempt_with_the_operators_key_and_sends_it(
+    consortium: Consortium, served: AdminServer
+) -> None:
+    kit = operator_kit(consortium)
+    result = fedsilo("job", "submit", "--retry", JOB, "--kit", kit)
+    assert result.exit_code == 0, result.output
+    assert f"submitted attempt 2 at the policy of job {JOB} as job {JOB}-attempt2" in result.output
+    *status, (call, (job, attempt, signature, by)) = served.backend.calls
+    assert status == [("job", (JOB,)), ("awaiting", (JOB,))]
+    assert (call, job, attempt, by) == ("retry", JOB, 2, OPERATOR)
+    operator = load_operator_kit(kit).signing_key.verify_key
+    verify_attempt("ab" * 32, 2, signature, operator)
+    with pytest.raises(PolicySignatureError):
+        verify_attempt("ab" * 32, 3, signature, operator)
+
+
+@pytest.mark.parametrize(
+    "args, said",
+    [
+        (["job", "submit", "p.yaml", "--retry", JOB], "--retry: it runs JOB's own signed policy"),
+        (["job", "submit", "--retry", JOB, "--key", "k"], "--retry: it runs JOB's own signed"),
+        (["job", "submit"], "POLICY: give the policy to submit, or --retry JOB"),
+    ],
+)
+def test_submit_takes_a_policy_or_retry_not_both(
+    consortium: Consortium, served: AdminServer, args: list[str], said: str
+) -> None:
+    result = fedsilo(*args, "--kit", operator_kit(consortium))
+    assert result.exit_code == 1
+    assert said in result.output and len(result.output.strip().splitlines()) == 1
+    assert served.backend.calls == []
+
+
 def test_submit_checks_the_policy_fields_before_sending(
     consortium: Consortium, served: AdminServer, tmp_path: Path
 ) -> None:
@@ -223,6 +321,7 @@ def test_list_status_abort_and_logs_round_trip(consortium: Consortium, served: A
     shown = fedsilo("job", "status", JOB, "--kit", kit)
     assert shown.exit_code == 0, shown.output
     assert "running" in shown.output and "ab" * 10 in shown.output
+    assert "awaiting silo-1" in shown.output and "its join since" in shown.output
     aborted = fedsilo("job", "abort", JOB, "--kit", kit)
     assert aborted.exit_code == 0, aborted.output
     assert f"job {JOB}: aborted" in aborted.output
@@ -236,6 +335,20 @@ def test_list_status_abort_and_logs_round_trip(consortium: Consortium, served: A
         ("abort", (JOB,)),
         ("logs", (JOB, 2)),
     ]
+
+
+def test_job_status_json_is_the_job_and_whom_it_awaits(
+    consortium: Consortium, served: AdminServer
+) -> None:
+    result = fedsilo("job", "status", JOB, "--kit", operator_kit(consortium), "--json")
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.output)
+    assert document["schema"] == 1
+    assert document["job"] == {
+        **job_info("running").to_json(),
+        "awaiting": [{"silo": "silo-1", "task_id": None, "since": 1.0e9, "until": 1.0e9 + 600}],
+    }
+    assert document["job"]["note"] == "" and document["job"]["refusals"] == {}
 
 
 def test_results_are_written_under_out(
@@ -275,7 +388,7 @@ def test_remote_status_renders_the_local_status_table(
     assert result.exit_code == 0, result.output
     assert f"running {JOB}, 1 queued; connected silos: silo-0" in result.output
     said = " ".join(result.output.split())
-    assert f"deployment {JOB}: round 3 of 5 (completed), 0 failed round(s)" in said
+    assert f"job {JOB} (running): round 3 of 5, 0 failed round(s)" in said
     assert "0.875" in result.output and "revoked left" in result.output
     assert "never joined" in result.output  # silo-1, as the local table shows it
     assert served.backend.calls == [("consortium_status", ())]

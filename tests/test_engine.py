@@ -15,8 +15,11 @@ from fedsilo.coordinator.strategies import make_strategy
 from fedsilo.coordinator.strategies.base import SetupError
 from fedsilo.coordinator.transport import InProcessTransport
 from fedsilo.policies.loading import parse_policy
+from fedsilo.silo.agent import SiloAgent
+from fedsilo.silo.data import SiloDataset
 from fedsilo.wire.messages import TaskMessage, TaskResult
 from tests.fakes import INIT, SPEC, TRAIN, constant_silo, scripted_silo, silent_silo
+from tests.silos import agent, policy_with
 
 
 def make_policy(**overrides: object):
@@ -309,9 +312,59 @@ def test_an_agreement_phase_returns_one_copy_and_every_silos_digest() -> None:
 @pytest.mark.parametrize("other", [torch.full((3,), 1e-30), torch.zeros(4), -torch.zeros(3)])
 def test_setup_names_a_silo_whose_initial_model_differs_by_any_bit(other) -> None:
     odd = scripted_silo("odd", lambda t: other if t.kind == "init" else torch.zeros(3))
-    engine = engine_for({"a": constant_silo("a", [1.0] * 3), "odd": odd})
-    with pytest.raises(SetupError, match="silo 'odd' built a different initial model than 'a'"):
+    engine = engine_for(
+        {"a": constant_silo("a", [1.0] * 3), "b": constant_silo("b", [1.0] * 3), "odd": odd}
+    )
+    with pytest.raises(
+        SetupError,
+        match=r"silo 'odd' \(.*\) built a different initial model than the majority \('a', 'b'",
+    ):
         engine.run()
+
+
+LINEAR_POLICY = policy_with(model={"name": "linear"})
+
+
+def site(name: str, width: int, classes: int = 2) -> SiloAgent:
+    """A silo agent over `width` features and `classes` classes, as a simulation builds it."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(60, width, generator=g)
+    y = torch.randint(0, classes, (60,), generator=g)
+    features = tuple(f"f{i}" for i in range(width))
+    data = SiloDataset(name, x, y, x, y, x, y, "classification", classes, features, (width,))
+    return agent(data, LINEAR_POLICY, name)
+
+
+def setup_refusal(*silos: SiloAgent) -> str:
+    """Why the engine refuses to start `silos` (SetupError's message)."""
+    engine = RoundEngine(
+        make_strategy(LINEAR_POLICY),
+        InProcessTransport({s.name: s.handle_bytes for s in silos}),
+        LINEAR_POLICY,
+        [s.name for s in silos],
+    )
+    with pytest.raises(SetupError) as refused:
+        engine.run()
+    return str(refused.value)
+
+
+def test_setup_names_the_silo_that_differs_from_the_majority_with_each_width_and_classes() -> None:
+    """The odd silo sorts first ('childrens' had an extra column), so the copy of the initial
+    model the engine kept is its own: the message still names it, not the majority."""
+    refusal = setup_refusal(site("childrens", 5), site("general", 4), site("pediatric", 4))
+    assert refusal == (
+        "silo 'childrens' (input width 5, 2 classes) built a different initial model than the "
+        "majority ('general', 'pediatric' (input width 4, 2 classes)): their feature schemas or "
+        "model settings disagree"
+    )
+
+
+def test_setup_without_a_majority_names_every_silo_with_what_it_built_for() -> None:
+    refusal = setup_refusal(site("a", 4), site("b", 4, classes=3))
+    assert refusal.startswith(
+        "the silos built different initial models and no majority agrees "
+        "('a' (input width 4, 2 classes), 'b' (input width 4, 3 classes))"
+    )
 
 
 def test_no_strategy_knows_of_secure_aggregation_or_client_dp() -> None:

@@ -120,6 +120,7 @@ class FakeCoordinator:
     operator: SigningKey = field(default_factory=SigningKey.generate)
     stop: threading.Event = field(default_factory=threading.Event)
     sent: list[tuple[str, bytes]] = field(default_factory=list)
+    policy_fields: dict[str, object] = field(default_factory=dict)  # more of the POLICY's
 
     @property
     def identity(self) -> SiloIdentity:
@@ -134,6 +135,7 @@ class FakeCoordinator:
                 "deployment": "test-job",
                 "policy": POLICY_TEXT,
                 "signature": signature.decode(),
+                **self.policy_fields,
             }
             return Control(POLICY, fields).encode()
         return Control(ACK, {"accepted": True, "reason": ""}).encode()
@@ -153,7 +155,7 @@ def client(coordinator: FakeCoordinator, start_agent) -> SiloClient:
 
 
 def failing(exc: Exception):
-    def start_agent(policy, digest, roster):
+    def start_agent(policy, digest, attempt, roster):
         raise exc
 
     return start_agent
@@ -217,9 +219,9 @@ def test_a_sites_missing_data_file_becomes_the_refusal_text(tmp_path: Path) -> N
     kit = load_silo_kit(config.kit_path(config_path))
     coordinator = FakeCoordinator()
 
-    def start_agent(policy, digest, roster):
+    def start_agent(policy, digest, attempt, roster):
         return silo_process._start_agent(
-            config, config_path, kit, policy, digest, SiloMetrics(), roster
+            config, config_path, kit, policy, digest, attempt, SiloMetrics(), roster
         )
 
     with pytest.raises(PolicyRefused, match="records.csv"):

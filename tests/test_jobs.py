@@ -53,12 +53,12 @@ def policy(name: str, dp: bool, rounds: int = 2) -> Policy:
 
 
 def run_job(
-    tmp_path: Path, job: Policy, total_cap: float | None = None
+    tmp_path: Path, job: Policy, total_cap: float | None = None, attempt: int = 1
 ) -> tuple[str, RunHistory, dict[str, SiloAgent]]:
-    """Run `job` on silos built from it whose ledgers and state folders (in `tmp_path`) and
-    identities (`KEYS`) outlive the job."""
+    """Run attempt `attempt` at `job` on silos built from it whose ledgers and state folders
+    (in `tmp_path`) and identities (`KEYS`) outlive the job."""
     digest = digest_policy(job)
-    name = job_id(job.name, digest)
+    name = job_id(job.name, digest, attempt)
     agents = {
         silo: SiloAgent(
             silo,
@@ -90,8 +90,31 @@ def run_job(
 
 def test_a_job_id_is_the_policys_name_and_a_short_digest_of_the_signed_policy() -> None:
     assert job_id("heart-fedavg", "3f9a1c2e" + "0" * 56) == "heart-fedavg-3f9a1c2e"
+    assert job_id("heart-fedavg", "3f9a1c2e" + "0" * 56, 2) == "heart-fedavg-3f9a1c2e-attempt2"
+    with pytest.raises(ValueError, match="attempts count from 1"):
+        job_id("heart-fedavg", "3f9a1c2e", 0)
     fedavg, dp = policy("heart-fedavg", dp=False), policy("heart-fedavg", dp=True)
     assert job_id(fedavg.name, digest_policy(fedavg)) != job_id(dp.name, digest_policy(dp))
+
+
+def test_a_second_attempt_at_a_policy_runs_anew_on_the_same_ledgers_its_ids_its_own(
+    tmp_path,
+) -> None:
+    """The silos answered every position of attempt 1 (their answer stores and aggregation logs
+    keep them); attempt 2 is answered afresh, booked apart, and spends its own budget."""
+    job = policy("heart-dp", dp=True)
+    first, done, _ = run_job(tmp_path, job)
+    second, again, agents = run_job(tmp_path, job, attempt=2)
+    assert second == f"{first}-attempt2"
+    assert all(r.status == "completed" for r in [*done.records, *again.records])
+    for silo, agent in agents.items():
+        booked: dict[str, set[str]] = {}
+        for record in agent.ledger.records():
+            booked.setdefault(record.deployment, set()).add(record.task_id)
+        assert set(booked) == {first, second}
+        assert booked[first] and booked[second] and not booked[first] & booked[second]
+        assert agent.ledger.spent(second) == pytest.approx(agent.ledger.spent(first)), silo
+        assert verify(agent.ledger.path).ok
 
 
 def test_a_dp_job_after_a_non_dp_job_runs_on_the_same_ledgers_and_state(tmp_path) -> None:

@@ -298,7 +298,9 @@ def test_a_silo_prepares_the_model_before_accepting_and_refuses_what_it_cannot_b
     def prepare(document: dict) -> object:
         policy = parse_policy(document)
         assert config.rules.violations(policy) == []
-        return silo_process._start_agent(config, config_path, kit, policy, "0" * 64, SiloMetrics())
+        return silo_process._start_agent(
+            config, config_path, kit, policy, "0" * 64, 1, SiloMetrics()
+        )
 
     assert callable(prepare(plugin_policy(pinned(BATCHNORM))))
     with pytest.raises(DpSgdError, match="BatchNorm1d at 'bn1'.*replace it with GroupNorm"):

@@ -247,7 +247,7 @@ def join(
     coordinator = DoctoringCoordinator(operator_key(consortium), roster_fields)
     started: list[SignedRoster | None] = []
 
-    def start_agent(policy, digest, roster):
+    def start_agent(policy, digest, attempt, roster):
         started.append(roster)
         return lambda payload: payload
 

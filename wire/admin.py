@@ -28,8 +28,9 @@ from fedsilo.wire.tensors import (
     tensor_bytes,
 )
 
-SUBMIT, LIST, STATUS, ABORT, LOGS, RESULTS, CONSORTIUM = (
+SUBMIT, RETRY, LIST, STATUS, ABORT, LOGS, RESULTS, CONSORTIUM = (
     "submit",
+    "retry",
     "list",
     "status",
     "abort",
@@ -40,6 +41,7 @@ SUBMIT, LIST, STATUS, ABORT, LOGS, RESULTS, CONSORTIUM = (
 # Each command's arguments: name -> the JSON types its value may have.
 ARGUMENTS: dict[str, dict[str, tuple[type, ...]]] = {
     SUBMIT: {"policy": (str,), "signature": (str,)},
+    RETRY: {"job": (str,), "attempt": (int,), "signature": (str,)},  # the attempt's signature
     LIST: {},
     STATUS: {"job": (str,)},
     ABORT: {"job": (str,)},

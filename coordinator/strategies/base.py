@@ -98,6 +98,44 @@ class SetupError(RuntimeError):
     """The silos cannot agree on an initial model (their data schemas or policies differ)."""
 
 
+def initial_model_mismatch(out: PhaseOutcome) -> str:
+    """Which silos built an initial model other than the majority's, with the input width and
+    number of classes each silo built for (its `init` answer's schema metrics)."""
+    groups: dict[str, list[str]] = {}
+    for silo, digest in sorted(out.digests.items()):
+        groups.setdefault(digest, []).append(silo)
+    ranked = sorted(groups.values(), key=len, reverse=True)
+    built = {silo: _built_for(out.reports[silo].metrics) for silo in out.digests}
+    why = "their feature schemas or model settings disagree"
+
+    def each(silos: list[str]) -> str:
+        return ", ".join(f"{silo!r} {built[silo]}" for silo in sorted(silos))
+
+    if len(ranked[0]) == len(ranked[1]):
+        every = each(list(out.digests))
+        return f"the silos built different initial models and no majority agrees ({every}): {why}"
+    majority, odd = ranked[0], [silo for group in ranked[1:] for silo in group]
+    schemas = {built[silo] for silo in majority}
+    them = (
+        ", ".join(map(repr, majority)) + f" {schemas.pop()}"
+        if len(schemas) == 1
+        else each(majority)
+    )
+    said = "silo" if len(odd) == 1 else "silos"
+    return f"{said} {each(odd)} built a different initial model than the majority ({them}): {why}"
+
+
+def _built_for(metrics: Mapping[str, float]) -> str:
+    """`(input width 13, 2 classes)` from an init answer's schema metrics."""
+    if "classes" not in metrics:
+        return "(input width and classes not reported)"
+    shape, classes = schema_of(metrics)
+    inputs = (
+        f"input width {shape[0]}" if len(shape) == 1 else "input shape " + "x".join(map(str, shape))
+    )
+    return f"({inputs}, {f'{classes} classes' if classes else 'no classes (regression)'})"
+
+
 class Strategy:
     name: ClassVar[str]
 
@@ -110,13 +148,9 @@ class Strategy:
             yield from self.federated_scaling(ctx)
         tasks = tuple(Task(s, init_config(self.policy)) for s in ctx.silos)
         out = yield Phase("init", tasks, aggregate=Identical((MODEL,)), quorum=1)
-        ((first, tensors),) = out.tensors.items()
-        for silo, digest in sorted(out.digests.items()):
-            if digest != out.digests[first]:
-                raise SetupError(
-                    f"silo {silo!r} built a different initial model than {first!r}: their "
-                    "feature schemas or model settings disagree"
-                )
+        ((_, tensors),) = out.tensors.items()
+        if len(set(out.digests.values())) > 1:
+            raise SetupError(initial_model_mismatch(out))
         assert out.spec is not None
         difference = spec_difference(self.policy.model, out.spec)
         if difference is not None:

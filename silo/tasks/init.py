@@ -1,4 +1,6 @@
-"""`init`: build the policy's model from the run's seed and send its parameters and spec.
+"""`init`: build the policy's model from the run's seed and send its parameters and spec, with
+the shape of one input row and the number of classes it was built for (so a coordinator whose
+silos built different models can say which silo differs and how).
 `schema`: the shape of one input row and the number of classes (the data dictionary's facts).
 
 Neither depends on the silo's rows (not even their number), so both are public releases."""
@@ -24,6 +26,7 @@ def initialise(message: TaskMessage, ctx: SiloContext) -> TaskResult:
         task_id=message.task_id,
         silo=ctx.name,
         kind=message.kind,
+        metrics=schema_metrics(ctx.data.input_shape, ctx.data.num_classes),
         tensors={MODEL: flat_parameters(model, spec)},
         spec=spec,
     )
