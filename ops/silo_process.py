@@ -201,12 +201,17 @@ def _start_agent(
 
 
 def roster_gate(kit: SiloKit, state: Path) -> RosterGate:
-    """The gate of the rosters the coordinator sends, keeping the newest in `state`."""
-    own = RosterEntry(
-        certificate_fingerprint=certificate_fingerprint(kit.tls.certificate.read_bytes()),
-        verify_key=public_key_hex(kit.signing_key.verify_key),
-        sealing_public_key=public_key_hex(kit.sealing_key.public_key),
-    )
+    """The gate of the rosters the coordinator sends, keeping the newest in `state`; the silo's
+    own entry is read when a roster comes, so a certificate renewed meanwhile is the one
+    compared."""
+
+    def own() -> RosterEntry:
+        return RosterEntry(
+            certificate_fingerprint=certificate_fingerprint(kit.tls.certificate.read_bytes()),
+            verify_key=public_key_hex(kit.signing_key.verify_key),
+            sealing_public_key=public_key_hex(kit.sealing_key.public_key),
+        )
+
     return RosterGate(kit.name, kit.consortium, kit.operator_verify_key, own, state)
 
 

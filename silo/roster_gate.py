@@ -13,6 +13,7 @@ a silo works with its kit's `peers` (kits provisioned before rosters were signed
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,7 +38,7 @@ class RosterGate:
     name: str
     consortium: str
     operator_key: VerifyKey
-    own: RosterEntry  # this silo as its kit knows itself
+    own: Callable[[], RosterEntry]  # this silo as its kit knows itself now
     folder: Path | None = None  # where the newest roster seen is kept; None: in memory
     _newest: SignedRoster | None = field(default=None, init=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
@@ -86,7 +87,7 @@ class RosterGate:
         if entry is None:
             raise RosterError(f"roster version {roster.version} does not list this silo")
         differing = [
-            key for key, value in self.own.model_dump().items() if getattr(entry, key) != value
+            key for key, value in self.own().model_dump().items() if getattr(entry, key) != value
         ]
         if differing:
             raise RosterError(

@@ -57,7 +57,7 @@ def submit(consortium: Consortium, document: dict, name: str) -> str:
 def ended(consortium: Consortium, job: str, timeout: float = 180) -> dict:
     return wait_for(
         lambda: (
-            (status := admin(consortium, "job", "status", job))["status"]
+            (status := admin(consortium, "job", "status", job)["job"])["status"]
             in {"completed", "failed", "aborted", "refused"}
             and status
         ),
