@@ -343,9 +343,11 @@ def run_job(
     if len(members) < min_silos and refusals:
         raise JobRefused(len(members), wanted, min_silos, refusals)
     if len(members) < min_silos:
+        gone = sorted(set(hub.offline()) - hub.revoked)
         raise DeploymentError(
             f"{len(members)} of {wanted} silos accepted the policy within "
-            f"{join_timeout_s:.0f}s, min_silos is {min_silos}; none refused it"
+            f"{join_timeout_s:.0f}s, min_silos is {min_silos}; none refused it; gone (no "
+            f"heartbeat for {hub.heartbeat_window_s:g}s): {', '.join(gone) or 'none'}"
         )
     earlier = store.participants(job.id)  # a resumed job keeps its retirements
     for silo in members:

@@ -92,6 +92,26 @@ def test_a_silo_gone_before_a_job_does_not_hold_up_its_join(consortium: Consorti
     assert time.monotonic() - submitted < 60  # not the 600 s join timeout
 
 
+def test_a_job_short_of_its_quorum_names_the_silos_gone(consortium: Consortium) -> None:
+    port = free_port()
+    consortium.start_serve(
+        *("--heartbeat-window", "2", "--join-timeout", "6", "--metrics-port", str(port))
+    )
+    consortium.wait_for_log("coordinator", "serving mTLS gRPC")
+    for silo in ("silo-0", "silo-1", "silo-2"):
+        consortium.start_silo(silo)
+    connected = "fedsilo_silos_connected"
+    wait_for(lambda: metric(port, connected) == 3, 60, "3 silos connected", consortium)
+    consortium.kill("silo-2")
+    wait_for(lambda: metric(port, connected) == 2, 10, "silo-2 gone", consortium)
+    everyone = {"min_silos": 3, "phase_timeout_s": 600}
+    job = consortium.submit(consortium.write_policy(policy_document(participants=everyone)))
+    consortium.wait_for_log("coordinator", f"job {job} failed", timeout=60)
+    assert "min_silos is 3; none refused it; gone (no heartbeat for 2s): silo-2" in (
+        consortium.log("coordinator")
+    )
+
+
 def test_an_agent_refused_as_unknown_retries_and_is_admitted_once_enrolled(
     consortium: Consortium,
 ) -> None:
