@@ -1,4 +1,9 @@
-"""How the test process ends: without the interpreter's teardown.
+"""How the test process ends, and the one fixture many files share.
+
+`consortium`: a provisioned consortium of three silos in the test's own folder
+(tests/deployment.py); every process a test started in it is killed when the test ends.
+
+The process ends without the interpreter's teardown.
 
 The suite leaves native threads behind (gRPC's, torch's and TenSEAL's pools, started by tests
 that run silos on daemon threads), and tearing the interpreter down under them has aborted the
@@ -11,10 +16,21 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from tests.deployment import Consortium, provision
+
 _STATUS: list[int] = []
+
+
+@pytest.fixture
+def consortium(tmp_path: Path) -> Iterator[Consortium]:
+    running = provision(tmp_path)
+    yield running
+    running.stop_all()
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

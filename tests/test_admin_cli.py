@@ -7,24 +7,14 @@ README's, "Scripting the admin CLI")."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-import pytest
 from click.testing import CliRunner
 
 from fedsilo.ops.cli import main
-from tests.deployment import Consortium, policy_document, provision, wait_for
+from tests.deployment import Consortium, policy_document, wait_for
 
 STRICT = {"min_silos": 3, "phase_timeout_s": 20}  # every silo must accept
-
-
-@pytest.fixture
-def consortium(tmp_path: Path) -> Iterator[Consortium]:
-    running = provision(tmp_path)
-    yield running
-    running.stop_all()
 
 
 def cli(consortium: Consortium, *args: str) -> str:

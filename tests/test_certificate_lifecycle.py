@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import socket
 import ssl
-from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -40,13 +39,6 @@ from tests.deployment import (
 )
 
 DAY = timedelta(days=1)
-
-
-@pytest.fixture
-def consortium(tmp_path: Path) -> Iterator[Consortium]:
-    consortium = provision(tmp_path)
-    yield consortium
-    consortium.stop_all()
 
 
 def certificates(kits: Path) -> dict[str, Path]:

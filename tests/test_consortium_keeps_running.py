@@ -14,28 +14,18 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
-import pytest
 from click.testing import CliRunner
 
 from fedsilo.coordinator.hub import OFFLINE
 from fedsilo.ops.cli import main
 from fedsilo.ops.demo import free_port
-from tests.deployment import Consortium, fedsilo, metric, policy_document, provision, wait_for
+from tests.deployment import Consortium, fedsilo, metric, policy_document, wait_for
 from tests.test_proxy import start_proxy, tunnels, without_proxies
 
 DATA = {"source": "sklearn:breast_cancer", "partition": {"kind": "iid", "silos": 4}}
 SLOW_PHASES = {"min_silos": 2, "phase_timeout_s": 600}
 WINDOW_S = 5.0
-
-
-@pytest.fixture
-def consortium(tmp_path: Path) -> Iterator[Consortium]:
-    running = provision(tmp_path)
-    yield running
-    running.stop_all()
 
 
 def admin(consortium: Consortium, *args: str) -> dict | list:

@@ -13,7 +13,6 @@ ledger audits clean with distinct task ids per job, and the site rule
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,7 +27,7 @@ from fedsilo.privacy.ledger import PrivacyLedger, verify
 from fedsilo.wire.admin import CONSORTIUM, STATUS
 from fedsilo.wire.messages import STATUS_BUDGET_EXHAUSTED
 from fedsilo.wire.tensors import decode_tensors
-from tests.deployment import SILOS, Consortium, fedsilo, policy_document, provision, wait_for
+from tests.deployment import SILOS, Consortium, fedsilo, policy_document, wait_for
 
 DATA = {"source": "sklearn:breast_cancer", "partition": {"kind": "iid", "silos": 4}}
 DP = {"delta": 1e-5, "dp_sgd": {"noise_multiplier": 1.0}}
@@ -39,13 +38,6 @@ def job_policy(name: str, rounds: int, **overrides: object) -> dict:
     return policy_document(
         rounds=rounds, name=name, data=DATA, participants=PARTICIPANTS, **overrides
     )
-
-
-@pytest.fixture
-def consortium(tmp_path: Path) -> Iterator[Consortium]:
-    running = provision(tmp_path)
-    yield running
-    running.stop_all()
 
 
 def submit(consortium: Consortium, policy: Path) -> str:

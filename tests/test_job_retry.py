@@ -7,8 +7,6 @@ site fixes the rule. In process: a silo refuses an attempt the operator did not 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
@@ -19,15 +17,8 @@ from fedsilo.policies.schema import Policy
 from fedsilo.privacy.ledger import PrivacyLedger
 from fedsilo.privacy.policy_signing import policy_digest, sign_attempt
 from fedsilo.silo.client import PolicyRefused
-from tests.deployment import Consortium, policy_document, provision, wait_for
+from tests.deployment import Consortium, policy_document, wait_for
 from tests.test_failure_reports import POLICY_TEXT, FakeCoordinator, client
-
-
-@pytest.fixture
-def consortium(tmp_path: Path) -> Iterator[Consortium]:
-    running = provision(tmp_path)
-    yield running
-    running.stop_all()
 
 
 def fedsilo(consortium: Consortium, *args: str) -> Result:

@@ -13,15 +13,11 @@ import os
 import queue
 import shutil
 import time
-from collections.abc import Iterator
-from pathlib import Path
-
-import pytest
 
 from fedsilo.coordinator.hub import OFFLINE, STARTUP_WINDOWS, PostedTask, SiloHub
 from fedsilo.coordinator.transport import Reply
 from fedsilo.ops.demo import free_port
-from tests.deployment import Consortium, fedsilo, metric, policy_document, provision, wait_for
+from tests.deployment import Consortium, fedsilo, metric, policy_document, wait_for
 
 SLOW_PHASES = {"min_silos": 2, "phase_timeout_s": 600}
 WINDOW_S = 5.0
@@ -33,13 +29,6 @@ class FakeClock:
 
     def __call__(self) -> float:
         return self.now
-
-
-@pytest.fixture
-def consortium(tmp_path: Path) -> Iterator[Consortium]:
-    consortium = provision(tmp_path)
-    yield consortium
-    consortium.stop_all()
 
 
 def completed_rounds(consortium: Consortium) -> int:
@@ -74,10 +63,15 @@ def test_a_silo_killed_mid_job_is_a_dropout_within_its_heartbeat_window_not_the_
     assert all(record["status"] == "completed" for record in history[1:])
 
 
-def test_a_silo_gone_before_a_job_does_not_hold_up_its_join(consortium: Consortium) -> None:
+def serve_three_silos_and_lose_one(
+    consortium: Consortium, window_s: float, join_timeout_s: float
+) -> None:
+    """`coordinator serve` and three silo agents; silo-2 is SIGKILLed once all are connected,
+    and this returns once the coordinator counts it gone."""
     port = free_port()
     consortium.start_serve(
-        "--heartbeat-window", str(WINDOW_S), "--join-timeout", "600", "--metrics-port", str(port)
+        *("--heartbeat-window", str(window_s), "--join-timeout", str(join_timeout_s)),
+        *("--metrics-port", str(port)),
     )
     consortium.wait_for_log("coordinator", "serving mTLS gRPC")
     for silo in ("silo-0", "silo-1", "silo-2"):
@@ -85,7 +79,11 @@ def test_a_silo_gone_before_a_job_does_not_hold_up_its_join(consortium: Consorti
     connected = "fedsilo_silos_connected"
     wait_for(lambda: metric(port, connected) == 3, 60, "3 silos connected", consortium)
     consortium.kill("silo-2")
-    wait_for(lambda: metric(port, connected) == 2, 2 * WINDOW_S, "silo-2 gone", consortium)
+    wait_for(lambda: metric(port, connected) == 2, 2 * window_s, "silo-2 gone", consortium)
+
+
+def test_a_silo_gone_before_a_job_does_not_hold_up_its_join(consortium: Consortium) -> None:
+    serve_three_silos_and_lose_one(consortium, WINDOW_S, join_timeout_s=600)
     submitted = time.monotonic()
     job = consortium.submit(consortium.write_policy(policy_document(rounds=1)))
     consortium.wait_for_log("coordinator", f"job {job} complete", timeout=120)
@@ -93,17 +91,7 @@ def test_a_silo_gone_before_a_job_does_not_hold_up_its_join(consortium: Consorti
 
 
 def test_a_job_short_of_its_quorum_names_the_silos_gone(consortium: Consortium) -> None:
-    port = free_port()
-    consortium.start_serve(
-        *("--heartbeat-window", "2", "--join-timeout", "6", "--metrics-port", str(port))
-    )
-    consortium.wait_for_log("coordinator", "serving mTLS gRPC")
-    for silo in ("silo-0", "silo-1", "silo-2"):
-        consortium.start_silo(silo)
-    connected = "fedsilo_silos_connected"
-    wait_for(lambda: metric(port, connected) == 3, 60, "3 silos connected", consortium)
-    consortium.kill("silo-2")
-    wait_for(lambda: metric(port, connected) == 2, 10, "silo-2 gone", consortium)
+    serve_three_silos_and_lose_one(consortium, 2, join_timeout_s=6)
     everyone = {"min_silos": 3, "phase_timeout_s": 600}
     job = consortium.submit(consortium.write_policy(policy_document(participants=everyone)))
     consortium.wait_for_log("coordinator", f"job {job} failed", timeout=60)

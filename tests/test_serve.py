@@ -27,13 +27,6 @@ from fedsilo.privacy.policy_signing import sign_policy
 from tests.deployment import SILOS, Consortium, policy_document, provision, wait_for
 
 
-@pytest.fixture
-def consortium(tmp_path: Path) -> Iterator[Consortium]:
-    consortium = provision(tmp_path)
-    yield consortium
-    consortium.stop_all()
-
-
 def job_info(consortium: Consortium, job: str) -> JobInfo:
     jobs = JobQueue(consortium.root / "state.db")
     try:
