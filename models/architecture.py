@@ -1,8 +1,8 @@
 """A network's architecture as text: one line per parameter, `<name> [<shape>] <dtype>`, in
 `named_parameters()` order, and the digest of those lines. A plugin model's policy pins them
-(`model.architecture`); silos check the network they build against the pin, and the
-coordinator checks the initial model's parameter spec, so every party names the first tensor
-that differs.
+(`model.architecture`, in YAML: `yaml_block`); silos check the network they build against the
+pin, and the coordinator checks the initial model's parameter spec, so every party names the
+first tensor that differs.
 """
 
 from __future__ import annotations
@@ -69,6 +69,20 @@ def first_difference(
             f"policy pins only {len(expected)} tensors"
         )
     return None
+
+
+def yaml_block(tensors: list[str], shape: tuple[int, ...], outputs: int) -> str:
+    """The YAML of `model.architecture` pinning `tensors` (architecture lines) for one input
+    row's `shape` and `outputs`, indented to go under `model:`."""
+    lines = [
+        "  architecture:",
+        f"    digest: {digest(tensors)}",
+        f"    input_shape: {list(shape)}",
+        f"    output_dim: {outputs}",
+        "    tensors:",
+        *(f'      - "{line}"' for line in tensors),
+    ]
+    return "\n".join(lines)
 
 
 def _line(name: str, shape: tuple[int, ...], dtype: str) -> str:

@@ -121,18 +121,12 @@ def pin(policy_file: str, input_shape: str | None, output_dim: int | None) -> No
 
 
 def architecture_block(tensors: list[str], shape: tuple[int, ...], outputs: int) -> str:
-    """The YAML of `model.architecture`, indented to go under `model:`."""
-    lines = [
+    """`architecture.yaml_block` under a comment saying where to paste it."""
+    comment = (
         f"# model.architecture for input shape {list(shape)} and {outputs} outputs:"
-        " paste it under model:",
-        "  architecture:",
-        f"    digest: {architecture.digest(tensors)}",
-        f"    input_shape: {list(shape)}",
-        f"    output_dim: {outputs}",
-        "    tensors:",
-        *(f'      - "{line}"' for line in tensors),
-    ]
-    return "\n".join(lines)
+        " paste it under model:"
+    )
+    return "\n".join([comment, architecture.yaml_block(tensors, shape, outputs)])
 
 
 def _unpinned_policy(policy_file: str) -> Policy:
