@@ -87,6 +87,7 @@ def check_state_file(path: Path) -> None:
     cls=LazyGroup,
     lazy_subcommands={
         "model": "fedsilo.ops.model_cli:model_group",
+        "new": "fedsilo.ops.new_package:new_command",
         "predict": "fedsilo.ops.predict:predict_command",
         "silo": "fedsilo.ops.silo_cli:silo",
     },
