@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo compare test fuzz lint bench proto clean flower-env
+.PHONY: setup demo compare test docs fuzz lint bench proto clean flower-env
 
 setup: $(STAMP)
 
@@ -25,7 +25,13 @@ compare: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/ruff check .
+	$(MAKE) docs
 	$(BIN)/python -m pytest -q
+
+# The documentation site (mkdocs.yml) into site/; --strict: a broken link, anchor or reference
+# fails it (and so `make test`).
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 # For a release: many more drawn policies than CI's fixed sample (tests/test_policy_space.py),
 # at a fresh seed it prints first (FEDSILO_POLICY_SEED=N make fuzz draws those again).
@@ -51,4 +57,4 @@ flower-env:
 	python3 -m venv .venv-flwr && .venv-flwr/bin/pip install -c constraints.txt "flwr==1.41.0" numpy psutil torch==2.13.0
 
 clean:
-	rm -rf $(VENV) .venv-flwr runs build *.egg-info
+	rm -rf $(VENV) .venv-flwr runs build site *.egg-info

@@ -61,5 +61,5 @@ class AdminBackend(Protocol):
 
     def consortium_status(self) -> dict[str, Any]:
         """The consortium now, as `fedsilo status --json` prints it (`consortium_document` in
-        ops/status.py; README, "Scripting the admin CLI")."""
+        ops/status.py; docs/how-to/operator.md, "Scripting the admin CLI")."""
         ...

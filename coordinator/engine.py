@@ -91,6 +91,11 @@ class RunAborted(RuntimeError):
 
 @dataclass
 class RoundRecord:
+    """What one round did: its `status`, each phase's answers and dropouts (`phases`), each
+    silo's test metrics (`evaluation`) and their cross-silo `summary` when it evaluated, and,
+    by policy, each silo's epsilon (`privacy`) or mixing coefficient (`mixing`). Round 0 is the
+    setup."""
+
     round: int
     status: str  # "completed" | "failed"
     seconds: float
@@ -118,6 +123,10 @@ class RoundRecord:
 
 @dataclass
 class RunHistory:
+    """A run's rounds: `records` (every round's `RoundRecord` in order, setup first; results.json
+    holds the same list under "rounds"), `final` (the last evaluation) and `state` (the final
+    model and the strategy's state)."""
+
     records: list[RoundRecord]
     state: ServerState
     final: RoundRecord

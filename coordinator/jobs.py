@@ -95,7 +95,8 @@ class JobInfo:
         return self.error
 
     def to_json(self) -> dict[str, Any]:
-        """The job as `fedsilo job list --json` shows it (README, "Scripting the admin CLI")."""
+        """The job as `fedsilo job list --json` shows it (docs/how-to/operator.md, "Scripting
+        the admin CLI")."""
         return {**asdict(self), "refusals": dict(self.refusals), "note": self.note}
 
     @classmethod

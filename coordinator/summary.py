@@ -1,5 +1,5 @@
 """Across-silo summaries of per-silo metrics, as the AAggFF authors' evaluation computes them
-(Hahn et al. 2024; README "Metrics").
+(Hahn et al. 2024; docs/metrics.md).
 
 For per-silo values v_k with test sizes n_k: the unweighted and size-weighted means, the
 worst and best single silo, the size-weighted mean of the worst / best 10% of silos

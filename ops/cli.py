@@ -605,7 +605,8 @@ def demo(folder: Path | None, rounds: int | None) -> None:
     "--json",
     "as_json",
     is_flag=True,
-    help="Print one JSON document (README, 'Scripting the admin CLI') instead of tables.",
+    help="Print one JSON document (docs/how-to/operator.md, 'Scripting the admin CLI') "
+    "instead of tables.",
 )
 def status(kit_dir: Path, state_file: Path | None, as_json: bool) -> None:
     """Show the consortium's running or latest job: its status, round, participants, last

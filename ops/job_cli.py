@@ -3,8 +3,8 @@ serve`), over the admin channel (ops/admin_client.py) with the operator's kit: s
 policy as a job (or run an ended one again as a new attempt, `--retry`), list the jobs, show,
 abort, read a job's log, fetch its results. The remote form of `fedsilo status` (`--kit
 OPERATOR_KIT`) is `print_remote_status`. `--json` prints what `list`, `status` and `fedsilo
-status` show as one JSON document of a versioned shape (`STATUS_SCHEMA`, README "Scripting the
-admin CLI").
+status` show as one JSON document of a versioned shape (`STATUS_SCHEMA`; docs/how-to/operator.md,
+"Scripting the admin CLI").
 """
 
 from __future__ import annotations
@@ -61,7 +61,8 @@ json_option = click.option(
     "--json",
     "as_json",
     is_flag=True,
-    help="Print one JSON document (README, 'Scripting the admin CLI') instead of tables.",
+    help="Print one JSON document (docs/how-to/operator.md, 'Scripting the admin CLI') "
+    "instead of tables.",
 )
 
 

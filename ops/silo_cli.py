@@ -40,7 +40,7 @@ silo.add_command(silo_check)
     "--source",
     default="heart",
     show_default=True,
-    help="Data source: heart, sklearn:NAME, csv, npz or molecules:csv (see README, Data).",
+    help="Data source: heart, sklearn:NAME, csv, npz or molecules:csv (see docs/data.md).",
 )
 @click.option(
     "--data",

@@ -63,6 +63,11 @@ class SiloProfile:
 
 @dataclass(frozen=True)
 class SimulationResult:
+    """What `fedsilo.simulate` returns: the `policy` it ran, its `history` (a `RunHistory`:
+    `history.records` is every round's record, `history.final` the final evaluation), the
+    `silos` (size and label rate of each), the `task`, the `device`, the run's `seconds`, and
+    `headline_metric` (the metric that selects: accuracy, rmse or a task plug-in's)."""
+
     policy: Policy
     history: RunHistory
     silos: tuple[SiloProfile, ...]

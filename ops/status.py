@@ -4,8 +4,8 @@ running coordinator (`consortium_document`, which both forms print as `--json`).
 
 The job shown is the running one, else the one that ended last (whatever its status, also one
 that ran no round: refused, or failed before its setup), with its rounds when it ran any. The
-document's shape is versioned (`STATUS_SCHEMA`) and documented in the README ("Scripting the
-admin CLI").
+document's shape is versioned (`STATUS_SCHEMA`) and documented in docs/how-to/operator.md
+("Scripting the admin CLI").
 """
 
 from __future__ import annotations

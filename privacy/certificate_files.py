@@ -28,7 +28,7 @@ from fedsilo.privacy.identity import IdentityError, read_secret_file
 WARN_DAYS = 30  # from this many days before expiry, a running service warns in its log
 WARN_EVERY_S = 24 * 3600.0  # and repeats the warning once a day
 SECONDS_PER_DAY = 86_400.0
-RENEW_HINT = "renew it with `fedsilo consortium renew` (README, Certificates)"
+RENEW_HINT = 'renew it with `fedsilo consortium renew` (docs/how-to/operator.md, "Certificates")'
 
 
 class CertificateError(ValueError):

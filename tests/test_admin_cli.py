@@ -1,8 +1,8 @@
 """The operator's admin CLI against a real `fedsilo coordinator serve` and three silo agents
 (separate processes, mTLS): what `job list`, `job status` and `fedsilo status` say about jobs
 that completed, one its silos refused, one running and one aborted, for eyes (one line a job,
-the label each job earned) and as `--json` (parsed here field by field; the shapes are the
-README's, "Scripting the admin CLI")."""
+the label each job earned) and as `--json` (parsed here field by field; the shapes are
+docs/how-to/operator.md's, "Scripting the admin CLI")."""
 
 from __future__ import annotations
 

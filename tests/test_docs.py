@@ -1,20 +1,31 @@
 """The documentation in docs/ is complete and every reference to it holds: each algorithm that
 `fedsilo algorithms` lists has its docs/algorithms/<name>.md, which names its example policy and
 every key its config reads, and every docs/ path (with the section it names, if any) cited in
-the code, the README and the docs themselves exists, as does every repository path the docs
-name."""
+the code, the README and the docs themselves exists, as does every repository path the README
+and the docs name. The README is a front page that links each role's guide; the reference pages
+the site generates (docs/hooks/reference_pages.py) name every command, every key an example
+policy uses and every site rule. `make docs` (in `make test`) builds the site strictly, which
+checks the links and anchors of the generated pages too."""
 
 from __future__ import annotations
 
+import importlib.util
 import re
+import sys
 import typing
 from pathlib import Path
+from types import ModuleType
 
+import click
+import markdown
 import pytest
+import yaml
 from click.testing import CliRunner
 
+import fedsilo
 from fedsilo.ops.cli import main
 from fedsilo.policies.algorithms import AlgorithmConfig
+from fedsilo.silo.config import LocalRules, SiloConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -25,6 +36,36 @@ MARKDOWN_LINK = re.compile(r"\]\(([^)\s]+)\)")
 EXAMPLE = re.compile(r"policies/examples/[\w.-]+\.yaml")
 # a repository path in backticks: `silo/tasks/`, `coordinator/engine.py`
 REPOSITORY_PATH = re.compile(r"`((?:[\w-]+/)+(?:[\w.-]+\.(?:py|md|yaml|json))?)`")
+# a row of a generated reference table: | `key` | type | ...
+REFERENCE_ROW = re.compile(r"^\| `([^`]+)` \| ([^|]+) \|", re.MULTILINE)
+ROLE_GUIDES = ["operator", "hospital-it", "privacy-officer", "researcher"]
+
+
+def reference_pages() -> ModuleType:
+    """docs/hooks/reference_pages.py, the MkDocs hook that generates the reference pages."""
+    spec = importlib.util.spec_from_file_location(
+        "reference_pages", DOCS / "hooks" / "reference_pages.py"
+    )
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclass looks its module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def generated_pages() -> dict[Path, str]:
+    """The pages the site generates, by the path they have in the site's docs/."""
+    hook = reference_pages()
+    pages = {DOCS / path: hook.page(*args) for path, args in hook.PAGES.items()}
+    pages[DOCS / "reference" / "api.md"] = hook.api_page()
+    pages[DOCS / "reference" / "cli.md"] = hook.cli_page()
+    return pages
+
+
+def reference_rows(path: str) -> dict[str, str]:
+    """A generated reference page's keys and their types."""
+    text = generated_pages()[DOCS / path]
+    return {key: kind.strip() for key, kind in REFERENCE_ROW.findall(text)}
 
 
 def listed_algorithms() -> list[str]:
@@ -53,14 +94,14 @@ def sources() -> list[Path]:
     return [*code, ROOT / "README.md", *DOCS.rglob("*.md")]
 
 
-def headings(path: Path) -> set[str]:
-    return {
-        line.lstrip("#").strip() for line in path.read_text().splitlines() if line.startswith("#")
-    }
+def headings(path: Path, text: str | None = None) -> set[str]:
+    text = path.read_text() if text is None else text
+    return {line.lstrip("#").strip() for line in text.splitlines() if line.startswith("#")}
 
 
 def anchor(heading: str) -> str:
-    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    """GitHub's (and the site's) anchor for a heading: lower case, punctuation dropped, spaces
+    to hyphens."""
     return re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
 
 
@@ -105,10 +146,10 @@ def test_every_cited_docs_path_and_section_exists() -> None:
     assert not missing, "\n".join(missing)
 
 
-def test_every_repository_path_the_docs_name_exists() -> None:
+def test_every_repository_path_the_readme_and_the_docs_name_exists() -> None:
     missing = [
         f"{page.relative_to(ROOT)}: {name}"
-        for page in DOCS.rglob("*.md")
+        for page in [ROOT / "README.md", *DOCS.rglob("*.md")]
         for name in REPOSITORY_PATH.findall(page.read_text())
         if not (ROOT / name).exists()
     ]
@@ -116,6 +157,8 @@ def test_every_repository_path_the_docs_name_exists() -> None:
 
 
 def test_every_relative_link_in_the_docs_resolves() -> None:
+    """Also a link to a page the site generates, and to a section of it."""
+    generated = generated_pages()
     broken = []
     for page in [ROOT / "README.md", *DOCS.rglob("*.md")]:
         for link in MARKDOWN_LINK.findall(page.read_text()):
@@ -123,8 +166,88 @@ def test_every_relative_link_in_the_docs_resolves() -> None:
                 continue
             file_part, _, fragment = link.partition("#")
             target = (page.parent / file_part).resolve() if file_part else page
-            if not target.exists():
+            if not target.exists() and target not in generated:
                 broken.append(f"{page.relative_to(ROOT)}: {link}")
-            elif fragment and fragment not in {anchor(h) for h in headings(target)}:
+            elif fragment and fragment not in {
+                anchor(h) for h in headings(target, generated.get(target))
+            }:
                 broken.append(f"{page.relative_to(ROOT)}: {link} (no such section)")
     assert not broken, "\n".join(broken)
+
+
+def test_the_readme_is_a_front_page_with_the_two_commands_and_a_link_to_each_role_guide() -> None:
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) < 250
+    quick_start = text.partition("## Quick start")[2].partition("```bash")[2].partition("```")[0]
+    commands = [line.split("#")[0].strip() for line in quick_start.strip().splitlines()]
+    assert commands == ["make demo", "make test"]
+    for role in ROLE_GUIDES:
+        assert f"(docs/how-to/{role}.md)" in text, f"the README does not link {role}'s guide"
+    assert "(docs/performance.md)" in text and "## License" in text
+
+
+def test_make_test_builds_the_docs_strictly() -> None:
+    makefile = (ROOT / "Makefile").read_text()
+    test_recipe = makefile.partition("\ntest:")[2].partition("\n\n")[0]
+    docs_recipe = makefile.partition("\ndocs:")[2].partition("\n\n")[0]
+    assert "$(MAKE) docs" in test_recipe
+    assert "mkdocs build --strict" in docs_recipe
+
+
+def all_commands(command: click.Command, path: str) -> list[str]:
+    """`fedsilo`'s commands as its users reach them, subcommands loaded as they run."""
+    found = [path]
+    if isinstance(command, click.Group):
+        context = click.Context(command, info_name=path)
+        for name in command.list_commands(context):
+            found += all_commands(command.get_command(context, name), f"{path} {name}")
+    return found
+
+
+def test_the_command_line_reference_shows_every_command() -> None:
+    text = generated_pages()[DOCS / "reference" / "cli.md"]
+    html = markdown.markdown(
+        text, extensions=["attr_list", "tables", "mkdocs-click"]
+    )  # as mkdocs.yml
+    shown = {re.sub(r"<[^>]+>", "", h).strip() for h in re.findall(r"<h\d[^>]*>(.*?)</h\d>", html)}
+    missing = [c for c in all_commands(main, "fedsilo") if c not in shown]
+    assert not missing, f"not in the generated CLI reference: {missing}"
+
+
+def policy_keys(document: dict, rows: dict[str, str], prefix: str = "") -> list[str]:
+    """The dotted keys of a policy document, into sections only (a mapping-typed key such as
+    `data.categorical` holds the user's names, not keys)."""
+    keys = []
+    for key, value in document.items():
+        dotted = f"{prefix}{key}"
+        keys.append(dotted)
+        if isinstance(value, dict) and "section" in rows.get(dotted, ""):
+            keys += policy_keys(value, rows, f"{dotted}.")
+    return keys
+
+
+def test_the_policy_reference_names_every_key_the_example_policies_use() -> None:
+    rows = reference_rows("reference/policy.md")
+    examples = sorted((ROOT / "policies" / "examples").glob("*.yaml"))
+    assert examples
+    missing = sorted(
+        {
+            f"{example.name}: {key}"
+            for example in examples
+            for key in policy_keys(yaml.safe_load(example.read_text()), rows)
+            if key not in rows
+        }
+    )
+    assert not missing, "\n".join(missing)
+
+
+def test_the_silo_yaml_reference_names_every_key_and_every_site_rule() -> None:
+    rows = reference_rows("reference/silo-yaml.md")
+    expected = [*SiloConfig.model_fields, *(f"rules.{rule}" for rule in LocalRules.model_fields)]
+    assert not [key for key in expected if key not in rows]
+
+
+def test_the_python_api_reference_documents_every_name_of_fedsilo_all() -> None:
+    text = generated_pages()[DOCS / "reference" / "api.md"]
+    documented = set(re.findall(r"^::: [\w.]+\.(\w+)$", text, re.MULTILINE))
+    assert documented == set(fedsilo.__all__) - {"__version__"}

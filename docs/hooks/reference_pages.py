@@ -1,0 +1,303 @@
+"""The reference pages generated from the code each time the site builds, so a key added to the
+schema or a name added to the Python API is documented without anyone writing it down.
+
+An MkDocs hook (mkdocs.yml, `hooks:`): `on_files` adds `reference/policy.md` and
+`reference/silo-yaml.md`, from the pydantic models `Policy` and `SiloConfig`: one section per
+model, its docstring, then one row per field with its dotted key, type, default, bounds and
+description. A field's description is its `Field(description=...)` or, as this codebase writes
+them, the comment on the field's line or the comment lines right above it; no library reads
+those comments, so `field_comments` does (a few lines with `tokenize`).
+
+It also adds `reference/api.md`, one mkdocstrings block for each name in `fedsilo.__all__` at the
+module that defines it, and `reference/cli.md`, mkdocs-click's page of the `fedsilo` command with
+one more block for each subcommand that `main` loads only when it runs (mkdocs-click lists a
+group's loaded commands only).
+
+mkdocstrings reads the code without running it (griffe), by folder: it cannot follow
+setuptools' `package-dir` mapping of the top-level folders (wire/, policies/, ...) into
+`fedsilo`, so `on_startup` (before mkdocstrings reads its `paths`) lays out
+`build/api-tree/fedsilo/` as links to the folders the installed package imports from, and
+mkdocs.yml points mkdocstrings there.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import io
+import shutil
+import tokenize
+import types
+import typing
+from dataclasses import dataclass, field
+from enum import Enum
+from functools import cache
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+import annotated_types
+from pydantic import BaseModel
+
+PAGES = {
+    "reference/policy.md": (
+        "Policy keys",
+        "fedsilo.policies.schema:Policy",
+        "Every key a policy YAML file may hold (`fedsilo policy validate P.yaml` checks one). "
+        "A section whose key selects a variant (`algorithm.name`, `model.name`, "
+        "`data.partition.kind`, ...) lists each variant's own keys.",
+    ),
+    "reference/silo-yaml.md": (
+        "silo.yaml keys",
+        "fedsilo.silo.config:SiloConfig",
+        "Every key of a site's silo.yaml (`fedsilo silo init` writes one; `fedsilo silo check` "
+        "reads it).",
+    ),
+}
+API_TREE = Path(__file__).resolve().parents[2] / "build" / "api-tree"
+SUBPACKAGES = ("wire", "policies", "privacy", "models", "coordinator", "silo", "ops")
+BOUNDS = {
+    annotated_types.Ge: ">=",
+    annotated_types.Gt: ">",
+    annotated_types.Le: "<=",
+    annotated_types.Lt: "<",
+    annotated_types.MinLen: "length >=",
+    annotated_types.MaxLen: "length <=",
+}
+
+
+@dataclass
+class Section:
+    """One model as it appears under a dotted key: a heading and a row per field."""
+
+    key: str
+    model: type[BaseModel]
+    rows: list[tuple[str, str, str, str, str]] = field(default_factory=list)
+
+
+def load(path: str) -> type[BaseModel]:
+    module, _, name = path.partition(":")
+    return getattr(__import__(module, fromlist=[name]), name)
+
+
+@cache
+def field_comments(model: type[BaseModel]) -> dict[str, str]:
+    """`name: type = default  # comment` in the class body, or `# comment` lines right above
+    the field: name -> comment."""
+    try:
+        source = inspect.getsource(model)
+    except (OSError, TypeError):
+        return {}
+    comments: dict[str, str] = {}
+    above: list[str] = []  # comment lines since the last statement
+    line_name: dict[int, str] = {}
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        text = token.string.lstrip("# ").strip()
+        if token.type == tokenize.NAME and token.start[1] == 4 and token.start[0] not in line_name:
+            line_name[token.start[0]] = token.string
+            if above:
+                comments[token.string] = " ".join(above)
+            above = []
+        elif token.type == tokenize.COMMENT and token.start[0] in line_name:
+            comments[line_name[token.start[0]]] = text
+        elif token.type == tokenize.COMMENT and token.start[1] == 4:
+            above.append(text)
+    return {name: text for name, text in comments.items() if name in model.model_fields}
+
+
+def variants(annotation: Any) -> list[Any]:
+    """The alternatives of a union (Annotated and Optional unwrapped), else [annotation]."""
+    if typing.get_origin(annotation) is Annotated:
+        return variants(typing.get_args(annotation)[0])
+    if typing.get_origin(annotation) in (Union, types.UnionType):
+        return [v for arg in typing.get_args(annotation) for v in variants(arg)]
+    return [annotation]
+
+
+def is_model(annotation: Any) -> bool:
+    return isinstance(annotation, type) and issubclass(annotation, BaseModel)
+
+
+def type_name(annotation: Any) -> str:
+    names = []
+    for option in variants(annotation):
+        origin = typing.get_origin(option)
+        if option is type(None):
+            names.append("null")
+        elif origin is Literal:
+            names.extend(repr(value) for value in typing.get_args(option))
+        elif origin in (list, tuple, set, frozenset):
+            inner = ", ".join(type_name(arg) for arg in typing.get_args(option) if arg is not ...)
+            names.append(f"list of {inner}")
+        elif origin is dict:
+            key, value = typing.get_args(option)
+            names.append(f"mapping {type_name(key)} to {type_name(value)}")
+        elif is_model(option):
+            names.append("section")
+        elif isinstance(option, type) and issubclass(option, Enum):
+            names.extend(repr(member.value) for member in option)
+        else:
+            names.append(getattr(option, "__name__", str(option)))
+    return " or ".join(dict.fromkeys(names))
+
+
+def default_text(info: Any) -> str:
+    if info.is_required():
+        return "required"
+    value = info.get_default(call_default_factory=True)
+    if isinstance(value, BaseModel):
+        tag = getattr(value, "name", None) or getattr(value, "kind", None)
+        return f"{tag!r} (its defaults)" if isinstance(tag, str) else "its defaults"
+    if isinstance(value, Enum):
+        value = value.value
+    return "null" if value is None else repr(value)
+
+
+def bounds_text(info: Any) -> str:
+    found = [
+        f"{symbol} {getattr(item, next(iter(item.__dataclass_fields__)))}"
+        for item in info.metadata
+        for kind, symbol in BOUNDS.items()
+        if isinstance(item, kind)
+    ]
+    return ", ".join(found)
+
+
+def discriminator(model: type[BaseModel]) -> str | None:
+    """The field whose Literal values tell this variant apart (`name`, `kind`, ...)."""
+    for name in ("name", "kind"):
+        info = model.model_fields.get(name)
+        if info is not None and typing.get_origin(info.annotation) is Literal:
+            return f"{name}: {' or '.join(map(str, typing.get_args(info.annotation)))}"
+    return None
+
+
+def sections(key: str, model: type[BaseModel], seen: tuple[type, ...] = ()) -> list[Section]:
+    """The model under `key` and, depth first, every model its fields hold."""
+    section = Section(key, model)
+    found = [section]
+    comments = field_comments(model)
+    for name, info in model.model_fields.items():
+        dotted = f"{key}.{name}" if key else name
+        section.rows.append(
+            (
+                dotted,
+                type_name(info.annotation),
+                default_text(info),
+                bounds_text(info),
+                info.description or comments.get(name, ""),
+            )
+        )
+        for option in variants(info.annotation):
+            inner = option
+            origin = typing.get_origin(option)
+            if origin in (list, tuple):
+                inner, suffix = typing.get_args(option)[0], "[]"
+            elif origin is dict:
+                inner, suffix = typing.get_args(option)[1], ".<name>"
+            else:
+                suffix = ""
+            for nested in variants(inner):
+                if is_model(nested) and nested not in seen:
+                    found.extend(sections(dotted + suffix, nested, (*seen, model)))
+    return found
+
+
+def cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def page(title: str, root: str, intro: str) -> str:
+    """The reference page of the model at `root` ("module:Class")."""
+    lines = [
+        f"# {title}",
+        "",
+        f"{intro} Generated from `{root.split(':')[1]}` in `{root.split(':')[0]}` when the site "
+        "builds (`docs/hooks/reference_pages.py`).",
+    ]
+    for section in sections("", load(root)):
+        variant = discriminator(section.model)
+        heading = f"`{section.key}`" if section.key else "Top level"
+        if variant and section.key:
+            heading += f" ({variant})"
+        lines += ["", f"## {heading}", ""]
+        doc = section.model.__dict__.get("__doc__")  # its own, not PolicyModel's
+        if doc:
+            lines += [inspect.cleandoc(doc), ""]
+        lines += ["| key | type | default | bounds | description |", "|---|---|---|---|---|"]
+        lines += [
+            "| " + " | ".join([f"`{row[0]}`", *map(cell, row[1:])]) + " |" for row in section.rows
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def api_page() -> str:
+    """Each name of the Python API (`fedsilo.__all__`) from its docstring and signature."""
+    import fedsilo
+
+    lines = [
+        "# Python API reference",
+        "",
+        "Every name in `fedsilo.__all__`, from its docstring and signature (generated when the "
+        "site builds); [python-api.md](../python-api.md) says what each is for, with an example.",
+    ]
+    for name, module in fedsilo._API.items():
+        lines += ["", f"::: {module}.{name}", "    options:", "      heading_level: 2"]
+    return "\n".join(lines) + "\n"
+
+
+def cli_page() -> str:
+    """Every `fedsilo` command and option, from the click definitions."""
+    from fedsilo.ops.cli import main
+
+    blocks = [("fedsilo.ops.cli", "main", "fedsilo")]
+    for name, target in sorted(main.lazy_subcommands.items()):
+        module, attribute = target.split(":")
+        blocks.append((module, attribute, f"fedsilo {name}"))
+    lines = [
+        "# Command line",
+        "",
+        "Every `fedsilo` command and option, generated from the click definitions (`ops/cli.py` "
+        "and the modules it loads) when the site builds; `fedsilo COMMAND --help` prints the "
+        "same.",
+    ]
+    for module, attribute, prog in blocks:
+        lines += [
+            "",
+            "::: mkdocs-click",
+            f"    :module: {module}",
+            f"    :command: {attribute}",
+            f"    :prog_name: {prog}",
+            f"    :depth: {0 if prog == 'fedsilo' else 1}",
+            "    :style: table",
+            "    :list_subcommands: true",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def on_startup(command: str, dirty: bool) -> None:
+    """`build/api-tree/fedsilo/`: the package as it is installed: a copy of its `__init__.py`
+    (griffe takes a linked one's real folder for the package's) and a link to each sub-package."""
+    package = API_TREE / "fedsilo"
+    package.mkdir(parents=True, exist_ok=True)
+    init = package / "__init__.py"
+    init.unlink(missing_ok=True)
+    shutil.copyfile(importlib.util.find_spec("fedsilo").origin, init)
+    links = {}
+    for name in SUBPACKAGES:
+        links[name] = Path(importlib.util.find_spec(f"fedsilo.{name}").origin).parent
+    for name, target in links.items():
+        link = package / name
+        if link.is_symlink() and link.resolve() == target.resolve():
+            continue
+        link.unlink(missing_ok=True)
+        link.symlink_to(target)
+
+
+def on_files(files: Any, config: Any) -> Any:
+    from mkdocs.structure.files import File
+
+    for path, (title, root, intro) in PAGES.items():
+        files.append(File.generated(config, path, content=page(title, root, intro)))
+    files.append(File.generated(config, "reference/api.md", content=api_page()))
+    files.append(File.generated(config, "reference/cli.md", content=cli_page()))
+    return files
