@@ -165,7 +165,7 @@ def _write_silo_config(folder: Path, name: str, hospital: str) -> Path:
             {
                 "version": 1,
                 "kit": str(folder / "kits" / "silos" / name),
-                "data": {"source": {"source": "heart"}, "select": hospital},
+                "data": {"source": "heart", "select": hospital},
             },
             sort_keys=False,
         )

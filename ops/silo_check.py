@@ -5,7 +5,8 @@ sizes). With a policy, also what that policy asks of this site: its local rules,
 and a model built for these features.
 
 A problem is one `DataError` (or `PolicyError`) naming the silo.yaml key to change
-(`data.source.categorical`, `rules.max_rounds`, ...); nothing is written.
+(`data.categorical`, `rules.max_rounds`, ...); nothing is written. A silo.yaml in the old
+nested data shape gets a note saying how to write it flat.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from fedsilo.models.zoo import build_model
 from fedsilo.policies.data import DataConfig, NaturalPartition
 from fedsilo.policies.loading import PolicyError, load_policy
 from fedsilo.policies.schema import Policy
-from fedsilo.silo.config import SOURCE_KEY, SiloConfig, load_silo_config
+from fedsilo.silo.config import SiloConfig, load_silo_config
 from fedsilo.silo.data import DataError, SiloDataset
 from fedsilo.silo.data.sources import RawSource, read_source
 from fedsilo.silo.domains import check_domains
@@ -44,6 +45,7 @@ class SiteDataSummary:
     labels: dict[str, int] | None  # classification: rows per class
     dataset: SiloDataset
     model_parameters: int | None = None  # with a policy: the size of its model on this data
+    note: str | None = None  # how to write silo.yaml's data section in the current shape
 
 
 def check_site_data(config_file: Path, policy: Policy | None = None) -> SiteDataSummary:
@@ -65,7 +67,7 @@ def summarise(config: SiloConfig, base_dir: Path, policy: Policy | None = None) 
     try:
         raw = read_source(source, base_dir)
     except DataError as error:
-        raise error.within(SOURCE_KEY) from None
+        raise error.within(config.data.section_key) from None
     dataset = config.data.load(CHECK_SEED if policy is None else policy.seed, base_dir)
     raw = _this_silos_rows(raw, source, dataset.name)
     parameters = None if policy is None else _model_parameters(policy, dataset)
@@ -76,6 +78,7 @@ def summarise(config: SiloConfig, base_dir: Path, policy: Policy | None = None) 
         labels=_label_counts(raw) if dataset.task == "classification" else None,
         dataset=dataset,
         model_parameters=parameters,
+        note=config.data.shape_note(),
     )
 
 
@@ -160,6 +163,8 @@ def render(summary: SiteDataSummary) -> list[str]:
     lines.append(f"splits: train {sizes[0]}, val {sizes[1]}, test {sizes[2]}")
     if summary.model_parameters is not None:
         lines.append(f"the policy's model: {summary.model_parameters} parameters on this data")
+    if summary.note is not None:
+        lines.append(f"note: {summary.note}")
     return lines
 
 

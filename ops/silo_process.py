@@ -66,6 +66,9 @@ def run_silo(
     """Take part in the deployment; returns why the agent stopped."""
     stop = stop or threading.Event()
     config = load_silo_config(config_path)
+    note = config.data.shape_note()
+    if note is not None:
+        log.warning("%s: %s", config_path, note)
     kit = load_silo_kit(config.kit_path(config_path))
     settings = _settings(kit, config, poll_seconds)
     log.info(

@@ -70,16 +70,16 @@ def write_silo_config(
     for path in (out, unit):
         if path.exists():
             raise ValueError(f"--out: {path} exists; silo init never replaces a file (move it)")
-    data: dict = {"source": {"source": source}}
+    data: dict = {"source": source}  # a policy's data keys (silo/config.py `SiloData`)
     if data_path is not None:
         if not data_path.is_file():
             raise DataError(f"--data {data_path}: file not found")
-        data["source"]["path"] = str(data_path.resolve())
+        data["path"] = str(data_path.resolve())
     elif source in PATH_SOURCES:
         raise DataError(f"--data: a {source} source needs the data file (--data FILE)")
     if target is not None:
-        data["source"]["target"] = target
-    data["source"].update(data_keys or {})
+        data["target"] = target
+    data.update(data_keys or {})
     if select is not None:
         data["select"] = select
     document: dict = {"version": 1, "kit": str(kit.folder.resolve()), "data": data}
@@ -108,11 +108,11 @@ def write_silo_config(
 
 # The silo.yaml keys `silo init` sets, and the flag that sets each.
 FLAGS = {
-    "data.source.categorical": "--categorical COLUMN=A,B,...",
-    "data.source.missing": "--impute",
-    "data.source.drop_columns": "--drop-column COLUMN",
-    "data.source.target": "--target",
-    "data.source.path": "--data",
+    "data.categorical": "--categorical COLUMN=A,B,...",
+    "data.missing": "--impute",
+    "data.drop_columns": "--drop-column COLUMN",
+    "data.target": "--target",
+    "data.path": "--data",
     "coordinator.proxy": "--proxy",
 }
 
@@ -124,7 +124,7 @@ def _flag_hints(message: str) -> str:
 
 
 def parse_categorical(values: tuple[str, ...]) -> dict[str, list[str]]:
-    """`--categorical COLUMN=A,B` (repeatable) as data.source.categorical, or one message."""
+    """`--categorical COLUMN=A,B` (repeatable) as data.categorical, or one message."""
     categorical: dict[str, list[str]] = {}
     for value in values:
         column, separator, listed = value.partition("=")
@@ -162,18 +162,18 @@ def data_section_options(command: Callable[..., None]) -> Callable[..., None]:
             "--categorical",
             multiple=True,
             metavar="COLUMN=A,B,...",
-            help="A categorical column and its categories (repeatable): data.source.categorical.",
+            help="A categorical column and its categories (repeatable): data.categorical.",
         ),
         click.option(
             "--impute",
             is_flag=True,
-            help="Impute missing values locally (data.source.missing: impute).",
+            help="Impute missing values locally (data.missing: impute).",
         ),
         click.option(
             "--drop-column",
             "drop_columns",
             multiple=True,
-            help="A column that is not a feature (repeatable): data.source.drop_columns.",
+            help="A column that is not a feature (repeatable): data.drop_columns.",
         ),
     ]
     for option in reversed(options):

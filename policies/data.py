@@ -239,8 +239,19 @@ class MoleculeOptions(PolicyModel):
         return self.smiles or "smiles"
 
 
+# The keys of a data section that only a simulation uses (one dataset dealt into many silos),
+# and what each does: a site's data section in silo.yaml is a policy's without them.
+SIMULATION_ONLY_KEYS: dict[str, str] = {
+    "partition": "it deals one dataset into many silos",
+    "label_noise": "it makes a share of a simulation's silos' labels noisy",
+}
+# The silo.yaml key a site's data section adds: which silo of a multi-silo source it is.
+SITE_SELECT_KEY = "select"
+SHAPE_GUIDE = "docs/how-to/site-data.md"
+
+
 class DataConfig(PolicyModel):
-    """The `data:` section of a policy."""
+    """The `data:` section of a policy (and, without SIMULATION_ONLY_KEYS, of silo.yaml)."""
 
     source: str = "heart"
     path: str | None = None
@@ -274,6 +285,17 @@ class DataConfig(PolicyModel):
 
     @model_validator(mode="before")
     @classmethod
+    def _not_a_silo_select(cls, data: Any) -> Any:
+        """silo.yaml's `select` pasted into a policy: refused naming the file it belongs in."""
+        if isinstance(data, dict) and SITE_SELECT_KEY in data:
+            raise ValueError(
+                f"field '{SITE_SELECT_KEY}' belongs in silo.yaml (which silo of the data a site "
+                f"is); a policy's data section describes every silo: drop it ({SHAPE_GUIDE})"
+            )
+        return data
+
+    @model_validator(mode="before")
+    @classmethod
     def _heart_imputes_by_default(cls, data: Any) -> Any:
         """The bundled heart table is known to have gaps at every hospital: impute unless told."""
         if isinstance(data, dict) and data.get("source", "heart") == "heart":
@@ -288,6 +310,18 @@ class DataConfig(PolicyModel):
         if isinstance(data, dict) and data.get("source") == "tcga_brca":
             return {"split": {"column": TCGA_SPLIT_COLUMN}, **data}
         return data
+
+    @field_validator("source", mode="before")
+    @classmethod
+    def _not_silo_yamls_nested_shape(cls, source: Any) -> Any:
+        """silo.yaml's old nested section pasted into a policy: refused naming both shapes."""
+        if isinstance(source, dict):
+            raise ValueError(
+                "a mapping here is silo.yaml's old nested shape (data: {source: {source: csv, "
+                "path: ...}}); a data section names its source directly, its keys beside it "
+                f"(data: {{source: csv, path: ...}}; {SHAPE_GUIDE})"
+            )
+        return source
 
     @field_validator("source")
     @classmethod

@@ -13,19 +13,18 @@ kit: /srv/fedsilo/kit           # this silo's kit folder (from `fedsilo provisio
 coordinator:                    # how this silo reaches its coordinator (silo/proxy.py)
   proxy: http://proxy.hospital:3128  # an HTTP CONNECT proxy (mTLS runs through it), or
                                 # `direct`; absent: https_proxy and no_proxy as gRPC reads them
-data:
-  source:                       # a data section, as a policy's `data:` (policies/data.py)
-    source: csv                 # csv or npz for a site's own file
-    path: records.csv
-    target: outcome             # the label column
-    categorical: {smoker: ["no", "yes"]}  # text columns and their agreed categories
-    missing: impute             # or error (the default): impute missing values locally
-    missing_values: {chol: [0]} # values that mean "not measured"
-    drop_columns: [patient_id]  # columns that are not features
-    split: {train: 0.8, val: 0.1, test: 0.1}
-    scaling: local              # local, federated or none
-    # partition: absent for a site's own file, which is one silo
-  select: null                  # which silo of a multi-silo section (demo data) this is
+data:                           # a policy's data section (policies/data.py), less what only
+                                # a simulation uses (partition, label_noise), plus select
+  source: csv                   # csv or npz for a site's own file
+  path: records.csv
+  target: outcome               # the label column
+  categorical: {smoker: ["no", "yes"]}  # text columns and their agreed categories
+  missing: impute               # or error (the default): impute missing values locally
+  missing_values: {chol: [0]}   # values that mean "not measured"
+  drop_columns: [patient_id]    # columns that are not features
+  split: {train: 0.8, val: 0.1, test: 0.1}
+  scaling: local                # local, federated or none
+  select: null                  # which silo of a multi-silo source (demo data) this is
 compute: {device: cpu}          # overrides the policy's placement at this site
 metrics_port: 9465              # Prometheus metrics on 127.0.0.1
 rules:                          # LocalRules: what this site allows
@@ -41,7 +40,9 @@ ledger: privacy-ledger.jsonl    # this site's privacy ledger
 state: silo-state               # what outlives the agent
 ```
 
-`fedsilo silo check --config silo.yaml` (ops/silo_check.py) loads the data as the agent will.
+The old nested shape, `data: {source: {source: csv, path: ...}, select: ...}`, still loads
+(`SiloData`); docs/how-to/site-data.md shows both. `fedsilo silo check --config silo.yaml`
+(ops/silo_check.py) loads the data as the agent will.
 """
 
 from __future__ import annotations
@@ -49,11 +50,25 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import (
+    Field,
+    ModelWrapValidatorHandler,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
-from fedsilo.policies.base import PolicyModel
+from fedsilo.policies.base import PolicyModel, unknown_key_message
 from fedsilo.policies.compute import ComputeConfig
-from fedsilo.policies.data import SITE_SOURCES, DataConfig, IidPartition
+from fedsilo.policies.data import (
+    SHAPE_GUIDE,
+    SIMULATION_ONLY_KEYS,
+    SITE_SELECT_KEY,
+    SITE_SOURCES,
+    DataConfig,
+    IidPartition,
+)
 from fedsilo.policies.loading import PolicyError, describe_errors, read_text_file, read_yaml
 from fedsilo.policies.model import PluginModel
 from fedsilo.policies.privacy import REPORT_KINDS, ReportKind
@@ -127,19 +142,71 @@ class LocalRules(PolicyModel):
         return problems
 
 
-SOURCE_KEY = "data.source"  # where silo.yaml holds the data section's keys
+NESTED_KEY = "data.source"  # where silo.yaml's old nested shape holds the data section's keys
+# The keys of a site's data section: a policy's, less what only a simulation uses, plus select.
+SITE_KEYS = [
+    *(key for key in DataConfig.model_fields if key not in SIMULATION_ONLY_KEYS),
+    SITE_SELECT_KEY,
+]
 
 
 class SiloData(PolicyModel):
     """This silo's data: a data section, and which of its silos is this one.
 
-    For a real site the section points at the site's own file (csv, npz), which is one silo
-    unless `data.source.partition` says otherwise; `select` names the silo when the section
-    describes several (the bundled demo data, simulations).
+    silo.yaml writes it as a policy writes its `data:` section, less the keys only a simulation
+    uses (`SIMULATION_ONLY_KEYS`), plus `select`: `data: {source: csv, path: ..., select: ...}`.
+    For a real site the section points at the site's own file (csv, npz), which is one silo;
+    `select` names the silo when the section describes several (the bundled demo data).
+
+    The old nested shape, `data: {source: {source: csv, ...}, select: ...}`, still loads to
+    the same section; it alone holds a whole simulated section (a partition, label noise), as
+    the deployment tests write it.
     """
 
     source: DataConfig
     select: str | None = None
+    _nested: bool = PrivateAttr(default=True)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _either_shape(cls, data: Any, handler: ModelWrapValidatorHandler[SiloData]) -> SiloData:
+        """The flat shape validated as a policy's data section; the nested one as written."""
+        if not isinstance(data, dict) or isinstance(data.get("source"), dict | DataConfig):
+            return handler(data)
+        section = {key: value for key, value in data.items() if key != SITE_SELECT_KEY}
+        for key in section:
+            if key in SIMULATION_ONLY_KEYS:
+                raise ValueError(
+                    f"field '{key}' is a simulation's ({SIMULATION_ONLY_KEYS[key]}); a site's "
+                    f"data is its own, one silo: drop it. silo.yaml's data section is a "
+                    f"policy's without {' and '.join(SIMULATION_ONLY_KEYS)}, plus "
+                    f"{SITE_SELECT_KEY} ({SHAPE_GUIDE})"
+                )
+            if key not in SITE_KEYS:
+                raise ValueError(unknown_key_message(str(key), SITE_KEYS))
+        site = handler(
+            {
+                "source": DataConfig.model_validate(section),
+                SITE_SELECT_KEY: data.get(SITE_SELECT_KEY),
+            }
+        )
+        site._nested = False
+        return site
+
+    @property
+    def section_key(self) -> str:
+        """Where silo.yaml holds the data section's keys: `data`, or `data.source` (nested)."""
+        return NESTED_KEY if self._nested else "data"
+
+    def shape_note(self) -> str | None:
+        """A note for the old nested shape when the flat one says the same, else None."""
+        if not self._nested or any(getattr(self.source, key) for key in SIMULATION_ONLY_KEYS):
+            return None
+        return (
+            f"{NESTED_KEY} holds a nested data section, silo.yaml's old shape; it still loads, "
+            "but write its keys directly under data:, as a policy does (data: {source: csv, "
+            f"path: ...}}; {SHAPE_GUIDE})"
+        )
 
     def site_source(self) -> DataConfig:
         """The data section as this site reads it: a file with no partition is one silo."""
@@ -152,14 +219,19 @@ class SiloData(PolicyModel):
         try:
             datasets = load_consortium(self.site_source(), seed, base_dir=base_dir)
         except DataError as error:
-            raise error.within(SOURCE_KEY) from None
+            raise error.within(self.section_key) from None
         names = [d.name for d in datasets]
         if self.select is None:
             if len(datasets) != 1:
+                whole = (
+                    f" (or, for a site's own file, remove {self.section_key}.partition: the "
+                    "file is then one silo)"
+                    if self.source.partition is not None
+                    else ""
+                )
                 raise DataError(
                     f"the data section yields silos {names}; set data.select to the one this "
-                    f"site is (or, for a site's own file, remove {SOURCE_KEY}.partition: the "
-                    "file is then one silo)"
+                    f"site is{whole}"
                 )
             return datasets[0]
         if self.select not in names:

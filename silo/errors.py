@@ -5,9 +5,9 @@ coordinator's process never needs either."""
 
 from __future__ import annotations
 
-# Stands, in a DataError's message, for the key path of the data section: `data` in a policy,
-# `data.source` in a silo's silo.yaml; so a message names the key to change as the reader's
-# file spells it.
+# Stands, in a DataError's message, for the key path of the data section: `data` in a policy
+# and in silo.yaml, `data.source` in silo.yaml's old nested shape; so a message names the key to
+# change as the reader's file spells it.
 SECTION = "<data>"
 
 
@@ -20,7 +20,8 @@ class DataError(ValueError):
         super().__init__(message.replace(SECTION, section))
 
     def within(self, section: str) -> DataError:
-        """The same error naming keys as spelled under `section` (silo.yaml: `data.source`)."""
+        """The same error naming keys as spelled under `section` (silo.yaml's old nested
+        shape: `data.source`)."""
         return type(self)(self.template, section)
 
 

@@ -56,12 +56,12 @@ def fit_site_features(data: SiloData, seed: int, base_dir: Path | None) -> SiteF
     config = data.source
     if config.source not in TABULAR_SOURCES:
         raise DataError(
-            f"data.source.source: predict reads records of a {' or '.join(TABULAR_SOURCES)} "
+            f"{data.section_key}.source: predict reads records of a {' or '.join(TABULAR_SOURCES)} "
             f"source, not {config.source!r}"
         )
     if config.scaling == "federated":
         raise DataError(
-            "data.source.scaling: federated scaling used the consortium's scaler, which no "
+            f"{data.section_key}.scaling: federated scaling used the consortium's scaler, which no "
             "file records; predict repeats only local or no scaling"
         )
     site = data.load(seed, base_dir)  # validates the data and picks this site's silo

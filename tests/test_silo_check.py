@@ -1,6 +1,6 @@
 """`fedsilo silo check`: a hospital's own data, checked offline before any job. The happy path
 summarises the data as the agent will load it; each data problem is one message naming the key
-to change as silo.yaml spells it (`data.source.<key>`), exit status 1, no traceback. `silo init`
+to change as silo.yaml spells it (`data.<key>`), exit status 1, no traceback. `silo init`
 sets the data dictionary from flags and runs the same check; `provision --example` writes a
 commented consortium.yaml that provisioning accepts."""
 
@@ -13,8 +13,9 @@ from click.testing import CliRunner, Result
 from fedsilo.ops.cli import main
 from fedsilo.ops.provision import provision
 from fedsilo.policies.consortium import EXAMPLE, parse_consortium
+from fedsilo.policies.loading import parse_policy
 from fedsilo.silo import config as silo_config_module
-from fedsilo.silo.config import parse_silo_config
+from fedsilo.silo.config import load_silo_config, parse_silo_config
 
 HEADER = "age,smoker,bp,outcome"
 HEART_FEDAVG = str(Path(__file__).parents[1] / "policies" / "examples" / "heart-fedavg.yaml")
@@ -27,7 +28,7 @@ def site(folder: Path, rows: list[str] = ROWS, header: str = HEADER, **source) -
     data = {"source": "csv", "path": "records.csv", "target": "outcome"}
     data.update({"categorical": {"smoker": ["no", "yes"]}, **source})
     config = folder / "silo.yaml"
-    config.write_text(yaml.safe_dump({"version": 1, "kit": "kit", "data": {"source": data}}))
+    config.write_text(yaml.safe_dump({"version": 1, "kit": "kit", "data": data}))
     return config
 
 
@@ -61,10 +62,8 @@ def test_a_sites_file_is_summarised_as_one_silo(tmp_path: Path) -> None:
 
 def test_a_selected_hospital_of_the_bundled_data_is_summarised_alone(tmp_path: Path) -> None:
     config = tmp_path / "silo.yaml"
-    document = {"version": 1, "kit": "kit", "data": {"source": {"source": "heart"}}}
-    config.write_text(
-        yaml.safe_dump({**document, "data": {**document["data"], "select": "Hungary"}})
-    )
+    document = {"version": 1, "kit": "kit", "data": {"source": "heart", "select": "Hungary"}}
+    config.write_text(yaml.safe_dump(document))
     result = check(config)
     assert result.exit_code == 0, result.output
     assert "dataset Hungary: 294 rows" in result.output
@@ -93,76 +92,86 @@ def test_a_policy_the_sites_rules_refuse_names_the_rule(tmp_path: Path) -> None:
     refused(result, "this site's rules refuse the policy", "rules.max_rounds")
 
 
-def test_a_missing_data_file_names_data_source_path(tmp_path: Path) -> None:
+def test_a_missing_data_file_names_data_path(tmp_path: Path) -> None:
     config = site(tmp_path)
     (tmp_path / "records.csv").unlink()
-    refused(check(config), "data.source.path: data file not found", "records.csv")
+    refused(check(config), "data.path: data file not found", "records.csv")
 
 
-def test_a_target_absent_from_the_file_names_data_source_target(tmp_path: Path) -> None:
+def test_a_target_absent_from_the_file_names_data_target(tmp_path: Path) -> None:
     refused(
         check(site(tmp_path, target="label")),
-        "data.source.target: target column 'label' not found",
+        "data.target: target column 'label' not found",
         "columns: age, smoker, bp, outcome",
     )
 
 
-def test_a_text_column_without_its_categories_names_data_source_categorical(
+def test_a_text_column_without_its_categories_names_data_categorical(
     tmp_path: Path,
 ) -> None:
     message = refused(
         check(site(tmp_path, categorical={})),
         "column 'smoker' in",
         "is not numeric",
-        "data.source.categorical",
-        "data.source.drop_columns",
+        "data.categorical",
+        "data.drop_columns",
     )
-    assert "data.categorical" not in message
+    assert "data.source" not in message
 
 
-def test_a_category_list_left_empty_names_data_source_categorical(tmp_path: Path) -> None:
-    refused(check(site(tmp_path, categorical={"smoker": []})), "data.source.categorical")
+def test_a_category_list_left_empty_names_data_categorical(tmp_path: Path) -> None:
+    refused(check(site(tmp_path, categorical={"smoker": []})), "data.categorical")
 
 
 def test_a_value_outside_the_declared_categories_names_its_category_list(tmp_path: Path) -> None:
     refused(
         check(site(tmp_path, categorical={"smoker": ["yes"]})),
-        "data.source.categorical.smoker:",
+        "data.categorical.smoker:",
         "value 'no'",
     )
 
 
-def test_a_duplicated_header_names_data_source_path(tmp_path: Path) -> None:
+def test_a_duplicated_header_names_data_path(tmp_path: Path) -> None:
     refused(
         check(site(tmp_path, header="age,smoker,age,outcome")),
-        "data.source.path: CSV file",
+        "data.path: CSV file",
         "names column(s) 'age' twice",
     )
 
 
-def test_missing_values_name_data_source_missing(tmp_path: Path) -> None:
+def test_missing_values_name_data_missing(tmp_path: Path) -> None:
     rows = [row.replace("110.5", "") for row in ROWS]
     refused(
         check(site(tmp_path, rows)),
         "column 'bp'",
         "missing values in 6 rows",
-        "data.source.missing: impute",
+        "data.missing: impute",
     )
 
 
-def test_inf_names_the_column_and_data_source_drop_columns(tmp_path: Path) -> None:
+def test_inf_names_the_column_and_data_drop_columns(tmp_path: Path) -> None:
     rows = [row.replace("110.5", "inf") for row in ROWS]
-    refused(check(site(tmp_path, rows)), "column 'bp'", "contains inf", "data.source.drop_columns")
+    refused(check(site(tmp_path, rows)), "column 'bp'", "contains inf", "data.drop_columns")
 
 
-def test_one_class_only_names_data_source_target(tmp_path: Path) -> None:
+def test_one_class_only_names_data_target(tmp_path: Path) -> None:
     rows = [row[: row.rfind(",")] + ",1" for row in ROWS]
-    refused(check(site(tmp_path, rows)), "data.source.target:", "holds a single class")
+    refused(check(site(tmp_path, rows)), "data.target:", "holds a single class")
 
 
 def test_a_partitioned_file_without_select_says_how_to_keep_it_whole(tmp_path: Path) -> None:
-    config = site(tmp_path, partition={"kind": "iid", "silos": 4})
+    config = site(tmp_path)
+    document = yaml.safe_load(config.read_text())
+    section = {**document["data"], "partition": {"kind": "iid", "silos": 4}}
+    config.write_text(yaml.safe_dump({**document, "data": {"source": section}}))  # old shape
     refused(check(config), "set data.select", "remove data.source.partition")
+
+
+def test_a_bundled_source_without_select_says_to_set_it(tmp_path: Path) -> None:
+    config = tmp_path / "silo.yaml"
+    config.write_text(yaml.safe_dump({"version": 1, "kit": "kit", "data": {"source": "heart"}}))
+    message = refused(check(config), "set data.select to the one this site is", "Hungary")
+    assert "partition" not in message
 
 
 def test_a_missing_policy_is_one_message(tmp_path: Path) -> None:
@@ -192,17 +201,23 @@ def test_silo_init_sets_the_data_dictionary_from_flags_and_prints_the_check(
     )
     assert result.exit_code == 0, result.output
     assert "after encoding: 3 features (smoker=no, smoker=yes, bp)" in result.output
-    source = yaml.safe_load((tmp_path / "silo.yaml").read_text())["data"]["source"]
-    assert source["categorical"] == {"smoker": ["no", "yes"]}
-    assert source["missing"] == "impute" and source["drop_columns"] == ["age"]
-    assert "partition" not in source  # the site's file is one silo
-    assert check(tmp_path / "silo.yaml").exit_code == 0
+    data = yaml.safe_load((tmp_path / "silo.yaml").read_text())["data"]
+    assert data["source"] == "csv" and data["target"] == "outcome"  # a policy's data keys
+    assert data["categorical"] == {"smoker": ["no", "yes"]}
+    assert data["missing"] == "impute" and data["drop_columns"] == ["age"]
+    assert "partition" not in data  # the site's file is one silo
+    rechecked = check(tmp_path / "silo.yaml")
+    assert rechecked.exit_code == 0 and "note:" not in rechecked.output, rechecked.output
+    assert (
+        parse_policy({"version": 1, "data": data}).data
+        == load_silo_config(tmp_path / "silo.yaml").data.source
+    )
 
 
 def test_silo_init_checks_the_data_and_names_the_flag_that_fixes_it(
     kit: Path, tmp_path: Path
 ) -> None:
-    refused(init(kit, tmp_path), "column 'smoker'", "data.source.categorical", "--categorical")
+    refused(init(kit, tmp_path), "column 'smoker'", "data.categorical", "--categorical")
     assert not (tmp_path / "silo.yaml").exists()
 
 
