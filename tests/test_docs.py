@@ -25,7 +25,8 @@ from click.testing import CliRunner
 import fedsilo
 from fedsilo.ops.cli import main
 from fedsilo.policies.algorithms import AlgorithmConfig
-from fedsilo.silo.config import LocalRules, SiloConfig
+from fedsilo.policies.data import SIMULATION_ONLY_KEYS
+from fedsilo.silo.config import SITE_KEYS, LocalRules, SiloConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -56,7 +57,9 @@ def reference_pages() -> ModuleType:
 def generated_pages() -> dict[Path, str]:
     """The pages the site generates, by the path they have in the site's docs/."""
     hook = reference_pages()
-    pages = {DOCS / path: hook.page(*args) for path, args in hook.PAGES.items()}
+    pages = {
+        DOCS / path: hook.page(*args, hook.FLATTENED.get(path)) for path, args in hook.PAGES.items()
+    }
     pages[DOCS / "reference" / "api.md"] = hook.api_page()
     pages[DOCS / "reference" / "cli.md"] = hook.cli_page()
     return pages
@@ -243,8 +246,14 @@ def test_the_policy_reference_names_every_key_the_example_policies_use() -> None
 
 def test_the_silo_yaml_reference_names_every_key_and_every_site_rule() -> None:
     rows = reference_rows("reference/silo-yaml.md")
-    expected = [*SiloConfig.model_fields, *(f"rules.{rule}" for rule in LocalRules.model_fields)]
+    expected = [
+        *SiloConfig.model_fields,
+        *(f"rules.{rule}" for rule in LocalRules.model_fields),
+        *(f"data.{key}" for key in SITE_KEYS),  # a policy's data keys, written flat
+    ]
     assert not [key for key in expected if key not in rows]
+    assert not [key for key in rows if key.startswith("data.source.")]  # the old nested shape
+    assert not [key for key in SIMULATION_ONLY_KEYS if f"data.{key}" in rows]
 
 
 def test_the_python_api_reference_documents_every_name_of_fedsilo_all() -> None:

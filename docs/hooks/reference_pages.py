@@ -50,9 +50,12 @@ PAGES = {
         "silo.yaml keys",
         "fedsilo.silo.config:SiloConfig",
         "Every key of a site's silo.yaml (`fedsilo silo init` writes one; `fedsilo silo check` "
-        "reads it).",
+        "reads it). Its `data:` holds a policy's data keys, less those only a simulation uses, "
+        "plus `select` (how-to/site-data.md).",
     ),
 }
+# silo.yaml's `data.source` model is written flat, under `data` (silo/config.py `SiloData`)
+FLATTENED = {"reference/silo-yaml.md": "data.source"}
 API_TREE = Path(__file__).resolve().parents[2] / "build" / "api-tree"
 SUBPACKAGES = ("wire", "policies", "privacy", "models", "coordinator", "silo", "ops")
 BOUNDS = {
@@ -206,15 +209,42 @@ def cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def page(title: str, root: str, intro: str) -> str:
-    """The reference page of the model at `root` ("module:Class")."""
+def flattened(found: list[Section], key: str) -> list[Section]:
+    """The sections with model `key`'s keys written under its parent (silo.yaml's `data`),
+    less the keys only a simulation uses."""
+    from fedsilo.policies.data import SIMULATION_ONLY_KEYS
+
+    parent = key.rpartition(".")[0]
+    dropped = tuple(f"{key}.{name}" for name in SIMULATION_ONLY_KEYS)
+
+    def moved(dotted: str) -> str:
+        inside = dotted == key or dotted.startswith(key + ".")
+        return parent + dotted[len(key) :] if inside else dotted
+
+    kept = [s for s in found if not any(s.key == d or s.key.startswith(d + ".") for d in dropped)]
+    own = next(s for s in kept if s.key == parent)
+    out = []
+    for section in kept:
+        if section is own:
+            continue
+        rows = [(moved(r[0]), *r[1:]) for r in section.rows if not r[0].startswith(dropped)]
+        if section.key == key:
+            rows += [r for r in own.rows if r[0] != key]
+        out.append(Section(moved(section.key), section.model, rows))
+    return out
+
+
+def page(title: str, root: str, intro: str, flatten: str | None = None) -> str:
+    """The reference page of the model at `root` ("module:Class"), with the model at key
+    `flatten` written under its parent."""
     lines = [
         f"# {title}",
         "",
         f"{intro} Generated from `{root.split(':')[1]}` in `{root.split(':')[0]}` when the site "
         "builds (`docs/hooks/reference_pages.py`).",
     ]
-    for section in sections("", load(root)):
+    found = sections("", load(root))
+    for section in flattened(found, flatten) if flatten else found:
         variant = discriminator(section.model)
         heading = f"`{section.key}`" if section.key else "Top level"
         if variant and section.key:
@@ -297,7 +327,8 @@ def on_files(files: Any, config: Any) -> Any:
     from mkdocs.structure.files import File
 
     for path, (title, root, intro) in PAGES.items():
-        files.append(File.generated(config, path, content=page(title, root, intro)))
+        content = page(title, root, intro, FLATTENED.get(path))
+        files.append(File.generated(config, path, content=content))
     files.append(File.generated(config, "reference/api.md", content=api_page()))
     files.append(File.generated(config, "reference/cli.md", content=cli_page()))
     return files
