@@ -176,17 +176,18 @@ class SiloHub:
         with self._lock:
             return sorted(self._silent())
 
+    def _heard_at(self, silo: str) -> float:
+        """When `silo` was last heard from; never: since it could have been (the hub's start,
+        or its enrolment)."""
+        return self._last_seen.get(silo, self._enrolled_at.get(silo, self._started))
+
     def _silent(self) -> set[str]:
         now = self._clock()
         return {
             silo
             for silo in self.roster
-            if (
-                now - self._last_seen[silo] > self.heartbeat_window_s
-                if silo in self._last_seen
-                else now - self._enrolled_at.get(silo, self._started)
-                > STARTUP_WINDOWS * self.heartbeat_window_s
-            )
+            if now - self._heard_at(silo)
+            > self.heartbeat_window_s * (1 if silo in self._last_seen else STARTUP_WINDOWS)
         }
 
     def reap(self) -> None:
@@ -196,14 +197,14 @@ class SiloHub:
             for silo in self._silent() - self._gone:
                 self._gone.add(silo)
                 if silo in self.accepted or self._tasks_of(silo):
-                    silent_s = self._clock() - self._last_seen.get(silo, self._started)
+                    silent_s = self._clock() - self._heard_at(silo)
                     log.warning("silo %s: no heartbeat for %.0fs; it is a dropout", silo, silent_s)
                 self.accepted.discard(silo)
                 self._fail_tasks_of(silo, self._offline_reason(silo))
             self._lock.notify_all()
 
     def _offline_reason(self, silo: str) -> str:
-        silent_s = self._clock() - self._last_seen.get(silo, self._started)
+        silent_s = self._clock() - self._heard_at(silo)
         return f"{OFFLINE}: no heartbeat for {silent_s:.0f}s (window {self.heartbeat_window_s:g}s)"
 
     def _tasks_of(self, silo: str) -> list[str]:

@@ -159,7 +159,7 @@ def serve_coordinator(options: ServeOptions, stop: threading.Event | None = None
             if job is None:
                 stop.wait(IDLE_WAIT_S)
                 continue
-            run_queued_job(serving, queue, job, options, stop)
+            run_queued_job(serving, queue, job, options, stop, enrolments)
     finally:
         stop.set()
         queue.close()
@@ -167,10 +167,17 @@ def serve_coordinator(options: ServeOptions, stop: threading.Event | None = None
 
 
 def run_queued_job(
-    serving: Serving, queue: JobQueue, job_id: str, options: ServeOptions, stop: threading.Event
+    serving: Serving,
+    queue: JobQueue,
+    job_id: str,
+    options: ServeOptions,
+    stop: threading.Event,
+    enrolments: KitWatcher,
 ) -> None:
     """Run job `job_id` to its end and record how it ended; a job that fails, or is aborted,
-    is recorded so and returns. Stopping the coordinator leaves it `running`, to resume."""
+    is recorded so and returns. Stopping the coordinator leaves it `running`, to resume. The
+    job starts with the coordinator kit as it is on disk then (`enrolments`, which also keeps a
+    newer signed roster over an older file)."""
     folder = options.jobs_folder / job_id
     folder.mkdir(parents=True, exist_ok=True)
     handler = _job_log(folder / JOB_LOG)
@@ -182,7 +189,7 @@ def run_queued_job(
     try:
         resumed = queue.job(job_id).status == RUNNING
         queue.mark_running(job_id)
-        serving.use_kit(load_coordinator_kit(options.kit))
+        enrolments.sync()
         job = prepare_job(_signed(queue.policy(job_id)), f"job {job_id}")
         serving.metrics.deployment = job.id
         serving.metrics.set_privacy(
@@ -243,15 +250,19 @@ class KitWatcher:
         self.serving = serving
         self.paths = (folder / KIT_FILE, folder / ROSTER_FILE)
         self.read_at = self._changed_at()
+        self._lock = threading.Lock()  # the watchers' thread and a job's start both sync
 
     def _changed_at(self) -> tuple[int, ...]:
         return tuple(_modified_ns(path) for path in self.paths)
 
     def sync(self) -> None:
-        changed_at = self._changed_at()
-        if changed_at == self.read_at:
-            return
-        self.read_at = changed_at
+        with self._lock:
+            changed_at = self._changed_at()
+            if changed_at != self.read_at:
+                self.read_at = changed_at
+                self._read_again()
+
+    def _read_again(self) -> None:
         try:
             kit = load_coordinator_kit(self.paths[0].parent)
         except (KitError, OSError) as exc:

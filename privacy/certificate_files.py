@@ -84,8 +84,16 @@ def expiry_note(path: Path, certificate: x509.Certificate, now: datetime | None 
 
 def read_certificate(path: Path) -> x509.Certificate:
     try:
-        return x509.load_pem_x509_certificate(path.read_bytes())
-    except (OSError, ValueError) as exc:
+        return parse_certificate(path, path.read_bytes())
+    except OSError as exc:
+        raise CertificateError(f"{path}: not a readable PEM certificate: {exc}") from None
+
+
+def parse_certificate(path: Path, pem: bytes) -> x509.Certificate:
+    """The certificate `pem` read from `path` (named in the error)."""
+    try:
+        return x509.load_pem_x509_certificate(pem)
+    except ValueError as exc:
         raise CertificateError(f"{path}: not a readable PEM certificate: {exc}") from None
 
 
@@ -143,7 +151,10 @@ class TlsFileWatch:
     def sync(self) -> None:
         """Warn in the log, once a day, from `WARN_DAYS` days before the certificate expires
         (a `Watcher` of ops/coordinator_process.py)."""
-        certificate = self.current().certificate
+        self.warn_if_due(self.current().certificate)
+
+    def warn_if_due(self, certificate: x509.Certificate) -> None:
+        """`sync` for the certificate of files just read (`current()`)."""
         now = time.monotonic()
         if days_left(certificate) >= WARN_DAYS or (
             self._warned_at is not None and now - self._warned_at < WARN_EVERY_S
@@ -172,7 +183,7 @@ class TlsFileWatch:
             key_pem = read_secret_file(key)
         except (OSError, IdentityError) as exc:
             raise CertificateError(str(exc)) from None
-        certificate = read_certificate(certificate_path)
+        certificate = parse_certificate(certificate_path, certificate_pem)
         try:
             certified, issued = (
                 certifies_private_key(certificate_pem, key_pem),

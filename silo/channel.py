@@ -57,9 +57,9 @@ class CoordinatorChannel:
 
     def stub(self) -> pb_grpc.CoordinatorStub:
         """The stub to call now: on a new channel when the certificate files changed."""
-        self.settings.tls.sync()
+        material = self.settings.tls.current()
+        self.settings.tls.warn_if_due(material.certificate)
         with self._lock:
-            material = self.settings.tls.current()
             now = time.monotonic()
             if material is not self._material:
                 self._retired.append((now + self.settings.call_timeout_s, self._channel))
