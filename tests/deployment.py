@@ -189,6 +189,14 @@ class Consortium:
             *extra,
         )
 
+    def serve_with_silos(self, configs: Mapping[str, Path] | None = None) -> None:
+        """`coordinator serve` once it is up, and an agent for each of SILOS (`configs`: the
+        silo.yaml of those not started with the default one)."""
+        self.start_serve()
+        self.wait_for_log("coordinator", "serving mTLS gRPC")
+        for silo in SILOS:
+            self.start_silo(silo, (configs or {}).get(silo))
+
     def submit(self, policy: Path, state: str = "state.db") -> str:
         """Queue the signed `policy` on a serving coordinator's state file; its job id."""
         return submit_local(self.root / state, self.kits / "coordinator", policy).job_id

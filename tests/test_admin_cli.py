@@ -48,11 +48,7 @@ def ended(consortium: Consortium, job: str, timeout: float = 60) -> dict[str, An
 def test_job_list_job_status_and_status_label_every_job_as_it_ended_and_say_so_in_json(
     consortium: Consortium,
 ) -> None:
-    consortium.start_serve()
-    consortium.wait_for_log("coordinator", "serving mTLS gRPC")
-    consortium.start_silo("silo-0")
-    consortium.start_silo("silo-1")
-    consortium.start_silo("silo-2", consortium.write_silo_config("silo-2", max_rounds=2))
+    consortium.serve_with_silos({"silo-2": consortium.write_silo_config("silo-2", max_rounds=2)})
     first = submit(consortium, "first", rounds=2)
     second = submit(consortium, "second", rounds=2)
     refused = submit(consortium, "strict", rounds=3, participants=STRICT)

@@ -45,11 +45,7 @@ def wait_until_ended(consortium: Consortium, job: str) -> str:
 def test_a_job_a_site_refused_runs_to_its_end_as_a_second_attempt_once_the_site_fixes_its_rule(
     consortium: Consortium,
 ) -> None:
-    consortium.start_serve()
-    consortium.wait_for_log("coordinator", "serving mTLS gRPC")
-    consortium.start_silo("silo-0")
-    consortium.start_silo("silo-1")
-    consortium.start_silo("silo-2", consortium.write_silo_config("silo-2", max_rounds=2))
+    consortium.serve_with_silos({"silo-2": consortium.write_silo_config("silo-2", max_rounds=2)})
     policy = consortium.write_policy(
         policy_document(rounds=3, participants={"min_silos": 3, "phase_timeout_s": 20})
     )
