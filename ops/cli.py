@@ -634,9 +634,10 @@ def status(kit_dir: Path, state_file: Path | None, as_json: bool) -> None:
         document = state_file_document(state_file, kit.consortium, kit.silos)
     except DEPLOYMENT_ERRORS as exc:
         raise click.ClickException(str(exc)) from None
-    document["certificate"] = certificate_status("coordinator", kit.tls.certificate)
     if as_json:
-        print_json(document)
+        print_json(
+            {**document, "certificate": certificate_status("coordinator", kit.tls.certificate)}
+        )
         return
     print_consortium(console, document)
     print_certificate(console, "coordinator", kit.tls.certificate)

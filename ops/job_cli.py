@@ -197,9 +197,10 @@ def print_remote_status(kit_dir: Path, as_json: bool = False) -> None:
     """`fedsilo status --kit OPERATOR_KIT`: the consortium as the running coordinator sees it,
     then its running or latest job as the local `fedsilo status` shows one."""
     document = _call(kit_dir, CONSORTIUM).data
-    document["certificate"] = certificate_status(OPERATOR, kit_dir / "client.crt")
     if as_json:
-        print_json(document)
+        print_json(
+            {**document, "certificate": certificate_status(OPERATOR, kit_dir / "client.crt")}
+        )
         return
     print_consortium(console, document)
     print_certificate(console, OPERATOR, kit_dir / "client.crt")
