@@ -1,0 +1,281 @@
+"""What each tutorial and how-to page's reader brings and does beside the page's own commands
+(`tests/docs_harness.py` runs the page): their CSV, their kit, free ports for the ones printed,
+the id of the job they submitted, waiting for a job to end, starting the other sites the same
+way. `SCENES` has one entry per page of docs/tutorials and docs/how-to."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import sysconfig
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import yaml
+
+from tests.docs_harness import REPO, Elsewhere, Scene, Session, free_port, wait_for_port
+
+ENDED = ("completed", "failed", "refused", "aborted")
+
+
+def write_records(path: Path, hospitals: tuple[str, ...] = (), rows: int = 150) -> None:
+    """A hospital's export as a user would bring it: an id, age, smoker (no/yes), blood
+    pressure with some values missing, a 0/1 outcome that depends on them; with `hospitals`,
+    `rows` per hospital and a `hospital` column naming each row's."""
+    rng = np.random.default_rng(7)
+    frames = []
+    for index, hospital in enumerate(hospitals or ("",)):
+        age = rng.integers(30, 80, rows)
+        smoker = rng.random(rows) < 0.35
+        bp = rng.normal(130, 15, rows).round()
+        risk = 0.06 * (age - 55) + 1.2 * smoker + 0.04 * (bp - 130) + 0.3 * (index - 1)
+        outcome = rng.random(rows) < 1 / (1 + np.exp(-risk))
+        bp[rng.random(rows) < 0.05] = np.nan
+        frame = pd.DataFrame(
+            {
+                "patient_id": [f"p{index}-{row}" for row in range(rows)],
+                "age": age,
+                "smoker": np.where(smoker, "yes", "no"),
+                "bp": bp,
+                "outcome": outcome.astype(int),
+            }
+        )
+        if hospitals:
+            frame.insert(0, "hospital", hospital)
+            frame = frame.drop(columns="patient_id")
+        frames.append(frame)
+    pd.concat(frames).to_csv(path, index=False)
+
+
+def jobs(session: Session) -> list[dict]:
+    listed = session.run("fedsilo job list --kit kits/operator --json")
+    return json.loads(listed)["jobs"]
+
+
+def the_job(session: Session) -> str:
+    """The id of the one job this page submitted (`job list --json`)."""
+    (job,) = jobs(session)
+    return job["job_id"]
+
+
+def wait_for_job(job: Callable[[Session], str], ended: tuple[str, ...] = ENDED, *, timeout_s=300):
+    """A `before` hook: until `job` has one of the statuses `ended`; then it must have ended as
+    the page expects (`completed` for results)."""
+
+    def wait(session: Session) -> None:
+        job_id, deadline, status = job(session), time.monotonic() + timeout_s, ""
+        while time.monotonic() < deadline:
+            status = next(j["status"] for j in jobs(session) if j["job_id"] == job_id)
+            if status in ENDED:
+                break
+            time.sleep(2)
+        assert status in ended, f"job {job_id} is {status}, the page expects {ended}"
+
+    return wait
+
+
+def coordinator_listens(session: Session) -> None:
+    """An `after` hook of `coordinator serve`: until it accepts connections."""
+    server = list(session.serving.values())[-1]
+    wait_for_port(int(session.value("50051")), server)
+
+
+def port(_: Session) -> str:
+    return str(free_port())
+
+
+def own_csv() -> Scene:
+    return Scene(
+        given=lambda session: write_records(
+            session.folder / "records.csv", hospitals=("north", "south", "east")
+        ),
+        values={"50051": port, "JOB": the_job},
+        repeat={"north": ("south", "east")},
+        after={r"^fedsilo coordinator serve": coordinator_listens},
+        before={r"^fedsilo job results": wait_for_job(the_job, ("completed",))},
+    )
+
+
+def own_model() -> Scene:
+    """The reader is in the checkout after `make setup`: its `.venv` and `examples/`."""
+
+    def checkout(session: Session) -> None:
+        (session.folder / ".venv").symlink_to(Path(sys.executable).parent.parent)
+        (session.folder / "examples").symlink_to(REPO / "examples")
+
+    return Scene(given=checkout)
+
+
+def plugin_environment(session: Session) -> None:
+    """A virtual environment of the reader's own in which fedsilo is installed, offline: it
+    sees this test environment's packages (torch, fedsilo) through a `.pth` file, has its own
+    `pip` and `fedsilo` scripts, and pip is set to use no index and no build isolation (the
+    page's `--no-build-isolation`, here from pip's environment). So `pip install -e mymodel`
+    installs into it, never into the environment running the tests."""
+    environment = session.folder / ".env"
+    subprocess.run([sys.executable, "-m", "venv", str(environment)], check=True)
+    python = environment / "bin" / "python"
+    paths = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    ours = sysconfig.get_paths()["purelib"]
+    (Path(paths.stdout.strip()) / "_test_environment.pth").write_text(
+        f"import site; site.addsitedir({ours!r})\n"
+    )
+    # a venv's own old setuptools (Python < 3.12) would shadow ours, the build backend
+    subprocess.run([str(python), "-m", "pip", "uninstall", "-q", "-y", "setuptools"], check=True)
+    script = (Path(sys.executable).parent / "fedsilo").read_text().split("\n", 1)[1]
+    (environment / "bin" / "fedsilo").write_text(f"#!{python}\n{script}")
+    (environment / "bin" / "fedsilo").chmod(0o755)
+    session.use_bin(environment / "bin")
+    session.env.update(PIP_NO_INDEX="1", PIP_NO_BUILD_ISOLATION="0")  # "0": do not isolate
+
+
+def hospital_it() -> Scene:
+    """A hospital with its kit from a provisioned consortium whose coordinator serves, its
+    export, the policy it checks against, a completed job's model and new records."""
+
+    def given(session: Session) -> None:
+        write_records(session.folder / "records.csv")
+        records = pd.read_csv(session.folder / "records.csv")
+        records.drop(columns="outcome").head(20).to_csv(session.folder / "new.csv", index=False)
+        (session.folder / "consortium.yaml").write_text(
+            yaml.safe_dump(
+                {
+                    "consortium": "hospital",
+                    "coordinator": {"address": f"127.0.0.1:{session.value('50051')}"},
+                    "silos": [{"name": "here"}, {"name": "there"}],
+                }
+            )
+        )
+        session.run("fedsilo provision --consortium consortium.yaml --out kits/")
+        shutil.copytree(session.folder / "kits/silos/here", session.folder / "kit")
+        session.serve("fedsilo coordinator serve --kit kits/coordinator --state state.db")
+        coordinator_listens(session)
+        session.run("fedsilo examples copy heart-fedavg --out heart.yaml")
+        policy = yaml.safe_load((session.folder / "heart.yaml").read_text())
+        policy["data"] = {
+            "source": "csv",
+            "path": "records.csv",
+            "target": "outcome",
+            "categorical": {"smoker": ["no", "yes"]},
+            "missing": "impute",
+            "drop_columns": ["patient_id"],
+            "partition": {"kind": "iid", "silos": 3},
+        }
+        policy["rounds"] = 3
+        (session.folder / "heart.yaml").write_text(yaml.safe_dump(policy))
+        session.run("fedsilo simulate --policy heart.yaml --out results")
+
+    return Scene(
+        given=given,
+        values={"50051": port, "9465": port},
+        after={r"^fedsilo silo start": lambda session: time.sleep(3)},
+    )
+
+
+def operator() -> Scene:
+    """`heart-fedavg-3f9a1c2e` is the job the page submits. The hospitals start their agents
+    on the bundled heart records (hospital-it.md) only once the operator has aborted it, so
+    the job the page aborts is still waiting for them to join (`job status` says so), and its
+    retry runs to the end."""
+
+    def hospitals_start(session: Session) -> None:
+        wait_for_job(submitted, ("aborted",))(session)
+        for name, select in (
+            ("cleveland", "Cleveland"),
+            ("hungary", "Hungary"),
+            ("va", "VA Long Beach"),
+        ):
+            session.run(
+                f"fedsilo silo init --kit kits/silos/{name} --out {name}/silo.yaml"
+                f" --source heart --select '{select}'"
+            )
+            session.serve(f"fedsilo silo start --config {name}/silo.yaml")
+
+    def submitted(session: Session) -> str:
+        return next(job["job_id"] for job in jobs(session) if job["attempt"] == 1)
+
+    def attempt2(session: Session) -> str:
+        return f"{submitted(session)}-attempt2"
+
+    return Scene(
+        values={"50051": port, "9464": port, "heart-fedavg-3f9a1c2e": submitted},
+        after={
+            r"^fedsilo provision --example": lambda session: session.substitute_file(
+                "consortium.yaml"
+            ),
+            r"^fedsilo coordinator serve": coordinator_listens,
+            # a revoked silo's agent exits, saying so (operator.md, "Silos between jobs")
+            r"revoke hungary": lambda session: session.ends(
+                "--config hungary/silo.yaml", "revoked"
+            ),
+            r"revoke va": lambda session: session.ends("--config va/silo.yaml", "revoked"),
+        },
+        before={
+            r"--retry": hospitals_start,
+            r"^fedsilo job results": wait_for_job(attempt2, ("completed",)),
+        },
+    )
+
+
+QUICK_START = {
+    "make demo": Elsewhere(
+        "its recipe is `fedsilo demo` after `make setup`; tests/test_demo.py runs `fedsilo demo`"
+        " (2 rounds of the 40) and checks what it prints",
+        "Makefile",
+        "$(BIN)/fedsilo demo --folder runs/demo-",
+    ),
+    "make test": Elsewhere(
+        "CI's .ci/run runs it, and this harness is part of it", ".ci/run", "make test"
+    ),
+}
+
+RAY_CLUSTER = Elsewhere(
+    "starts or joins a Ray cluster of several machines, which no test has; the local instance"
+    " runs here, and tests/test_ray_backend.py checks --address's refusals",
+    "tests/test_ray_backend.py",
+    "no Ray head answers there",
+)
+
+
+def a_policy(session: Session) -> None:
+    """The reader's policy, P.yaml."""
+    session.run("fedsilo examples copy heart-fedavg --out P.yaml")
+
+
+SCENES: dict[str, Callable[[], Scene]] = {
+    "index.md": lambda: Scene(elsewhere=QUICK_START),
+    "tutorials/demo.md": lambda: Scene(elsewhere=QUICK_START),
+    "tutorials/own-csv.md": own_csv,
+    "tutorials/own-model.md": own_model,
+    "how-to/new-plugin-package.md": lambda: Scene(given=plugin_environment),
+    "how-to/hospital-it.md": hospital_it,
+    "how-to/operator.md": operator,
+    "how-to/researcher.md": Scene,
+    "how-to/site-data.md": Scene,
+    "how-to/privacy-officer.md": Scene,
+    "adding-an-algorithm.md": Scene,
+    "python-api.md": Scene,
+    "ray-backend.md": lambda: Scene(
+        given=a_policy,
+        elsewhere={
+            "pip install 'fedsilo[ray]'": Elsewhere(
+                "`make setup` installs the dev extra, which holds Ray",
+                "pyproject.toml",
+                '"ray>=2.52",',
+            ),
+            "fedsilo simulate --policy P.yaml --backend ray --address auto": RAY_CLUSTER,
+            "ray start --head --port=6379": RAY_CLUSTER,
+            "ray start --address=HEAD_IP:6379": RAY_CLUSTER,
+        },
+    ),
+}
