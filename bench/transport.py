@@ -8,6 +8,14 @@ Per configuration it reports:
 - coordinator peak RSS (VmHWM) over the model's size in bytes, and the same after subtracting
   the coordinator's resident size with a tiny model (the interpreter, torch, gRPC).
 
+- the floor: the median round of a bare mutual-TLS gRPC exchange of the same bytes with the
+  same silo processes' count and the same certificates (bench/grpc_floor.py), and
+  `overhead_over_floor`, the round overhead over it (goal: at most 2).
+
+Each configuration runs `--repeats` times (default 3), fedsilo, the floor and Flower in turn;
+every number is the median over the repeats, and the ratios against the floor and Flower also
+keep each repeat's value (`*_runs`), so their spread shows.
+
 Every configuration also runs under Flower (flwr 1.41, legacy `start_server`/`start_client`
 over its gRPC transport) when Flower's interpreter exists: bench/flower_peer.py is the same
 workload (model, data, FedAvg, one SGD step), run by bench/flower_runner.py and measured the
@@ -19,11 +27,13 @@ CA (its legacy API takes no client certificates, so not mutual TLS: `flower_tls`
 its payload is computed (2 * silos * rounds * model bytes), Flower counting none. Rows then
 gain `flower_round_seconds`, `flower_round_overhead_seconds`, `flower_wire_over_payload`,
 `flower_server_peak_rss_bytes`, `flower_tls` and the ratios `round_seconds_over_flower` and
-`peak_rss_over_flower` (fedsilo over Flower; below 1 is fedsilo ahead), and the fourth plot
+`peak_rss_over_flower` (fedsilo over Flower; below 1 is fedsilo ahead) and
+`flower_overhead_over_floor`, and the fourth plot
 sets the round seconds of both side by side. Without the interpreter, the results say so
 under "not_measured".
 
-Run: `python -m bench.transport [--sizes 1e5,1e6,1e7] [--silos 3,10] [--rounds 3]`.
+Run: `python -m bench.transport [--sizes 1e5,1e6,1e7] [--silos 3,10] [--rounds 3] [--repeats 3]
+[--out transport]`.
 """
 
 from __future__ import annotations
@@ -43,6 +53,7 @@ import yaml
 from bench.common import write
 from bench.flower_peer import SAMPLES, hidden_width, parameter_count, site_data
 from bench.flower_runner import REPO, FlowerFailed, flower_python, run_flower
+from bench.grpc_floor import floor_round_seconds
 from fedsilo.ops.demo import LocalConsortium, current_round, free_port
 
 
@@ -88,6 +99,7 @@ def run_config(root: Path, parameters: float, silos: int, rounds: int) -> dict:
         net = psutil.net_io_counters(pernic=True)["lo"].bytes_recv - net_before
     finally:
         consortium.stop()
+    floor = floor_round_seconds(root / "kits", names, parameter_count(width), rounds)
     history = json.loads((root / "results" / "history.json").read_text())
     overheads = [
         r["seconds"] - max(r["compute_seconds"]["train"].values()) for r in history["rounds"]
@@ -103,6 +115,8 @@ def run_config(root: Path, parameters: float, silos: int, rounds: int) -> dict:
         "loopback_bytes": net,
         "wire_over_payload": net / payload,
         "coordinator_peak_rss_bytes": peak_rss,
+        **floor,
+        "overhead_over_floor": statistics.median(overheads) / floor["floor_round_seconds"],
     }
 
 
@@ -116,13 +130,7 @@ def _write_site(root: Path, name: str, index: int) -> None:
             {
                 "version": 1,
                 "kit": str(root / "kits" / "silos" / name),
-                "data": {
-                    "source": {
-                        "source": "npz",
-                        "path": "data.npz",
-                        "partition": {"kind": "iid", "silos": 1},
-                    }
-                },
+                "data": {"source": "npz", "path": "data.npz"},
             }
         )
     )
@@ -163,6 +171,8 @@ def main() -> None:
     parser.add_argument("--sizes", default="1e5,1e6,1e7,1e8")
     parser.add_argument("--silos", default="3,10")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each system, alternated")
+    parser.add_argument("--out", default="transport", help="results name: bench/results/OUT.json")
     args = parser.parse_args()
     sizes = [float(s) for s in args.sizes.split(",")]
     silo_counts = [int(k) for k in args.silos.split(",")]
@@ -179,19 +189,8 @@ def main() -> None:
                         f" silo processes, {psutil.virtual_memory().available / 1e9:.0f} GB free"
                     )
                     continue
-                row = run_config(Path(tmp) / f"p{size:.0e}-k{k}", size, k, args.rounds)
-                row["peak_rss_over_model"] = row["coordinator_peak_rss_bytes"] / row["model_bytes"]
-                row["peak_rss_beyond_baseline_over_model"] = (
-                    row["coordinator_peak_rss_bytes"] - baseline
-                ) / row["model_bytes"]
-                try:
-                    peer = run_flower(Path(tmp) / f"flower-p{size:.0e}-k{k}", size, k, args.rounds)
-                except FlowerFailed as failed:  # a result too: the peer could not run it
-                    row["flower_failed"] = str(failed).split(";")[0]
-                    peer = None
-                if peer is not None:
-                    row |= _versus_flower(row, peer)
-                    flwr_version = peer["flwr"]
+                row = _repeated(Path(tmp), size, k, args.rounds, args.repeats, baseline)
+                flwr_version = row.pop("flwr", flwr_version)
                 rows.append(row)
                 print(
                     {k2: round(v, 3) if isinstance(v, float) else v for k2, v in row.items()},
@@ -201,7 +200,11 @@ def main() -> None:
     document = {
         "baseline_coordinator_peak_rss_bytes": baseline,
         "rows": rows,
-        "goals": {"wire_over_payload": 1.05, "peak_rss_over_model_at_1e8": 3.0},
+        "goals": {
+            "wire_over_payload": 1.05,
+            "peak_rss_over_model_at_1e8": 3.0,
+            "overhead_over_floor": 2.0,
+        },
     }
     if skipped:
         document["skipped_for_memory"] = skipped
@@ -218,8 +221,46 @@ def main() -> None:
             " only (no client certificates in Flower's legacy API)",
             "payload_bytes": "computed: 2 * silos * rounds * model_bytes",
         }
-    path = write("transport", document, _figure(rows, silo_counts))
+    path = write(args.out, document, _figure(rows, silo_counts))
     print(f"wrote {path} and {path.with_suffix('.png')}")
+
+
+# the ratios whose spread over repeats a row reports beside their median
+SPREAD = ("overhead_over_floor", "flower_overhead_over_floor", "round_seconds_over_flower")
+
+
+def _repeated(tmp: Path, size: float, silos: int, rounds: int, repeats: int, baseline: int) -> dict:
+    """One configuration `repeats` times, fedsilo (then the gRPC floor on its certificates) and
+    Flower in turn; each number is the median over the repeats, and the ratios of `SPREAD`
+    also keep every repeat's value, so the spread of a noisy shared machine shows."""
+    runs = []
+    for repeat in range(repeats):
+        folder = tmp / f"p{size:.0e}-k{silos}-r{repeat}"
+        row = run_config(folder, size, silos, rounds)
+        row["peak_rss_over_model"] = row["coordinator_peak_rss_bytes"] / row["model_bytes"]
+        row["peak_rss_beyond_baseline_over_model"] = (
+            row["coordinator_peak_rss_bytes"] - baseline
+        ) / row["model_bytes"]
+        try:
+            peer = run_flower(tmp / f"flower-p{size:.0e}-k{silos}-r{repeat}", size, silos, rounds)
+        except FlowerFailed as failed:  # a result too: the peer could not run it
+            row["flower_failed"] = str(failed).split(";")[0]
+            peer = None
+        if peer is not None:
+            row |= _versus_flower(row, peer) | {"flwr": peer["flwr"]}
+        runs.append(row)
+    merged = {
+        key: statistics.median(run[key] for run in runs)
+        if isinstance(value, int | float) and not isinstance(value, bool)
+        else value
+        for key, value in runs[0].items()
+        if all(key in run for run in runs)
+    }
+    for key in SPREAD:
+        if key in merged:
+            merged[f"{key}_runs"] = [run[key] for run in runs]
+    merged["repeats"] = repeats
+    return merged
 
 
 def _versus_flower(row: dict, peer: dict) -> dict:
@@ -231,12 +272,13 @@ def _versus_flower(row: dict, peer: dict) -> dict:
         "flower_server_peak_rss_bytes": peer["server_peak_rss_bytes"],
         "flower_tls": peer["tls"],
         "round_seconds_over_flower": row["round_seconds"] / peer["round_seconds"],
+        "flower_overhead_over_floor": peer["round_overhead_seconds"] / row["floor_round_seconds"],
         "peak_rss_over_flower": row["coordinator_peak_rss_bytes"] / peer["server_peak_rss_bytes"],
     }
 
 
 def _figure(rows: list[dict], silo_counts: list[int]) -> plt.Figure:
-    fig, axes = plt.subplots(1, 4, figsize=(20, 4))
+    fig, axes = plt.subplots(1, 5, figsize=(25, 4))
     for k in silo_counts:
         mine = [r for r in rows if r["silos"] == k]
         xs = [r["parameters"] for r in mine]
@@ -252,6 +294,12 @@ def _figure(rows: list[dict], silo_counts: list[int]) -> plt.Figure:
             theirs = [r["flower_round_seconds"] for r in mine]
             color = ours[0].get_color()
             axes[3].plot(xs, theirs, "s--", color=color, label=f"Flower, {k} silos")
+        floor = axes[4].plot(
+            xs, [r["overhead_over_floor"] for r in mine], "o-", label=f"fedsilo, {k} silos"
+        )
+        if all("flower_overhead_over_floor" in r for r in mine):
+            theirs = [r["flower_overhead_over_floor"] for r in mine]
+            axes[4].plot(xs, theirs, "s--", color=floor[0].get_color(), label=f"Flower, {k} silos")
     flower_measured = any("flower_round_seconds" in r for r in rows)
     titles = (
         "round overhead beyond training (s)",
@@ -260,6 +308,7 @@ def _figure(rows: list[dict], silo_counts: list[int]) -> plt.Figure:
         "round seconds, fedsilo vs Flower"
         if flower_measured
         else "round seconds (Flower not measured: make flower-env)",
+        "round time beyond training / bare mTLS gRPC round",
     )
     for ax, title in zip(axes, titles, strict=True):
         ax.set_xscale("log")
@@ -270,6 +319,7 @@ def _figure(rows: list[dict], silo_counts: list[int]) -> plt.Figure:
     axes[1].axhline(1.05, color="grey", ls="--")
     axes[2].axhline(3.0, color="grey", ls="--")
     axes[3].set_yscale("log")
+    axes[4].axhline(2.0, color="grey", ls="--")
     return fig
 
 

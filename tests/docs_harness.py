@@ -195,7 +195,6 @@ class Session:
         self.env = {**os.environ, "COLUMNS": "200"}
         self.use_bin(bin_dir or Path(sys.executable).parent)
         self.serving: dict[str, subprocess.Popen | None] = {}  # None: ended as expected
-        self.transcript: list[str] = []
         self._resolved: dict[str, str] = {}
 
     def use_bin(self, bin_dir: Path) -> None:
@@ -233,7 +232,6 @@ class Session:
             timeout=COMMAND_TIMEOUT_S,
             check=False,
         )
-        self.transcript.append(f"$ {command}\n{done.stdout}{done.stderr}")
         assert done.returncode == 0, (
             f"{where}: `{command}` exited {done.returncode}\n{done.stdout}\n{done.stderr}"
             f"\n{self.serving_logs()}"
@@ -253,7 +251,6 @@ class Session:
                 start_new_session=True,
             )
         self.serving[f"{where}: {command}"] = process
-        self.transcript.append(f"$ {command} &")
         return process
 
     def check_serving(self) -> None:

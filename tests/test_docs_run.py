@@ -70,34 +70,34 @@ def test_the_harness_runs_continued_lines_as_one_command_and_pastes_titled_yaml(
     assert yaml.safe_load((tmp_path / "run/p.yaml").read_text()) == {"name": "a", "rounds": 5}
 
 
-def test_a_command_that_fails_fails_the_page_naming_its_line(tmp_path: Path) -> None:
-    written = page(tmp_path, "```bash\ntrue\nfedsilo simulate --no-such-option\n```\n")
-    with pytest.raises(AssertionError, match=r"page.md:3: `fedsilo simulate --no-such-option`"):
-        run_page(written, Scene(), tmp_path / "run")
-
-
-def test_a_serving_command_that_exits_fails_the_page(tmp_path: Path) -> None:
-    written = page(
-        tmp_path,
+FAILING_PAGES = {
+    "a command that fails, named by its line": (
+        "```bash\ntrue\nfedsilo simulate --no-such-option\n```\n",
+        Scene(),
+        r"page.md:3: `fedsilo simulate --no-such-option`",
+    ),
+    "a serving command that exits": (
         "```bash\nfedsilo silo start --config missing.yaml\n"
         "until grep -q Error .serving-0.log; do sleep 0.2; done; sleep 1\ntrue\n```\n",
-    )
-    with pytest.raises(AssertionError, match="fedsilo silo start --config missing.yaml exited"):
-        run_page(written, Scene(), tmp_path / "run")
-
-
-def test_a_scene_may_not_leave_out_a_command_the_page_lacks(tmp_path: Path) -> None:
-    written = page(tmp_path, "```bash\ntrue\n```\n")
-    scene = Scene(elsewhere={"make demo": Elsewhere("", "Makefile", "demo")})
-    with pytest.raises(AssertionError, match="leaves out commands the page lacks"):
-        run_page(written, scene, tmp_path / "run")
-
-
-def test_an_excerpt_that_drifted_from_its_file_fails_the_page(tmp_path: Path) -> None:
-    written = page(
-        tmp_path,
+        Scene(),
+        "fedsilo silo start --config missing.yaml exited",
+    ),
+    "a scene leaving out a command the page lacks": (
+        "```bash\ntrue\n```\n",
+        Scene(elsewhere={"make demo": Elsewhere("", "Makefile", "demo")}),
+        "leaves out commands the page lacks",
+    ),
+    "an excerpt that drifted from its file": (
         '```python title="coordinator/mixing.py"\n'
         "def qfedavg_weights(losses, sizes):\n    ...\n```\n",
-    )
-    with pytest.raises(AssertionError, match="no longer in coordinator/mixing.py"):
-        run_page(written, Scene(), tmp_path / "run")
+        Scene(),
+        "no longer in coordinator/mixing.py",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", FAILING_PAGES)
+def test_a_page_fails_on(case: str, tmp_path: Path) -> None:
+    text, scene, message = FAILING_PAGES[case]
+    with pytest.raises(AssertionError, match=message):
+        run_page(page(tmp_path, text), scene, tmp_path / "run")

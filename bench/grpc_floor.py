@@ -1,0 +1,159 @@
+"""The floor under a deployed round: a bare mutual-TLS gRPC exchange of a round's bytes, with
+nothing of fedsilo in it. A server hands N float32 parameters (4N bytes) to each of S client
+processes and takes 4N bytes back from each; no framing beyond gRPC's own, no hashing, signing,
+disk or training. Its median round time is what any round over this transport pays, so
+bench/transport.py reports fedsilo's (and Flower's) round time beyond training over it.
+
+The same shape as fedsilo's task channel (issue 40): clients pull (`Fetch` blocks until the
+round's parameters are published) and push (`Return`), over the consortium's own certificates
+(its CA, the coordinator's server certificate, each silo's client certificate) and gRPC's
+default HTTP/2 settings, with message limits lifted. The server runs in the calling process;
+each client is a process of its own, as each silo is.
+
+Run alone: `python -m bench.grpc_floor --parameters 1e6 --silos 3 --rounds 5` (it provisions a
+throw-away consortium for the certificates)."""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent import futures
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+SERVICE = "floor.Floor"
+UNLIMITED = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
+
+
+@dataclass
+class _Round:
+    """The server's side of the exchange: the published round and who returned it."""
+
+    payload: bytes
+    silos: int
+    published: int = -1
+    returned: int = 0
+
+    def __post_init__(self) -> None:
+        self.changed = threading.Condition()
+
+    def fetch(self, request: bytes, context: grpc.ServicerContext) -> bytes:
+        wanted = int(request)
+        with self.changed:
+            self.changed.wait_for(lambda: self.published >= wanted)
+        return self.payload
+
+    def give_back(self, request: bytes, context: grpc.ServicerContext) -> bytes:
+        assert len(request) == len(self.payload)
+        with self.changed:
+            self.returned += 1
+            self.changed.notify_all()
+        return b""
+
+    def run(self, number: int) -> float:
+        """Publishes round `number` and waits for every client's return; its seconds."""
+        start = time.perf_counter()
+        with self.changed:
+            self.returned, self.published = 0, number
+            self.changed.notify_all()
+            self.changed.wait_for(lambda: self.returned == self.silos)
+        return time.perf_counter() - start
+
+
+def floor_round_seconds(kits: Path, silos: list[str], parameters: int, rounds: int) -> dict:
+    """Median and spread of `rounds` exchanges (after one to warm the channels) of 4 *
+    `parameters` bytes each way with each of `silos`, over the certificates in `kits` (a
+    `fedsilo provision --out` folder)."""
+    coordinator = kits / "coordinator"
+    credentials = grpc.ssl_server_credentials(
+        [((coordinator / "server.key").read_bytes(), (coordinator / "server.crt").read_bytes())],
+        root_certificates=(coordinator / "ca.crt").read_bytes(),
+        require_client_auth=True,
+    )
+    exchange = _Round(bytes(4 * parameters), len(silos))
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=2 * len(silos) + 4), options=UNLIMITED
+    )
+    server.add_generic_rpc_handlers(
+        [
+            grpc.method_handlers_generic_handler(
+                SERVICE,
+                {
+                    "Fetch": grpc.unary_unary_rpc_method_handler(exchange.fetch),
+                    "Return": grpc.unary_unary_rpc_method_handler(exchange.give_back),
+                },
+            )
+        ]
+    )
+    port = server.add_secure_port("127.0.0.1:0", credentials)
+    server.start()
+    clients = [
+        subprocess.Popen(
+            [
+                *(sys.executable, "-m", "bench.grpc_floor", "client"),
+                *("--kit", str(kits / "silos" / name), "--port", str(port)),
+                *("--rounds", str(rounds + 1)),
+            ],
+            cwd=Path(__file__).resolve().parent.parent,
+        )
+        for name in silos
+    ]
+    try:
+        seconds = [exchange.run(number) for number in range(rounds + 1)][1:]
+        for client in clients:
+            assert client.wait(timeout=600) == 0, "a floor client failed"
+    finally:
+        for client in clients:
+            client.kill()
+        server.stop(grace=None)
+    return {
+        "floor_round_seconds": statistics.median(seconds),
+        "floor_round_seconds_min": min(seconds),
+        "floor_round_seconds_max": max(seconds),
+    }
+
+
+def _client(kit: Path, port: int, rounds: int) -> None:
+    credentials = grpc.ssl_channel_credentials(
+        root_certificates=(kit / "ca.crt").read_bytes(),
+        private_key=(kit / "client.key").read_bytes(),
+        certificate_chain=(kit / "client.crt").read_bytes(),
+    )
+    with grpc.secure_channel(f"127.0.0.1:{port}", credentials, options=UNLIMITED) as channel:
+        fetch = channel.unary_unary(f"/{SERVICE}/Fetch")
+        give_back = channel.unary_unary(f"/{SERVICE}/Return")
+        for number in range(rounds):
+            give_back(fetch(str(number).encode(), timeout=600), timeout=600)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="role")
+    client = sub.add_parser("client")
+    client.add_argument("--kit", type=Path, required=True)
+    client.add_argument("--port", type=int, required=True)
+    client.add_argument("--rounds", type=int, required=True)
+    parser.add_argument("--parameters", type=float, default=1e6)
+    parser.add_argument("--silos", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    if args.role == "client":
+        _client(args.kit, args.port, args.rounds)
+        return
+    from fedsilo.ops.demo import LocalConsortium
+
+    names = [f"s{i}" for i in range(args.silos)]
+    with tempfile.TemporaryDirectory(prefix="fedsilo-floor-") as tmp:
+        LocalConsortium.provision(Path(tmp), "floor", names)
+        print(floor_round_seconds(Path(tmp) / "kits", names, int(args.parameters), args.rounds))
+
+
+if __name__ == "__main__":
+    main()
