@@ -10,8 +10,9 @@ round's parameters are published) and push (`Return`), over the consortium's own
 default HTTP/2 settings, with message limits lifted. The server runs in the calling process;
 each client is a process of its own, as each silo is.
 
-Run alone: `python -m bench.grpc_floor --parameters 1e6 --silos 3 --rounds 5` (it provisions a
-throw-away consortium for the certificates)."""
+It also reports the server's CPU milliseconds per round (all its threads), to set beside the
+coordinator's. Run alone (it provisions a throw-away consortium for the certificates):
+`python -m bench.grpc_floor --parameters 1e6 --silos 3 --rounds 5`."""
 
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ UNLIMITED = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_le
 
 
 @dataclass
-class _Round:
+class FloorRound:
     """The server's side of the exchange: the published round and who returned it."""
 
     payload: bytes
@@ -71,15 +72,49 @@ def floor_round_seconds(kits: Path, silos: list[str], parameters: int, rounds: i
     """Median and spread of `rounds` exchanges (after one to warm the channels) of 4 *
     `parameters` bytes each way with each of `silos`, over the certificates in `kits` (a
     `fedsilo provision --out` folder)."""
+    exchange = FloorRound(bytes(4 * parameters), len(silos))
+    server, port = serve(kits, exchange)
+    clients = [
+        subprocess.Popen(
+            [
+                *(sys.executable, "-m", "bench.grpc_floor", "client"),
+                *("--kit", str(kits / "silos" / name), "--port", str(port)),
+                *("--rounds", str(rounds + 1)),
+            ],
+            cwd=Path(__file__).resolve().parent.parent,
+        )
+        for name in silos
+    ]
+    try:
+        exchange.run(0)  # warms the channels
+        cpu = time.process_time()
+        seconds = [exchange.run(number) for number in range(1, rounds + 1)]
+        cpu = time.process_time() - cpu
+        for client in clients:
+            assert client.wait(timeout=600) == 0, "a floor client failed"
+    finally:
+        for client in clients:
+            client.kill()
+        server.stop(grace=None)
+    return {
+        "floor_round_seconds": statistics.median(seconds),
+        "floor_round_seconds_min": min(seconds),
+        "floor_round_seconds_max": max(seconds),
+        "floor_server_cpu_ms_per_round": 1e3 * cpu / rounds,
+    }
+
+
+def serve(kits: Path, exchange: FloorRound) -> tuple[grpc.Server, int]:
+    """A started server of `exchange` on a free loopback port, with the coordinator's
+    certificate from `kits`, requiring a client certificate of the consortium's CA."""
     coordinator = kits / "coordinator"
     credentials = grpc.ssl_server_credentials(
         [((coordinator / "server.key").read_bytes(), (coordinator / "server.crt").read_bytes())],
         root_certificates=(coordinator / "ca.crt").read_bytes(),
         require_client_auth=True,
     )
-    exchange = _Round(bytes(4 * parameters), len(silos))
     server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=2 * len(silos) + 4), options=UNLIMITED
+        futures.ThreadPoolExecutor(max_workers=2 * exchange.silos + 4), options=UNLIMITED
     )
     server.add_generic_rpc_handlers(
         [
@@ -94,30 +129,7 @@ def floor_round_seconds(kits: Path, silos: list[str], parameters: int, rounds: i
     )
     port = server.add_secure_port("127.0.0.1:0", credentials)
     server.start()
-    clients = [
-        subprocess.Popen(
-            [
-                *(sys.executable, "-m", "bench.grpc_floor", "client"),
-                *("--kit", str(kits / "silos" / name), "--port", str(port)),
-                *("--rounds", str(rounds + 1)),
-            ],
-            cwd=Path(__file__).resolve().parent.parent,
-        )
-        for name in silos
-    ]
-    try:
-        seconds = [exchange.run(number) for number in range(rounds + 1)][1:]
-        for client in clients:
-            assert client.wait(timeout=600) == 0, "a floor client failed"
-    finally:
-        for client in clients:
-            client.kill()
-        server.stop(grace=None)
-    return {
-        "floor_round_seconds": statistics.median(seconds),
-        "floor_round_seconds_min": min(seconds),
-        "floor_round_seconds_max": max(seconds),
-    }
+    return server, port
 
 
 def _client(kit: Path, port: int, rounds: int) -> None:

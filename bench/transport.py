@@ -8,6 +8,8 @@ Per configuration it reports:
 - coordinator peak RSS (VmHWM) over the model's size in bytes, and the same after subtracting
   the coordinator's resident size with a tiny model (the interpreter, torch, gRPC).
 
+- CPU milliseconds per round of the coordinator, of the busiest silo and of all parties, between
+  rounds (no start-up);
 - the floor: the median round of a bare mutual-TLS gRPC exchange of the same bytes with the
   same silo processes' count and the same certificates (bench/grpc_floor.py), and
   `overhead_over_floor`, the round overhead over it (goal: at most 2).
@@ -40,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sqlite3
 import statistics
 import tempfile
 import time
@@ -54,7 +57,7 @@ from bench.common import write
 from bench.flower_peer import SAMPLES, hidden_width, parameter_count, site_data
 from bench.flower_runner import REPO, FlowerFailed, flower_python, run_flower
 from bench.grpc_floor import floor_round_seconds
-from fedsilo.ops.demo import LocalConsortium, current_round, free_port
+from fedsilo.ops.demo import LocalConsortium, free_port
 
 
 def run_config(root: Path, parameters: float, silos: int, rounds: int) -> dict:
@@ -89,9 +92,14 @@ def run_config(root: Path, parameters: float, silos: int, rounds: int) -> dict:
         )
         for name in names:
             consortium.start_silo(name, root / "sites" / name / "silo.yaml", 0.5)
-        while current_round(metrics_port) < rounds:
+        # (round, CPU seconds) as rounds pass, read from the state file, which costs the
+        # coordinator nothing (a metrics scrape would cost it CPU and loopback bytes)
+        spans: list[tuple[int, dict[str, float]]] = []
+        while (now := _rounds_saved(root / "state.db")) < rounds:
             consortium.check()
-            time.sleep(0.5)
+            if now >= 1 and (not spans or spans[-1][0] != now):
+                spans.append((now, _cpu_seconds(consortium.processes)))
+            time.sleep(0.01)
         while not (root / "results" / "history.json").exists():
             time.sleep(0.2)
         peak_rss = _peak_rss(consortium.processes["coordinator"].pid)  # the whole run's peak
@@ -100,6 +108,7 @@ def run_config(root: Path, parameters: float, silos: int, rounds: int) -> dict:
     finally:
         consortium.stop()
     floor = floor_round_seconds(root / "kits", names, parameter_count(width), rounds)
+    cpu = _cpu_per_round(spans, names)
     history = json.loads((root / "results" / "history.json").read_text())
     overheads = [
         r["seconds"] - max(r["compute_seconds"]["train"].values()) for r in history["rounds"]
@@ -116,6 +125,7 @@ def run_config(root: Path, parameters: float, silos: int, rounds: int) -> dict:
         "wire_over_payload": net / payload,
         "coordinator_peak_rss_bytes": peak_rss,
         **floor,
+        **cpu,
         "overhead_over_floor": statistics.median(overheads) / floor["floor_round_seconds"],
     }
 
@@ -134,6 +144,48 @@ def _write_site(root: Path, name: str, index: int) -> None:
             }
         )
     )
+
+
+def _rounds_saved(state: Path) -> int:
+    """The last round the coordinator saved as completed (0 before any), read-only."""
+    if not state.exists():
+        return 0
+    try:
+        with sqlite3.connect(f"file:{state}?mode=ro", uri=True, timeout=1) as db:
+            (last,) = db.execute(
+                "SELECT MAX(round) FROM rounds WHERE status = 'completed'"
+            ).fetchone()
+    except sqlite3.OperationalError:  # created, but no table yet
+        return 0
+    return last or 0
+
+
+def _cpu_seconds(processes: dict) -> dict[str, float]:
+    """Each party's CPU seconds so far (user and system, with its child processes)."""
+    seconds = {}
+    for name, process in processes.items():
+        try:
+            tree = [psutil.Process(process.pid)]
+            tree += tree[0].children(recursive=True)
+            seconds[name] = sum(sum(p.cpu_times()[:2]) for p in tree)
+        except psutil.NoSuchProcess:
+            continue
+    return seconds
+
+
+def _cpu_per_round(spans: list[tuple[int, dict[str, float]]], silos: list[str]) -> dict:
+    """CPU milliseconds per round of the coordinator and of the busiest silo, between the first
+    and the last round seen passing (so no start-up is counted); on a machine with fewer cores
+    than processes their sum, not the slowest party's, bounds the round."""
+    if len(spans) < 2 or spans[-1][0] == spans[0][0]:
+        return {}
+    (first, before), (last, after) = spans[0], spans[-1]
+    per_round = {name: 1e3 * (after[name] - before[name]) / (last - first) for name in before}
+    return {
+        "coordinator_cpu_ms_per_round": per_round["coordinator"],
+        "silo_cpu_ms_per_round": max(per_round[name] for name in silos),
+        "all_cpu_ms_per_round": sum(per_round.values()),
+    }
 
 
 def _peak_rss(pid: int) -> int:
