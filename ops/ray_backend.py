@@ -96,8 +96,8 @@ def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iter
                 # no metrics agent: nothing here reads it, and it logs an error when it lags
                 system = {"enable_metrics_collection": False}
                 cpus = num_cpus or os.cpu_count() or 1
-                ray.init(num_cpus=cpus, _system_config=system, **quiet)
-    except (ConnectionError, RuntimeError, ValueError) as exc:
+                _start_local(ray, num_cpus=cpus, _system_config=system, **quiet)
+    except (ConnectionError, RuntimeError, ValueError, LocalStartTimeout) as exc:
         ray.shutdown()
         where = f"the Ray cluster at --address {address}" if address else "a local Ray instance"
         raise BackendError(f"cannot start {where}: {exc}") from None
@@ -105,6 +105,31 @@ def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iter
         yield ray
     finally:
         ray.shutdown()
+
+
+STARTUP_TIMEOUT = "timed out during startup"  # Ray's message, raised as a bare Exception
+LOCAL_START_ATTEMPTS = 2
+
+
+class LocalStartTimeout(Exception):
+    """A local Ray instance whose raylet did not register in time, on every attempt."""
+
+
+def _start_local(ray: Any, **init: Any) -> None:
+    """`ray.init(**init)` for a local instance. Ray waits a fixed 30 s for its raylet to
+    register and then raises a bare `Exception`; on a loaded machine (two cores, a test suite
+    beside it) that wait can run out once, so a start that timed out is tried again from
+    scratch, and one that times out every time becomes `LocalStartTimeout`."""
+    for attempt in range(1, LOCAL_START_ATTEMPTS + 1):
+        try:
+            ray.init(**init)
+            return
+        except Exception as exc:  # Ray raises this one as a bare Exception
+            if STARTUP_TIMEOUT not in str(exc):
+                raise
+            ray.shutdown()
+            if attempt == LOCAL_START_ATTEMPTS:
+                raise LocalStartTimeout(f"{exc} ({attempt} attempts)") from None
 
 
 def check_reachable(address: str, timeout: float = 5.0) -> None:

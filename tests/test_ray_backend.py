@@ -18,7 +18,7 @@ from click.testing import CliRunner
 
 from fedsilo.ops.backends import BackendError
 from fedsilo.ops.cli import main
-from fedsilo.ops.ray_backend import actor_options, pool_size, ray_session
+from fedsilo.ops.ray_backend import LOCAL_START_ATTEMPTS, actor_options, pool_size, ray_session
 from fedsilo.policies.compute import ComputeConfig, SiloResources
 from fedsilo.policies.loading import load_policy
 from fedsilo.silo.data import load_consortium
@@ -206,3 +206,39 @@ def test_an_address_where_no_head_answers_is_one_clear_message(tmp_path: Path) -
     assert result.exit_code == 1
     assert f"--address {address}: no Ray head answers there" in result.output
     assert not (tmp_path / "r").exists()
+
+
+class SlowRaylet:
+    """A stand-in for `ray` whose local start times out as Ray's does (a bare Exception after
+    its fixed 30 s wait for the raylet) the first `timeouts` times."""
+
+    def __init__(self, timeouts: int) -> None:
+        self.timeouts, self.starts, self.shutdowns = timeouts, 0, 0
+
+    def is_initialized(self) -> bool:
+        return False
+
+    def init(self, **_: object) -> None:
+        self.starts += 1
+        if self.starts <= self.timeouts:
+            raise Exception("The current node timed out during startup. This could happen ...")
+
+    def shutdown(self) -> None:
+        self.shutdowns += 1
+
+
+def test_a_local_start_that_timed_out_once_is_tried_again(monkeypatch) -> None:
+    ray = SlowRaylet(timeouts=1)
+    monkeypatch.setattr("fedsilo.ops.ray_backend.import_ray", lambda: ray)
+    with ray_session(num_cpus=1) as session:
+        assert session is ray
+    assert ray.starts == 2
+
+
+def test_a_local_start_that_always_times_out_is_one_clear_message(monkeypatch) -> None:
+    ray = SlowRaylet(timeouts=LOCAL_START_ATTEMPTS)
+    monkeypatch.setattr("fedsilo.ops.ray_backend.import_ray", lambda: ray)
+    starting = ray_session(num_cpus=1)
+    with pytest.raises(BackendError, match="cannot start a local Ray instance: .*timed out"):
+        starting.__enter__()
+    assert ray.starts == LOCAL_START_ATTEMPTS
