@@ -53,6 +53,7 @@ def write_records(path: Path, hospitals: tuple[str, ...] = (), rows: int = 150) 
 
 
 def jobs(session: Session) -> list[dict]:
+    """Every job of the page's coordinator, as `job list --json` gives them."""
     listed = session.run("fedsilo job list --kit kits/operator --json")
     return json.loads(listed)["jobs"]
 
@@ -63,9 +64,11 @@ def the_job(session: Session) -> str:
     return job["job_id"]
 
 
-def wait_for_job(job: Callable[[Session], str], ended: tuple[str, ...] = ENDED, *, timeout_s=300):
-    """A `before` hook: until `job` has one of the statuses `ended`; then it must have ended as
-    the page expects (`completed` for results)."""
+def wait_for_job(
+    job: Callable[[Session], str], ended: tuple[str, ...] = ENDED, *, timeout_s: float = 300
+) -> Callable[[Session], None]:
+    """A `before` hook: until `job` has ended (any of `ENDED`); then it must have ended as
+    the page expects, one of `ended` (`completed` before its results are fetched)."""
 
     def wait(session: Session) -> None:
         job_id, deadline, status = job(session), time.monotonic() + timeout_s, ""
