@@ -107,15 +107,16 @@ def run_config(root: Path, parameters: float, silos: int, rounds: int) -> dict:
         net = psutil.net_io_counters(pernic=True)["lo"].bytes_recv - net_before
     finally:
         consortium.stop()
-    floor = floor_round_seconds(root / "kits", names, parameter_count(width), rounds)
+    count = parameter_count(width)  # the MLP's, near `parameters`
+    floor = floor_round_seconds(root / "kits", names, count, rounds)
     cpu = _cpu_per_round(spans, names)
     history = json.loads((root / "results" / "history.json").read_text())
     overheads = [
         r["seconds"] - max(r["compute_seconds"]["train"].values()) for r in history["rounds"]
     ]
-    model_bytes = 4 * parameter_count(width)
+    model_bytes = 4 * count
     return {
-        "parameters": parameter_count(width),
+        "parameters": count,
         "silos": silos,
         "model_bytes": model_bytes,
         "round_seconds": statistics.median(r["seconds"] for r in history["rounds"]),

@@ -167,12 +167,6 @@ class Scene:
         )
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def wait_for_port(port: int, server: subprocess.Popen, timeout_s: float = 120) -> None:
     """Until something accepts connections on 127.0.0.1:`port`; fails if `server` exits first."""
     deadline = time.monotonic() + timeout_s
@@ -186,6 +180,21 @@ def wait_for_port(port: int, server: subprocess.Popen, timeout_s: float = 120) -
     raise AssertionError(f"nothing listens on port {port} after {timeout_s} s")
 
 
+@dataclass
+class Served:
+    """A command left serving in the background, and the log its output goes to."""
+
+    name: str  # where the command comes from, and the command
+    process: subprocess.Popen
+    log: Path
+    ended: bool = False  # it exited on its own, as the page says it does
+
+    def check(self, logs: str) -> None:
+        assert self.ended or self.process.poll() is None, (
+            f"{self.name} exited with {self.process.returncode}\n{logs}"
+        )
+
+
 class Session:
     """One page's run: its folder, its environment and the processes it left serving."""
 
@@ -194,7 +203,7 @@ class Session:
         self.scene = scene
         self.env = {**os.environ, "COLUMNS": "200"}
         self.use_bin(bin_dir or Path(sys.executable).parent)
-        self.serving: dict[str, subprocess.Popen | None] = {}  # None: ended as expected
+        self.serving: list[Served] = []
         self._resolved: dict[str, str] = {}
 
     def use_bin(self, bin_dir: Path) -> None:
@@ -250,34 +259,31 @@ class Session:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        self.serving[f"{where}: {command}"] = process
+        self.serving.append(Served(f"{where}: {command}", process, log))
         return process
 
     def check_serving(self) -> None:
-        for name, process in self.serving.items():
-            assert process is None or process.poll() is None, (
-                f"{name} exited with {process.returncode}\n{self.serving_logs()}"
-            )
+        for served in self.serving:
+            served.check(self.serving_logs())
 
     def ends(self, command: str, saying: str, timeout_s: float = 60) -> None:
         """The serving `command` exits on its own within `timeout_s`, having printed `saying`
         (as a revoked silo's agent does); it is no longer expected to serve."""
-        name, process = next((n, p) for n, p in self.serving.items() if n.endswith(command))
-        process.wait(timeout=timeout_s)
-        log = self.folder / f".serving-{list(self.serving).index(name)}.log"
-        assert saying in log.read_text(), f"{command} ended without saying {saying!r}"
-        self.serving[name] = None
+        served = next(served for served in self.serving if served.name.endswith(command))
+        served.process.wait(timeout=timeout_s)
+        assert saying in served.log.read_text(), f"{command} ended without saying {saying!r}"
+        served.ended = True
 
     def serving_logs(self) -> str:
-        logs = sorted(self.folder.glob(".serving-*.log"))
-        return "\n".join(f"--- {log.name}\n{log.read_text()[-3000:]}" for log in logs)
+        return "\n".join(
+            f"--- {served.name}\n{served.log.read_text()[-3000:]}" for served in self.serving
+        )
 
     def stop(self) -> None:
-        serving = [process for process in self.serving.values() if process is not None]
-        for process in serving:
-            if process.poll() is None:
-                os.killpg(process.pid, 15)
-        for process in serving:
+        running = [served.process for served in self.serving if served.process.poll() is None]
+        for process in running:
+            os.killpg(process.pid, 15)
+        for process in running:
             try:
                 process.wait(timeout=15)
             except subprocess.TimeoutExpired:

@@ -18,7 +18,8 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from tests.docs_harness import REPO, Elsewhere, Scene, Session, free_port, wait_for_port
+from fedsilo.ops.demo import free_port
+from tests.docs_harness import REPO, Elsewhere, Scene, Session, wait_for_port
 
 ENDED = ("completed", "failed", "refused", "aborted")
 
@@ -84,8 +85,7 @@ def wait_for_job(
 
 def coordinator_listens(session: Session) -> None:
     """An `after` hook of `coordinator serve`: until it accepts connections."""
-    server = list(session.serving.values())[-1]
-    wait_for_port(int(session.value("50051")), server)
+    wait_for_port(int(session.value("50051")), session.serving[-1].process)
 
 
 def port(_: Session) -> str:

@@ -79,7 +79,7 @@ FAILING_PAGES = {
     "a serving command that exits": (
         "```bash\nfedsilo silo start --config missing.yaml\ntrue\n```\n",
         # no race: the scene waits for it to end before the page goes on
-        Scene(after={"silo start": lambda session: [*session.serving.values()][-1].wait(120)}),
+        Scene(after={"silo start": lambda session: session.serving[-1].process.wait(120)}),
         "fedsilo silo start --config missing.yaml exited",
     ),
     "a scene leaving out a command the page lacks": (
