@@ -23,7 +23,6 @@ from nacl.signing import SigningKey, VerifyKey
 
 from fedsilo.coordinator.admin_api import OPERATOR, AdminBackend, AdminError
 from fedsilo.coordinator.service import COORDINATOR
-from fedsilo.wire import fedsilo_pb2 as pb
 from fedsilo.wire.admin import (
     ABORT,
     CONSORTIUM,
@@ -71,8 +70,8 @@ class AdminService:
         self.max_payload_bytes = max_payload_bytes
 
     def Exchange(  # noqa: N802 (gRPC's name)
-        self, request_iterator: Iterator[pb.Frame], context: grpc.ServicerContext
-    ) -> Iterator[pb.Frame]:
+        self, request_iterator: Iterator[bytes], context: grpc.ServicerContext
+    ) -> Iterator[bytes]:
         peer = _common_name(context)
         if peer != OPERATOR:
             log.warning("refused an admin request from certificate %r: not the operator", peer)
@@ -168,11 +167,7 @@ def admin_handler(
         memory=replays,
     )
     service = AdminService(backend, consortium, verifier, signing_key, max_payload_bytes)
-    exchange = grpc.stream_stream_rpc_method_handler(
-        service.Exchange,
-        request_deserializer=pb.Frame.FromString,
-        response_serializer=pb.Frame.SerializeToString,
-    )
+    exchange = grpc.stream_stream_rpc_method_handler(service.Exchange)  # frames as bytes
     return grpc.method_handlers_generic_handler(SERVICE, {"Exchange": exchange})
 
 

@@ -26,14 +26,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import grpc
-from google.protobuf.message import DecodeError
 from nacl.signing import SigningKey
 
 from fedsilo.coordinator.hub import SiloHub
 from fedsilo.ops.metrics import CoordinatorMetrics
 from fedsilo.privacy.roster import SignedRoster
-from fedsilo.wire import fedsilo_pb2 as pb
-from fedsilo.wire import fedsilo_pb2_grpc as pb_grpc
 from fedsilo.wire.control import (
     ACCEPT,
     ACK,
@@ -51,7 +48,7 @@ from fedsilo.wire.control import (
     payload_type,
 )
 from fedsilo.wire.envelope import UNKNOWN_SENDER, EnvelopeVerifier
-from fedsilo.wire.framing import MALFORMED, MessageRejected, read_message, seal_reply, to_frames
+from fedsilo.wire.framing import MessageRejected, read_message, seal_reply, to_frames
 from fedsilo.wire.messages import TaskResult
 from fedsilo.wire.payload import AnyPayload
 from fedsilo.wire.tensors import WireError
@@ -75,7 +72,7 @@ class SignedPolicy:
     attempt_signature: str = ""
 
 
-class CoordinatorService(pb_grpc.CoordinatorServicer):
+class CoordinatorService:
     def __init__(
         self,
         deployment: str,
@@ -118,15 +115,15 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
 
     def Exchange(
         self, request_iterator: Iterator[bytes], context: grpc.ServicerContext
-    ) -> Iterator[pb.Frame]:  # noqa: N802 (gRPC's name)
-        """Requests arrive as raw bytes (see `handler`), so that a frame that does not parse is
-        told apart from a silo that went away mid-message."""
+    ) -> Iterator[bytes]:  # noqa: N802 (gRPC's name)
+        """Frames arrive and leave as serialized bytes (see `handler`), so that a frame that does
+        not parse is told apart from a silo that went away mid-message."""
         peer = _common_name(context)
         try:
             if peer in self.hub.revoked:
                 raise MessageRejected(REVOKED, f"silo {peer!r} is revoked")
             envelope, payload = read_message(
-                _parsed(request_iterator), self.verifier, self.max_payload_bytes
+                request_iterator, self.verifier, self.max_payload_bytes
             )
             if envelope.sender != peer:
                 raise MessageRejected(
@@ -245,21 +242,9 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
 
 
 def handler(service: CoordinatorService) -> grpc.GenericRpcHandler:
-    """The service's gRPC handler, taking request frames as raw bytes (parsed by `_parsed`)."""
-    exchange = grpc.stream_stream_rpc_method_handler(
-        service.Exchange, response_serializer=pb.Frame.SerializeToString
-    )
+    """The service's gRPC handler, frames in and out as serialized bytes (wire/framing.py)."""
+    exchange = grpc.stream_stream_rpc_method_handler(service.Exchange)
     return grpc.method_handlers_generic_handler("fedsilo.v1.Coordinator", {"Exchange": exchange})
-
-
-def _parsed(requests: Iterator[bytes]) -> Iterator[pb.Frame]:
-    for raw in requests:
-        try:
-            yield pb.Frame.FromString(raw)
-        except DecodeError as exc:
-            raise MessageRejected(
-                MALFORMED, f"a frame that is not a fedsilo.v1.Frame: {exc}"
-            ) from None
 
 
 def _ack(accepted: bool, reason: str = "") -> bytes:

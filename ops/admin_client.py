@@ -19,7 +19,6 @@ from fedsilo.coordinator.admin_api import OPERATOR, AdminError
 from fedsilo.coordinator.admin_service import SERVICE
 from fedsilo.coordinator.service import COORDINATOR
 from fedsilo.ops.provision import OperatorKit
-from fedsilo.wire import fedsilo_pb2 as pb
 from fedsilo.wire.admin import AdminReply, AdminRequest
 from fedsilo.wire.envelope import EnvelopeVerifier, seal
 from fedsilo.wire.framing import MessageRejected, check_answers, read_message, to_frames
@@ -45,11 +44,7 @@ class AdminConnection:
             kit.tls.certificate.read_bytes(),
         )
         self.channel = grpc.secure_channel(kit.coordinator_address, credentials)
-        self.exchange = self.channel.stream_stream(
-            f"/{SERVICE}/Exchange",
-            request_serializer=pb.Frame.SerializeToString,
-            response_deserializer=pb.Frame.FromString,
-        )
+        self.exchange = self.channel.stream_stream(f"/{SERVICE}/Exchange")  # frames as bytes
         self.verifier = EnvelopeVerifier(kit.consortium, {COORDINATOR: kit.coordinator_verify_key})
 
     def __enter__(self) -> AdminConnection:

@@ -24,7 +24,14 @@ from fedsilo.coordinator.engine import RoundRecord, RunAborted
 from fedsilo.coordinator.hub import DEFAULT_HEARTBEAT_WINDOW_S
 from fedsilo.coordinator.strategies import STRATEGIES
 from fedsilo.ops.backends import BACKENDS, IN_PROCESS, RAY, BackendError
-from fedsilo.ops.cli_support import DEPLOYMENT_ERRORS, USER_ERRORS, console, stop_on_signals, within
+from fedsilo.ops.cli_support import (
+    DEPLOYMENT_ERRORS,
+    USER_ERRORS,
+    console,
+    start_service,
+    stop_on_signals,
+    within,
+)
 from fedsilo.ops.consortium_cli import consortium_group
 from fedsilo.ops.coordinator_process import (
     CoordinatorOptions,
@@ -36,7 +43,6 @@ from fedsilo.ops.demo import DemoFailed, run_demo
 from fedsilo.ops.examples_cli import examples_group
 from fedsilo.ops.job_cli import job_group, print_json, print_remote_status
 from fedsilo.ops.lazy_group import LazyGroup
-from fedsilo.ops.logs import configure_logging
 from fedsilo.ops.privacy_cli import privacy_group
 from fedsilo.ops.provision import OPERATOR, KitError, kit_role, load_coordinator_kit
 from fedsilo.ops.provision_cli import policy_sign as sign_command
@@ -429,7 +435,7 @@ def coordinator_start(
             check_output_folder(out, overwrite)
         except OutputFolderError as exc:
             raise click.ClickException(str(exc)) from None
-    configure_logging(log_json)
+    stop = start_service(log_json)
     options = CoordinatorOptions(
         kit_dir,
         policy_file,
@@ -444,7 +450,7 @@ def coordinator_start(
         overwrite=overwrite,
     )
     try:
-        history = run_coordinator(options, stop_on_signals())
+        history = run_coordinator(options, stop)
     except DEPLOYMENT_ERRORS as exc:
         raise click.ClickException(str(exc)) from None
     final = history.final
@@ -504,7 +510,7 @@ def coordinator_serve(
     check_state_file(state_file)
     if jobs_dir is not None and jobs_dir.exists() and not jobs_dir.is_dir():
         raise click.ClickException(f"--jobs-dir {jobs_dir}: not a folder")
-    configure_logging(log_json)
+    stop = start_service(log_json)
     options = ServeOptions(
         kit_dir,
         state_file,
@@ -516,7 +522,7 @@ def coordinator_serve(
         jobs_dir=jobs_dir,
     )
     try:
-        serve_coordinator(options, stop_on_signals())
+        serve_coordinator(options, stop)
     except DEPLOYMENT_ERRORS as exc:
         raise click.ClickException(str(exc)) from None
 

@@ -8,8 +8,7 @@ from typing import Any
 
 import click
 
-from fedsilo.ops.cli_support import DEPLOYMENT_ERRORS, console, stop_on_signals, within
-from fedsilo.ops.logs import configure_logging
+from fedsilo.ops.cli_support import DEPLOYMENT_ERRORS, console, start_service, within
 from fedsilo.ops.silo_check import silo_check
 from fedsilo.ops.silo_process import run_silo
 from fedsilo.ops.silo_setup import data_section_options, write_silo_config
@@ -135,8 +134,7 @@ def silo_init(
 @click.option("--log-json", is_flag=True, help="Log JSON lines instead of key=value lines.")
 def silo_start(config_file: Path, poll_seconds: float, log_json: bool) -> None:
     """Connect to the coordinator and take part until the deployment is complete."""
-    configure_logging(log_json)
-    stop = stop_on_signals()
+    stop = start_service(log_json)
     try:
         run_silo(config_file, stop, poll_seconds)
     except DEPLOYMENT_ERRORS as exc:

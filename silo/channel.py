@@ -20,7 +20,7 @@ import grpc
 
 from fedsilo.privacy.certificate_files import TlsFileWatch, TlsMaterial
 from fedsilo.silo.proxy import Route
-from fedsilo.wire import fedsilo_pb2_grpc as pb_grpc
+from fedsilo.wire.framing import exchange_call
 
 KEEPALIVE = [("grpc.keepalive_time_ms", 30_000), ("grpc.keepalive_timeout_ms", 10_000)]
 # A channel of its own connections: a renewed certificate needs a new TLS handshake, never a
@@ -52,11 +52,12 @@ class CoordinatorChannel:
         self._lock = threading.Lock()
         self._material = settings.tls.current()
         self._channel = self._open(self._material)
-        self._stub = pb_grpc.CoordinatorStub(self._channel)
+        self._exchange = exchange_call(self._channel)
         self._retired: list[tuple[float, grpc.Channel]] = []  # (close after, channel)
 
-    def stub(self) -> pb_grpc.CoordinatorStub:
-        """The stub to call now: on a new channel when the certificate files changed."""
+    def exchange(self) -> grpc.StreamStreamMultiCallable:
+        """The `Exchange` method to call now: on a new channel when the certificate files
+        changed."""
         material = self.settings.tls.current()
         self.settings.tls.warn_if_due(material.certificate)
         with self._lock:
@@ -65,10 +66,10 @@ class CoordinatorChannel:
                 self._retired.append((now + self.settings.call_timeout_s, self._channel))
                 self._material = material
                 self._channel = self._open(material)
-                self._stub = pb_grpc.CoordinatorStub(self._channel)
+                self._exchange = exchange_call(self._channel)
             while self._retired and self._retired[0][0] <= now:
                 self._retired.pop(0)[1].close()
-            return self._stub
+            return self._exchange
 
     def close(self) -> None:
         with self._lock:

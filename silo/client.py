@@ -46,7 +46,6 @@ from fedsilo.privacy.policy_signing import PolicySignatureError, verify_attempt,
 from fedsilo.privacy.roster import RosterError, SignedRoster
 from fedsilo.silo.channel import ChannelSettings, CoordinatorChannel
 from fedsilo.silo.roster_gate import RosterGate
-from fedsilo.wire import fedsilo_pb2_grpc as pb_grpc
 from fedsilo.wire.control import (
     ACCEPT,
     ACK,
@@ -129,9 +128,9 @@ class CoordinatorConnection:
         )
 
     @property
-    def stub(self) -> pb_grpc.CoordinatorStub:
-        """The stub of the channel as it is now (a new one once the certificate is renewed)."""
-        return self.channel.stub()
+    def call(self) -> grpc.StreamStreamMultiCallable:
+        """`Exchange` on the channel as it is now (a new one once the certificate is renewed)."""
+        return self.channel.exchange()
 
     def exchange(self, payload: bytes | AnyPayload, label: str, round_no: int = 0) -> bytes:
         """Send one request (a control message, or the result of the task `label`) and return the
@@ -185,7 +184,7 @@ class CoordinatorConnection:
             round=round_no,
             task_id=f"{label}/{uuid.uuid4().hex}",
         )
-        replies = self.stub.Exchange(to_frames(envelope, payload), timeout=timeout_s)
+        replies = self.call(to_frames(envelope, payload), timeout=timeout_s)
         answered, reply = read_message(replies, self.verifier, self.settings.max_payload_bytes)
         check_answers(answered, envelope)
         return reply.to_bytes()

@@ -21,7 +21,7 @@ from click.testing import CliRunner, Result
 from nacl.signing import SigningKey
 
 from fedsilo.coordinator.admin_api import OPERATOR, AdminError
-from fedsilo.coordinator.admin_service import SERVICE, admin_handler
+from fedsilo.coordinator.admin_service import admin_handler
 from fedsilo.coordinator.jobs import JobInfo
 from fedsilo.coordinator.replay_store import ReplayStore
 from fedsilo.ops.admin_client import AdminChannelError, AdminConnection
@@ -35,7 +35,6 @@ from fedsilo.privacy.policy_signing import (
     verify_attempt,
     verify_policy,
 )
-from fedsilo.wire import fedsilo_pb2 as pb
 from fedsilo.wire.admin import AdminReply, AdminRequest, relative_path
 from fedsilo.wire.envelope import MAX_AGE_S, seal
 from fedsilo.wire.framing import to_frames
@@ -497,14 +496,9 @@ def test_a_replayed_request_is_refused_also_after_a_restart(
         task_id=f"abort/{uuid.uuid4().hex}",
     )
 
-    def send() -> list[pb.Frame]:
+    def send() -> list[bytes]:
         with AdminConnection(kit) as connection:
-            call = connection.channel.stream_stream(
-                f"/{SERVICE}/Exchange",
-                request_serializer=pb.Frame.SerializeToString,
-                response_deserializer=pb.Frame.FromString,
-            )
-            return list(call(to_frames(envelope, request), timeout=30))
+            return list(connection.exchange(to_frames(envelope, request), timeout=30))
 
     assert send()  # the first time, answered
     with pytest.raises(grpc.RpcError, match="replay"):

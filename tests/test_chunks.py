@@ -45,7 +45,10 @@ def assemble(
 
 
 def iter_chunks(payload: bytes | bytearray, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> list:
-    return list(Payload([payload]).chunks(chunk_bytes))
+    """The chunks of a payload in one part: each is a single piece, a view of the payload."""
+    chunks = list(Payload([payload]).chunks(chunk_bytes))
+    assert all(len(chunk) == 1 for chunk in chunks)
+    return [piece for (piece,) in chunks]
 
 
 def test_default_chunks_fit_under_grpcs_4_mib_message_limit() -> None:
@@ -163,7 +166,7 @@ def test_a_large_payload_is_reassembled_in_a_spool_file_not_in_memory() -> None:
     assert len(received) == len(payload)
     assert received.to_bytes() == payload
     assert received.read(SMALL_CHUNK - 2, 7) == payload[SMALL_CHUNK - 2 : SMALL_CHUNK + 5]
-    assert b"".join(received.chunks(SMALL_CHUNK)) == payload
+    assert b"".join(piece for (piece,) in received.chunks(SMALL_CHUNK)) == payload
     assert received.digest() == digest(payload)
 
 
@@ -180,9 +183,13 @@ def test_a_spooled_payload_that_is_corrupted_is_refused_like_one_in_memory() -> 
 
 @pytest.mark.parametrize("sizes", [(0,), (3, 0, 5), (SMALL_CHUNK, 1), (7, SMALL_CHUNK * 2 + 1, 9)])
 def test_chunks_of_a_payload_in_parts_are_those_of_its_concatenation(sizes: tuple) -> None:
+    """A chunk that spans parts is the views of each, joined only when its frame is written."""
     parts = [payload_of(n + i) for i, n in enumerate(sizes)]
     whole = b"".join(parts)
-    chunks = [bytes(c) for c in Payload(parts).chunks(SMALL_CHUNK)]
-    assert chunks == [bytes(c) for c in Payload([whole]).chunks(SMALL_CHUNK)]
+    chunks = list(Payload(parts).chunks(SMALL_CHUNK))
+    assert all(isinstance(piece, memoryview) for chunk in chunks for piece in chunk if piece)
+    assert [b"".join(c) for c in chunks] == [
+        b"".join(c) for c in Payload([whole]).chunks(SMALL_CHUNK)
+    ]
     assert Payload(parts).digest() == digest(whole)
     assert Payload(parts).read(2, SMALL_CHUNK + 5) == whole[2 : SMALL_CHUNK + 7]

@@ -24,11 +24,9 @@ from fedsilo.coordinator.transport import Reply
 from fedsilo.ops.provision import SiloKit, load_silo_kit
 from fedsilo.ops.simulate import load_silos, simulate
 from fedsilo.policies.loading import parse_policy
-from fedsilo.wire import fedsilo_pb2 as pb
-from fedsilo.wire import fedsilo_pb2_grpc as pb_grpc
 from fedsilo.wire.control import ACK, JOIN, POLICY, PULL, Control, decode_control
 from fedsilo.wire.envelope import EnvelopeVerifier, seal
-from fedsilo.wire.framing import read_message, to_frames
+from fedsilo.wire.framing import exchange_call, read_message, to_frames
 from fedsilo.wire.tensors import decode_tensors
 from tests.deployment import (
     SILOS,
@@ -39,9 +37,6 @@ from tests.deployment import (
     provision,
     wait_for,
 )
-
-EXCHANGE = "/fedsilo.v1.Coordinator/Exchange"
-
 
 # -- processes that die, and a silo that is revoked ---------------------------------------------
 
@@ -273,8 +268,9 @@ class SiloChannel:
         )
         return cls(kit, grpc.secure_channel(address, credentials))
 
-    def frames(self, payload: bytes, label: str) -> list[pb.Frame]:
-        """A genuine message: a fresh envelope signed with the kit's key, then the chunks."""
+    def frames(self, payload: bytes, label: str) -> list[bytes]:
+        """A genuine message, serialized: a fresh envelope signed with the kit's key, then the
+        chunks."""
         envelope = seal(
             payload,
             signing_key=self.kit.signing_key,
@@ -285,9 +281,9 @@ class SiloChannel:
         )
         return list(to_frames(envelope, payload))
 
-    def send(self, frames: Iterable[pb.Frame]) -> Control:
+    def send(self, frames: Iterable[bytes]) -> Control:
         """The coordinator's verified reply to `frames`; grpc.RpcError when it refuses them."""
-        replies = pb_grpc.CoordinatorStub(self.channel).Exchange(iter(frames), timeout=10)
+        replies = exchange_call(self.channel)(iter(frames), timeout=10)
         coordinator = EnvelopeVerifier(
             self.kit.consortium, {"coordinator": self.kit.coordinator_verify_key}
         )
@@ -295,10 +291,7 @@ class SiloChannel:
 
     def send_raw(self, messages: list[bytes]) -> list[bytes]:
         """Bytes on the wire as gRPC messages, whether or not they parse as a Frame."""
-        call = self.channel.stream_stream(
-            EXCHANGE, request_serializer=lambda b: b, response_deserializer=lambda b: b
-        )
-        return list(call(iter(messages), timeout=10))
+        return list(exchange_call(self.channel)(iter(messages), timeout=10))
 
 
 @pytest.fixture(scope="module")
@@ -389,12 +382,10 @@ def test_a_flipped_payload_byte_is_refused_as_corrupted_and_uses_up_nothing(
     coordinator: Coordinator, silo: SiloChannel
 ) -> None:
     envelope, chunk = silo.frames(Control(PULL).encode(), PULL)
-    flipped = bytearray(chunk.chunk)
+    flipped = bytearray(chunk)  # the frame: a tag, the chunk's length, then the chunk
     flipped[len(flipped) // 2] ^= 0x01
 
-    refused = refusal(
-        coordinator, "corrupted", lambda: silo.send([envelope, pb.Frame(chunk=bytes(flipped))])
-    )
+    refused = refusal(coordinator, "corrupted", lambda: silo.send([envelope, bytes(flipped)]))
 
     assert refused.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert refused.details().startswith("corrupted: ")
@@ -407,7 +398,7 @@ def test_a_payload_over_the_limit_is_refused_on_its_envelope_before_any_chunk(
     envelope = silo.frames(bytes(2 << 20), "result")[0]  # announces 2 MiB; the limit is 1 MiB
     answered = threading.Event()
 
-    def announcement_only() -> Iterator[pb.Frame]:
+    def announcement_only() -> Iterator[bytes]:
         yield envelope
         answered.wait(timeout=10)  # no chunk ever follows: only the envelope can be refused
 

@@ -11,6 +11,8 @@ cannot make the receiver hold more than it announced.
 
 from __future__ import annotations
 
+import numpy
+
 from fedsilo.wire.payload import DIGEST_BYTES, AnyPayload, Payload, SpooledPayload, payload_hash
 
 DEFAULT_CHUNK_BYTES = 1 << 20
@@ -32,10 +34,10 @@ class ChunkError(Exception):
 class ChunkAssembler:
     """Reassembles one payload of announced size and digest from its chunks.
 
-    Memory is one buffer of `expected_size` bytes, allocated up front, or a spool file when the
-    size is above `spool_above`; an announced size above `max_bytes` is refused before anything
-    is allocated. Create one per incoming stream, after the envelope that announces the size has
-    been verified; it is not thread-safe.
+    Memory is one buffer of `expected_size` bytes, allocated up front and written once, or a
+    spool file when the size is above `spool_above`; an announced size above `max_bytes` is
+    refused before anything is allocated. Create one per incoming stream, after the envelope
+    that announces the size has been verified; it is not thread-safe.
     """
 
     def __init__(
@@ -56,7 +58,11 @@ class ChunkAssembler:
         self._expected_size = expected_size
         self._expected_digest = expected_digest
         self._spool = SpooledPayload() if expected_size > spool_above else None
-        self._buffer = bytearray(0 if self._spool is not None else expected_size)
+        # Not zeroed: every byte is written before the payload is returned (`finish`), and
+        # zeroing first would touch each fresh page once more.
+        self._buffer = memoryview(
+            numpy.empty(0 if self._spool is not None else expected_size, dtype=numpy.uint8)
+        )
         self._received = 0
         self._hash = payload_hash()
 

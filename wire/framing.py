@@ -2,21 +2,37 @@
 and the way back, which checks the envelope before buffering anything and the digest after the
 last chunk, so an unknown sender never gets memory and a corrupted payload is never returned.
 A reply is sealed bound to the request it answers (`seal_reply`), which the requester checks
-(`check_answers`): on the silo channel and on the admin channel alike."""
+(`check_answers`): on the silo channel and on the admin channel alike.
+
+Frames cross gRPC as serialized `fedsilo.v1.Frame` bytes (`exchange_call`, and the servers'
+handlers, set no serializer), and chunk frames are written and read here rather than through
+the protobuf classes: a chunk frame is one tag byte, the chunk's length as a varint, then the
+chunk. Going through `pb.Frame` copied each chunk four more times on the way out (the slice
+joined, the message built, encoded, turned into bytes) and twice more on the way in (decoded,
+read out of the message); each copy of a fresh megabyte faults its pages in, and that was most
+of a coordinator's CPU in a round (docs/performance.md, "Where a round's time goes"). Every
+other frame (the envelope, or a chunk frame laid out any other way) goes through the protobuf
+parser, so what is accepted is exactly what `pb.Frame` accepts; tests/test_framing.py checks
+the hand-written frames against it byte for byte.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
+import grpc
+from google.protobuf.message import DecodeError
 from nacl.signing import SigningKey
 
 from fedsilo.wire import fedsilo_pb2 as pb
 from fedsilo.wire.chunks import DEFAULT_CHUNK_BYTES, ChunkAssembler, ChunkError
 from fedsilo.wire.envelope import REPLAY, Envelope, EnvelopeRejected, EnvelopeVerifier, seal
-from fedsilo.wire.payload import AnyPayload, as_payload
+from fedsilo.wire.payload import AnyPayload, Chunk, as_payload
 from fedsilo.wire.tensors import WireError
 
 MALFORMED = "malformed"
+EXCHANGE = "/fedsilo.v1.Coordinator/Exchange"
+CHUNK_TAG = b"\x12"  # field 2 of fedsilo.v1.Frame (chunk), wire type 2 (length-delimited)
 
 
 class MessageRejected(Exception):
@@ -30,34 +46,66 @@ class MessageRejected(Exception):
 
 def to_frames(
     envelope: Envelope, payload: bytes | AnyPayload, chunk_bytes: int = DEFAULT_CHUNK_BYTES
-) -> Iterator[pb.Frame]:
-    yield pb.Frame(envelope=envelope_to_proto(envelope))
+) -> Iterator[bytes]:
+    """The message as serialized frames: the envelope's, then one per chunk of the payload."""
+    yield pb.Frame(envelope=envelope_to_proto(envelope)).SerializeToString()
     for chunk in as_payload(payload).chunks(chunk_bytes):
-        yield pb.Frame(chunk=bytes(chunk))
+        yield chunk_frame(chunk)
+
+
+def chunk_frame(chunk: Chunk) -> bytes:
+    """The serialized `Frame(chunk=...)` of a chunk's pieces, copied once, straight in."""
+    size = sum(len(piece) for piece in chunk)
+    return b"".join((CHUNK_TAG, _varint(size), *chunk))
+
+
+def frame_body(raw: bytes) -> pb.Envelope | memoryview:
+    """What one serialized frame carries: its envelope, or its chunk as a view of `raw` (no
+    copy) when the frame is laid out as `chunk_frame` writes it, else as the protobuf parser
+    reads it. MessageRejected when it is not a `fedsilo.v1.Frame` with a body."""
+    if raw[:1] == CHUNK_TAG:
+        size, start = _read_varint(raw, 1)
+        if start + size == len(raw):
+            return memoryview(raw)[start:]
+    try:
+        frame = pb.Frame.FromString(raw)
+    except DecodeError as exc:
+        raise MessageRejected(MALFORMED, f"a frame that is not a fedsilo.v1.Frame: {exc}") from None
+    body = frame.WhichOneof("body")
+    if body is None:
+        raise MessageRejected(MALFORMED, "a frame with neither an envelope nor a chunk")
+    return frame.envelope if body == "envelope" else memoryview(frame.chunk)
+
+
+def exchange_call(channel: grpc.Channel) -> grpc.StreamStreamMultiCallable:
+    """The `Exchange` method on `channel`, frames in and out as serialized bytes."""
+    return channel.stream_stream(EXCHANGE)
 
 
 def read_message(
-    frames: Iterable[pb.Frame], verifier: EnvelopeVerifier, max_bytes: int
+    frames: Iterable[bytes], verifier: EnvelopeVerifier, max_bytes: int
 ) -> tuple[Envelope, AnyPayload]:
-    """The verified (envelope, payload) of a frame stream, or MessageRejected with the reason.
-    A large payload comes back spooled to a temporary file (wire/chunks.py)."""
+    """The verified (envelope, payload) of a stream of serialized frames, or MessageRejected with
+    the reason. A large payload comes back spooled to a temporary file (wire/chunks.py)."""
     stream = iter(frames)
     first = next(stream, None)
     if first is None:
         raise MessageRejected(MALFORMED, "no frame arrived (an empty stream, or bytes not a Frame)")
-    if first.WhichOneof("body") != "envelope":
+    body = frame_body(first)
+    if not isinstance(body, pb.Envelope):
         raise MessageRejected(MALFORMED, "a message must start with its envelope")
     try:
-        envelope = envelope_from_proto(first.envelope)
+        envelope = envelope_from_proto(body)
     except WireError as exc:
         raise MessageRejected(MALFORMED, f"malformed envelope: {exc}") from None
     try:
         verifier.check_header(envelope)
         assembler = ChunkAssembler(envelope.payload_size, envelope.payload_digest, max_bytes)
-        for frame in stream:
-            if frame.WhichOneof("body") != "chunk":
+        for raw in stream:
+            body = frame_body(raw)
+            if isinstance(body, pb.Envelope):
                 raise MessageRejected(MALFORMED, "a second envelope inside one message")
-            assembler.add(frame.chunk)
+            assembler.add(body)
         payload = assembler.finish()
         verifier.verify(envelope, payload)
     except EnvelopeRejected as exc:
@@ -65,6 +113,27 @@ def read_message(
     except ChunkError as exc:
         raise MessageRejected(exc.reason, f"{exc} (from {envelope.sender!r})") from None
     return envelope, payload
+
+
+def _varint(value: int) -> bytes:
+    """`value` (non-negative) as a protobuf base-128 varint."""
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _read_varint(raw: bytes, start: int) -> tuple[int, int]:
+    """The varint at `start` and the offset after it; (-1, 0) where none ends within 10 bytes
+    (a protobuf varint's most), which no frame length matches."""
+    value = 0
+    for index in range(start, min(start + 10, len(raw))):
+        value |= (raw[index] & 0x7F) << (7 * (index - start))
+        if raw[index] < 0x80:
+            return value, index + 1
+    return -1, 0
 
 
 def envelope_to_proto(envelope: Envelope) -> pb.Envelope:

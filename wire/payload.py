@@ -29,6 +29,7 @@ from typing import BinaryIO
 from blake3 import blake3
 
 DIGEST_BYTES = 32
+Chunk = tuple[bytes | memoryview, ...]  # consecutive pieces of a payload, sent as one frame
 READ_BYTES = 1 << 22  # how much `SpooledPayload` reads at once when it walks the whole payload
 
 
@@ -97,30 +98,29 @@ class Payload(_Sized):
             offset -= len(part)
         return None
 
-    def chunks(self, chunk_bytes: int) -> Iterator[bytes | memoryview]:
-        """Consecutive slices of at most `chunk_bytes`; a chunk copies only where it spans two
-        parts. An empty payload yields one empty chunk, so a receiver always sees a frame."""
+    def chunks(self, chunk_bytes: int) -> Iterator[Chunk]:
+        """Consecutive chunks of at most `chunk_bytes`, each the views of the parts it spans (no
+        copy: the frame that carries a chunk joins its pieces, wire/framing.py). An empty payload
+        yields one empty chunk, so a receiver always sees a frame."""
         if chunk_bytes < 1:
             raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
         if self._size == 0:
-            yield b""
+            yield (b"",)
             return
-        pending = bytearray()
+        pieces: list[memoryview] = []
+        room = chunk_bytes
         for part in self.parts:
             start = 0
-            if pending:
-                start = chunk_bytes - len(pending)
-                pending += part[:start]
-                if len(pending) < chunk_bytes:
-                    continue
-                yield bytes(pending)
-                pending = bytearray()
-            while len(part) - start >= chunk_bytes:
-                yield part[start : start + chunk_bytes]
-                start += chunk_bytes
-            pending += part[start:]
-        if pending:
-            yield bytes(pending)
+            while start < len(part):
+                piece = part[start : start + room]
+                pieces.append(piece)
+                start += len(piece)
+                room -= len(piece)
+                if room == 0:
+                    yield tuple(pieces)
+                    pieces, room = [], chunk_bytes
+        if pieces:
+            yield tuple(pieces)
 
     def to_bytes(self) -> bytes:
         return b"".join(self.parts)
@@ -158,20 +158,23 @@ class SpooledPayload(_Sized):
                 raise OSError(f"spool file ends {len(buffer) - filled} bytes short")
             filled += got
 
-    def chunks(self, chunk_bytes: int) -> Iterator[bytes]:
+    def chunks(self, chunk_bytes: int) -> Iterator[Chunk]:
+        """Consecutive chunks of at most `chunk_bytes`, each read from the file as one piece."""
         if chunk_bytes < 1:
             raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
         if self._size == 0:
-            yield b""
+            yield (b"",)
         for start in range(0, self._size, chunk_bytes):
-            yield self.read(start, chunk_bytes)
+            yield (self.read(start, chunk_bytes),)
 
     def to_bytes(self) -> bytes:
         return self.read(0, self._size)
 
     def digest(self) -> bytes:
         if self._digest is None:
-            self._digest = digest_of(self.chunks(READ_BYTES))
+            self._digest = digest_of(
+                self.read(start, READ_BYTES) for start in range(0, self._size, READ_BYTES)
+            )
         return self._digest
 
     def close(self) -> None:

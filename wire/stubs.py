@@ -1,7 +1,10 @@
-"""Generating the gRPC stubs (fedsilo_pb2*.py) from fedsilo.proto with grpcio-tools.
+"""Generating the protobuf stubs (fedsilo_pb2.py and its .pyi) from fedsilo.proto with
+grpcio-tools.
 
 `python -m fedsilo.wire.stubs` writes them next to the .proto; `generate(folder)` writes them
-elsewhere so a test can check that the committed stubs match the .proto.
+elsewhere so a test can check that the committed stubs match the .proto. No gRPC service stub
+is generated: frames cross gRPC as bytes (wire/framing.py `exchange_call`, and the servers'
+handlers), so the service needs none.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ import tempfile
 from pathlib import Path
 
 PROTO = Path(__file__).with_name("fedsilo.proto")
-STUBS = ("fedsilo_pb2.py", "fedsilo_pb2.pyi", "fedsilo_pb2_grpc.py")
+STUBS = ("fedsilo_pb2.py", "fedsilo_pb2.pyi")
 
 
 def generate(out: Path) -> list[Path]:
@@ -27,7 +30,6 @@ def generate(out: Path) -> list[Path]:
             f"-I{root}",
             f"--python_out={root}",
             f"--pyi_out={root}",
-            f"--grpc_python_out={root}",
             str(source / PROTO.name),
         ]
         if protoc.main(args) != 0:

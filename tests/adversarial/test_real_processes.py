@@ -20,10 +20,9 @@ from fedsilo.coordinator.strategies.base import RoundContext
 from fedsilo.ops.coordinator_process import signed_policy
 from fedsilo.ops.job_id import job_id
 from fedsilo.ops.provision import load_coordinator_kit, load_silo_kit
-from fedsilo.wire import fedsilo_pb2_grpc as pb_grpc
 from fedsilo.wire.control import ACCEPT, ACK, Control, decode_control
 from fedsilo.wire.envelope import EnvelopeVerifier, seal
-from fedsilo.wire.framing import read_message, to_frames
+from fedsilo.wire.framing import exchange_call, read_message, to_frames
 from fedsilo.wire.messages import TaskMessage, TaskResult
 from fedsilo.wire.payload import as_payload
 from tests.adversarial.deviating import DeviatingCoordinator
@@ -104,9 +103,7 @@ def exchange(consortium: Consortium, envelope, payload: bytes) -> bytes:
     )
     verifier = EnvelopeVerifier(silo.consortium, {"coordinator": silo.coordinator_verify_key})
     with grpc.secure_channel(silo.coordinator_address, credentials) as channel:
-        replies = pb_grpc.CoordinatorStub(channel).Exchange(
-            to_frames(envelope, payload), timeout=30
-        )
+        replies = exchange_call(channel)(to_frames(envelope, payload), timeout=30)
         return read_message(replies, verifier, 1 << 20)[1].to_bytes()
 
 

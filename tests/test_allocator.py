@@ -1,0 +1,60 @@
+"""A service keeps the memory it frees for its next buffers, instead of faulting fresh pages in
+at every round (ops/allocator.py); an operator's own allocator settings win."""
+
+from __future__ import annotations
+
+import platform
+import subprocess
+import sys
+
+import pytest
+
+from fedsilo.ops import allocator
+
+ROUNDS = 50
+ROUND_PAGES = 8 * (1 << 20) // 4096  # each round allocates and frees 8 MiB, as 8 x 1 MiB
+
+CHURN = f"""
+import resource, sys, threading
+from fedsilo.ops.allocator import keep_freed_memory
+print(keep_freed_memory())
+def rounds():
+    for _ in range({ROUNDS}):
+        buffers = [bytes(1 << 20) for _ in range(8)]  # zeroed, so every page is touched
+        del buffers
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+worker = threading.Thread(target=rounds)  # a thread of its own, as gRPC's handlers are
+worker.start()
+worker.join()
+print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+glibc_only = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt is glibc's")
+
+
+def churn(env: dict[str, str] | None = None) -> tuple[str, int]:
+    out = subprocess.run(
+        [sys.executable, "-c", CHURN], capture_output=True, text=True, check=True, env=env
+    ).stdout.split()
+    return out[0], int(out[1])
+
+
+@glibc_only
+def test_a_service_faults_in_its_round_buffers_once_not_every_round() -> None:
+    applied, faults = churn()
+    assert applied == "True"
+    assert faults < 2 * ROUND_PAGES  # the first round's pages, not ROUNDS x ROUND_PAGES
+
+
+@glibc_only
+@pytest.mark.parametrize("setting", ["MALLOC_TOP_PAD_", "MALLOC_ARENA_MAX", "GLIBC_TUNABLES"])
+def test_an_operators_own_allocator_setting_is_kept(
+    setting: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(setting, "glibc.malloc.arena_max=4" if setting == "GLIBC_TUNABLES" else "4")
+    assert allocator.keep_freed_memory() is False
+
+
+def test_elsewhere_than_glibc_nothing_is_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(allocator.platform, "libc_ver", lambda: ("", ""))
+    assert allocator.keep_freed_memory() is False
