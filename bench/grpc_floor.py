@@ -10,6 +10,12 @@ round's parameters are published) and push (`Return`), over the consortium's own
 default HTTP/2 settings, with message limits lifted. The server runs in the calling process;
 each client is a process of its own, as each silo is.
 
+The floor is measured two ways (`measured_floor` runs each in a fresh process): with the C
+allocator as it comes, the issue's floor, and with the allocator setting fedsilo's services
+use (ops/allocator.py), which makes bare gRPC faster too; fedsilo's overhead is reported over
+both, so that its own allocator setting does not count as closing a gap that bare gRPC closes
+the same way.
+
 It also reports the server's CPU milliseconds per round (all its threads), to set beside the
 coordinator's. Run alone (it provisions a throw-away consortium for the certificates):
 `python -m bench.grpc_floor --parameters 1e6 --silos 3 --rounds 5`."""
@@ -17,6 +23,7 @@ coordinator's. Run alone (it provisions a throw-away consortium for the certific
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import subprocess
 import sys
@@ -28,6 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+
+from fedsilo.ops import allocator
 
 SERVICE = "floor.Floor"
 UNLIMITED = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
@@ -68,10 +77,32 @@ class FloorRound:
         return time.perf_counter() - start
 
 
-def floor_round_seconds(kits: Path, silos: list[str], parameters: int, rounds: int) -> dict:
+def measured_floor(
+    kits: Path, silos: list[str], parameters: int, rounds: int, *, keep_freed_memory: bool
+) -> dict:
+    """`floor_round_seconds` in a fresh server process, with the C allocator as it comes or set
+    as fedsilo's services set it (`keep_freed_memory`), in the server and its clients alike."""
+    command = [
+        *(sys.executable, "-m", "bench.grpc_floor", "measure", "--kits", str(kits)),
+        *("--names", ",".join(silos), "--parameters", str(parameters), "--rounds", str(rounds)),
+    ]
+    done = subprocess.run(
+        [*command, *(["--keep-freed-memory"] if keep_freed_memory else [])],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
+    return json.loads(done.stdout)
+
+
+def floor_round_seconds(
+    kits: Path, silos: list[str], parameters: int, rounds: int, *, keep_freed_memory: bool = False
+) -> dict:
     """Median and spread of `rounds` exchanges (after one to warm the channels) of 4 *
     `parameters` bytes each way with each of `silos`, over the certificates in `kits` (a
-    `fedsilo provision --out` folder)."""
+    `fedsilo provision --out` folder). The clients keep freed memory as fedsilo's services do
+    when `keep_freed_memory` is set; the server, the calling process, as it was set."""
     exchange = FloorRound(bytes(4 * parameters), len(silos))
     server, port = serve(kits, exchange)
     clients = [
@@ -80,6 +111,7 @@ def floor_round_seconds(kits: Path, silos: list[str], parameters: int, rounds: i
                 *(sys.executable, "-m", "bench.grpc_floor", "client"),
                 *("--kit", str(kits / "silos" / name), "--port", str(port)),
                 *("--rounds", str(rounds + 1)),
+                *(["--keep-freed-memory"] if keep_freed_memory else []),
             ],
             cwd=Path(__file__).resolve().parent.parent,
         )
@@ -152,19 +184,36 @@ def main() -> None:
     client.add_argument("--kit", type=Path, required=True)
     client.add_argument("--port", type=int, required=True)
     client.add_argument("--rounds", type=int, required=True)
-    parser.add_argument("--parameters", type=float, default=1e6)
+    client.add_argument("--keep-freed-memory", action="store_true")
+    measure = sub.add_parser("measure")  # one floor in this process, its numbers as JSON
+    measure.add_argument("--kits", type=Path, required=True)
+    measure.add_argument("--names", required=True)
+    measure.add_argument("--keep-freed-memory", action="store_true")
+    for command in (parser, measure):
+        command.add_argument("--parameters", type=float, default=1e6)
+        command.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--silos", type=int, default=3)
-    parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
+    if getattr(args, "keep_freed_memory", False):
+        allocator.keep_freed_memory()
     if args.role == "client":
         _client(args.kit, args.port, args.rounds)
+        return
+    if args.role == "measure":
+        names, count = args.names.split(","), int(args.parameters)
+        keep = args.keep_freed_memory
+        measured = floor_round_seconds(args.kits, names, count, args.rounds, keep_freed_memory=keep)
+        print(json.dumps(measured))
         return
     from fedsilo.ops.demo import LocalConsortium
 
     names = [f"s{i}" for i in range(args.silos)]
     with tempfile.TemporaryDirectory(prefix="fedsilo-floor-") as tmp:
         LocalConsortium.provision(Path(tmp), "floor", names)
-        print(floor_round_seconds(Path(tmp) / "kits", names, int(args.parameters), args.rounds))
+        kits, count = Path(tmp) / "kits", int(args.parameters)
+        for keep in (False, True):
+            floor = measured_floor(kits, names, count, args.rounds, keep_freed_memory=keep)
+            print(f"keep_freed_memory={keep}: {floor}")
 
 
 if __name__ == "__main__":

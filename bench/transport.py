@@ -12,7 +12,9 @@ Per configuration it reports:
   rounds (no start-up);
 - the floor: the median round of a bare mutual-TLS gRPC exchange of the same bytes with the
   same silo processes' count and the same certificates (bench/grpc_floor.py), and
-  `overhead_over_floor`, the round overhead over it (goal: at most 2).
+  `overhead_over_floor`, the round overhead over it (goal: at most 2); and the same floor with
+  the allocator setting fedsilo's services use (ops/allocator.py), which is faster, and
+  `overhead_over_kept_floor` over it (`floor_kept_*`).
 
 Each configuration runs `--repeats` times (default 3), fedsilo, the floor and Flower in turn;
 every number is the median over the repeats, and the ratios against the floor and Flower also
@@ -56,7 +58,7 @@ import yaml
 from bench.common import write
 from bench.flower_peer import SAMPLES, hidden_width, parameter_count, site_data
 from bench.flower_runner import REPO, FlowerFailed, flower_python, run_flower
-from bench.grpc_floor import floor_round_seconds
+from bench.grpc_floor import measured_floor
 from fedsilo.ops.demo import LocalConsortium, free_port
 
 
@@ -108,7 +110,8 @@ def run_config(root: Path, parameters: float, silos: int, rounds: int) -> dict:
     finally:
         consortium.stop()
     count = parameter_count(width)  # the MLP's, near `parameters`
-    floor = floor_round_seconds(root / "kits", names, count, rounds)
+    floor = measured_floor(root / "kits", names, count, rounds, keep_freed_memory=False)
+    kept = measured_floor(root / "kits", names, count, rounds, keep_freed_memory=True)
     cpu = _cpu_per_round(spans, names)
     history = json.loads((root / "results" / "history.json").read_text())
     overheads = [
@@ -126,8 +129,10 @@ def run_config(root: Path, parameters: float, silos: int, rounds: int) -> dict:
         "wire_over_payload": net / payload,
         "coordinator_peak_rss_bytes": peak_rss,
         **floor,
+        **{key.replace("floor_", "floor_kept_", 1): value for key, value in kept.items()},
         **cpu,
         "overhead_over_floor": statistics.median(overheads) / floor["floor_round_seconds"],
+        "overhead_over_kept_floor": statistics.median(overheads) / kept["floor_round_seconds"],
     }
 
 
@@ -279,7 +284,12 @@ def main() -> None:
 
 
 # the ratios whose spread over repeats a row reports beside their median
-SPREAD = ("overhead_over_floor", "flower_overhead_over_floor", "round_seconds_over_flower")
+SPREAD = (
+    "overhead_over_floor",
+    "overhead_over_kept_floor",
+    "flower_overhead_over_floor",
+    "round_seconds_over_flower",
+)
 
 
 def _repeated(tmp: Path, size: float, silos: int, rounds: int, repeats: int, baseline: int) -> dict:
@@ -350,9 +360,12 @@ def _figure(rows: list[dict], silo_counts: list[int]) -> plt.Figure:
         floor = axes[4].plot(
             xs, [r["overhead_over_floor"] for r in mine], "o-", label=f"fedsilo, {k} silos"
         )
+        color = floor[0].get_color()
+        kept = [r["overhead_over_kept_floor"] for r in mine]
+        axes[4].plot(xs, kept, "o:", color=color, label=f"fedsilo over the kept floor, {k} silos")
         if all("flower_overhead_over_floor" in r for r in mine):
             theirs = [r["flower_overhead_over_floor"] for r in mine]
-            axes[4].plot(xs, theirs, "s--", color=floor[0].get_color(), label=f"Flower, {k} silos")
+            axes[4].plot(xs, theirs, "s--", color=color, label=f"Flower, {k} silos")
     flower_measured = any("flower_round_seconds" in r for r in rows)
     titles = (
         "round overhead beyond training (s)",

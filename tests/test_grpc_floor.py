@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from bench import grpc_floor
-from bench.grpc_floor import floor_round_seconds
+from bench.grpc_floor import floor_round_seconds, measured_floor
 from fedsilo.ops.demo import LocalConsortium
 
 SILOS = ["s0", "s1"]
@@ -62,3 +62,12 @@ def test_a_client_without_a_consortium_certificate_is_refused(kits: Path, tmp_pa
     assert client.returncode != 0
     assert "StatusCode.UNAVAILABLE" in client.stderr, client.stderr  # the handshake failed
     assert exchange.returned == 0
+
+
+@pytest.mark.parametrize("keep_freed_memory", [False, True])
+def test_the_floor_runs_in_a_fresh_process_with_either_allocator_setting(
+    kits: Path, keep_freed_memory: bool
+) -> None:
+    result = measured_floor(kits, SILOS, 1000, 2, keep_freed_memory=keep_freed_memory)
+    assert 0 < result["floor_round_seconds_min"] <= result["floor_round_seconds"]
+    assert result["floor_server_cpu_ms_per_round"] > 0
