@@ -12,7 +12,7 @@ each client is a process of its own, as each silo is.
 
 The floor is measured two ways (`measured_floor` runs each in a fresh process): with the C
 allocator as it comes, the issue's floor, and with the allocator setting fedsilo's services
-use (ops/allocator.py), which makes bare gRPC faster too; fedsilo's overhead is reported over
+use (ops/memory.py), which makes bare gRPC faster too; fedsilo's overhead is reported over
 both, so that its own allocator setting does not count as closing a gap that bare gRPC closes
 the same way.
 
@@ -36,7 +36,7 @@ from pathlib import Path
 
 import grpc
 
-from fedsilo.ops import allocator
+from fedsilo.ops.memory import keep_service_buffers
 
 SERVICE = "floor.Floor"
 UNLIMITED = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
@@ -78,16 +78,16 @@ class FloorRound:
 
 
 def measured_floor(
-    kits: Path, silos: list[str], parameters: int, rounds: int, *, keep_freed_memory: bool
+    kits: Path, silos: list[str], parameters: int, rounds: int, *, service_allocator: bool
 ) -> dict:
     """`floor_round_seconds` in a fresh server process, with the C allocator as it comes or set
-    as fedsilo's services set it (`keep_freed_memory`), in the server and its clients alike."""
+    as fedsilo's services set it (`service_allocator`), in the server and its clients alike."""
     command = [
         *(sys.executable, "-m", "bench.grpc_floor", "measure", "--kits", str(kits)),
         *("--names", ",".join(silos), "--parameters", str(parameters), "--rounds", str(rounds)),
     ]
     done = subprocess.run(
-        [*command, *(["--keep-freed-memory"] if keep_freed_memory else [])],
+        [*command, *(["--service-allocator"] if service_allocator else [])],
         capture_output=True,
         text=True,
         check=True,
@@ -97,12 +97,12 @@ def measured_floor(
 
 
 def floor_round_seconds(
-    kits: Path, silos: list[str], parameters: int, rounds: int, *, keep_freed_memory: bool = False
+    kits: Path, silos: list[str], parameters: int, rounds: int, *, service_allocator: bool = False
 ) -> dict:
     """Median and spread of `rounds` exchanges (after one to warm the channels) of 4 *
     `parameters` bytes each way with each of `silos`, over the certificates in `kits` (a
     `fedsilo provision --out` folder). The clients keep freed memory as fedsilo's services do
-    when `keep_freed_memory` is set; the server, the calling process, as it was set."""
+    when `service_allocator` is set; the server, the calling process, as it was set."""
     exchange = FloorRound(bytes(4 * parameters), len(silos))
     server, port = serve(kits, exchange)
     clients = [
@@ -111,7 +111,7 @@ def floor_round_seconds(
                 *(sys.executable, "-m", "bench.grpc_floor", "client"),
                 *("--kit", str(kits / "silos" / name), "--port", str(port)),
                 *("--rounds", str(rounds + 1)),
-                *(["--keep-freed-memory"] if keep_freed_memory else []),
+                *(["--service-allocator"] if service_allocator else []),
             ],
             cwd=Path(__file__).resolve().parent.parent,
         )
@@ -184,25 +184,25 @@ def main() -> None:
     client.add_argument("--kit", type=Path, required=True)
     client.add_argument("--port", type=int, required=True)
     client.add_argument("--rounds", type=int, required=True)
-    client.add_argument("--keep-freed-memory", action="store_true")
+    client.add_argument("--service-allocator", action="store_true")
     measure = sub.add_parser("measure")  # one floor in this process, its numbers as JSON
     measure.add_argument("--kits", type=Path, required=True)
     measure.add_argument("--names", required=True)
-    measure.add_argument("--keep-freed-memory", action="store_true")
+    measure.add_argument("--service-allocator", action="store_true")
     for command in (parser, measure):
         command.add_argument("--parameters", type=float, default=1e6)
         command.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--silos", type=int, default=3)
     args = parser.parse_args()
-    if getattr(args, "keep_freed_memory", False):
-        allocator.keep_freed_memory()
+    if getattr(args, "service_allocator", False):
+        keep_service_buffers()
     if args.role == "client":
         _client(args.kit, args.port, args.rounds)
         return
     if args.role == "measure":
         names, count = args.names.split(","), int(args.parameters)
-        keep = args.keep_freed_memory
-        measured = floor_round_seconds(args.kits, names, count, args.rounds, keep_freed_memory=keep)
+        keep = args.service_allocator
+        measured = floor_round_seconds(args.kits, names, count, args.rounds, service_allocator=keep)
         print(json.dumps(measured))
         return
     from fedsilo.ops.demo import LocalConsortium
@@ -212,8 +212,8 @@ def main() -> None:
         LocalConsortium.provision(Path(tmp), "floor", names)
         kits, count = Path(tmp) / "kits", int(args.parameters)
         for keep in (False, True):
-            floor = measured_floor(kits, names, count, args.rounds, keep_freed_memory=keep)
-            print(f"keep_freed_memory={keep}: {floor}")
+            floor = measured_floor(kits, names, count, args.rounds, service_allocator=keep)
+            print(f"service_allocator={keep}: {floor}")
 
 
 if __name__ == "__main__":

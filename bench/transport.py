@@ -13,7 +13,7 @@ Per configuration it reports:
 - the floor: the median round of a bare mutual-TLS gRPC exchange of the same bytes with the
   same silo processes' count and the same certificates (bench/grpc_floor.py), and
   `overhead_over_floor`, the round overhead over it (goal: at most 2); and the same floor with
-  the allocator setting fedsilo's services use (ops/allocator.py), which is faster, and
+  the allocator setting fedsilo's services use (ops/memory.py), which is faster, and
   `overhead_over_kept_floor` over it (`floor_kept_*`).
 
 Each configuration runs `--repeats` times (default 3), fedsilo, the floor and Flower in turn;
@@ -110,8 +110,8 @@ def run_config(root: Path, parameters: float, silos: int, rounds: int) -> dict:
     finally:
         consortium.stop()
     count = parameter_count(width)  # the MLP's, near `parameters`
-    floor = measured_floor(root / "kits", names, count, rounds, keep_freed_memory=False)
-    kept = measured_floor(root / "kits", names, count, rounds, keep_freed_memory=True)
+    floor = measured_floor(root / "kits", names, count, rounds, service_allocator=False)
+    kept = measured_floor(root / "kits", names, count, rounds, service_allocator=True)
     cpu = _cpu_per_round(spans, names)
     history = json.loads((root / "results" / "history.json").read_text())
     overheads = [

@@ -18,10 +18,10 @@ from fedsilo.coordinator.engine import RunAborted
 from fedsilo.coordinator.state import StateError
 from fedsilo.coordinator.strategies.base import SetupError
 from fedsilo.models.plugins import PluginError
-from fedsilo.ops.allocator import keep_freed_memory
 from fedsilo.ops.backends import BackendError
 from fedsilo.ops.coordinator_process import DeploymentError
 from fedsilo.ops.logs import configure_logging
+from fedsilo.ops.memory import keep_service_buffers
 from fedsilo.ops.provision import KitError
 from fedsilo.ops.report import OutputFolderError
 from fedsilo.policies.loading import PolicyError
@@ -77,9 +77,9 @@ def within(low: float, high: float) -> Callable[[click.Context, click.Parameter,
 
 def start_service(log_json: bool) -> threading.Event:
     """What a long-running service (`coordinator start`, `coordinator serve`, `silo start`) does
-    first: its logging, its allocator (ops/allocator.py), and a clean stop on SIGTERM/SIGINT."""
+    first: its logging, its allocator (ops/memory.py), and a clean stop on SIGTERM/SIGINT."""
     configure_logging(log_json)
-    keep_freed_memory()
+    keep_service_buffers()
     return stop_on_signals()
 
 

@@ -44,7 +44,6 @@ from fedsilo.coordinator.strategies.base import Strategy
 from fedsilo.coordinator.strategies.references import Central
 from fedsilo.ops.epsilon import ledger_anchors
 from fedsilo.ops.job_id import job_id
-from fedsilo.ops.memory import return_freed_memory
 from fedsilo.ops.metrics import CoordinatorMetrics, MetricsServer, serve_metrics
 from fedsilo.ops.provision import CoordinatorKit, load_coordinator_kit
 from fedsilo.ops.report import write_deployment_results
@@ -98,7 +97,6 @@ class CoordinatorOptions:
 
 def run_coordinator(options: CoordinatorOptions, stop: threading.Event | None = None) -> RunHistory:
     stop = stop or threading.Event()
-    return_freed_memory()
     kit = load_coordinator_kit(options.kit)
     job = prepare_job(signed_policy(options.policy, kit), str(options.policy))
     serving = open_serving(

@@ -64,7 +64,7 @@ from fedsilo.ops.coordinator_process import (
 )
 from fedsilo.ops.coordinator_process import run_job as run_job_rounds
 from fedsilo.ops.job_id import job_id as attempt_id
-from fedsilo.ops.memory import return_freed_memory
+from fedsilo.ops.memory import give_back_freed_memory
 from fedsilo.ops.provision import (
     KIT_FILE,
     CoordinatorKit,
@@ -104,7 +104,6 @@ class ServeOptions:
 def serve_coordinator(options: ServeOptions, stop: threading.Event | None = None) -> None:
     """Serve the consortium and run its queued jobs until `stop`."""
     stop = stop or threading.Event()
-    return_freed_memory()
     kit = load_coordinator_kit(options.kit)
     serving = open_serving(
         kit,
@@ -223,7 +222,7 @@ def run_queued_job(
         serving.service.clear_job()
         logging.getLogger("fedsilo").removeHandler(handler)
         handler.close()
-        return_freed_memory()
+        give_back_freed_memory()  # the job's buffers, kept for its rounds (ops/memory.py)
 
 
 @dataclass

@@ -64,10 +64,10 @@ def test_a_client_without_a_consortium_certificate_is_refused(kits: Path, tmp_pa
     assert exchange.returned == 0
 
 
-@pytest.mark.parametrize("keep_freed_memory", [False, True])
+@pytest.mark.parametrize("service_allocator", [False, True])
 def test_the_floor_runs_in_a_fresh_process_with_either_allocator_setting(
-    kits: Path, keep_freed_memory: bool
+    kits: Path, service_allocator: bool
 ) -> None:
-    result = measured_floor(kits, SILOS, 1000, 2, keep_freed_memory=keep_freed_memory)
+    result = measured_floor(kits, SILOS, 1000, 2, service_allocator=service_allocator)
     assert 0 < result["floor_round_seconds_min"] <= result["floor_round_seconds"]
     assert result["floor_server_cpu_ms_per_round"] > 0

@@ -1,5 +1,6 @@
 """A service keeps the memory it frees for its next buffers, instead of faulting fresh pages in
-at every round (ops/allocator.py); an operator's own allocator settings win."""
+at every round, and gives it back when a job ends (ops/memory.py); an operator's own malloc
+settings win."""
 
 from __future__ import annotations
 
@@ -9,15 +10,15 @@ import sys
 
 import pytest
 
-from fedsilo.ops import allocator
+from fedsilo.ops import memory
 
 ROUNDS = 50
 ROUND_PAGES = 8 * (1 << 20) // 4096  # each round allocates and frees 8 MiB, as 8 x 1 MiB
 
 CHURN = f"""
 import resource, sys, threading
-from fedsilo.ops.allocator import keep_freed_memory
-print(keep_freed_memory())
+from fedsilo.ops.memory import keep_service_buffers
+print(keep_service_buffers())
 def rounds():
     for _ in range({ROUNDS}):
         buffers = [bytes(1 << 20) for _ in range(8)]  # zeroed, so every page is touched
@@ -52,9 +53,16 @@ def test_an_operators_own_allocator_setting_is_kept(
     setting: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(setting, "glibc.malloc.arena_max=4" if setting == "GLIBC_TUNABLES" else "4")
-    assert allocator.keep_freed_memory() is False
+    assert memory.keep_service_buffers() is False
+    assert memory.keep_freed_memory() is False
 
 
 def test_elsewhere_than_glibc_nothing_is_set(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(allocator.platform, "libc_ver", lambda: ("", ""))
-    assert allocator.keep_freed_memory() is False
+    monkeypatch.setattr(memory.platform, "libc_ver", lambda: ("", ""))
+    assert memory.keep_service_buffers() is False
+    assert memory.give_back_freed_memory() is False
+
+
+@glibc_only
+def test_freed_memory_is_given_back_when_asked() -> None:
+    assert memory.give_back_freed_memory() is True
