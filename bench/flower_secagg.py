@@ -23,6 +23,12 @@ the aggregation's alone; later rounds add its effect on training).
 Run: `python -m bench.flower_secagg [--rounds 20] [--runs 3]` (about a minute per 20-round run
 on 2 cores); writes bench/results/flower_secagg.json and .png. Without Flower's interpreter it
 says so and exits 0.
+
+`--workload trained` runs bench/secagg.py's `--workload trained` instead of the default
+"step" workload: 256 samples per client and one local epoch in batches of 64 (the peer's
+docstring), so that SecAgg+'s ratio over Flower's plaintext sits beside fedsilo's masking
+ratio with real local training; it writes bench/results/flower_secagg_trained.json and .png.
+`--out NAME` writes bench/results/NAME.json and .png instead (either workload).
 """
 
 from __future__ import annotations
@@ -58,13 +64,17 @@ FIGURES = (
 )
 PER_CLIENT = ("bytes_down", "bytes_up")
 GOAL_RATIO = 2.0  # the masking goal under discussion for fedsilo (bench/secagg.py)
+WORKLOADS = ("step", "trained")  # bench/flower_secagg_peer.py's
 
 
-def run_peer(python: Path, rounds: int, order: list[str], timeout_s: float) -> dict[str, Any]:
+def run_peer(
+    python: Path, rounds: int, order: list[str], timeout_s: float, workload: str = "step"
+) -> dict[str, Any]:
     """One peer run: its JSON report, with the count of completed secure aggregations."""
     with tempfile.TemporaryDirectory(prefix="flower-secagg-") as folder:
         out, log = Path(folder) / "peer.json", Path(folder) / "peer.log"
         command = [str(python), "-m", PEER, "--rounds", str(rounds), "--order", ",".join(order)]
+        command += ["--workload", workload]
         with log.open("w") as sink:
             done = subprocess.run(
                 [*command, "--out", str(out)],
@@ -164,7 +174,7 @@ def table(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def plot(summary: dict[str, Any]) -> plt.Figure:
+def plot(summary: dict[str, Any], workload: str = "step") -> plt.Figure:
     figure, (seconds, ratios) = plt.subplots(1, 2, figsize=(11, 4))
     xs = range(len(METHODS))
     for offset, key, label in ((-0.2, "seconds", "wall"), (0.2, "cpu_seconds", "CPU")):
@@ -178,7 +188,7 @@ def plot(summary: dict[str, Any]) -> plt.Figure:
         )
     seconds.set_xticks(list(xs), METHODS, fontsize=8)
     seconds.set_ylabel("round seconds (median of rounds 2..R)")
-    seconds.set_title("Flower 1.41, 1e6 parameters x 10 clients")
+    seconds.set_title(f"Flower 1.41, 1e6 parameters x 10 clients, {workload} workload")
     seconds.legend()
     for offset, key, label in ((-0.2, "seconds", "wall"), (0.2, "cpu_seconds", "CPU")):
         cells = [summary[m]["ratio"][key] for m in SECURE]
@@ -202,6 +212,17 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=20, help="rounds per run (>= 2)")
     parser.add_argument("--runs", type=int, default=3, help="peer runs")
     parser.add_argument("--timeout", type=float, default=1200.0, help="seconds per peer run")
+    parser.add_argument(
+        "--workload",
+        choices=WORKLOADS,
+        default="step",
+        help="step: 32 samples, 1 SGD step on 8 (default); trained: 256 samples, 1 epoch of 64s",
+    )
+    parser.add_argument(
+        "--out",
+        help="write bench/results/OUT.json and .png (default: flower_secagg, or "
+        "flower_secagg_WORKLOAD for another workload)",
+    )
     args = parser.parse_args()
     if args.rounds < 2 or args.runs < 1:
         parser.error("at least 2 rounds (round 1 is the warm-up) and 1 run")
@@ -216,7 +237,7 @@ def main() -> None:
     runs, reports = [], []
     for k in range(args.runs):
         order = list(METHODS[k % len(METHODS) :] + METHODS[: k % len(METHODS)])
-        report = run_peer(python, args.rounds, order, args.timeout)
+        report = run_peer(python, args.rounds, order, args.timeout, args.workload)
         reports.append(report)
         runs.append(summarize_run(report, args.rounds))
         plain = runs[-1]["methods"]["plain"]["seconds"]
@@ -230,8 +251,11 @@ def main() -> None:
     checks = [run["checks"] for run in runs]
     print(f"checks per run: {checks}")
     first = reports[0]
+    name = args.out or (
+        "flower_secagg" if args.workload == "step" else f"flower_secagg_{args.workload}"
+    )
     path = write(
-        "flower_secagg",
+        name,
         {
             "settings": {
                 "rounds": args.rounds,
@@ -254,7 +278,7 @@ def main() -> None:
             "summary": summary,
             "runs": runs,
         },
-        plot(summary),
+        plot(summary, args.workload),
     )
     print(f"wrote bench/results/{path.name} and {path.with_suffix('.png').name}")
 

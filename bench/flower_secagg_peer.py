@@ -6,7 +6,7 @@ stubs need protobuf 7), so it imports neither fedsilo nor bench.common (only ben
 needs the standard library), and it writes JSON only; it runs from the repository root.
 
     python -m bench.flower_secagg_peer --rounds R --order plain,secaggplus_sparse,...
-        --out F.json
+        [--workload step|trained] --out F.json
 
 One process, no network: for each method one Flower ServerApp (legacy `LegacyContext` +
 `DefaultWorkflow`, as Flower's secure-aggregation example runs it) and ten ClientApps
@@ -33,10 +33,12 @@ ten clients every round, starting from the same seeded model, with no evaluation
 (fraction_evaluate 0, no evaluate_fn).
 
 Workload, as bench/secagg.py's (shapes and work, not the same numbers): an MLP 100 -> 1000 ->
-900 -> 2 with ReLU (1,003,702 parameters), 32 samples per client (numpy normal rows seeded
-by the client's index, label: the sign of the sum of the first 20 features), one SGD step
-(lr 0.01, cross-entropy) on a batch of 8 drawn from a generator seeded by client and step;
-torch runs on one thread, as in bench/secagg.py.
+900 -> 2 with ReLU (1,003,702 parameters), numpy normal rows seeded by the client's index
+(label: the sign of the sum of the first 20 features), SGD (lr 0.01, cross-entropy) on
+minibatches of a permutation drawn from a generator seeded by client and round; torch runs
+on one thread, as in bench/secagg.py. `--workload step` (the default): 32 samples per client,
+one step on a batch of 8 (the permutation's first 8). `--workload trained`: 256 samples per
+client, one epoch in batches of 64 (4 steps), as bench/secagg.py's `--workload trained`.
 
 Timing: the methods' ServerApps run in three threads that take turns, one round each (a
 ServerApp works only while it holds the turn, between-round work included), in the order
@@ -76,7 +78,12 @@ METHODS = ("plain", "secaggplus_complete", "secaggplus_sparse")
 SHARES = {"secaggplus_complete": (10, 7), "secaggplus_sparse": (5, 3)}  # num_shares, threshold
 CLIENTS = 10
 FEATURES, HIDDEN, CLASSES = 100, (1000, 900), 2
-SAMPLES, INFORMATIVE, BATCH, LR = 32, 20, 8, 0.01
+SAMPLES, INFORMATIVE, BATCH, LR = 32, 20, 8, 0.01  # SAMPLES, BATCH: the "step" workload's
+# per workload: samples per client, batch size, steps per round (None: one epoch)
+WORKLOADS: dict[str, tuple[int, int, int | None]] = {
+    "step": (SAMPLES, BATCH, 1),
+    "trained": (256, 64, None),
+}
 RUN_ID, TASK_ID = 1, 1
 
 
@@ -96,8 +103,8 @@ def mlp() -> torch.nn.Sequential:
     return nn.Sequential(*layers)
 
 
-def client_data(client: int) -> tuple[np.ndarray, np.ndarray]:
-    x = np.random.default_rng(client).normal(size=(SAMPLES, FEATURES)).astype(np.float32)
+def client_data(client: int, samples: int = SAMPLES) -> tuple[np.ndarray, np.ndarray]:
+    x = np.random.default_rng(client).normal(size=(samples, FEATURES)).astype(np.float32)
     return x, (x[:, :INFORMATIVE].sum(axis=1) > 0).astype(np.int64)
 
 
@@ -239,29 +246,39 @@ class Clock:
         self.models.append(np.concatenate([a.ravel() for a in arrays]).astype(np.float32))
 
 
-def client_app(method: str) -> Any:
+def minibatches(client: int, fits: int, workload: str) -> list[np.ndarray]:
+    """The row indices of each local step of a client's `fits`-th fit under `workload`."""
+    samples, batch, steps = WORKLOADS[workload]
+    order = np.random.default_rng((client, fits)).permutation(samples)
+    batches = [order[start : start + batch] for start in range(0, samples, batch)]
+    return batches if steps is None else batches[:steps]
+
+
+def client_app(method: str, workload: str = "step") -> Any:
     """Ten clients' ClientApp: each node trains its own model on its own data."""
     import torch
     from flwr.client import ClientApp, NumPyClient
     from flwr.client.mod import secaggplus_mod
 
+    samples = WORKLOADS[workload][0]
+
     class Client(NumPyClient):
         def __init__(self, client: int) -> None:
-            self.client, self.steps, self.model = client, 0, mlp()
-            x, y = client_data(client)
+            self.client, self.fits, self.model = client, 0, mlp()
+            x, y = client_data(client, samples)
             self.x, self.y = torch.from_numpy(x), torch.from_numpy(y)
 
         def fit(self, parameters: list[np.ndarray], config: dict[str, Any]) -> Any:
             for p, received in zip(self.model.parameters(), parameters, strict=True):
                 p.detach().numpy()[...] = received
-            self.steps += 1
-            batch = np.random.default_rng((self.client, self.steps)).permutation(SAMPLES)[:BATCH]
+            self.fits += 1
             optimizer = torch.optim.SGD(self.model.parameters(), lr=LR)
-            optimizer.zero_grad(set_to_none=True)
-            loss = torch.nn.functional.cross_entropy(self.model(self.x[batch]), self.y[batch])
-            loss.backward()
-            optimizer.step()
-            return [p.detach().numpy().copy() for p in self.model.parameters()], SAMPLES, {}
+            for batch in minibatches(self.client, self.fits, workload):
+                optimizer.zero_grad(set_to_none=True)
+                loss = torch.nn.functional.cross_entropy(self.model(self.x[batch]), self.y[batch])
+                loss.backward()
+                optimizer.step()
+            return [p.detach().numpy().copy() for p in self.model.parameters()], samples, {}
 
     nodes = {node_id(c): Client(c) for c in range(CLIENTS)}
 
@@ -306,7 +323,7 @@ def deployment(method: str, rounds: int, turns: Turns) -> tuple[Any, Clock]:
     return app, clock
 
 
-def run_all(order: list[str], rounds: int) -> dict[str, Clock]:
+def run_all(order: list[str], rounds: int, workload: str = "step") -> dict[str, Clock]:
     """Every method's ServerApp in its own thread, taking turns round by round."""
     from flwr.app import Context, RecordDict
     from flwr.common.constant import SUPERLINK_NODE_ID
@@ -323,7 +340,7 @@ def run_all(order: list[str], rounds: int) -> dict[str, Clock]:
         contexts = {
             node_id(c): Context(RUN_ID, node_id(c), {}, RecordDict(), {}) for c in range(CLIENTS)
         }
-        grid = loopback_grid(dict.fromkeys(contexts, client_app(method)), contexts)
+        grid = loopback_grid(dict.fromkeys(contexts, client_app(method, workload)), contexts)
         app(grid, Context(RUN_ID, SUPERLINK_NODE_ID, {}, RecordDict(), {}))
 
     take_turns(order, run, "flower")
@@ -334,6 +351,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, required=True)
     parser.add_argument("--order", default=",".join(METHODS), help="methods, comma-separated")
+    parser.add_argument("--workload", choices=list(WORKLOADS), default="step")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     order = args.order.split(",")
@@ -348,7 +366,8 @@ def main() -> None:
     step = 2 * defaults.clipping_range / defaults.quantization_range
     torch.set_num_threads(1)
     random.seed(0)  # SecAgg+'s shuffle of the clients into neighbourhoods
-    clocks = run_all(order, args.rounds)
+    clocks = run_all(order, args.rounds, args.workload)
+    samples, batch, steps = WORKLOADS[args.workload]
     plain = clocks["plain"].models
     report = {
         "flwr": flwr.__version__,
@@ -360,8 +379,10 @@ def main() -> None:
             "features": FEATURES,
             "hidden": list(HIDDEN),
             "classes": CLASSES,
-            "samples_per_client": SAMPLES,
-            "training": {"steps": 1, "batch_size": BATCH, "lr": LR, "optimizer": "sgd"},
+            "name": args.workload,
+            "samples_per_client": samples,
+            "training": {"batch_size": batch, "lr": LR, "optimizer": "sgd"}
+            | ({"epochs": 1} if steps is None else {"steps": steps}),
         },
         "secaggplus_defaults": {
             "clipping_range": defaults.clipping_range,
@@ -372,7 +393,7 @@ def main() -> None:
         # Each client quantizes (weight / max_weight) x parameters stochastically, one step
         # 2 clipping_range / quantization_range at most; the mean divides the sum of the n
         # clients' by n weight / max_weight: an error below step x max_weight / weight.
-        "quantization_error_bound": step * defaults.max_weight / SAMPLES,
+        "quantization_error_bound": step * defaults.max_weight / samples,
         "methods": {
             m: {
                 "num_shares_threshold": SHARES.get(m),

@@ -6,7 +6,8 @@ fewer than all the others).
 
 Each configuration runs the same seeded consortium through the in-process engine once per
 `secure_aggregation` method (none, masking, ckks): synthetic classification data, 32 samples
-per silo, one local SGD step on a batch of 8, so that aggregation dominates the round. The
+per silo, one local SGD step on a batch of 8 (the default "step" workload), so that
+aggregation dominates the round. The
 three deployments take turns, one round each, so that load from elsewhere on the machine
 falls on all of them alike. Every silo endpoint is wrapped to count the bytes of the tasks it
 receives and the results it sends, and to time the silo's work (decoding, the task,
@@ -29,12 +30,29 @@ CKKS also, from `privacy.ckks.measure`, the encryption time per 1e6 parameters a
 ciphertext expansion over fp32. Goal: masking <= 2x plaintext round time at 1e6 parameters x
 10 silos.
 
+Masking where it matters: `--workload trained` gives each silo 256 training samples and one
+local epoch (batch 64, lr 0.01: bench/engine_overhead.py's 256 x 1 epoch) instead of the
+default "step" workload above; its goal: masking <= 1.3x plaintext at 1e6 x 10, and beside
+it Flower's SecAgg+ over Flower's plaintext on the same workload (`python -m
+bench.flower_secagg --workload trained`). `--rtt-ms L` puts a link with an L ms round trip
+under the in-process transport: every silo call (task delivered, answer returned) first
+sleeps L ms in the wiretap, outside the silo's timed work and CPU (kept apart as the round's
+link seconds). Which number is which, then: the round's wall time is measured, and since the
+silos answer one at a time it holds L once per silo call (silos x steps of them); the CPU
+time holds none of it (sleeping costs none); the deployment estimate, silos in parallel,
+adds L once per step (one round trip to all silos at once): coordinator CPU + per step the
+slowest silo's CPU + L.
+
 About 6 minutes on 2 CPU cores shared with other work, and up to 7 GB of memory (20 silos
 x 1e6 with CKKS: the coordinator holds every silo's 82 MB of ciphertexts). Run:
 `python -m bench.secagg` (`--quick`: a small smoke configuration that writes nothing); writes
 bench/results/secagg.json and secagg.png. `--sizes 1e6 --silos 10,20 --methods
 none,masking,sparse` reruns only those rows (plaintext always runs beside them) and, like
-`--quick`, writes nothing: the result file comes from full runs only.
+`--quick`, writes nothing: the result file comes from full runs only. So do a run with
+another `--workload` or a `--rtt-ms`, unless `--out NAME` names its own result file
+(bench/results/NAME.json and NAME.png), as it may for a filtered run, e.g. `python -m
+bench.secagg --workload trained --sizes 1e6 --silos 10 --methods masking,sparse --rtt-ms 20
+--out secagg_trained_rtt20`.
 """
 
 from __future__ import annotations
@@ -84,12 +102,32 @@ from fedsilo.wire.tensors import index_tensors
 
 METHODS = ("none", "masking", "sparse", "ckks")
 SPARSE_NEIGHBOURS = 4  # "sparse": masking with secure_aggregation.neighbours 4 (t = 3)
-FEATURES, SAMPLES, CLASSES = 100, 32, 2
+FEATURES, SAMPLES, CLASSES = 100, 32, 2  # SAMPLES: the "step" workload's
 MODELS = {"1e5": [330, 200], "1e6": [1000, 900]}  # MLP hidden layers: 99,932 and 1,003,702
 SILO_COUNTS = (5, 10, 20)
 QUICK_MODELS, QUICK_SILOS = {"1e4": [64]}, (3,)
 MAX_PARALLEL = 1
-TRAINING = {"steps": 1, "batch_size": 8, "lr": 0.01}
+TRAINING = {"steps": 1, "batch_size": 8, "lr": 0.01}  # the "step" workload's
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Each silo's training samples and local training per round."""
+
+    samples: int
+    training: dict[str, Any]
+    max_ratio: float  # the goal: masking's round time over plaintext's at 1e6 x 10, at most
+    title: str
+
+
+WORKLOADS = {
+    # aggregation dominates the round
+    "step": Workload(SAMPLES, TRAINING, 2.0, "1 local step of 8 samples"),
+    # real local training, as bench/engine_overhead.py's 256 samples x 1 epoch (batch 64)
+    "trained": Workload(
+        256, {"epochs": 1, "batch_size": 64, "lr": 0.01}, 1.3, "1 local epoch of 256 samples"
+    ),
+}
 GOAL = {"parameters": "1e6", "silos": 10, "method": "masking", "max_ratio": 2.0}
 ANCHORS = {
     "nvflare_ckks_end_to_end_ratio": 2.7,  # NVFLARE, CKKS on a 3.5M-parameter CNN
@@ -112,14 +150,18 @@ class Call:
     cpu: float  # the silo thread's CPU time (torch runs on one thread here)
     down: int
     up: int
+    link: float = 0.0  # wall seconds the injected round-trip delay took (not the silo's)
 
 
 class Wiretap:
     """Wraps silo endpoints: times each task (wall and CPU time) and counts the bytes of task
-    and result."""
+    and result. With `rtt` seconds, every call first waits that long (the link's round trip:
+    task delivered, answer returned), outside the silo's timed work; the wait is kept apart in
+    `Call.link`."""
 
-    def __init__(self) -> None:
+    def __init__(self, rtt: float = 0.0) -> None:
         self.calls: list[Call] = []
+        self.rtt = rtt
         self._lock = threading.Lock()
 
     def wrap(self, silo: str, endpoint: SiloEndpoint) -> SiloEndpoint:
@@ -129,6 +171,11 @@ class Wiretap:
         engine = time.pthread_getcpuclockid(threading.main_thread().ident)
 
         def answer(payload: bytes) -> bytes:
+            link = 0.0
+            if self.rtt:
+                waited = time.perf_counter()
+                time.sleep(self.rtt)
+                link = time.perf_counter() - waited
             started = time.perf_counter()
             started_cpu = time.process_time() - time.clock_gettime(engine)
             result = endpoint(payload)
@@ -136,7 +183,7 @@ class Wiretap:
             cpu = time.process_time() - time.clock_gettime(engine) - started_cpu
             _, header = index_tensors(as_payload(payload))
             round_no, kind = int(header["round"]), str(header["kind"])
-            call = Call(silo, round_no, kind, seconds, cpu, len(payload), len(result))
+            call = Call(silo, round_no, kind, seconds, cpu, len(payload), len(result), link)
             with self._lock:
                 self.calls.append(call)
             return result
@@ -190,12 +237,12 @@ class Snapshots(Strategy):
         return self.strategy.evaluate(state, ctx)
 
 
-def silo_data(name: str, seed: int) -> SiloDataset:
-    x, y = make_classification(SAMPLES + 20, FEATURES, n_informative=20, random_state=seed)
+def silo_data(name: str, seed: int, samples: int = SAMPLES) -> SiloDataset:
+    x, y = make_classification(samples + 20, FEATURES, n_informative=20, random_state=seed)
     x = torch.tensor(x, dtype=torch.float32)
     y = torch.tensor(y, dtype=torch.int64)
     names = tuple(f"f{i}" for i in range(FEATURES))
-    s = SAMPLES
+    s = samples
     return SiloDataset(
         name,
         x[:s],
@@ -211,7 +258,9 @@ def silo_data(name: str, seed: int) -> SiloDataset:
     )
 
 
-def bench_policy(method: str, hidden: list[int], silos: int, rounds: int) -> Policy:
+def bench_policy(
+    method: str, hidden: list[int], silos: int, rounds: int, workload: str = "step"
+) -> Policy:
     return parse_policy(
         {
             "version": 1,
@@ -220,7 +269,7 @@ def bench_policy(method: str, hidden: list[int], silos: int, rounds: int) -> Pol
             "eval_every": rounds + 1,  # the final evaluation comes after the last round's mark
             "algorithm": {"name": "fedavg"},
             "model": {"name": "mlp", "hidden": hidden},
-            "training": TRAINING,
+            "training": WORKLOADS[workload].training,
             "compute": {"device": "cpu"},
             "participants": {"min_silos": silos, "phase_timeout_s": 600},
             "secure_aggregation": {"method": "masking", "neighbours": SPARSE_NEIGHBOURS}
@@ -236,17 +285,25 @@ def derived(name: str, purpose: str) -> bytes:
 
 
 def deployment(
-    method: str, hidden: list[int], silos: int, rounds: int, turns: Turns
+    method: str,
+    hidden: list[int],
+    silos: int,
+    rounds: int,
+    turns: Turns,
+    workload: str = "step",
+    rtt: float = 0.0,
 ) -> tuple[RoundEngine, Rounds, Wiretap, Snapshots]:
-    """An engine over `silos` wiretapped silo agents, run under `method`, taking turns."""
-    policy = bench_policy(method, hidden, silos, rounds)
+    """An engine over `silos` wiretapped silo agents, run under `method`, taking turns; each
+    silo call waits `rtt` seconds (the link's round trip)."""
+    policy = bench_policy(method, hidden, silos, rounds, workload)
+    samples = WORKLOADS[workload].samples
     names = [f"s{i:02d}" for i in range(silos)]
     identities = {n: SigningKey(derived(n, "identity")) for n in names}
     sealing = {n: PrivateKey(derived(n, "sealing")) for n in names}
     agents = {
         n: SiloAgent(
             n,
-            silo_data(n, i),
+            silo_data(n, i, samples),
             policy,
             keys=SiloKeys(
                 identity=identities[n],
@@ -257,7 +314,7 @@ def deployment(
         )
         for i, n in enumerate(names)
     }
-    tap, seen = Wiretap(), Rounds(turns, method)
+    tap, seen = Wiretap(rtt), Rounds(turns, method)
     transport = InProcessTransport(
         {n: tap.wrap(n, a.handle_bytes) for n, a in agents.items()}, max_parallel=MAX_PARALLEL
     )
@@ -266,7 +323,11 @@ def deployment(
 
 
 def side_by_side(
-    hidden: list[int], silos: int, rounds: dict[str, int]
+    hidden: list[int],
+    silos: int,
+    rounds: dict[str, int],
+    workload: str = "step",
+    rtt: float = 0.0,
 ) -> dict[str, dict[str, Any]]:
     """Every method's deployment of `rounds[method]` FedAvg rounds, taking turns: per method,
     its round records and CPU times, the wiretap's calls and the global model after each
@@ -274,7 +335,9 @@ def side_by_side(
     outcomes: dict[str, dict[str, Any]] = {}
 
     def run(method: str, turns: Turns) -> None:
-        engine, seen, tap, strategy = deployment(method, hidden, silos, rounds[method], turns)
+        engine, seen, tap, strategy = deployment(
+            method, hidden, silos, rounds[method], turns, workload, rtt
+        )
         engine.run()
         failed = [r.error for r in seen.records if r.status != "completed"]
         if failed:
@@ -293,9 +356,13 @@ def side_by_side(
 # -- summaries -------------------------------------------------------------------------------
 
 
-def round_costs(calls: list[Call], wall: float, cpu: float | None, silos: int) -> dict[str, Any]:
-    """One round's time split between coordinator and silos (wall; and CPU when `cpu`, the
-    process's CPU time in the round, is known), the deployment estimate, and bytes per silo."""
+def round_costs(
+    calls: list[Call], wall: float, cpu: float | None, silos: int, rtt: float = 0.0
+) -> dict[str, Any]:
+    """One round's time split between coordinator, silos and the injected link delay (wall;
+    and CPU when `cpu`, the process's CPU time in the round, is known), the deployment
+    estimate (coordinator CPU + per step the slowest silo's CPU + one round trip `rtt`), and
+    bytes per silo."""
     steps: dict[str, list[Call]] = defaultdict(list)
     down: dict[str, int] = defaultdict(int)
     up: dict[str, int] = defaultdict(int)
@@ -304,18 +371,20 @@ def round_costs(calls: list[Call], wall: float, cpu: float | None, silos: int) -
         down[call.silo] += call.down
         up[call.silo] += call.up
     silos_wall, silos_cpu = sum(c.seconds for c in calls), sum(c.cpu for c in calls)
+    link_wall = sum(c.link for c in calls)
     slowest = {k: max(c.cpu for c in cs) for k, cs in steps.items()}
     coordinator_cpu = None if cpu is None else cpu - silos_cpu
     return {
         "wall": wall,
-        "coordinator_wall": wall - silos_wall,
+        "coordinator_wall": wall - silos_wall - link_wall,
         "silos_wall": silos_wall,
+        "link_wall": link_wall,
         "cpu": cpu,
         "coordinator_cpu": coordinator_cpu,
         "silos_cpu": silos_cpu,
         "deployment_estimate": None
         if coordinator_cpu is None
-        else coordinator_cpu + sum(slowest.values()),
+        else coordinator_cpu + sum(slowest.values()) + rtt * len(steps),
         "steps": {
             k: {
                 "silo_seconds_total": sum(c.seconds for c in cs),
@@ -342,7 +411,7 @@ def summarize(outcome: dict[str, Any], silos: int, params: int) -> dict[str, Any
     records: list[RoundRecord] = outcome["records"]
     tap: Wiretap = outcome["tap"]
     costs = [
-        round_costs(tap.of_round(r.round), r.seconds, c, silos)
+        round_costs(tap.of_round(r.round), r.seconds, c, silos, tap.rtt)
         for r, c in zip(records, outcome["cpu"], strict=True)
     ]
     steady = costs[1:]
@@ -353,12 +422,22 @@ def summarize(outcome: dict[str, Any], silos: int, params: int) -> dict[str, Any
         }
         for kind, fields in steady[0]["steps"].items()
     }
-    keys = ("wall", "coordinator_wall", "silos_wall", "cpu", "coordinator_cpu", "silos_cpu")
+    keys = (
+        "wall",
+        "coordinator_wall",
+        "silos_wall",
+        "link_wall",
+        "cpu",
+        "coordinator_cpu",
+        "silos_cpu",
+        "deployment_estimate",
+    )
     return {
         "round_seconds": median_of(steady, "wall"),
         "round_cpu_seconds": median_of(steady, "cpu"),
         "coordinator_seconds": median_of(steady, "coordinator_wall"),
         "silo_seconds_total": median_of(steady, "silos_wall"),
+        "link_seconds_total": median_of(steady, "link_wall"),
         "coordinator_cpu_seconds": median_of(steady, "coordinator_cpu"),
         "silo_cpu_seconds_total": median_of(steady, "silos_cpu"),
         "deployment_estimate_seconds": median_of(steady, "deployment_estimate"),
@@ -401,7 +480,12 @@ def methods_for(silos: int, wanted: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def configuration(
-    label: str, hidden: list[int], silos: int, rounds: dict[str, int]
+    label: str,
+    hidden: list[int],
+    silos: int,
+    rounds: dict[str, int],
+    workload: str = "step",
+    rtt: float = 0.0,
 ) -> dict[str, Any]:
     """The three methods on one (model size, silo count), side by side, with ratios to
     plaintext. Precision: the largest difference from plaintext's global model after each
@@ -410,7 +494,7 @@ def configuration(
     params = count_parameters(
         build_model(bench_policy("none", hidden, 1, 1).model, (FEATURES,), CLASSES, 0)
     )
-    outcomes = side_by_side(hidden, silos, rounds)
+    outcomes = side_by_side(hidden, silos, rounds, workload, rtt)
     methods = {m: summarize(outcomes[m], silos, params) for m in rounds}
     plain = outcomes["none"]["models"]
     for method, row in methods.items():
@@ -474,11 +558,14 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def goal_check(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The goal, judged on wall time and on CPU time (both must hold), for the complete graph
-    and, beside it, the sparse one."""
+def goal_check(
+    rows: list[dict[str, Any]], goal: dict[str, Any] | None = None
+) -> dict[str, Any] | None:
+    """The goal (GOAL unless given), judged on wall time and on CPU time (both must hold), for
+    the complete graph and, beside it, the sparse one."""
+    goal = goal or GOAL
     for row in rows:
-        if row["label"] == GOAL["parameters"] and row["silos"] == GOAL["silos"]:
+        if row["label"] == goal["parameters"] and row["silos"] == goal["silos"]:
             judged = {}
             for method in ("masking", "sparse"):
                 if method not in row["methods"]:
@@ -489,13 +576,16 @@ def goal_check(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
                     "cpu_ratio": ratio["round_cpu_seconds"],
                     "deployment_estimate_ratio": ratio["deployment_estimate_seconds"],
                     "met": max(ratio["round_seconds"], ratio["round_cpu_seconds"])
-                    <= GOAL["max_ratio"],
+                    <= goal["max_ratio"],
                 }
-            return {**GOAL, **judged.get(GOAL["method"], {}), "by_method": judged}
+            return {**goal, **judged.get(goal["method"], {}), "by_method": judged}
     return None
 
 
-def plot(rows: list[dict[str, Any]]) -> plt.Figure:
+def plot(
+    rows: list[dict[str, Any]], goal: dict[str, Any] | None = None, title: str = ""
+) -> plt.Figure:
+    goal = goal or GOAL
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.8))
     x = np.arange(len(rows))
     shown = [m for m in METHODS if any(m in r["methods"] for r in rows)]
@@ -549,10 +639,10 @@ def plot(rows: list[dict[str, Any]]) -> plt.Figure:
     axes[0].set_ylabel("wall seconds per round (steady state, silos serial)")
     axes[1].set_ylabel("round time / plaintext")
     axes[1].axhline(
-        GOAL["max_ratio"],
+        goal["max_ratio"],
         color="tab:red",
         linestyle="--",
-        label=f"goal: masking <= {GOAL['max_ratio']:g}x",
+        label=f"goal: masking <= {goal['max_ratio']:g}x",
     )
     axes[1].axhline(
         ANCHORS["nvflare_ckks_end_to_end_ratio"],
@@ -578,7 +668,10 @@ def plot(rows: list[dict[str, Any]]) -> plt.Figure:
     for axis in axes:
         axis.set_ylim(top=axis.get_ylim()[1] * 8)  # room for the legend above the bars
         axis.legend(fontsize=7, loc="upper left")
-    fig.suptitle("Secure aggregation vs plaintext FedAvg: 1 local step, in-process engine")
+    fig.suptitle(
+        f"Secure aggregation vs plaintext FedAvg: {title or WORKLOADS['step'].title}, "
+        "in-process engine"
+    )
     return fig
 
 
@@ -593,17 +686,37 @@ def main() -> None:
     parser.add_argument("--silos", help="only these silo counts, e.g. 10,20")
     parser.add_argument("--methods", help=f"only these methods (plaintext always), of {METHODS}")
     parser.add_argument(
-        "--out", help="with a filter: write bench/results/OUT.json (and .png) instead of nothing"
+        "--workload",
+        choices=list(WORKLOADS),
+        default="step",
+        help="step: 32 samples, 1 SGD step on 8 (default); trained: 256 samples, 1 epoch",
+    )
+    parser.add_argument(
+        "--rtt-ms",
+        type=float,
+        default=0.0,
+        help="round-trip delay of the link: every silo call waits this long (default 0)",
+    )
+    parser.add_argument(
+        "--out",
+        help="with a filter, another workload or a delay: write bench/results/OUT.json (and "
+        ".png) instead of nothing",
     )
     args = parser.parse_args()
     if min(args.rounds, args.ckks_rounds) < 2:
         parser.error("every run needs at least 2 rounds: round 1 is the warm-up")
+    if args.rtt_ms < 0:
+        parser.error("--rtt-ms: a delay is not negative")
     wanted = tuple(args.methods.split(",")) if args.methods else METHODS
     sizes = args.sizes.split(",") if args.sizes else list(MODELS)
     unknown = sorted({*wanted} - {*METHODS} | {*sizes} - {*MODELS})
     if unknown:
         parser.error(f"unknown size or method: {unknown}")
     filtered = bool(args.sizes or args.silos or args.methods)
+    variant = args.workload != "step" or args.rtt_ms > 0  # not the default result file's
+    workload, rtt = WORKLOADS[args.workload], args.rtt_ms / 1000
+    goal_of = {**GOAL, "max_ratio": workload.max_ratio}
+    title = workload.title + (f", link RTT {args.rtt_ms:g} ms" if args.rtt_ms else "")
     load_before = os.getloadavg()
     torch.manual_seed(0)
     torch.set_num_threads(1)  # so that a silo's CPU time is its thread's
@@ -614,7 +727,14 @@ def main() -> None:
     each = {"none": args.rounds, "masking": args.rounds, "sparse": args.rounds}
     each["ckks"] = args.ckks_rounds
     rows = [
-        configuration(label, hidden, silos, {m: each[m] for m in methods_for(silos, wanted)})
+        configuration(
+            label,
+            hidden,
+            silos,
+            {m: each[m] for m in methods_for(silos, wanted)},
+            args.workload,
+            rtt,
+        )
         for label, hidden in models.items()
         for silos in silo_counts
     ]
@@ -624,7 +744,7 @@ def main() -> None:
         for row in rows
         if row["silos"] == silo_counts[0] and "ckks" in row["methods"]
     ]
-    goal = goal_check(rows)
+    goal = goal_check(rows, goal_of)
     print(table(rows))
     for c in ckks:
         print(
@@ -633,17 +753,22 @@ def main() -> None:
         )
     print(f"anchors: {ANCHORS}")
     print(f"goal: {goal or 'not in this configuration'}")
-    figure = plot(rows)
-    if args.quick or (filtered and not args.out):
+    figure = plot(rows, goal_of, title)
+    if args.quick or ((filtered or variant) and not args.out):
         plt.close(figure)
         return
     path = write(
-        args.out if filtered else "secagg",
+        args.out if (filtered or variant) else "secagg",
         {
             "settings": {
                 "features": FEATURES,
-                "samples_per_silo": SAMPLES,
-                "training": TRAINING,
+                "workload": args.workload,
+                "samples_per_silo": workload.samples,
+                "training": workload.training,
+                "rtt_ms": args.rtt_ms,
+                "link": "each silo call waits rtt_ms (sleep in the wiretap, outside the silo's "
+                "timed work): serialized here, so the wall time holds silos x steps of them; "
+                "the deployment estimate adds one rtt per step (silos in parallel)",
                 "rounds": rounds,
                 "steady_state": "median of rounds 2..R; the methods take turns, one round each",
                 "precision": "max |model - plaintext's| after round 1 (and by round)",
