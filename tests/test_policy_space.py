@@ -200,7 +200,10 @@ def test_a_sample_of_accepted_policies_runs_over_real_processes_as_simulated(
             assume(False)
         names = [d.name for d in datasets]
         assume(all(re.fullmatch(r"[a-z][a-z0-9-]*", n) for n in names))
-        simulated = simulate(policy, datasets)
+        try:
+            simulated = simulate(policy, datasets)
+        except USER_ERRORS:  # what this machine refuses to run (a GPU it lacks) is not deployed
+            assume(False)
         assume(bool(simulated.history.failed) is False)
         consortium = provision(root, tuple(names))
         try:
