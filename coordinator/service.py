@@ -24,12 +24,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Protocol
 
 import grpc
 from nacl.signing import SigningKey
 
 from fedsilo.coordinator.hub import SiloHub
-from fedsilo.ops.metrics import CoordinatorMetrics
 from fedsilo.privacy.roster import SignedRoster
 from fedsilo.wire.control import (
     ACCEPT,
@@ -60,6 +60,15 @@ HEARTBEATS_PER_WINDOW = 4  # a silo is gone only after missing this many heartbe
 IDENTITY_MISMATCH, REVOKED = "identity_mismatch", "revoked"
 
 
+class ChannelCounters(Protocol):
+    """What the channel counts (ops/metrics.py `CoordinatorMetrics` counts it for Prometheus):
+    payload bytes per silo and direction, and refused messages by reason."""
+
+    def count_bytes(self, direction: str, silo: str, n: int) -> None: ...
+
+    def count_rejected(self, reason: str) -> None: ...
+
+
 @dataclass(frozen=True)
 class SignedPolicy:
     """A job's policy as the operator signed it; from the second attempt at it on, with the
@@ -80,7 +89,7 @@ class CoordinatorService:
         verifier: EnvelopeVerifier,
         signing_key: SigningKey,
         policy: SignedPolicy | None,
-        metrics: CoordinatorMetrics,
+        metrics: ChannelCounters,
         max_payload_bytes: int,
         poll_seconds: float = 5.0,
         more_jobs: bool = False,

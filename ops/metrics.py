@@ -8,8 +8,9 @@ and are fed by the transport for bytes, rejections, connections and silo status;
 records its own tasks, bytes and rejections (`SiloMetrics`). Both export the days their own TLS
 certificate has left, `fedsilo_certificate_expiry_days{party}`, read at each scrape.
 
-This module is imported by coordinator and silo code, so it imports nothing of ours but
-`fedsilo.wire`: it reads round records through the `RecordedRound` protocol.
+It imports nothing of ours: it reads round records through the `RecordedRound` protocol, and
+the coordinator's channel counts through its own `ChannelCounters` protocol
+(coordinator/service.py), so no layer below ops/ imports this module.
 """
 
 from __future__ import annotations

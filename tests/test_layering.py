@@ -13,8 +13,8 @@ ALLOWED = {
     "policies": {"wire", "policies"},
     "privacy": {"wire", "policies", "privacy"},
     "models": {"wire", "policies", "models"},
-    "coordinator": {"wire", "policies", "privacy", "models", "coordinator", "ops.metrics"},
-    "silo": {"wire", "policies", "privacy", "models", "silo", "ops.metrics"},
+    "coordinator": {"wire", "policies", "privacy", "models", "coordinator"},
+    "silo": {"wire", "policies", "privacy", "models", "silo"},
 }
 
 
@@ -29,8 +29,7 @@ def imported_layers(path: Path) -> set[str]:
         for name in names:
             parts = name.split(".")
             if parts[0] == "fedsilo" and len(parts) > 1:
-                layer = parts[1]
-                found.add("ops.metrics" if parts[1:3] == ["ops", "metrics"] else layer)
+                found.add(parts[1])
     return found
 
 
