@@ -39,6 +39,7 @@ import grpc
 from fedsilo.ops.memory import keep_service_buffers
 
 SERVICE = "floor.Floor"
+REPO = Path(__file__).resolve().parent.parent
 UNLIMITED = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
 
 
@@ -82,18 +83,25 @@ def measured_floor(
 ) -> dict:
     """`floor_round_seconds` in a fresh server process, with the C allocator as it comes or set
     as fedsilo's services set it (`service_allocator`), in the server and its clients alike."""
-    command = [
-        *(sys.executable, "-m", "bench.grpc_floor", "measure", "--kits", str(kits)),
-        *("--names", ",".join(silos), "--parameters", str(parameters), "--rounds", str(rounds)),
-    ]
     done = subprocess.run(
-        [*command, *(["--service-allocator"] if service_allocator else [])],
+        this_module(
+            "measure",
+            *("--kits", str(kits), "--names", ",".join(silos)),
+            *("--parameters", str(parameters), "--rounds", str(rounds)),
+            service_allocator=service_allocator,
+        ),
         capture_output=True,
         text=True,
         check=True,
-        cwd=Path(__file__).resolve().parent.parent,
+        cwd=REPO,
     )
     return json.loads(done.stdout)
+
+
+def this_module(role: str, *args: str, service_allocator: bool = False) -> list[str]:
+    """The command that runs this module in `role` (from the repository's root, `REPO`)."""
+    allocator = ["--service-allocator"] if service_allocator else []
+    return [sys.executable, "-m", "bench.grpc_floor", role, *args, *allocator]
 
 
 def floor_round_seconds(
@@ -107,13 +115,13 @@ def floor_round_seconds(
     server, port = serve(kits, exchange)
     clients = [
         subprocess.Popen(
-            [
-                *(sys.executable, "-m", "bench.grpc_floor", "client"),
+            this_module(
+                "client",
                 *("--kit", str(kits / "silos" / name), "--port", str(port)),
                 *("--rounds", str(rounds + 1)),
-                *(["--service-allocator"] if service_allocator else []),
-            ],
-            cwd=Path(__file__).resolve().parent.parent,
+                service_allocator=service_allocator,
+            ),
+            cwd=REPO,
         )
         for name in silos
     ]

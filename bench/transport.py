@@ -114,16 +114,16 @@ def run_config(root: Path, parameters: float, silos: int, rounds: int) -> dict:
     kept = measured_floor(root / "kits", names, count, rounds, service_allocator=True)
     cpu = _cpu_per_round(spans, names)
     history = json.loads((root / "results" / "history.json").read_text())
-    overheads = [
+    overhead = statistics.median(
         r["seconds"] - max(r["compute_seconds"]["train"].values()) for r in history["rounds"]
-    ]
+    )
     model_bytes = 4 * count
     return {
         "parameters": count,
         "silos": silos,
         "model_bytes": model_bytes,
         "round_seconds": statistics.median(r["seconds"] for r in history["rounds"]),
-        "round_overhead_seconds": statistics.median(overheads),
+        "round_overhead_seconds": overhead,
         "payload_bytes": payload,
         "loopback_bytes": net,
         "wire_over_payload": net / payload,
@@ -131,8 +131,8 @@ def run_config(root: Path, parameters: float, silos: int, rounds: int) -> dict:
         **floor,
         **{key.replace("floor_", "floor_kept_", 1): value for key, value in kept.items()},
         **cpu,
-        "overhead_over_floor": statistics.median(overheads) / floor["floor_round_seconds"],
-        "overhead_over_kept_floor": statistics.median(overheads) / kept["floor_round_seconds"],
+        "overhead_over_floor": overhead / floor["floor_round_seconds"],
+        "overhead_over_kept_floor": overhead / kept["floor_round_seconds"],
     }
 
 

@@ -43,7 +43,13 @@ from fedsilo.wire.envelope import (
     EnvelopeVerifier,
     ReplayMemory,
 )
-from fedsilo.wire.framing import MessageRejected, read_message, seal_reply, to_frames
+from fedsilo.wire.framing import (
+    MessageRejected,
+    exchange_handler,
+    read_message,
+    seal_reply,
+    to_frames,
+)
 from fedsilo.wire.tensors import WireError
 
 log = logging.getLogger("fedsilo.coordinator.admin")
@@ -167,8 +173,7 @@ def admin_handler(
         memory=replays,
     )
     service = AdminService(backend, consortium, verifier, signing_key, max_payload_bytes)
-    exchange = grpc.stream_stream_rpc_method_handler(service.Exchange)  # frames as bytes
-    return grpc.method_handlers_generic_handler(SERVICE, {"Exchange": exchange})
+    return exchange_handler(SERVICE, service.Exchange)
 
 
 def _common_name(context: grpc.ServicerContext) -> str:

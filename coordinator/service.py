@@ -48,7 +48,14 @@ from fedsilo.wire.control import (
     payload_type,
 )
 from fedsilo.wire.envelope import UNKNOWN_SENDER, EnvelopeVerifier
-from fedsilo.wire.framing import MessageRejected, read_message, seal_reply, to_frames
+from fedsilo.wire.framing import (
+    SILO_SERVICE,
+    MessageRejected,
+    exchange_handler,
+    read_message,
+    seal_reply,
+    to_frames,
+)
 from fedsilo.wire.messages import TaskResult
 from fedsilo.wire.payload import AnyPayload
 from fedsilo.wire.tensors import WireError
@@ -252,8 +259,7 @@ class CoordinatorService:
 
 def handler(service: CoordinatorService) -> grpc.GenericRpcHandler:
     """The service's gRPC handler, frames in and out as serialized bytes (wire/framing.py)."""
-    exchange = grpc.stream_stream_rpc_method_handler(service.Exchange)
-    return grpc.method_handlers_generic_handler("fedsilo.v1.Coordinator", {"Exchange": exchange})
+    return exchange_handler(SILO_SERVICE, service.Exchange)
 
 
 def _ack(accepted: bool, reason: str = "") -> bytes:

@@ -21,7 +21,13 @@ from fedsilo.coordinator.service import COORDINATOR
 from fedsilo.ops.provision import OperatorKit
 from fedsilo.wire.admin import AdminReply, AdminRequest
 from fedsilo.wire.envelope import EnvelopeVerifier, seal
-from fedsilo.wire.framing import MessageRejected, check_answers, read_message, to_frames
+from fedsilo.wire.framing import (
+    MessageRejected,
+    check_answers,
+    exchange_call,
+    read_message,
+    to_frames,
+)
 from fedsilo.wire.tensors import WireError
 
 TIMEOUT_S = 60.0
@@ -44,7 +50,7 @@ class AdminConnection:
             kit.tls.certificate.read_bytes(),
         )
         self.channel = grpc.secure_channel(kit.coordinator_address, credentials)
-        self.exchange = self.channel.stream_stream(f"/{SERVICE}/Exchange")  # frames as bytes
+        self.exchange = exchange_call(self.channel, SERVICE)
         self.verifier = EnvelopeVerifier(kit.consortium, {COORDINATOR: kit.coordinator_verify_key})
 
     def __enter__(self) -> AdminConnection:

@@ -15,7 +15,7 @@ faulted in and zeroed by the kernel again.
   round (73 MB of fresh pages) to about 50, its CPU from 68 to 34 ms a round (it was 114-119 ms
   before its frames stopped going through protobuf objects, wire/framing.py), and the round from
   94 to 75 ms; its resident size rose from 313 to 390 MiB. At 1e7 x 3 its CPU fell from 691 to
-  358-414 ms a round and its peak resident size rose from 478 to 578-622 MiB: the margin is
+  414 ms a round and its peak resident size rose from 478 to 578 MiB: the margin is
   memory kept for reuse, bounded by the margin, not by the model. A buffer larger than what the
   margin holds is still mapped and unmapped directly. `give_back_freed_memory` returns it all
   between jobs (`coordinator serve`).
@@ -32,6 +32,7 @@ They change how memory is laid out, never what is computed.
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 import os
 import platform
@@ -73,7 +74,10 @@ def _mallopt(settings: dict[int, int]) -> bool:
     return done
 
 
+@functools.cache
 def _glibc() -> ctypes.CDLL | None:
+    """This process's C library where it is glibc (`libc_ver` scans the interpreter's binary:
+    once is enough)."""
     return ctypes.CDLL(None) if platform.libc_ver()[0] == "glibc" else None
 
 

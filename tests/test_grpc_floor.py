@@ -6,7 +6,6 @@ the bench's to report; nothing here asserts a duration."""
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -48,14 +47,13 @@ def test_a_client_without_a_consortium_certificate_is_refused(kits: Path, tmp_pa
     server, port = grpc_floor.serve(kits, exchange)
     try:
         client = subprocess.run(
-            [
-                *(sys.executable, "-m", "bench.grpc_floor", "client"),
-                *("--kit", str(stranger), "--port", str(port), "--rounds", "1"),
-            ],
+            grpc_floor.this_module(
+                "client", "--kit", str(stranger), "--port", str(port), "--rounds", "1"
+            ),
             capture_output=True,
             text=True,
             timeout=60,
-            cwd=Path(grpc_floor.__file__).resolve().parent.parent,
+            cwd=grpc_floor.REPO,
         )
     finally:
         server.stop(grace=None)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import platform
 import subprocess
 import sys
+from collections.abc import Iterator
 
 import pytest
 
@@ -57,8 +58,17 @@ def test_an_operators_own_allocator_setting_is_kept(
     assert memory.keep_freed_memory() is False
 
 
-def test_elsewhere_than_glibc_nothing_is_set(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def not_glibc(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """A C library other than glibc (the module looks once, so it is asked afresh here)."""
     monkeypatch.setattr(memory.platform, "libc_ver", lambda: ("", ""))
+    memory._glibc.cache_clear()
+    yield
+    memory._glibc.cache_clear()
+
+
+@pytest.mark.usefixtures("not_glibc")
+def test_elsewhere_than_glibc_nothing_is_set() -> None:
     assert memory.keep_service_buffers() is False
     assert memory.give_back_freed_memory() is False
 

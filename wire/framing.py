@@ -18,7 +18,7 @@ the hand-written frames against it byte for byte.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -31,7 +31,7 @@ from fedsilo.wire.payload import AnyPayload, Chunk, as_payload
 from fedsilo.wire.tensors import WireError
 
 MALFORMED = "malformed"
-EXCHANGE = "/fedsilo.v1.Coordinator/Exchange"
+SILO_SERVICE = "fedsilo.v1.Coordinator"  # the silos' channel; the admin channel has its own
 CHUNK_TAG = b"\x12"  # field 2 of fedsilo.v1.Frame (chunk), wire type 2 (length-delimited)
 
 
@@ -77,9 +77,19 @@ def frame_body(raw: bytes) -> pb.Envelope | memoryview:
     return frame.envelope if body == "envelope" else memoryview(frame.chunk)
 
 
-def exchange_call(channel: grpc.Channel) -> grpc.StreamStreamMultiCallable:
-    """The `Exchange` method on `channel`, frames in and out as serialized bytes."""
-    return channel.stream_stream(EXCHANGE)
+def exchange_call(
+    channel: grpc.Channel, service: str = SILO_SERVICE
+) -> grpc.StreamStreamMultiCallable:
+    """`service`'s `Exchange` method on `channel`, frames in and out as serialized bytes."""
+    return channel.stream_stream(f"/{service}/Exchange")
+
+
+def exchange_handler(
+    service: str, exchange: Callable[[Iterator[bytes], grpc.ServicerContext], Iterator[bytes]]
+) -> grpc.GenericRpcHandler:
+    """The server's side of `exchange_call`: `exchange` as `service`'s `Exchange` method."""
+    method = grpc.stream_stream_rpc_method_handler(exchange)
+    return grpc.method_handlers_generic_handler(service, {"Exchange": method})
 
 
 def read_message(
