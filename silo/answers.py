@@ -7,10 +7,20 @@ Keyed by (job, task id), the job being the digest of the signed policy the silo 
 job with a new policy has a fresh namespace, and fresh noise: `SiloContext.private_seed` is
 keyed the same way). On disk each answer is one file in `answers/` of the silo's state folder
 for the deployment, named by the BLAKE2b of the key and the round it was sent in, written
-durably (`write_atomically`) before the answer leaves; without a folder the answers live in
-memory. Answers from more than `KEEP_ROUNDS` rounds before the newest are emptied: the name
-stays as a tombstone, so the silo still knows the task was answered and refuses it (as it does
-a task its ledger holds but whose answer is gone).
+whole (`write_atomically`) before the answer leaves and ending with the BLAKE3 digest of the
+answer; without a folder the answers live in memory.
+
+The file is not fsynced. A process that dies leaves it whole (the kernel holds it); a power loss
+may lose or tear it, and an answer whose digest does not match reads as gone. That is safe
+because a deployed silo books every answer in its ledger, fsynced, before the answer is kept
+(silo/agent.py): a booked task whose answer is gone is refused, never run again. The answer
+store is what lets a retry get the same bytes, and a power loss costs that retry at most; its
+two fsyncs (the file, then the rename) were the longest step of a silo's critical path between
+its training and its answer (docs/performance.md, "Where a round's time goes").
+
+Answers from more than `KEEP_ROUNDS` rounds before the newest are emptied: the name stays as a
+tombstone, so the silo still knows the task was answered and refuses it (as it does a task its
+ledger holds but whose answer is gone).
 """
 
 from __future__ import annotations
@@ -22,7 +32,7 @@ import threading
 from pathlib import Path
 
 from fedsilo.wire.durable import make_private_folder, write_atomically
-from fedsilo.wire.payload import Payload
+from fedsilo.wire.payload import DIGEST_BYTES, Payload, digest_of
 
 KEEP_ROUNDS = 2
 FOLDER = "answers"
@@ -47,14 +57,19 @@ class AnswerStore:
                         self._live.add(match["key"])
 
     def answer(self, job: str, task_id: str) -> Payload | None:
-        """The bytes sent for `task_id` of `job`, or None (never answered, or emptied)."""
+        """The bytes sent for `task_id` of `job`, or None (never answered, emptied, or torn)."""
         key = _key(job, task_id)
         with self._lock:
             if key not in self._live:
                 return None
             if self.folder is None:
                 return self._memory[key]
-            return Payload([self._path(key).read_bytes()])
+            kept = memoryview(self._path(key).read_bytes())
+            answer, digest = kept[:-DIGEST_BYTES], bytes(kept[-DIGEST_BYTES:])
+            if len(kept) <= DIGEST_BYTES or digest_of([answer]) != digest:
+                self._live.discard(key)  # torn or lost by a power loss: gone
+                return None
+            return Payload([answer], digest)
 
     def answered(self, job: str, task_id: str) -> bool:
         """Whether `task_id` of `job` was answered, even if its bytes were emptied since."""
@@ -62,14 +77,16 @@ class AnswerStore:
             return _key(job, task_id) in self._rounds
 
     def keep(self, job: str, task_id: str, round: int, answer: Payload) -> None:
-        """Store `answer` durably (return only then send it), and empty old rounds' answers."""
+        """Store `answer` (return only then send it), and empty old rounds' answers."""
         key = _key(job, task_id)
         with self._lock:
             if self.folder is None:
                 self._memory[key] = answer
             else:
                 make_private_folder(self.folder)
-                write_atomically(self._path_for(key, round), answer.parts)
+                write_atomically(
+                    self._path_for(key, round), (*answer.parts, answer.digest()), power_loss=False
+                )
             self._rounds[key] = round
             self._live.add(key)
             newest = max(self._rounds[k] for k in self._live)

@@ -1,6 +1,7 @@
 """Durable files: a file replaced whole or not at all, and directory entries that survive a
 power loss. The coordinator's checkpoints, the silos' privacy ledgers and their local state
-write through here."""
+write through here; so do the silos' kept answers, whole or not at all but without the fsyncs,
+which the ledger's booking makes unnecessary (silo/answers.py)."""
 
 from __future__ import annotations
 
@@ -26,18 +27,25 @@ def make_private_folder(folder: Path) -> None:
         fsync_folder(folder.parent)
 
 
-def write_atomically(path: Path, parts: Iterable[bytes | memoryview]) -> None:
-    """Write `parts` to `path` through a fsynced temporary file in the same folder and a rename,
-    so a crash leaves either the old file or the whole new one, never a half."""
+def write_atomically(
+    path: Path, parts: Iterable[bytes | memoryview], *, power_loss: bool = True
+) -> None:
+    """Write `parts` to `path` through a temporary file in the same folder and a rename, so a
+    crash leaves either the old file or the whole new one, never a half. `power_loss`: the
+    file and the rename are fsynced, so that this holds after a power loss too; without, it
+    holds when the process dies (the kernel keeps what it was given), and what a power loss
+    leaves of the file is for its reader to check."""
     descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=".", suffix=".partial")
     try:
         with os.fdopen(descriptor, "wb") as file:
             for part in parts:
                 file.write(part)
-            file.flush()
-            os.fsync(file.fileno())
+            if power_loss:
+                file.flush()
+                os.fsync(file.fileno())
         os.replace(temporary, path)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
-    fsync_folder(path.parent)
+    if power_loss:
+        fsync_folder(path.parent)

@@ -63,6 +63,30 @@ def test_a_booked_task_whose_answer_is_lost_is_refused_not_answered_again(tmp_pa
     assert len(site.agent(**LOUD).ledger.records()) == booked
 
 
+@pytest.mark.parametrize("tear", ["cut short", "a byte changed", "the digest only"])
+def test_an_answer_a_power_loss_tore_is_refused_not_sent_torn_nor_answered_again(
+    tmp_path, tear
+) -> None:
+    """Answers are kept without fsync (silo/answers.py): after a power loss the file may hold
+    less than was written, or other bytes. It reads as gone, and the booked task is refused."""
+    site = SiloSite(tmp_path)
+    agent = site.agent(**LOUD)
+    model = initial_model(agent)
+    train(agent, model)
+    for kept in (path for path in agent.answers.folder.iterdir() if path.stat().st_size):
+        data = kept.read_bytes()
+        torn = {
+            "cut short": data[: len(data) // 2],
+            "a byte changed": data[:100] + bytes([data[100] ^ 1]) + data[101:],
+            "the digest only": data[-32:],
+        }[tear]
+        kept.write_bytes(torn)
+    refused, _ = train(site.agent(**LOUD), shifted(model, 0.5))
+    assert refused.status != STATUS_OK, "a torn answer was sent, or the task trained again"
+    assert "already booked" in (refused.error or "")
+    assert "model" not in refused.tensors
+
+
 def test_two_jobs_with_the_same_task_ids_draw_different_noise(tmp_path) -> None:
     site = SiloSite(tmp_path)
     first_job = site.agent(JOB, **LOUD)
