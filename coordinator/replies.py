@@ -7,7 +7,6 @@ engine to store: it is what a privacy officer audits the silo's ledger against."
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 
@@ -18,7 +17,7 @@ from fedsilo.coordinator.state import StateStore
 from fedsilo.privacy.receipts import Receipt, ReceiptError
 from fedsilo.wire.messages import STATUS_BUDGET_EXHAUSTED, TaskMessage, TaskResult
 from fedsilo.wire.payload import AnyPayload
-from fedsilo.wire.tensors import LazyTensor, WireError
+from fedsilo.wire.tensors import LazyTensor, WireError, all_finite
 
 SLICE_ELEMENTS = 1 << 20  # elements read at once (a multiple of every SIMD width)
 
@@ -141,13 +140,7 @@ def _checked(
 
 
 def _all_finite(tensor: torch.Tensor | LazyTensor) -> bool:
-    """min and max propagate NaN, and an infinity is the min or the max."""
-    for part in _slices(tensor):
-        if part.numel():
-            low, high = torch.aminmax(part)
-            if not (math.isfinite(float(low)) and math.isfinite(float(high))):
-                return False
-    return True
+    return all(all_finite(part) for part in _slices(tensor))
 
 
 def _slices(tensor: torch.Tensor | LazyTensor) -> Iterator[torch.Tensor]:

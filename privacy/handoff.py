@@ -29,6 +29,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load, save
 
 from fedsilo.wire.tasks.tensor_names import MODEL
+from fedsilo.wire.tensors import all_finite
 
 BINDING, SENDER, ROOT = "binding", "sender", "root"
 SIGNATURE_BYTES = 64
@@ -67,7 +68,7 @@ def pack(
     model: torch.Tensor, binding: Binding, sender: str, identity: SigningKey, root: bytes
 ) -> bytes:
     """The model, its binding, its sender and its root, signed by the sender's identity."""
-    if not bool(torch.isfinite(model).all()):
+    if not all_finite(model):
         raise HandoffError("refusing to hand off a model with NaN or infinite values")
     body = save(
         {MODEL: model.detach().cpu().contiguous()},
@@ -98,7 +99,7 @@ def unpack(data: bytes, binding: Binding, roster: Mapping[str, VerifyKey]) -> Ha
     model = tensors.get(MODEL)
     if model is None or set(tensors) != {MODEL}:
         raise HandoffError(f"a hand-off holds exactly one tensor {MODEL!r}, not {sorted(tensors)}")
-    if not bool(torch.isfinite(model).all()):
+    if not all_finite(model):
         raise HandoffError("the handed-off model holds NaN or infinite values")
     try:
         root = bytes.fromhex(metadata.get(ROOT, ""))

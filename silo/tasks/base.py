@@ -31,7 +31,7 @@ from fedsilo.wire.messages import SIMULATION, TaskMessage, TaskResult
 from fedsilo.wire.payload import digest_of
 from fedsilo.wire.tasks import EncryptedInput, MaskedInput, TaskConfig
 from fedsilo.wire.tasks.tensor_names import MODEL
-from fedsilo.wire.tensors import ParameterSpec, WireError, read_only
+from fedsilo.wire.tensors import ParameterSpec, WireError, all_finite, read_only
 
 Config = TypeVar("Config", bound=TaskConfig)
 
@@ -313,7 +313,7 @@ def summable(result: TaskResult, names: Iterable[str]) -> TaskResult:
     leave out a non-finite value the way the coordinator drops one sent in the clear, and an
     encoding would turn it into garbage that no one could see in the sum."""
     for name in names:
-        if not bool(torch.isfinite(result.tensors[name]).all()):
+        if not all_finite(result.tensors[name]):
             raise ValueError(
                 f"the trained {name!r} is not finite, so it enters no sum: a training that "
                 "diverged (a smaller training.lr or other optimizer settings may help)"
