@@ -15,14 +15,15 @@ over the bare gRPC floor (bench/grpc_floor.py) can be set against what its parts
   views of the tensors);
 - `decode`: a received model copied out into a tensor (`index_tensors`, `LazyTensor.load`);
 - `replay_memory`: one accepted envelope remembered durably in SQLite (coordinator/replay_store.py);
-- `answer_store`: a silo's answer kept durably before it is sent (silo/answers.py);
+- `answer_store`: a silo's answer kept, whole, before it is sent (silo/answers.py; not fsynced:
+  the ledger's booking is);
 - `ledger`: one release booked in the privacy ledger, fsynced (privacy/ledger.py);
 - `checkpoint`: the round's model saved as a content-addressed file (coordinator/state.py);
 - `thread_handoff`: a message handed from one thread to another and back through a queue.
 
 Each step runs `--repeats` times after one warm-up; the JSON holds the median and the 10th and
 90th percentiles in milliseconds per size. The process sets its C allocator as fedsilo's
-services do (ops/memory.py). The disk steps are as fast as this machine's disk: they fsync, as
+services do (ops/memory.py). The disk steps are as fast as this machine's disk: they fsync where
 a deployment does.
 
 Run: `python -m bench.message_costs [--sizes 1e5,1e6] [--repeats 50] [--out message_costs]`.
