@@ -42,3 +42,9 @@ def test_a_large_tensor_with_one_nan_or_infinity_is_not_finite() -> None:
         tensor[777_777] = value
         assert not all_finite(tensor)
         assert not all_finite(tensor.view(1001, 999)[:, 1:])  # strided views too
+
+
+def test_a_complex_tensor_is_finite_when_both_parts_are() -> None:
+    assert all_finite(torch.tensor([1 + 2j, 0j]))
+    assert not all_finite(torch.tensor([1 + 2j, complex(0, math.inf)]))
+    assert not all_finite(torch.tensor([complex(math.nan, 0)]))
