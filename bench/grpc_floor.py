@@ -147,12 +147,6 @@ def floor_round_seconds(
 def serve(kits: Path, exchange: FloorRound) -> tuple[grpc.Server, int]:
     """A started server of `exchange` on a free loopback port, with the coordinator's
     certificate from `kits`, requiring a client certificate of the consortium's CA."""
-    coordinator = kits / "coordinator"
-    credentials = grpc.ssl_server_credentials(
-        [((coordinator / "server.key").read_bytes(), (coordinator / "server.crt").read_bytes())],
-        root_certificates=(coordinator / "ca.crt").read_bytes(),
-        require_client_auth=True,
-    )
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=2 * exchange.silos + 4), options=UNLIMITED
     )
@@ -167,17 +161,33 @@ def serve(kits: Path, exchange: FloorRound) -> tuple[grpc.Server, int]:
             )
         ]
     )
-    port = server.add_secure_port("127.0.0.1:0", credentials)
+    port = server.add_secure_port("127.0.0.1:0", server_credentials(kits))
     server.start()
     return server, port
 
 
-def _client(kit: Path, port: int, rounds: int) -> None:
-    credentials = grpc.ssl_channel_credentials(
+def server_credentials(kits: Path) -> grpc.ServerCredentials:
+    """The coordinator's certificate from `kits` (a `fedsilo provision --out` folder), asking
+    every client for a certificate of the consortium's CA."""
+    coordinator = kits / "coordinator"
+    return grpc.ssl_server_credentials(
+        [((coordinator / "server.key").read_bytes(), (coordinator / "server.crt").read_bytes())],
+        root_certificates=(coordinator / "ca.crt").read_bytes(),
+        require_client_auth=True,
+    )
+
+
+def client_credentials(kit: Path) -> grpc.ChannelCredentials:
+    """A silo's client certificate from its `kit` folder, trusting the consortium's CA."""
+    return grpc.ssl_channel_credentials(
         root_certificates=(kit / "ca.crt").read_bytes(),
         private_key=(kit / "client.key").read_bytes(),
         certificate_chain=(kit / "client.crt").read_bytes(),
     )
+
+
+def _client(kit: Path, port: int, rounds: int) -> None:
+    credentials = client_credentials(kit)
     with grpc.secure_channel(f"127.0.0.1:{port}", credentials, options=UNLIMITED) as channel:
         fetch = channel.unary_unary(f"/{SERVICE}/Fetch")
         give_back = channel.unary_unary(f"/{SERVICE}/Return")

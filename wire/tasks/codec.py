@@ -47,26 +47,26 @@ class JsonFields:
 
     def to_json(self) -> dict[str, Any]:
         encoded: dict[str, Any] = {}
-        for f in dataclasses.fields(self):
+        for f in _layout(type(self)):
             value = getattr(self, f.name)
-            if f.metadata.get("flatten"):
+            if f.flatten:
                 encoded |= value.to_json()
-            elif f.metadata.get("inner"):
+            elif f.inner:
                 encoded |= {"inner_kind": value.KIND, "inner_config": value.to_json()}
-            elif "omit_if" not in f.metadata or value is not f.metadata["omit_if"]:
+            elif not f.omittable or value is not f.omit_if:
                 encoded[f.name] = _to_wire(value)
         return encoded
 
     @classmethod
+    @functools.cache
     def json_keys(cls) -> frozenset[str]:
         """Every JSON key this class reads, flattened fields' included."""
-        hints = _hints(cls)
         names: set[str] = set()
-        for f in dataclasses.fields(cls):
-            if f.metadata.get("flatten"):
-                names |= hints[f.name].json_keys()
+        for f in _layout(cls):
+            if f.flatten:
+                names |= f.hint.json_keys()
             else:
-                names |= INNER_KEYS if f.metadata.get("inner") else {f.name}
+                names |= INNER_KEYS if f.inner else {f.name}
         return frozenset(names)
 
     @classmethod
@@ -74,22 +74,20 @@ class JsonFields:
         """`data` read as this class, errors naming task `kind`."""
         if not isinstance(data, Mapping):
             raise WireError(f"{kind} task: config must be a JSON object, not {_type(data)}")
-        unknown = sorted(set(data) - cls.json_keys())
-        if unknown:
+        if not cls.json_keys().issuperset(data):
+            unknown = sorted(set(data) - cls.json_keys())
             raise WireError(f"{kind} task: unknown config key(s) {unknown}")
-        hints = _hints(cls)
         values: dict[str, Any] = {}
-        for f in dataclasses.fields(cls):
-            hint = hints[f.name]
-            if f.metadata.get("flatten"):
-                values[f.name] = hint.decode(
-                    {k: data[k] for k in hint.json_keys() if k in data}, kind
+        for f in _layout(cls):
+            if f.flatten:
+                values[f.name] = f.hint.decode(
+                    {k: data[k] for k in f.hint.json_keys() if k in data}, kind
                 )
-            elif f.metadata.get("inner"):
+            elif f.inner:
                 values[f.name] = _inner_task(data, kind)
             elif f.name in data:
-                values[f.name] = _from_wire(data[f.name], hint, kind, f.name)
-            elif f.default is dataclasses.MISSING:
+                values[f.name] = _from_wire(data[f.name], f.hint, kind, f.name)
+            elif f.required:
                 raise WireError(f"{kind} task: config key {f.name!r} is missing")
         return cls(**values)
 
@@ -105,9 +103,36 @@ class TaskConfig(JsonFields):
         return cls.decode(data, cls.KIND)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Field:
+    """One field of a `JsonFields` class as the codec reads it: read once per class (a task is
+    encoded and decoded on every message, and `dataclasses.fields` and the type hints cost more
+    than the rest of the work)."""
+
+    name: str
+    hint: Any  # the field's resolved type
+    flatten: bool  # another JsonFields whose keys sit beside this one's
+    inner: bool  # a wrapped task config
+    required: bool  # no default: a missing key is refused
+    omittable: bool  # left out while it holds `omit_if`
+    omit_if: Any
+
+
 @functools.cache
-def _hints(cls: type) -> dict[str, Any]:
-    return get_type_hints(cls)
+def _layout(cls: type) -> tuple[_Field, ...]:
+    hints = get_type_hints(cls)
+    return tuple(
+        _Field(
+            name=f.name,
+            hint=hints[f.name],
+            flatten=bool(f.metadata.get("flatten")),
+            inner=bool(f.metadata.get("inner")),
+            required=f.default is dataclasses.MISSING,
+            omittable="omit_if" in f.metadata,
+            omit_if=f.metadata.get("omit_if"),
+        )
+        for f in dataclasses.fields(cls)
+    )
 
 
 def _inner_task(data: Mapping[str, Any], kind: str) -> TaskConfig:
@@ -140,7 +165,7 @@ def _to_wire(value: Any) -> Any:
 def _from_wire(value: Any, hint: Any, kind: str, key: str) -> Any:
     """`value` as the field typed `hint` holds it (a list as a tuple, an object as a dict or a
     nested config), or a WireError."""
-    origin, args = get_origin(hint), get_args(hint)
+    origin, args = _origin_and_args(hint)
     if origin in (Union, types.UnionType):
         if value is None and type(None) in args:
             return None
@@ -160,6 +185,11 @@ def _from_wire(value: Any, hint: Any, kind: str, key: str) -> Any:
     raise WireError(
         f"{kind} task: config key {key!r} must be {_name(hint)}, not {_type(value)} ({value!r})"
     )
+
+
+@functools.cache
+def _origin_and_args(hint: Any) -> tuple[Any, tuple[Any, ...]]:
+    return get_origin(hint), get_args(hint)
 
 
 def _scalar_fits(value: Any, hint: type) -> bool:
