@@ -15,17 +15,23 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import grpc
+import grpc.experimental
 
 from fedsilo.privacy.certificate_files import TlsFileWatch, TlsMaterial
 from fedsilo.silo.proxy import Route
-from fedsilo.wire.framing import exchange_call
+from fedsilo.wire.framing import exchange_call, exchange_one_call
 
 KEEPALIVE = [("grpc.keepalive_time_ms", 30_000), ("grpc.keepalive_timeout_ms", 10_000)]
 # A channel of its own connections: a renewed certificate needs a new TLS handshake, never a
 # connection shared with the channel it replaces.
 OWN_CONNECTIONS = [("grpc.use_local_subchannel_pool", 1)]
+# A unary request's streamed reply read on the calling thread (`ExchangeOne`): gRPC's Python
+# client otherwise hands each reply to it from its channel's polling thread, woken per call.
+# An experimental option of gRPC's; it changes which thread reads, not what is read.
+READ_REPLIES_IN_CALLER = [(grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1)]
 
 
 @dataclass(frozen=True)
@@ -44,6 +50,13 @@ class ChannelSettings:
         return self.poll_seconds + 60
 
 
+class ExchangeCalls(NamedTuple):
+    """The coordinator's two ways to exchange one message (wire/framing.py)."""
+
+    stream: grpc.StreamStreamMultiCallable  # `Exchange`: the request in frames
+    one: grpc.UnaryStreamMultiCallable  # `ExchangeOne`: a request of one chunk, as one message
+
+
 class CoordinatorChannel:
     """The channel to the coordinator, opened again with renewed TLS files."""
 
@@ -52,11 +65,11 @@ class CoordinatorChannel:
         self._lock = threading.Lock()
         self._material = settings.tls.current()
         self._channel = self._open(self._material)
-        self._exchange = exchange_call(self._channel)
+        self._exchange = _calls(self._channel)
         self._retired: list[tuple[float, grpc.Channel]] = []  # (close after, channel)
 
-    def exchange(self) -> grpc.StreamStreamMultiCallable:
-        """The `Exchange` method to call now: on a new channel when the certificate files
+    def exchange(self) -> ExchangeCalls:
+        """The exchange methods to call now: on a new channel when the certificate files
         changed."""
         material = self.settings.tls.current()
         self.settings.tls.warn_if_due(material.certificate)
@@ -66,7 +79,7 @@ class CoordinatorChannel:
                 self._retired.append((now + self.settings.call_timeout_s, self._channel))
                 self._material = material
                 self._channel = self._open(material)
-                self._exchange = exchange_call(self._channel)
+                self._exchange = _calls(self._channel)
             while self._retired and self._retired[0][0] <= now:
                 self._retired.pop(0)[1].close()
             return self._exchange
@@ -85,5 +98,14 @@ class CoordinatorChannel:
         return grpc.secure_channel(
             self.settings.address,
             credentials,
-            options=[*KEEPALIVE, *OWN_CONNECTIONS, *self.settings.route.options()],
+            options=[
+                *KEEPALIVE,
+                *OWN_CONNECTIONS,
+                *READ_REPLIES_IN_CALLER,
+                *self.settings.route.options(),
+            ],
         )
+
+
+def _calls(channel: grpc.Channel) -> ExchangeCalls:
+    return ExchangeCalls(exchange_call(channel), exchange_one_call(channel))

@@ -33,7 +33,7 @@ import logging
 import random
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -44,8 +44,9 @@ from fedsilo.policies.loading import parse_policy_text
 from fedsilo.policies.schema import Policy
 from fedsilo.privacy.policy_signing import PolicySignatureError, verify_attempt, verify_policy
 from fedsilo.privacy.roster import RosterError, SignedRoster
-from fedsilo.silo.channel import ChannelSettings, CoordinatorChannel
+from fedsilo.silo.channel import ChannelSettings, CoordinatorChannel, ExchangeCalls
 from fedsilo.silo.roster_gate import RosterGate
+from fedsilo.wire.chunks import DEFAULT_CHUNK_BYTES
 from fedsilo.wire.control import (
     ACCEPT,
     ACK,
@@ -60,8 +61,8 @@ from fedsilo.wire.control import (
     decode_control,
     payload_type,
 )
-from fedsilo.wire.envelope import UNKNOWN_SENDER, EnvelopeVerifier, seal
-from fedsilo.wire.framing import check_answers, read_message, to_frames
+from fedsilo.wire.envelope import UNKNOWN_SENDER, Envelope, EnvelopeVerifier, seal
+from fedsilo.wire.framing import check_answers, one_message, read_message, to_frames
 from fedsilo.wire.messages import (
     STATUS_ERROR,
     BadTaskConfig,
@@ -70,7 +71,7 @@ from fedsilo.wire.messages import (
     TaskMessage,
     TaskResult,
 )
-from fedsilo.wire.payload import AnyPayload
+from fedsilo.wire.payload import AnyPayload, as_payload
 from fedsilo.wire.tensors import WireError
 
 log = logging.getLogger("fedsilo.silo")
@@ -126,10 +127,12 @@ class CoordinatorConnection:
         self.verifier = EnvelopeVerifier(
             identity.deployment, {"coordinator": identity.coordinator_key}
         )
+        self._one_message = True  # until a coordinator without `ExchangeOne` answers
 
     @property
-    def call(self) -> grpc.StreamStreamMultiCallable:
-        """`Exchange` on the channel as it is now (a new one once the certificate is renewed)."""
+    def call(self) -> ExchangeCalls:
+        """The exchange methods on the channel as it is now (a new one once the certificate is
+        renewed)."""
         return self.channel.exchange()
 
     def exchange(self, payload: bytes | AnyPayload, label: str, round_no: int = 0) -> bytes:
@@ -184,9 +187,23 @@ class CoordinatorConnection:
             round=round_no,
             task_id=f"{label}/{uuid.uuid4().hex}",
         )
-        replies = self.call(to_frames(envelope, payload), timeout=timeout_s)
-        answered, reply = read_message(replies, self.verifier, self.settings.max_payload_bytes)
-        check_answers(answered, envelope)
+        calls = self.call
+        if self._one_message and len(as_payload(payload)) <= DEFAULT_CHUNK_BYTES:
+            try:  # one message: gRPC starts no thread for it (docs/performance.md)
+                return self._reply(
+                    calls.one(one_message(envelope, payload), timeout=timeout_s), envelope
+                )
+            except grpc.RpcError as exc:
+                if exc.code() != grpc.StatusCode.UNIMPLEMENTED:
+                    raise
+                log.info("the coordinator takes no one-message requests: sending frames")
+                self._one_message = False
+        return self._reply(calls.stream(to_frames(envelope, payload), timeout=timeout_s), envelope)
+
+    def _reply(self, frames: Iterable[bytes], request: Envelope) -> bytes:
+        """The verified reply in `frames` to `request`."""
+        answered, reply = read_message(frames, self.verifier, self.settings.max_payload_bytes)
+        check_answers(answered, request)
         return reply.to_bytes()
 
     def close(self) -> None:

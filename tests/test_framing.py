@@ -1,5 +1,7 @@
 """Frames on the wire: the hand-written chunk frames are exactly `fedsilo.v1.Frame` messages, and
-what is read back is exactly what the protobuf parser reads, without a copy of the chunk."""
+what is read back is exactly what the protobuf parser reads, without a copy of the chunk; a
+message sent whole (`ExchangeOne`) is exactly a `fedsilo.v1.Frames` of the same frames, and reads
+back as they do."""
 
 from __future__ import annotations
 
@@ -17,6 +19,8 @@ from fedsilo.wire.framing import (
     MessageRejected,
     chunk_frame,
     frame_body,
+    frames_of,
+    one_message,
     read_message,
     to_frames,
 )
@@ -84,3 +88,54 @@ def test_a_message_in_any_chunk_size_reads_back_verified(payload: bytes, chunk_b
     received, read = read_message(frames, VERIFIER, max_bytes=1 << 20)
     assert received == envelope and read.to_bytes() == payload
     assert all(len(pb.Frame.FromString(raw).chunk) <= chunk_bytes for raw in frames[1:])
+
+
+@given(st.binary(max_size=5000), st.integers(min_value=1, max_value=2048))
+def test_a_message_sent_whole_is_the_protobuf_encoding_of_its_frames(
+    payload: bytes, chunk_bytes: int
+) -> None:
+    envelope = seal(
+        payload, signing_key=KEY, sender="silo-a", deployment="d", round=0, task_id=uuid4().hex
+    )
+    parts = Payload([payload[:7], payload[7:]])
+    frames = list(to_frames(envelope, parts, chunk_bytes))
+    whole = one_message(envelope, parts, chunk_bytes)
+    assert whole == pb.Frames(frames=[pb.Frame.FromString(f) for f in frames]).SerializeToString()
+    assert [bytes(f) for f in frames_of(whole)] == frames
+    received, read = read_message(frames_of(whole), VERIFIER, max_bytes=1 << 20)
+    assert received == envelope and read.to_bytes() == payload
+
+
+@given(st.binary(max_size=300))
+def test_a_message_sent_whole_reads_its_chunk_as_a_view_not_a_copy(payload: bytes) -> None:
+    envelope = seal(payload, signing_key=KEY, sender="silo-a", deployment="d", round=0, task_id="t")
+    whole = one_message(envelope, payload)
+    _, chunk = list(frames_of(whole))
+    body = frame_body(chunk)
+    assert isinstance(body, memoryview) and body.obj is whole and bytes(body) == payload
+
+
+@given(st.binary(max_size=64))
+def test_frames_laid_out_otherwise_read_as_the_protobuf_parser_reads_them(chunk: bytes) -> None:
+    """An unknown field after the frames is still a valid Frames, read the slow way."""
+    whole = pb.Frames(frames=[pb.Frame(chunk=chunk)]).SerializeToString() + b"\x10\x01"
+    assert list(frames_of(whole)) == [pb.Frame(chunk=chunk).SerializeToString()]
+
+
+@pytest.mark.parametrize(
+    "whole",
+    [
+        b"\x0a\x05abc",  # announces 5 bytes, carries 3
+        b"\x0a" + b"\xff" * 11,  # a length that never ends
+        b"\xff\xfenot Frames",
+    ],
+)
+def test_bytes_that_are_not_frames_are_malformed(whole: bytes) -> None:
+    with pytest.raises(MessageRejected, match="not a fedsilo.v1.Frames") as info:
+        list(frames_of(whole))
+    assert info.value.reason == MALFORMED
+
+
+def test_an_empty_message_sent_whole_has_no_frame_to_read() -> None:
+    with pytest.raises(MessageRejected, match="no frame arrived"):
+        read_message(frames_of(b""), VERIFIER, max_bytes=1 << 20)

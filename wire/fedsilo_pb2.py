@@ -24,17 +24,19 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x66\x65\x64silo/wire/fedsilo.proto\x12\nfedsilo.v1\"J\n\x05\x46rame\x12(\n\x08\x65nvelope\x18\x01 \x01(\x0b\x32\x14.fedsilo.v1.EnvelopeH\x00\x12\x0f\n\x05\x63hunk\x18\x02 \x01(\x0cH\x00\x42\x06\n\x04\x62ody\"\xaf\x01\n\x08\x45nvelope\x12\x12\n\ndeployment\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\x03\x12\x0f\n\x07task_id\x18\x03 \x01(\t\x12\x0e\n\x06sender\x18\x04 \x01(\t\x12\r\n\x05nonce\x18\x05 \x01(\x0c\x12\x16\n\x0epayload_digest\x18\x06 \x01(\x0c\x12\x14\n\x0cpayload_size\x18\x07 \x01(\x03\x12\x0f\n\x07sent_at\x18\x08 \x01(\x01\x12\x11\n\tsignature\x18\t \x01(\x0c\x32\x43\n\x0b\x43oordinator\x12\x34\n\x08\x45xchange\x12\x11.fedsilo.v1.Frame\x1a\x11.fedsilo.v1.Frame(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x66\x65\x64silo/wire/fedsilo.proto\x12\nfedsilo.v1\"+\n\x06\x46rames\x12!\n\x06\x66rames\x18\x01 \x03(\x0b\x32\x11.fedsilo.v1.Frame\"J\n\x05\x46rame\x12(\n\x08\x65nvelope\x18\x01 \x01(\x0b\x32\x14.fedsilo.v1.EnvelopeH\x00\x12\x0f\n\x05\x63hunk\x18\x02 \x01(\x0cH\x00\x42\x06\n\x04\x62ody\"\xaf\x01\n\x08\x45nvelope\x12\x12\n\ndeployment\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\x03\x12\x0f\n\x07task_id\x18\x03 \x01(\t\x12\x0e\n\x06sender\x18\x04 \x01(\t\x12\r\n\x05nonce\x18\x05 \x01(\x0c\x12\x16\n\x0epayload_digest\x18\x06 \x01(\x0c\x12\x14\n\x0cpayload_size\x18\x07 \x01(\x03\x12\x0f\n\x07sent_at\x18\x08 \x01(\x01\x12\x11\n\tsignature\x18\t \x01(\x0c\x32{\n\x0b\x43oordinator\x12\x34\n\x08\x45xchange\x12\x11.fedsilo.v1.Frame\x1a\x11.fedsilo.v1.Frame(\x01\x30\x01\x12\x36\n\x0b\x45xchangeOne\x12\x12.fedsilo.v1.Frames\x1a\x11.fedsilo.v1.Frame0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'fedsilo.wire.fedsilo_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_FRAME']._serialized_start=42
-  _globals['_FRAME']._serialized_end=116
-  _globals['_ENVELOPE']._serialized_start=119
-  _globals['_ENVELOPE']._serialized_end=294
-  _globals['_COORDINATOR']._serialized_start=296
-  _globals['_COORDINATOR']._serialized_end=363
+  _globals['_FRAMES']._serialized_start=42
+  _globals['_FRAMES']._serialized_end=85
+  _globals['_FRAME']._serialized_start=87
+  _globals['_FRAME']._serialized_end=161
+  _globals['_ENVELOPE']._serialized_start=164
+  _globals['_ENVELOPE']._serialized_end=339
+  _globals['_COORDINATOR']._serialized_start=341
+  _globals['_COORDINATOR']._serialized_end=464
 # @@protoc_insertion_point(module_scope)

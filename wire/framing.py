@@ -14,6 +14,13 @@ of a coordinator's CPU in a round (docs/performance.md, "Where a round's time go
 other frame (the envelope, or a chunk frame laid out any other way) goes through the protobuf
 parser, so what is accepted is exactly what `pb.Frame` accepts; tests/test_framing.py checks
 the hand-written frames against it byte for byte.
+
+A request whose payload fits in one chunk can also cross as one gRPC message, its frames in a
+`fedsilo.v1.Frames` (`one_message`, `exchange_one_call`): gRPC's Python client starts a thread
+for every streamed request and none for a unary one, which was most of what a small exchange
+cost a silo (docs/performance.md). The server reads it through the same `read_message` as a
+streamed request (`frames_of` hands it the same frames), so every check is the same; the reply
+is streamed either way, since only the server knows its size.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ from fedsilo.wire.tensors import WireError
 MALFORMED = "malformed"
 SILO_SERVICE = "fedsilo.v1.Coordinator"  # the silos' channel; the admin channel has its own
 CHUNK_TAG = b"\x12"  # field 2 of fedsilo.v1.Frame (chunk), wire type 2 (length-delimited)
+FRAMES_TAG = b"\x0a"  # field 1 of fedsilo.v1.Frames (frames), wire type 2
 
 
 class MessageRejected(Exception):
@@ -53,13 +61,52 @@ def to_frames(
         yield chunk_frame(chunk)
 
 
+def one_message(
+    envelope: Envelope, payload: bytes | AnyPayload, chunk_bytes: int = DEFAULT_CHUNK_BYTES
+) -> bytes:
+    """The message as one serialized `fedsilo.v1.Frames` (`ExchangeOne`'s request): the frames
+    `to_frames` makes, each after its field tag and length, joined once."""
+    envelope_frame = pb.Frame(envelope=envelope_to_proto(envelope)).SerializeToString()
+    parts: list[bytes | memoryview] = [FRAMES_TAG, _varint(len(envelope_frame)), envelope_frame]
+    for chunk in as_payload(payload).chunks(chunk_bytes):
+        size = sum(len(piece) for piece in chunk)
+        head = CHUNK_TAG + _varint(size)
+        parts += (FRAMES_TAG, _varint(len(head) + size), head, *chunk)
+    return b"".join(parts)
+
+
+def frames_of(message: bytes) -> Iterator[bytes | memoryview]:
+    """The serialized frames of one `fedsilo.v1.Frames` message, as views of it where it is laid
+    out as `one_message` writes it, else as the protobuf parser reads it; MessageRejected when it
+    is not a `Frames`. Lazy: a reader that checks each frame as it comes (`read_message`) is the
+    one that meets the error."""
+    view, frames, at = memoryview(message), [], 0
+    while at < len(message) and message[at : at + 1] == FRAMES_TAG:
+        size, start = _read_varint(message, at + 1)
+        if size < 0 or start + size > len(message):
+            break
+        frames.append(view[start : start + size])
+        at = start + size
+    if at == len(message):
+        yield from frames
+        return
+    try:
+        parsed = pb.Frames.FromString(message)
+    except DecodeError as exc:
+        raise MessageRejected(
+            MALFORMED, f"a request that is not a fedsilo.v1.Frames: {exc}"
+        ) from None
+    for frame in parsed.frames:
+        yield frame.SerializeToString()
+
+
 def chunk_frame(chunk: Chunk) -> bytes:
     """The serialized `Frame(chunk=...)` of a chunk's pieces, copied once, straight in."""
     size = sum(len(piece) for piece in chunk)
     return b"".join((CHUNK_TAG, _varint(size), *chunk))
 
 
-def frame_body(raw: bytes) -> pb.Envelope | memoryview:
+def frame_body(raw: bytes | memoryview) -> pb.Envelope | memoryview:
     """What one serialized frame carries: its envelope, or its chunk as a view of `raw` (no
     copy) when the frame is laid out as `chunk_frame` writes it, else as the protobuf parser
     reads it. MessageRejected when it is not a `fedsilo.v1.Frame` with a body."""
@@ -84,16 +131,33 @@ def exchange_call(
     return channel.stream_stream(f"/{service}/Exchange")
 
 
+def exchange_one_call(
+    channel: grpc.Channel, service: str = SILO_SERVICE
+) -> grpc.UnaryStreamMultiCallable:
+    """`service`'s `ExchangeOne` method on `channel`: a request as `one_message` writes it, the
+    reply's frames as serialized bytes."""
+    return channel.unary_stream(f"/{service}/ExchangeOne")
+
+
 def exchange_handler(
-    service: str, exchange: Callable[[Iterator[bytes], grpc.ServicerContext], Iterator[bytes]]
+    service: str,
+    exchange: Callable[[Iterable[bytes | memoryview], grpc.ServicerContext], Iterator[bytes]],
 ) -> grpc.GenericRpcHandler:
-    """The server's side of `exchange_call`: `exchange` as `service`'s `Exchange` method."""
-    method = grpc.stream_stream_rpc_method_handler(exchange)
-    return grpc.method_handlers_generic_handler(service, {"Exchange": method})
+    """The server's side of `exchange_call` and `exchange_one_call`: `exchange` as `service`'s
+    `Exchange` method, and as its `ExchangeOne` over the frames of the one request message."""
+
+    def exchange_one(request: bytes, context: grpc.ServicerContext) -> Iterator[bytes]:
+        return exchange(frames_of(request), context)
+
+    methods = {
+        "Exchange": grpc.stream_stream_rpc_method_handler(exchange),
+        "ExchangeOne": grpc.unary_stream_rpc_method_handler(exchange_one),
+    }
+    return grpc.method_handlers_generic_handler(service, methods)
 
 
 def read_message(
-    frames: Iterable[bytes], verifier: EnvelopeVerifier, max_bytes: int
+    frames: Iterable[bytes | memoryview], verifier: EnvelopeVerifier, max_bytes: int
 ) -> tuple[Envelope, AnyPayload]:
     """The verified (envelope, payload) of a stream of serialized frames, or MessageRejected with
     the reason. A large payload comes back spooled to a temporary file (wire/chunks.py)."""
