@@ -5,6 +5,7 @@ back as they do."""
 
 from __future__ import annotations
 
+import tracemalloc
 from uuid import uuid4
 
 import pytest
@@ -115,25 +116,33 @@ def test_a_message_sent_whole_reads_its_chunk_as_a_view_not_a_copy(payload: byte
     assert isinstance(body, memoryview) and body.obj is whole and bytes(body) == payload
 
 
-@given(st.binary(max_size=64))
-def test_frames_laid_out_otherwise_read_as_the_protobuf_parser_reads_them(chunk: bytes) -> None:
-    """An unknown field after the frames is still a valid Frames, read the slow way."""
-    whole = pb.Frames(frames=[pb.Frame(chunk=chunk)]).SerializeToString() + b"\x10\x01"
-    assert list(frames_of(whole)) == [pb.Frame(chunk=chunk).SerializeToString()]
-
-
 @pytest.mark.parametrize(
     "whole",
     [
         b"\x0a\x05abc",  # announces 5 bytes, carries 3
         b"\x0a" + b"\xff" * 11,  # a length that never ends
         b"\xff\xfenot Frames",
+        pb.Frames(frames=[pb.Frame(chunk=b"x")]).SerializeToString() + b"\x10\x01",  # field 2
     ],
 )
-def test_bytes_that_are_not_frames_are_malformed(whole: bytes) -> None:
-    with pytest.raises(MessageRejected, match="not a fedsilo.v1.Frames") as info:
+def test_bytes_that_are_not_frames_alone_are_malformed(whole: bytes) -> None:
+    with pytest.raises(MessageRejected, match="not a fedsilo.v1.Frames of frames alone") as info:
         list(frames_of(whole))
     assert info.value.reason == MALFORMED
+
+
+def test_frames_are_read_one_at_a_time_so_a_bad_first_one_is_refused_before_the_rest() -> None:
+    """A request of a million empty frames (2 MB) costs the reader one frame's memory, not a
+    view of each made ahead (about 180 MB)."""
+    whole = b"\x0a\x00" * 1_000_000
+    tracemalloc.start()
+    try:
+        with pytest.raises(MessageRejected, match="neither an envelope nor a chunk"):
+            read_message(frames_of(whole), VERIFIER, max_bytes=1 << 20)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20
 
 
 def test_an_empty_message_sent_whole_has_no_frame_to_read() -> None:

@@ -19,8 +19,9 @@ A request whose payload fits in one chunk can also cross as one gRPC message, it
 `fedsilo.v1.Frames` (`one_message`, `exchange_one_call`): gRPC's Python client starts a thread
 for every streamed request and none for a unary one, which was most of what a small exchange
 cost a silo (docs/performance.md). The server reads it through the same `read_message` as a
-streamed request (`frames_of` hands it the same frames), so every check is the same; the reply
-is streamed either way, since only the server knows its size.
+streamed request (`frames_of` hands it the same frames, one at a time), so every check is the
+same; a `Frames` holding anything but its frames is refused. The reply is streamed either way,
+since only the server knows its size.
 """
 
 from __future__ import annotations
@@ -75,29 +76,20 @@ def one_message(
     return b"".join(parts)
 
 
-def frames_of(message: bytes) -> Iterator[bytes | memoryview]:
-    """The serialized frames of one `fedsilo.v1.Frames` message, as views of it where it is laid
-    out as `one_message` writes it, else as the protobuf parser reads it; MessageRejected when it
-    is not a `Frames`. Lazy: a reader that checks each frame as it comes (`read_message`) is the
-    one that meets the error."""
-    view, frames, at = memoryview(message), [], 0
-    while at < len(message) and message[at : at + 1] == FRAMES_TAG:
+def frames_of(message: bytes) -> Iterator[memoryview]:
+    """The serialized frames of one `fedsilo.v1.Frames` message, one at a time, as views of it
+    (no copy, and nothing made ahead of the reader: a reader that checks each frame as it comes,
+    `read_message`, refuses a bad one before the next is looked at). MessageRejected where the
+    message holds anything but its frames (an unknown field, a length beyond its end)."""
+    view, at = memoryview(message), 0
+    while at < len(message):
         size, start = _read_varint(message, at + 1)
-        if size < 0 or start + size > len(message):
-            break
-        frames.append(view[start : start + size])
+        if message[at : at + 1] != FRAMES_TAG or size < 0 or start + size > len(message):
+            raise MessageRejected(
+                MALFORMED, f"a request that is not a fedsilo.v1.Frames of frames alone (at {at})"
+            )
+        yield view[start : start + size]
         at = start + size
-    if at == len(message):
-        yield from frames
-        return
-    try:
-        parsed = pb.Frames.FromString(message)
-    except DecodeError as exc:
-        raise MessageRejected(
-            MALFORMED, f"a request that is not a fedsilo.v1.Frames: {exc}"
-        ) from None
-    for frame in parsed.frames:
-        yield frame.SerializeToString()
 
 
 def chunk_frame(chunk: Chunk) -> bytes:
