@@ -15,12 +15,22 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import grpc
 import yaml
 from click.testing import CliRunner
 
 from fedsilo.ops.cli import main
 from fedsilo.ops.coordinator_serve import submit_local
 from fedsilo.ops.demo import free_port
+from fedsilo.ops.provision import load_silo_kit
+from fedsilo.wire.envelope import Envelope, EnvelopeVerifier
+from fedsilo.wire.framing import (
+    exchange_call,
+    exchange_one_call,
+    one_message,
+    read_message,
+    to_frames,
+)
 
 SILOS = ("silo-0", "silo-1", "silo-2")
 
@@ -263,6 +273,32 @@ def provision(root: Path, silos: tuple[str, ...] = SILOS) -> Consortium:
     )
     fedsilo("provision", "--consortium", str(root / "consortium.yaml"), "--out", str(root / "kits"))
     return Consortium(root, port)
+
+
+def silo_credentials(consortium: Consortium, silo: str) -> grpc.ChannelCredentials:
+    """`silo`'s mutual-TLS identity, from its kit."""
+    kit = load_silo_kit(consortium.kits / "silos" / silo)
+    return grpc.ssl_channel_credentials(
+        kit.tls.ca_certificate.read_bytes(),
+        kit.tls.private_key.read_bytes(),
+        kit.tls.certificate.read_bytes(),
+    )
+
+
+def send_as_silo(
+    consortium: Consortium, silo: str, envelope: Envelope, payload: bytes, *, whole: bool = False
+) -> bytes:
+    """One message to the coordinator over `silo`'s TLS identity, in frames (`Exchange`) or whole
+    (`ExchangeOne`); the verified reply's payload."""
+    kit = load_silo_kit(consortium.kits / "silos" / silo)
+    verifier = EnvelopeVerifier(kit.consortium, {"coordinator": kit.coordinator_verify_key})
+    address = kit.coordinator_address
+    with grpc.secure_channel(address, silo_credentials(consortium, silo)) as channel:
+        if whole:
+            replies = exchange_one_call(channel)(one_message(envelope, payload), timeout=30)
+        else:
+            replies = exchange_call(channel)(to_frames(envelope, payload), timeout=30)
+        return read_message(replies, verifier, 1 << 20)[1].to_bytes()
 
 
 def scrape(port: int) -> str:

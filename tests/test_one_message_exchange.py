@@ -23,17 +23,16 @@ from fedsilo.silo.proxy import Route
 from fedsilo.wire import framing
 from fedsilo.wire.chunks import DEFAULT_CHUNK_BYTES
 from fedsilo.wire.control import ACK, JOIN, POLICY, REFUSE, Control, decode_control
-from fedsilo.wire.envelope import EnvelopeVerifier, seal
-from fedsilo.wire.framing import (
-    SILO_SERVICE,
-    exchange_call,
-    exchange_one_call,
-    one_message,
-    read_message,
-    to_frames,
-)
+from fedsilo.wire.envelope import Envelope, seal
+from fedsilo.wire.framing import SILO_SERVICE, exchange_call
 from tests.adversarial.deviating import DeviatingCoordinator
-from tests.deployment import Consortium, policy_document, provision
+from tests.deployment import (
+    Consortium,
+    policy_document,
+    provision,
+    send_as_silo,
+    silo_credentials,
+)
 
 SILO = "silo-0"
 
@@ -80,21 +79,17 @@ def connection(consortium: Consortium, address: str | None = None) -> Coordinato
     return CoordinatorConnection(settings, identity, threading.Event())
 
 
-def send(consortium: Consortium, whole: bool, envelope, payload: bytes) -> bytes:
-    """One message from silo-0's TLS identity, whole (`ExchangeOne`) or in frames (`Exchange`)."""
-    kit = load_silo_kit(consortium.kits / "silos" / SILO)
-    credentials = grpc.ssl_channel_credentials(
-        kit.tls.ca_certificate.read_bytes(),
-        kit.tls.private_key.read_bytes(),
-        kit.tls.certificate.read_bytes(),
+def sealed(consortium: Consortium, payload: bytes, task_id: str, signer: str = SILO) -> Envelope:
+    """`payload` in an envelope signed with `signer`'s key, as `signer`."""
+    kit = load_silo_kit(consortium.kits / "silos" / signer)
+    return seal(
+        payload,
+        signing_key=kit.signing_key,
+        sender=signer,
+        deployment=kit.consortium,
+        round=0,
+        task_id=task_id,
     )
-    verifier = EnvelopeVerifier(kit.consortium, {"coordinator": kit.coordinator_verify_key})
-    with grpc.secure_channel(kit.coordinator_address, credentials) as channel:
-        if whole:
-            replies = exchange_one_call(channel)(one_message(envelope, payload), timeout=30)
-        else:
-            replies = exchange_call(channel)(to_frames(envelope, payload), timeout=30)
-        return read_message(replies, verifier, 1 << 20)[1].to_bytes()
 
 
 def test_a_silos_small_request_crosses_as_one_message(
@@ -126,19 +121,12 @@ def test_a_request_larger_than_a_chunk_is_streamed(
 def test_a_message_taken_one_way_is_refused_when_replayed_either_way(
     consortium: Consortium, coordinator: DeviatingCoordinator, first: bool, again: bool
 ) -> None:
-    kit = load_silo_kit(consortium.kits / "silos" / SILO)
     payload = Control(JOIN).encode()
-    captured = seal(
-        payload,
-        signing_key=kit.signing_key,
-        sender=SILO,
-        deployment=kit.consortium,
-        round=0,
-        task_id="join/captured",
-    )
-    assert decode_control(send(consortium, first, captured, payload)).type == POLICY
+    captured = sealed(consortium, payload, "join/captured")
+    reply = send_as_silo(consortium, SILO, captured, payload, whole=first)
+    assert decode_control(reply).type == POLICY
     with pytest.raises(grpc.RpcError) as refused:
-        send(consortium, again, captured, payload)
+        send_as_silo(consortium, SILO, captured, payload, whole=again)
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "replay" in (refused.value.details() or "")
 
@@ -148,18 +136,10 @@ def test_a_message_sent_whole_with_another_silos_signature_is_refused(
 ) -> None:
     """silo-0's TLS identity sending a message signed as silo-1: the sender check holds for a
     message sent whole as for one streamed."""
-    other = load_silo_kit(consortium.kits / "silos" / "silo-1")
     payload = Control(JOIN).encode()
-    forged = seal(
-        payload,
-        signing_key=other.signing_key,
-        sender="silo-1",
-        deployment=other.consortium,
-        round=0,
-        task_id="join/forged",
-    )
+    forged = sealed(consortium, payload, "join/forged", signer="silo-1")
     with pytest.raises(grpc.RpcError) as refused:
-        send(consortium, True, forged, payload)
+        send_as_silo(consortium, SILO, forged, payload, whole=True)
     assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
 
 
@@ -169,14 +149,7 @@ def test_a_silo_sends_frames_to_a_coordinator_without_exchange_one(
     """A coordinator from before `ExchangeOne`: only `Exchange` served (here, a server that
     forwards it to the real one). The silo falls back to frames, and stays there."""
     kit = load_silo_kit(consortium.kits / "silos" / SILO)
-    real = grpc.secure_channel(
-        kit.coordinator_address,
-        grpc.ssl_channel_credentials(
-            kit.tls.ca_certificate.read_bytes(),
-            kit.tls.private_key.read_bytes(),
-            kit.tls.certificate.read_bytes(),
-        ),
-    )
+    real = grpc.secure_channel(kit.coordinator_address, silo_credentials(consortium, SILO))
     forwarded: list[int] = []
 
     def exchange(frames: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
@@ -221,17 +194,9 @@ def test_a_whole_message_beyond_grpcs_limit_is_refused_before_it_is_read(
 ) -> None:
     """What the coordinator buffers of a message before its envelope is checked stays bounded
     sent whole as streamed: gRPC refuses a message over its 4 MiB limit unread."""
-    kit = load_silo_kit(consortium.kits / "silos" / SILO)
     payload = Control(REFUSE, {"reason": "x" * (5 << 20)}).encode()
-    envelope = seal(
-        payload,
-        signing_key=kit.signing_key,
-        sender=SILO,
-        deployment=kit.consortium,
-        round=0,
-        task_id="refuse/too-large",
-    )
+    envelope = sealed(consortium, payload, "refuse/too-large")
     with pytest.raises(grpc.RpcError) as refused:
-        send(consortium, True, envelope, payload)
+        send_as_silo(consortium, SILO, envelope, payload, whole=True)
     assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert whole_messages == []

@@ -21,12 +21,11 @@ from fedsilo.ops.coordinator_process import signed_policy
 from fedsilo.ops.job_id import job_id
 from fedsilo.ops.provision import load_coordinator_kit, load_silo_kit
 from fedsilo.wire.control import ACCEPT, ACK, Control, decode_control
-from fedsilo.wire.envelope import EnvelopeVerifier, seal
-from fedsilo.wire.framing import exchange_call, read_message, to_frames
+from fedsilo.wire.envelope import seal
 from fedsilo.wire.messages import TaskMessage, TaskResult
 from fedsilo.wire.payload import as_payload
 from tests.adversarial.deviating import DeviatingCoordinator
-from tests.deployment import Consortium, policy_document, provision
+from tests.deployment import Consortium, policy_document, provision, send_as_silo
 
 SILO = "silo-0"
 DP = {"delta": 1e-5, "dp_sgd": {"noise_multiplier": 1.0, "max_grad_norm": 1.0}}
@@ -93,20 +92,6 @@ def test_a_real_silo_restarted_answers_a_reposted_task_id_with_the_same_bytes(
     )
 
 
-def exchange(consortium: Consortium, envelope, payload: bytes) -> bytes:
-    """Send one message to the coordinator as silo-0 (its TLS identity) and return the reply."""
-    silo = load_silo_kit(consortium.kits / "silos" / SILO)
-    credentials = grpc.ssl_channel_credentials(
-        silo.tls.ca_certificate.read_bytes(),
-        silo.tls.private_key.read_bytes(),
-        silo.tls.certificate.read_bytes(),
-    )
-    verifier = EnvelopeVerifier(silo.consortium, {"coordinator": silo.coordinator_verify_key})
-    with grpc.secure_channel(silo.coordinator_address, credentials) as channel:
-        replies = exchange_call(channel)(to_frames(envelope, payload), timeout=30)
-        return read_message(replies, verifier, 1 << 20)[1].to_bytes()
-
-
 def test_an_envelope_replayed_to_a_restarted_coordinator_is_refused(
     consortium: Consortium,
 ) -> None:
@@ -124,14 +109,14 @@ def test_an_envelope_replayed_to_a_restarted_coordinator_is_refused(
     )
     consortium.start_coordinator(policy, join_timeout_s=120)
     consortium.wait_for_log("coordinator", "serving mTLS gRPC")
-    first = decode_control(exchange(consortium, captured, payload))
+    first = decode_control(send_as_silo(consortium, SILO, captured, payload))
     assert (first.type, first.get("accepted")) == (ACK, True)
 
     consortium.kill("coordinator")
     consortium.start_coordinator(policy, join_timeout_s=120, name="restarted")
     consortium.wait_for_log("restarted", "serving mTLS gRPC")
     with pytest.raises(grpc.RpcError) as refused:
-        reply = decode_control(exchange(consortium, captured, payload))
+        reply = decode_control(send_as_silo(consortium, SILO, captured, payload))
         pytest.fail(f"the restarted coordinator took the replayed envelope: {reply}")
     assert "replay" in (refused.value.details() or "")
     consortium.wait_for_log("restarted", "replay")
