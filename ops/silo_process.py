@@ -84,7 +84,7 @@ def run_silo(
         if config.metrics_port is not None
         else None
     )
-    connection = CoordinatorConnection(settings, _identity(kit), stop)
+    connection = CoordinatorConnection(settings, silo_identity(kit), stop)
     client = SiloClient(
         connection,
         kit.operator_verify_key,
@@ -249,5 +249,5 @@ def _settings(kit: SiloKit, config: SiloConfig, poll_seconds: float) -> ChannelS
     )
 
 
-def _identity(kit: SiloKit) -> SiloIdentity:
+def silo_identity(kit: SiloKit) -> SiloIdentity:
     return SiloIdentity(kit.name, kit.consortium, kit.signing_key, kit.coordinator_verify_key)

@@ -15,10 +15,13 @@ from pathlib import Path
 import grpc
 import pytest
 
+from fedsilo.ops.coordinator_process import server_certificate
 from fedsilo.ops.provision import load_coordinator_kit, load_silo_kit
+from fedsilo.ops.server_credentials import reloading_server_credentials
+from fedsilo.ops.silo_process import silo_identity
 from fedsilo.privacy.certificate_files import TlsFileWatch
 from fedsilo.silo.channel import ChannelSettings
-from fedsilo.silo.client import CoordinatorConnection, SiloIdentity
+from fedsilo.silo.client import CoordinatorConnection
 from fedsilo.silo.proxy import Route
 from fedsilo.wire import framing
 from fedsilo.wire.chunks import DEFAULT_CHUNK_BYTES
@@ -75,8 +78,7 @@ def connection(consortium: Consortium, address: str | None = None) -> Coordinato
         route=Route(None, "a test"),
         poll_seconds=0.5,
     )
-    identity = SiloIdentity(kit.name, kit.consortium, kit.signing_key, kit.coordinator_verify_key)
-    return CoordinatorConnection(settings, identity, threading.Event())
+    return CoordinatorConnection(settings, silo_identity(kit), threading.Event())
 
 
 def sealed(consortium: Consortium, payload: bytes, task_id: str, signer: str = SILO) -> Envelope:
@@ -165,16 +167,7 @@ def test_a_silo_sends_frames_to_a_coordinator_without_exchange_one(
             )
         ]
     )
-    credentials = grpc.ssl_server_credentials(
-        [
-            (
-                coordinator_kit.tls.private_key.read_bytes(),
-                coordinator_kit.tls.certificate.read_bytes(),
-            )
-        ],
-        root_certificates=coordinator_kit.tls.ca_certificate.read_bytes(),
-        require_client_auth=True,
-    )
+    credentials = reloading_server_credentials(server_certificate(coordinator_kit))
     port = old.add_secure_port("127.0.0.1:0", credentials)
     old.start()
     silo = connection(consortium, f"127.0.0.1:{port}")

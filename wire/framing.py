@@ -57,9 +57,8 @@ def to_frames(
     envelope: Envelope, payload: bytes | AnyPayload, chunk_bytes: int = DEFAULT_CHUNK_BYTES
 ) -> Iterator[bytes]:
     """The message as serialized frames: the envelope's, then one per chunk of the payload."""
-    yield pb.Frame(envelope=envelope_to_proto(envelope)).SerializeToString()
-    for chunk in as_payload(payload).chunks(chunk_bytes):
-        yield chunk_frame(chunk)
+    for pieces in _frame_pieces(envelope, payload, chunk_bytes):
+        yield b"".join(pieces)
 
 
 def one_message(
@@ -67,13 +66,25 @@ def one_message(
 ) -> bytes:
     """The message as one serialized `fedsilo.v1.Frames` (`ExchangeOne`'s request): the frames
     `to_frames` makes, each after its field tag and length, joined once."""
-    envelope_frame = pb.Frame(envelope=envelope_to_proto(envelope)).SerializeToString()
-    parts: list[bytes | memoryview] = [FRAMES_TAG, _varint(len(envelope_frame)), envelope_frame]
-    for chunk in as_payload(payload).chunks(chunk_bytes):
-        size = sum(len(piece) for piece in chunk)
-        head = CHUNK_TAG + _varint(size)
-        parts += (FRAMES_TAG, _varint(len(head) + size), head, *chunk)
+    parts: list[bytes | memoryview] = []
+    for pieces in _frame_pieces(envelope, payload, chunk_bytes):
+        parts += (FRAMES_TAG, _varint(sum(len(piece) for piece in pieces)), *pieces)
     return b"".join(parts)
+
+
+def _frame_pieces(
+    envelope: Envelope, payload: bytes | AnyPayload, chunk_bytes: int
+) -> Iterator[Chunk]:
+    """Each frame of the message as the pieces it is made of, not yet joined: the envelope's
+    serialized frame, then each chunk's frame head and the chunk's own memory."""
+    yield (pb.Frame(envelope=envelope_to_proto(envelope)).SerializeToString(),)
+    for chunk in as_payload(payload).chunks(chunk_bytes):
+        yield _chunk_pieces(chunk)
+
+
+def _chunk_pieces(chunk: Chunk) -> Chunk:
+    """`Frame(chunk=...)` as its head (tag and length) and the chunk's pieces."""
+    return (CHUNK_TAG + _varint(sum(len(piece) for piece in chunk)), *chunk)
 
 
 def frames_of(message: bytes) -> Iterator[memoryview]:
@@ -94,8 +105,7 @@ def frames_of(message: bytes) -> Iterator[memoryview]:
 
 def chunk_frame(chunk: Chunk) -> bytes:
     """The serialized `Frame(chunk=...)` of a chunk's pieces, copied once, straight in."""
-    size = sum(len(piece) for piece in chunk)
-    return b"".join((CHUNK_TAG, _varint(size), *chunk))
+    return b"".join(_chunk_pieces(chunk))
 
 
 def frame_body(raw: bytes | memoryview) -> pb.Envelope | memoryview:
