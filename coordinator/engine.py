@@ -175,6 +175,7 @@ class RoundEngine:
         secret: bytes = b"",
         handoff_keys: Mapping[str, bytes] | None = None,
         should_stop: Callable[[], str | None] = lambda: None,
+        make_room: Callable[[int], object] = lambda nbytes: None,
     ) -> None:
         """`store`: where to save rounds and resume from (None: nothing is saved);
         `policy_digest`: what binds the store to this policy (default: `digest_policy`);
@@ -182,7 +183,9 @@ class RoundEngine:
         with no one to hide it from, may leave it empty); `handoff_keys`: each member's X25519
         public key (from its provisioned identity), which sealed daisy-chain hand-offs need;
         `should_stop`: why the run must stop before its next round (None: go on), checked
-        before each round and the final evaluation; a reason ends the run with `RunAborted`."""
+        before each round and the final evaluation; a reason ends the run with `RunAborted`;
+        `make_room`: called with a mean's size in bytes just before the engine allocates it
+        (a service gives back there the memory its allocator keeps, `ops/memory.py`)."""
         if not silos:
             raise ValueError("a consortium needs at least one silo")
         self.strategy = strategy
@@ -198,6 +201,7 @@ class RoundEngine:
         self.secret = secret
         self.handoff_keys = dict(handoff_keys or {})
         self.should_stop = should_stop
+        self.make_room = make_room
         self.ckks_keys: CkksKeys | None = None  # made by the key holder at the first CKKS sum
         contract = self.policy.algorithm.silo_contract(self.policy)
         self.folded_keys = FoldedKeys(contract.next_aggregation)  # for the next masked mean
@@ -468,6 +472,10 @@ class RoundEngine:
                 phase.name, reports, dropped, tensors=copy, spec=spec, digests=digests
             )
         assert running is not None  # the phase's aggregate is a WeightedMean
+        first = results[min(results)].lazy
+        self.make_room(
+            sum(first[n].numel * first[n].dtype.itemsize for n in phase.aggregate.tensors)
+        )
         mean, total = running.mean(results)
         if total <= 0:
             raise QuorumNotMet(

@@ -44,6 +44,7 @@ from fedsilo.coordinator.strategies.base import Strategy
 from fedsilo.coordinator.strategies.references import Central
 from fedsilo.ops.epsilon import ledger_anchors
 from fedsilo.ops.job_id import job_id
+from fedsilo.ops.memory import make_room_for
 from fedsilo.ops.metrics import CoordinatorMetrics, MetricsServer, serve_metrics
 from fedsilo.ops.provision import CoordinatorKit, load_coordinator_kit
 from fedsilo.ops.report import write_deployment_results
@@ -372,6 +373,7 @@ def run_job(
         secret=noise_secret(kit.signing_key),
         handoff_keys={name: bytes(silo.sealing_public_key) for name, silo in kit.silos.items()},
         should_stop=should_stop,
+        make_room=make_room_for,
     )
     history = engine.run()
     return history, (snapshots.taken if snapshots else {})

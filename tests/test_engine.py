@@ -76,6 +76,23 @@ def test_explicit_weights_replace_sample_counts_and_absent_silos_weigh_nothing()
     assert outcome.tensors == {}  # the strategy sees the aggregate, never one silo's model
 
 
+def test_the_engine_names_each_means_size_before_it_allocates_it() -> None:
+    """A service gives its allocator's kept memory back there for a large model
+    (ops/memory.py `make_room_for`); the hook sees the mean's bytes, once per mean."""
+    asked: list[int] = []
+    policy = make_policy(rounds=2)
+    endpoints = {s: constant_silo(s, [1.0, 2.0, 3.0]) for s in "ab"}
+    engine = RoundEngine(
+        make_strategy(policy),
+        InProcessTransport(endpoints),
+        policy,
+        sorted(endpoints),
+        make_room=asked.append,
+    )
+    engine.run()
+    assert asked == [3 * 4, 3 * 4]  # two rounds' means of three float32 parameters
+
+
 def test_a_silo_that_never_answers_is_dropped_at_the_deadline_and_the_round_goes_on() -> None:
     release = threading.Event()
     try:

@@ -73,6 +73,30 @@ def test_elsewhere_than_glibc_nothing_is_set() -> None:
     assert memory.give_back_freed_memory() is False
 
 
+KEPT = """
+import psutil
+from fedsilo.ops.memory import SERVICE_PAD_BYTES, keep_service_buffers, make_room_for
+keep_service_buffers()
+buffers = [bytes(64 << 10) for _ in range(1024)]  # 64 MiB below glibc's mmap threshold: heap
+del buffers  # freed, and kept by the margin
+kept = psutil.Process().memory_info().rss
+for size in (SERVICE_PAD_BYTES, SERVICE_PAD_BYTES + 1):
+    print(make_room_for(size), kept - psutil.Process().memory_info().rss)
+"""
+
+
+@glibc_only
+def test_memory_kept_for_reuse_is_given_back_before_a_buffer_the_margin_cannot_serve() -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", KEPT], capture_output=True, text=True, check=True
+    ).stdout.split()
+    served_by_the_margin, larger = out[:2], out[2:]
+    assert served_by_the_margin[0] == "False"
+    assert int(served_by_the_margin[1]) < 8 << 20  # kept
+    assert larger[0] == "True"
+    assert int(larger[1]) > 48 << 20  # most of the 64 MiB given back
+
+
 @glibc_only
 def test_freed_memory_is_given_back_when_asked() -> None:
     assert memory.give_back_freed_memory() is True
