@@ -22,6 +22,22 @@ from fedsilo.wire.tensors import LazyTensor, WireError, all_finite
 SLICE_ELEMENTS = 1 << 20  # elements read at once (a multiple of every SIMD width)
 
 
+class SliceReader:
+    """Reads slices of unread tensors, copying those a payload cannot lend (a spooled reply)
+    into one buffer per dtype, kept from slice to slice: a fresh buffer per slice is fresh pages
+    for the kernel to fault in, once its allocator has given its free memory back
+    (ops/memory.py). A slice it returns is valid until the next `peek` of the same dtype."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[torch.dtype, torch.Tensor] = {}
+
+    def peek(self, tensor: LazyTensor, start: int, stop: int) -> torch.Tensor:
+        buffer = self._buffers.get(tensor.dtype)
+        if buffer is None or buffer.numel() < stop - start:
+            buffer = self._buffers[tensor.dtype] = torch.empty(stop - start, dtype=tensor.dtype)
+        return tensor.peek(start, stop, buffer)
+
+
 def raw_weights(
     weights: Mapping[str, float] | None, counted: Mapping[str, Accepted]
 ) -> dict[str, float]:
@@ -147,5 +163,6 @@ def _slices(tensor: torch.Tensor | LazyTensor) -> Iterator[torch.Tensor]:
     if isinstance(tensor, torch.Tensor):
         yield tensor
         return
+    reader = SliceReader()
     for start in range(0, tensor.numel, SLICE_ELEMENTS):
-        yield tensor.peek(start, min(start + SLICE_ELEMENTS, tensor.numel))
+        yield reader.peek(tensor, start, min(start + SLICE_ELEMENTS, tensor.numel))

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from fedsilo.coordinator.phases import WeightedMean
-from fedsilo.coordinator.replies import SLICE_ELEMENTS, Accepted, raw_weights
+from fedsilo.coordinator.replies import SLICE_ELEMENTS, Accepted, SliceReader, raw_weights
 
 RUNNING_SUM_BYTES = 256 << 20
 
@@ -35,6 +35,7 @@ class RunningMean:
         self._sums: dict[str, torch.Tensor] | None = None  # name -> float64 running sum
         self._summed: list[str] = []
         self._widened = torch.empty(0, dtype=torch.float64)  # a slice widened to float64
+        self._reader = SliceReader()
 
     def accepted(self, silo: str, accepted: Accepted) -> None:
         self._fates[silo] = accepted
@@ -72,7 +73,8 @@ class RunningMean:
             tensor = accepted.lazy[name]
             for start in range(0, tensor.numel, SLICE_ELEMENTS):
                 stop = min(start + SLICE_ELEMENTS, tensor.numel)
-                _add_scaled(running[start:stop], tensor.peek(start, stop), weight, self._widened)
+                part = self._reader.peek(tensor, start, stop)
+                _add_scaled(running[start:stop], part, weight, self._widened)
         self._summed.append(silo)
 
     def mean(self, results: Mapping[str, Accepted]) -> tuple[dict[str, torch.Tensor], float]:
@@ -103,14 +105,19 @@ def _divided(
     mean = torch.empty(first.shape, dtype=first.dtype)
     flat = mean.view(-1)
     widened = torch.empty(0, dtype=torch.float64)
+    sums = torch.empty(
+        0 if summed is not None else min(SLICE_ELEMENTS, first.numel), dtype=torch.float64
+    )
+    reader = SliceReader()
     for start in range(0, first.numel, SLICE_ELEMENTS):
         stop = min(start + SLICE_ELEMENTS, first.numel)
         if summed is not None:
             acc = summed[start:stop]
         else:
-            acc = torch.zeros(stop - start, dtype=torch.float64)
+            acc = sums[: stop - start].zero_()
             for silo, weight in terms:
-                _add_scaled(acc, results[silo].lazy[name].peek(start, stop), weight, widened)
+                part = reader.peek(results[silo].lazy[name], start, stop)
+                _add_scaled(acc, part, weight, widened)
         if flat.is_floating_point():
             torch.div(acc, total, out=flat[start:stop])  # no temporary of the slice's size
         else:

@@ -18,6 +18,7 @@ from fedsilo.policies.loading import parse_policy
 from fedsilo.silo.agent import SiloAgent
 from fedsilo.silo.data import SiloDataset
 from fedsilo.wire.messages import TaskMessage, TaskResult
+from fedsilo.wire.payload import SpooledPayload, digest_of
 from tests.fakes import INIT, SPEC, TRAIN, constant_silo, scripted_silo, silent_silo
 from tests.silos import agent, policy_with
 
@@ -275,13 +276,15 @@ def test_a_resumed_deployment_keeps_the_consortium_it_started_with(tmp_path) -> 
     assert len(history.records) == 3
 
 
+@pytest.mark.parametrize("spooled", [False, True], ids=["in-memory", "spooled"])
 @pytest.mark.parametrize("running_sum_bytes", [1 << 30, 0], ids=["running", "at-the-end"])
 @pytest.mark.parametrize("arrival", ["abc", "cba", "bca"])
 def test_the_mean_is_bit_identical_to_a_whole_tensor_sum_in_sorted_order(
-    monkeypatch, running_sum_bytes: int, arrival: str
+    monkeypatch, running_sum_bytes: int, arrival: str, spooled: bool
 ) -> None:
     """Summed while replies arrive or once all are in, in slices that end mid-tensor, in any
-    arrival order: the same bits as one float64 sum over whole tensors in sorted silo order."""
+    arrival order, read in place or through buffers reused from slice to slice (a reply in a
+    spool file): the same bits as one float64 sum over whole tensors in sorted silo order."""
     generator = torch.Generator().manual_seed(3)
     models = {s: torch.randn(SPEC.numel, generator=generator) for s in "abc"}
     weights = {"a": 0.3, "b": 1.7, "c": 2.9}  # inexact products: the order shows in the bits
@@ -290,13 +293,13 @@ def test_the_mean_is_bit_identical_to_a_whole_tensor_sum_in_sorted_order(
     def in_turn(silo: str) -> Callable[[bytes], bytes]:
         answer = constant_silo(silo, models[silo].tolist())
 
-        def endpoint(payload: bytes) -> bytes:
+        def endpoint(payload: bytes) -> bytes | SpooledPayload:
             turn[silo].wait(timeout=10)
             reply = answer(payload)
             later = arrival[arrival.index(silo) + 1 :]
             if later:
                 threading.Timer(0.05, turn[later[0]].set).start()
-            return reply
+            return spool(reply) if spooled else reply
 
         return endpoint
 
@@ -313,6 +316,13 @@ def test_the_mean_is_bit_identical_to_a_whole_tensor_sum_in_sorted_order(
     engine = engine_for({s: in_turn(s) for s in "abc"})
     mean = engine.execute(phase, round_no=1).mean["model"]
     assert torch.equal(mean, expected)
+
+
+def spool(reply: bytes) -> SpooledPayload:
+    """`reply` in a spool file, as the coordinator holds a large one."""
+    spooled = SpooledPayload()
+    spooled.append(reply)
+    return spooled.seal(digest_of([reply]))
 
 
 def test_an_agreement_phase_returns_one_copy_and_every_silos_digest() -> None:

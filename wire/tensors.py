@@ -204,18 +204,21 @@ class LazyTensor:
     def numel(self) -> int:
         return math.prod(self.shape)
 
-    def read(self, start: int, stop: int) -> torch.Tensor:
-        """Elements [start, stop) of the flattened tensor, copied once into a new tensor."""
-        out = torch.empty(stop - start, dtype=self.dtype)
+    def read(self, start: int, stop: int, into: torch.Tensor | None = None) -> torch.Tensor:
+        """Elements [start, stop) of the flattened tensor, copied once into a new tensor, or
+        into the first `stop - start` elements of `into` (a buffer of this dtype, reused
+        across slices: a fresh buffer per slice is fresh pages to fault in)."""
+        out = torch.empty(stop - start, dtype=self.dtype) if into is None else into[: stop - start]
         if out.numel():
             view = memoryview(out.view(torch.uint8).numpy())
             self.payload.readinto(self.offset + start * self.dtype.itemsize, view)
         return out
 
-    def peek(self, start: int, stop: int) -> torch.Tensor:
+    def peek(self, start: int, stop: int, into: torch.Tensor | None = None) -> torch.Tensor:
         """Elements [start, stop) to read, not to write: a view of the payload's own memory
         where it holds them in one aligned piece (a received message: no copy, and no fresh
-        pages to fault in, which cost more than the copy), else a copy (`read`)."""
+        pages to fault in, which cost more than the copy), else a copy (`read`, into `into`
+        when given)."""
         size = self.dtype.itemsize
         if isinstance(self.payload, Payload):
             view = self.payload.view(self.offset + start * size, (stop - start) * size)
@@ -225,7 +228,7 @@ class LazyTensor:
                     raw = torch.frombuffer(view, dtype=torch.uint8)
                 if raw.data_ptr() % size == 0:
                     return raw.view(self.dtype)
-        return self.read(start, stop)
+        return self.read(start, stop, into)
 
     def load(self) -> torch.Tensor:
         return self.read(0, self.numel).view(self.shape)
