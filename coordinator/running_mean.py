@@ -79,13 +79,15 @@ class RunningMean:
 
     def mean(self, results: Mapping[str, Accepted]) -> tuple[dict[str, torch.Tensor], float]:
         """The mean of `results` (the accepted replies) and their total weight; an empty mean
-        when the total is not positive."""
+        when the total is not positive. It divides the running sum in place, so a second call
+        sums the replies again, slice by slice."""
         weights = raw_weights(self.aggregate.weights, results)
         total = math.fsum(weights.values())
         if total <= 0:
             return {}, total
         terms = [(s, weights[s]) for s in sorted(results) if weights[s] != 0.0]
         summed = self._sums if self._summed == [s for s, _ in terms] else None
+        self._sums, self._summed = None, []  # divided in place below: a second mean re-sums
         return {
             name: _divided(results, name, terms, total, None if summed is None else summed[name])
             for name in self.aggregate.tensors
@@ -119,7 +121,10 @@ def _divided(
                 part = reader.peek(results[silo].lazy[name], start, stop)
                 _add_scaled(acc, part, weight, widened)
         if flat.is_floating_point():
-            torch.div(acc, total, out=flat[start:stop])  # no temporary of the slice's size
+            # divided in place, then narrowed: a float64 division written into a float32 `out`
+            # goes through a temporary of the slice's size, fresh pages for every slice once
+            # the allocator has given its free memory back (ops/memory.py); the same bits
+            flat[start:stop].copy_(acc.div_(total))
         else:
             flat[start:stop] = acc / total
     return mean
