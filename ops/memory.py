@@ -22,9 +22,12 @@ faulted in and zeroed by the kernel again.
 - `make_room_for`, the coordinator's round engine's hook before it allocates a round's mean: a
   mean larger than the margin is mapped directly, not served from what the arenas keep, so what
   they keep would only add to the round's peak, and it is given back first. At 1e8 parameters
-  x 3 silos (400 MB means) the coordinator's peak fell from 2.99-3.09x the model to
-  2.85x, and the pages given back (about 75 MB) are faulted in again by the next round's
-  buffers, against a round of about 10 s.
+  x 3 silos (400 MB means) the coordinator's peak fell from 3.04-3.07x the model to 2.81x (3
+  runs each, alternating), with no change in its CPU a round that the runs resolve. It is cheap
+  because the mean reads and sums its slices in buffers kept from slice to slice
+  (coordinator/running_mean.py): once the heap's top is given back, glibc maps afresh every
+  buffer of 128 KiB or more that the top cannot serve (the margin's `mallopt` fixes that
+  threshold), so a fresh buffer per slice was fresh pages per slice, five times a run's faults.
 - `keep_freed_memory`, for `fedsilo simulate`: buffers up to `KEPT_BUFFER_BYTES` from the heap
   and up to `KEPT_FREE_BYTES` of freed memory kept: with a 1M-parameter model and 10 silos
   (bench/engine_overhead.py, alternating runs) the engine's time per round fell from 21-33 ms to
