@@ -6,7 +6,8 @@ order has answered or dropped out, so with silos that answer in turn (in-process
 time) the coordinator sums one while the next trains, and the mean is one division once the
 last reply is in. That needs a float64 running sum of the model's size; above
 `RUNNING_SUM_BYTES` the replies are summed once all are in instead, slice by slice over their
-unread tensors, so memory stays the output plus one float64 slice whatever the model's size.
+unread tensors, so memory stays the output plus a slice's buffers (its float64 sum, and a
+spooled reply's slice, read into a buffer kept from slice to slice) whatever the model's size.
 Either way every element goes through the same operations (slices of `SLICE_ELEMENTS`, the
 same silos in the same order), so both give the same bits.
 """
