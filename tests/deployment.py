@@ -22,7 +22,7 @@ from click.testing import CliRunner
 from fedsilo.ops.cli import main
 from fedsilo.ops.coordinator_serve import submit_local
 from fedsilo.ops.demo import free_port
-from fedsilo.ops.provision import load_silo_kit
+from fedsilo.ops.provision import SiloKit, load_silo_kit
 from fedsilo.wire.envelope import Envelope, EnvelopeVerifier
 from fedsilo.wire.framing import (
     exchange_call,
@@ -275,9 +275,8 @@ def provision(root: Path, silos: tuple[str, ...] = SILOS) -> Consortium:
     return Consortium(root, port)
 
 
-def silo_credentials(consortium: Consortium, silo: str) -> grpc.ChannelCredentials:
-    """`silo`'s mutual-TLS identity, from its kit."""
-    kit = load_silo_kit(consortium.kits / "silos" / silo)
+def silo_credentials(kit: SiloKit) -> grpc.ChannelCredentials:
+    """The silo's mutual-TLS identity, from its kit."""
     return grpc.ssl_channel_credentials(
         kit.tls.ca_certificate.read_bytes(),
         kit.tls.private_key.read_bytes(),
@@ -293,7 +292,7 @@ def send_as_silo(
     kit = load_silo_kit(consortium.kits / "silos" / silo)
     verifier = EnvelopeVerifier(kit.consortium, {"coordinator": kit.coordinator_verify_key})
     address = kit.coordinator_address
-    with grpc.secure_channel(address, silo_credentials(consortium, silo)) as channel:
+    with grpc.secure_channel(address, silo_credentials(kit)) as channel:
         if whole:
             replies = exchange_one_call(channel)(one_message(envelope, payload), timeout=30)
         else:

@@ -151,7 +151,7 @@ def test_a_silo_sends_frames_to_a_coordinator_without_exchange_one(
     """A coordinator from before `ExchangeOne`: only `Exchange` served (here, a server that
     forwards it to the real one). The silo falls back to frames, and stays there."""
     kit = load_silo_kit(consortium.kits / "silos" / SILO)
-    real = grpc.secure_channel(kit.coordinator_address, silo_credentials(consortium, SILO))
+    real = grpc.secure_channel(kit.coordinator_address, silo_credentials(kit))
     forwarded: list[int] = []
 
     def exchange(frames: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
