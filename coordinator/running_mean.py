@@ -90,45 +90,47 @@ class RunningMean:
         summed = self._sums if self._summed == [s for s, _ in terms] else None
         self._sums, self._summed = None, []  # divided in place below: a second mean re-sums
         return {
-            name: _divided(results, name, terms, total, None if summed is None else summed[name])
+            name: self._divided(
+                results, name, terms, total, None if summed is None else summed[name]
+            )
             for name in self.aggregate.tensors
         }, total
 
-
-def _divided(
-    results: Mapping[str, Accepted],
-    name: str,
-    terms: list[tuple[str, float]],
-    total: float,
-    summed: torch.Tensor | None,
-) -> torch.Tensor:
-    """Tensor `name` of the mean: `summed` (the running sum) over `total`, or, without one,
-    `terms` (silo, weight) summed slice by slice over their unread tensors."""
-    first = results[min(results)].lazy[name]
-    mean = torch.empty(first.shape, dtype=first.dtype)
-    flat = mean.view(-1)
-    widened = torch.empty(0, dtype=torch.float64)
-    sums = torch.empty(
-        0 if summed is not None else min(SLICE_ELEMENTS, first.numel), dtype=torch.float64
-    )
-    reader = SliceReader()
-    for start in range(0, first.numel, SLICE_ELEMENTS):
-        stop = min(start + SLICE_ELEMENTS, first.numel)
-        if summed is not None:
-            acc = summed[start:stop]
-        else:
-            acc = sums[: stop - start].zero_()
-            for silo, weight in terms:
-                part = reader.peek(results[silo].lazy[name], start, stop)
-                _add_scaled(acc, part, weight, widened)
-        if flat.is_floating_point():
-            # divided in place, then narrowed: a float64 division written into a float32 `out`
-            # goes through a temporary of the slice's size, fresh pages for every slice once
-            # the allocator has given its free memory back (ops/memory.py); the same bits
-            flat[start:stop].copy_(acc.div_(total))
-        else:
-            flat[start:stop] = acc / total
-    return mean
+    def _divided(
+        self,
+        results: Mapping[str, Accepted],
+        name: str,
+        terms: list[tuple[str, float]],
+        total: float,
+        summed: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """Tensor `name` of the mean: `summed` (the running sum) over `total`, or, without one,
+        `terms` (silo, weight) summed slice by slice over their unread tensors, through the
+        same kept buffers as the running sum."""
+        first = results[min(results)].lazy[name]
+        mean = torch.empty(first.shape, dtype=first.dtype)
+        flat = mean.view(-1)
+        sums = torch.empty(
+            0 if summed is not None else min(SLICE_ELEMENTS, first.numel), dtype=torch.float64
+        )
+        for start in range(0, first.numel, SLICE_ELEMENTS):
+            stop = min(start + SLICE_ELEMENTS, first.numel)
+            if summed is not None:
+                acc = summed[start:stop]
+            else:
+                acc = sums[: stop - start].zero_()
+                for silo, weight in terms:
+                    part = self._reader.peek(results[silo].lazy[name], start, stop)
+                    _add_scaled(acc, part, weight, self._widened)
+            if flat.is_floating_point():
+                # divided in place, then narrowed: a float64 division written into a float32
+                # `out` goes through a temporary of the slice's size, fresh pages for every
+                # slice once the allocator has given its free memory back (ops/memory.py);
+                # the same bits
+                flat[start:stop].copy_(acc.div_(total))
+            else:
+                flat[start:stop] = acc / total
+        return mean
 
 
 def _add_scaled(
