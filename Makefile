@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo compare test docs fuzz lint bench proto clean flower-env
+.PHONY: setup demo compare test docs fuzz lint bench proto clean flower-env check-wheel check-image
 
 setup: $(STAMP)
 
@@ -27,6 +27,15 @@ test: $(STAMP)
 	$(BIN)/ruff check .
 	$(MAKE) docs
 	$(BIN)/python -m pytest -q
+
+# The product as a user installs it (ci/, also run by .ci/run): the wheel built and installed
+# into a fresh virtualenv outside the checkout; the container image and the compose consortium
+# (needs root and podman; installs podman, runc and mmdebstrap when missing).
+check-wheel: $(STAMP)
+	ci/check-wheel.sh
+
+check-image: $(STAMP)
+	ci/check-image.sh
 
 # The documentation site (mkdocs.yml) into site/; --strict: a broken link, anchor or reference
 # fails it (and so `make test`).
@@ -57,4 +66,4 @@ flower-env:
 	python3 -m venv .venv-flwr && .venv-flwr/bin/pip install -c constraints.txt "flwr==1.41.0" numpy psutil torch==2.13.0
 
 clean:
-	rm -rf $(VENV) .venv-flwr runs build site *.egg-info
+	rm -rf $(VENV) .venv-flwr .venv-compose runs build site *.egg-info

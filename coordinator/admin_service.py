@@ -6,10 +6,13 @@ Each request is checked before it is used: the caller's TLS certificate must be 
 `operator` (else PERMISSION_DENIED before anything of the request is read); its envelope must
 come from `operator` and verify under the operator's key, for this consortium, fresh and never
 seen before (wire/envelope.py, with the coordinator's durable replay memory, so a replayed
-request is refused after a restart too). Then the typed request (wire/admin.py) goes to the
-`AdminBackend` (coordinator/admin_api.py); an `AdminError` is answered as ok=False with its
-message. The reply is sealed by the coordinator and bound to the request, as on the silo
-channel (coordinator/service.py). Every admin action is logged at INFO.
+request is refused after a restart too). An admin CLI of another protocol version is refused
+before anything else reads its request, with FAILED_PRECONDITION and the one line naming both
+sides' versions and what to upgrade (wire/messages.py `version_mismatch`), logged once. Then
+the typed request (wire/admin.py) goes to the `AdminBackend` (coordinator/admin_api.py); an
+`AdminError` is answered as ok=False with its message. The reply is sealed by the coordinator
+and bound to the request, as on the silo channel (coordinator/service.py). Every admin action is
+logged at INFO.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import grpc
 from nacl.signing import SigningKey, VerifyKey
 
 from fedsilo.coordinator.admin_api import OPERATOR, AdminBackend, AdminError
-from fedsilo.coordinator.service import COORDINATOR
+from fedsilo.coordinator.service import COORDINATOR, MismatchLog
 from fedsilo.wire.admin import (
     ABORT,
     CONSORTIUM,
@@ -50,6 +53,7 @@ from fedsilo.wire.framing import (
     seal_reply,
     to_frames,
 )
+from fedsilo.wire.messages import payload_mismatch
 from fedsilo.wire.tensors import WireError
 
 log = logging.getLogger("fedsilo.coordinator.admin")
@@ -74,6 +78,7 @@ class AdminService:
         self.verifier = verifier
         self.signing_key = signing_key
         self.max_payload_bytes = max_payload_bytes
+        self.mismatches = MismatchLog(log)
 
     def Exchange(  # noqa: N802 (gRPC's name)
         self, request_iterator: Iterator[bytes], context: grpc.ServicerContext
@@ -91,6 +96,10 @@ class AdminService:
             )
             if envelope.sender != OPERATOR:  # the roster holds only the operator
                 raise MessageRejected(UNKNOWN_SENDER, f"signed as {envelope.sender!r}")
+            mismatch = payload_mismatch(payload, "the operator's admin CLI", "coordinator")
+            if mismatch is not None:  # the line alone (wire/messages.py)
+                self.mismatches.warn(mismatch)
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION, mismatch)
             request = AdminRequest.decode(payload)
         except MessageRejected as rejected:
             log.warning("refused an admin request: %s", rejected)

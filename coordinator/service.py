@@ -3,7 +3,11 @@
 Each request is checked before it is used: a revoked silo (by its TLS client certificate's
 common name) is refused before anything of its request is read, the certificate's common name
 must be the envelope's sender, the sender must be in the roster, and the envelope must verify
-(signature, deployment, freshness, replay, digest; wire/framing.py); a result is taken only
+(signature, deployment, freshness, replay, digest; wire/framing.py); then, before anything
+else reads the payload, its header must speak this coordinator's protocol version: a silo of
+another is refused with FAILED_PRECONDITION and one line naming both sides' protocol and
+package versions and what to upgrade (wire/messages.py `version_mismatch`), logged once however
+often the silo retries (`MismatchLog`). A result is taken only
 for a task waiting for that very silo (coordinator/hub.py), and its reply is what a PULL would
 get (the silo's next task, IDLE or FINISHED, after the same long poll), so a silo sends one
 message per task, not two. A rejected request is refused with
@@ -22,6 +26,7 @@ itself (silo/roster_gate.py); a kit provisioned before rosters were signed sends
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol
@@ -56,7 +61,7 @@ from fedsilo.wire.framing import (
     seal_reply,
     to_frames,
 )
-from fedsilo.wire.messages import TaskResult
+from fedsilo.wire.messages import TaskResult, payload_mismatch
 from fedsilo.wire.payload import AnyPayload
 from fedsilo.wire.tensors import WireError
 
@@ -65,6 +70,7 @@ log = logging.getLogger("fedsilo.coordinator")
 COORDINATOR = "coordinator"
 HEARTBEATS_PER_WINDOW = 4  # a silo is gone only after missing this many heartbeats in a row
 IDENTITY_MISMATCH, REVOKED = "identity_mismatch", "revoked"
+PROTOCOL_MISMATCH = "protocol_version"  # a sender of another protocol version
 
 
 class ChannelCounters(Protocol):
@@ -74,6 +80,22 @@ class ChannelCounters(Protocol):
     def count_bytes(self, direction: str, silo: str, n: int) -> None: ...
 
     def count_rejected(self, reason: str) -> None: ...
+
+
+class MismatchLog:
+    """Logs each protocol mismatch line once (it names the sender and both sides' versions),
+    however often its sender retries; later ones at DEBUG."""
+
+    def __init__(self, logger: logging.Logger) -> None:
+        self.logger = logger
+        self._logged: set[str] = set()
+        self._lock = threading.Lock()
+
+    def warn(self, line: str) -> None:
+        with self._lock:
+            first = line not in self._logged
+            self._logged.add(line)
+        self.logger.log(logging.WARNING if first else logging.DEBUG, "%s", line)
 
 
 @dataclass(frozen=True)
@@ -116,6 +138,7 @@ class CoordinatorService:
         self.more_jobs = more_jobs
         self.roster = roster
         self.job_roster = roster
+        self.mismatches = MismatchLog(log)
 
     def set_job(self, policy: SignedPolicy, job: str) -> None:
         """Job `job` runs `policy` from now on, under the roster of now; every silo joins it
@@ -145,6 +168,9 @@ class CoordinatorService:
                 raise MessageRejected(
                     IDENTITY_MISMATCH, f"certificate of {peer!r} signed as {envelope.sender!r}"
                 )
+            mismatch = payload_mismatch(payload, f"silo {peer}", "coordinator")
+            if mismatch is not None:
+                raise MessageRejected(PROTOCOL_MISMATCH, mismatch)
             self.metrics.count_bytes("from_silo", envelope.sender, len(payload))
             self.hub.seen(envelope.sender)
             reply = self._answer(envelope.sender, payload)
@@ -248,6 +274,9 @@ class CoordinatorService:
 
     def _refuse(self, context: grpc.ServicerContext, peer: str, rejected: MessageRejected) -> None:
         self.metrics.count_rejected(rejected.reason)
+        if rejected.reason == PROTOCOL_MISMATCH:  # the line alone (wire/messages.py)
+            self.mismatches.warn(rejected.detail)
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, rejected.detail)
         log.warning("rejected a message from %s: %s", peer, rejected)
         code = (
             grpc.StatusCode.PERMISSION_DENIED

@@ -14,7 +14,7 @@ from __future__ import annotations
 from importlib import import_module
 from typing import Any
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"  # SemVer; the wire protocol has its own (wire/messages.py)
 
 # name -> the module that defines it
 _API = {

@@ -28,6 +28,7 @@ from fedsilo.ops.cli_support import (
     DEPLOYMENT_ERRORS,
     USER_ERRORS,
     console,
+    health_file_option,
     start_service,
     stop_on_signals,
     within,
@@ -41,7 +42,7 @@ from fedsilo.ops.coordinator_process import (
 from fedsilo.ops.coordinator_serve import ServeOptions, serve_coordinator
 from fedsilo.ops.demo import DemoFailed, run_demo
 from fedsilo.ops.examples_cli import examples_group
-from fedsilo.ops.job_cli import job_group, print_json, print_remote_status
+from fedsilo.ops.job_cli import coordinator_option, job_group, print_json, print_remote_status
 from fedsilo.ops.lazy_group import LazyGroup
 from fedsilo.ops.privacy_cli import privacy_group
 from fedsilo.ops.provision import OPERATOR, KitError, kit_role, load_coordinator_kit
@@ -57,6 +58,7 @@ from fedsilo.ops.report import (
 from fedsilo.ops.shown_metrics import MetricDisplay, ShownRounds
 from fedsilo.ops.status import certificate_status, state_file_document
 from fedsilo.ops.status_view import print_certificate, print_consortium
+from fedsilo.policies.consortium import split_address
 from fedsilo.policies.loading import (
     PolicyError,
     load_policy,
@@ -65,6 +67,7 @@ from fedsilo.policies.loading import (
     with_overrides,
 )
 from fedsilo.policies.schema import MAX_SEED, Policy
+from fedsilo.wire.messages import PROTOCOL_VERSION
 
 if TYPE_CHECKING:
     from fedsilo.ops.simulate import SimulationResult
@@ -98,7 +101,9 @@ def check_state_file(path: Path) -> None:
         "silo": "fedsilo.ops.silo_cli:silo",
     },
 )
-@click.version_option(__version__, prog_name="fedsilo")
+@click.version_option(
+    __version__, prog_name="fedsilo", message=f"%(prog)s %(version)s (protocol {PROTOCOL_VERSION})"
+)
 def main() -> None:
     """fedsilo: privacy-hardened cross-silo federated learning."""
 
@@ -109,10 +114,27 @@ def policy() -> None:
 
 
 @policy.command("validate")
-@click.argument("file", type=click.Path(path_type=Path))
-def validate(file: Path) -> None:
-    """Check FILE against the policy schema and say what it selects; where its data is on
-    this machine, also check the consortium it makes as `simulate` would."""
+@click.argument(
+    "files", metavar="FILE...", nargs=-1, required=True, type=click.Path(path_type=Path)
+)
+def validate(files: tuple[Path, ...]) -> None:
+    """Check each FILE against the policy schema and say what it selects; where its data is on
+    this machine, also check the consortium it makes as `simulate` would. Every FILE is
+    checked; one that fails is one error line, and the status is 1 if any failed."""
+    failed = 0
+    for file in files:
+        try:
+            _validate(file)
+        except click.ClickException as exc:
+            if len(files) == 1:
+                raise
+            failed += 1
+            click.echo(f"Error: {exc.format_message()}", err=True)
+    if failed:
+        raise click.ClickException(f"{failed} of {len(files)} policies failed")
+
+
+def _validate(file: Path) -> None:
     loaded = _load(file)
     from fedsilo.ops.model_cli import plugin_report  # loads the model zoo's checks
     from fedsilo.ops.simulate import consortium_report  # the silo side: data, Opacus
@@ -345,7 +367,7 @@ metrics_port_option = click.option(
     "--metrics-port",
     type=int,
     callback=within(1, 65535),
-    help="Serve Prometheus metrics on 127.0.0.1:PORT.",
+    help="Serve Prometheus metrics on PORT (of --metrics-host).",
 )
 silo_poll_option = click.option(
     "--poll-seconds",
@@ -493,6 +515,20 @@ def coordinator_start(
     type=click.Path(path_type=Path),
     help="Each job's results and log go to JOBS_DIR/<job>/ (default: <state stem>.jobs/).",
 )
+@click.option(
+    "--listen",
+    metavar="HOST:PORT",
+    help="Listen here instead of on the kit's address, e.g. 0.0.0.0:50051 in a container or "
+    "a pod, where the silos reach the coordinator by the name its certificate is issued for.",
+)
+@click.option(
+    "--metrics-host",
+    default="127.0.0.1",
+    show_default=True,
+    help="The interface of --metrics-port: 0.0.0.0 where Prometheus scrapes from another "
+    "container or host (the samples name silos: keep the port off public networks).",
+)
+@health_file_option
 @log_json_option
 def coordinator_serve(
     kit_dir: Path,
@@ -503,6 +539,9 @@ def coordinator_serve(
     heartbeat_window_s: float,
     max_payload_mb: int,
     jobs_dir: Path | None,
+    listen: str | None,
+    metrics_host: str,
+    health_file: Path | None,
     log_json: bool,
 ) -> None:
     """Serve the consortium and run the jobs the operator submits (`fedsilo job submit`), one
@@ -520,11 +559,24 @@ def coordinator_serve(
         heartbeat_window_s=heartbeat_window_s,
         max_payload_bytes=max_payload_mb << 20,
         jobs_dir=jobs_dir,
+        listen=_listen_address(listen),
+        metrics_host=metrics_host,
+        health_file=health_file,
     )
     try:
         serve_coordinator(options, stop)
     except DEPLOYMENT_ERRORS as exc:
         raise click.ClickException(str(exc)) from None
+
+
+def _listen_address(listen: str | None) -> str | None:
+    if listen is None:
+        return None
+    try:
+        split_address(listen)
+    except ValueError as exc:
+        raise click.ClickException(f"--listen: {exc}") from None
+    return listen
 
 
 @coordinator.command("revoke")
@@ -601,6 +653,7 @@ def demo(folder: Path | None, rounds: int | None) -> None:
     type=click.Path(path_type=Path),
     help="The coordinator kit (with --state), or the operator's kit (asks the coordinator).",
 )
+@coordinator_option
 @click.option(
     "--state",
     "state_file",

@@ -9,6 +9,7 @@ import math
 import signal
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import click
@@ -95,3 +96,12 @@ def stop_on_signals() -> threading.Event:
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)
     return stop
+
+
+health_file_option = click.option(
+    "--health-file",
+    type=click.Path(path_type=Path),
+    envvar="FEDSILO_HEALTH_FILE",
+    help="Keep this file up to date for `fedsilo-health` (a container's health check, a "
+    "Kubernetes probe); default: $FEDSILO_HEALTH_FILE, which the container image sets.",
+)

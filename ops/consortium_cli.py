@@ -20,6 +20,7 @@ from rich.console import Console
 
 from fedsilo.coordinator.admin_api import AdminError
 from fedsilo.ops.admin_client import AdminChannelError, AdminConnection
+from fedsilo.ops.job_cli import connect, coordinator_option
 from fedsilo.ops.provision import (
     KitError,
     OperatorKit,
@@ -103,12 +104,13 @@ def add_silo_command(
     type=click.Path(path_type=Path),
     help="The operator's kit (OUT/operator from `fedsilo provision`): it signs the roster.",
 )
+@coordinator_option
 @click.option("--reason", default=DEFAULT_REASON, show_default=True, help="Why, as recorded.")
 def revoke_command(name: str, kit_dir: Path, reason: str) -> None:
     """Revoke silo NAME: sign the next roster without it and send it to the coordinator."""
     try:
         kit = load_operator_kit(kit_dir)
-        with AdminConnection(kit) as connection:
+        with connect(kit) as connection:
             installed = revoke_remotely(connection, kit, name, reason)
     except (KitError, RosterError, AdminError, AdminChannelError, OSError) as exc:
         raise click.ClickException(str(exc)) from None

@@ -222,9 +222,12 @@ def open_serving(
     policy: SignedPolicy | None,
     workers: int,
     heartbeat_window_s: float = DEFAULT_HEARTBEAT_WINDOW_S,
+    listen: str | None = None,
+    metrics_host: str = "127.0.0.1",
 ) -> Serving:
     """Everything but the server's start; `policy`: the one job's (None: jobs come later); a
-    silo silent for `heartbeat_window_s` is gone (coordinator/hub.py). An expired server
+    silo silent for `heartbeat_window_s` is gone (coordinator/hub.py); the server listens on
+    `listen` (None: the kit's address) and the metrics on `metrics_host`. An expired server
     certificate is refused first (`CertificateError`)."""
     certificate = server_certificate(kit)
     store = StateStore(state)
@@ -256,9 +259,11 @@ def open_serving(
         more_jobs=policy is None,
         roster=kit.roster,
     )
-    server = grpc_server(kit, service, workers, certificate)
+    server = grpc_server(kit, service, workers, certificate, listen or kit.address)
     metrics_server = (
-        serve_metrics(metrics.registry, metrics_port) if metrics_port is not None else None
+        serve_metrics(metrics.registry, metrics_port, metrics_host)
+        if metrics_port is not None
+        else None
     )
     return Serving(
         kit,
@@ -431,9 +436,16 @@ def _signature(policy: Path) -> str:
 
 
 def grpc_server(
-    kit: CoordinatorKit, service: CoordinatorService, workers: int, certificate: TlsFileWatch
+    kit: CoordinatorKit,
+    service: CoordinatorService,
+    workers: int,
+    certificate: TlsFileWatch,
+    address: str | None = None,
 ) -> grpc.Server:
-    """The mTLS server on the kit's address, serving `certificate` as it is renewed."""
+    """The mTLS server on `address` (None: the kit's), serving `certificate` as it is renewed.
+    A container or a Kubernetes pod listens on 0.0.0.0:PORT while the silos reach it by the
+    name its certificate is issued for (the kit's address)."""
+    address = address or kit.address
     credentials = reloading_server_credentials(certificate)
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="grpc"),
@@ -448,9 +460,9 @@ def grpc_server(
         ],
     )
     server.add_generic_rpc_handlers((handler(service),))
-    if server.add_secure_port(kit.address, credentials) == 0:
+    if server.add_secure_port(address, credentials) == 0:
         raise DeploymentError(
-            f"cannot listen on {kit.address} (in use, or not an address of this host)"
+            f"cannot listen on {address} (in use, or not an address of this host)"
         )
     return server
 

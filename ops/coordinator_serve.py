@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -63,6 +64,7 @@ from fedsilo.ops.coordinator_process import (
     watch,
 )
 from fedsilo.ops.coordinator_process import run_job as run_job_rounds
+from fedsilo.ops.health import HealthFile
 from fedsilo.ops.job_id import job_id as attempt_id
 from fedsilo.ops.memory import give_back_freed_memory
 from fedsilo.ops.provision import (
@@ -95,6 +97,9 @@ class ServeOptions:
     heartbeat_window_s: float = DEFAULT_HEARTBEAT_WINDOW_S
     max_payload_bytes: int = 1 << 30
     jobs_dir: Path | None = None  # default: `<state stem>.jobs/` beside the state file
+    listen: str | None = None  # default: the kit's address
+    metrics_host: str = "127.0.0.1"
+    health_file: Path | None = None  # ops/health.py
 
     @property
     def jobs_folder(self) -> Path:
@@ -114,8 +119,11 @@ def serve_coordinator(options: ServeOptions, stop: threading.Event | None = None
         None,
         workers=2 * len(kit.silos) + 16,  # room for silos enrolled while serving
         heartbeat_window_s=options.heartbeat_window_s,
+        listen=options.listen,
+        metrics_host=options.metrics_host,
     )
     queue = JobQueue(options.state)  # after the StateStore made (or checked) the file
+    health: HealthFile | None = None
     try:
         backend = ServeBackend(serving, queue, options.jobs_folder, options.state)
         serving.server.add_generic_rpc_handlers(
@@ -147,10 +155,12 @@ def serve_coordinator(options: ServeOptions, stop: threading.Event | None = None
         ).start()
         serving.revocations.sync()
         serving.server.start()
+        if options.health_file is not None:  # ready from now on: the server is serving
+            health = HealthFile(options.health_file, "coordinator", time.time).start()
         log.info(
             "coordinator of %s serving mTLS gRPC on %s; jobs in %s",
             kit.consortium,
-            kit.address,
+            options.listen or kit.address,
             options.jobs_folder,
         )
         while not stop.is_set():
@@ -161,6 +171,8 @@ def serve_coordinator(options: ServeOptions, stop: threading.Event | None = None
             run_queued_job(serving, queue, job, options, stop, enrolments)
     finally:
         stop.set()
+        if health is not None:
+            health.stop()
         queue.close()
         close_serving(serving)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from fedsilo.ops.provision import KitError, OperatorKit, load_operator_kit
 from fedsilo.ops.report import OutputFolderError, atomic_directory, check_output_folder
 from fedsilo.ops.status import STATUS_SCHEMA, certificate_status
 from fedsilo.ops.status_view import print_certificate, print_consortium
+from fedsilo.policies.consortium import split_address
 from fedsilo.policies.loading import PolicyError, example_file, example_name, load_policy
 from fedsilo.privacy.identity import IdentityError, read_signing_key
 from fedsilo.privacy.policy_signing import (
@@ -50,13 +52,48 @@ from fedsilo.wire.durable import write_atomically
 
 console = Console()
 
-kit_option = click.option(
-    "--kit",
-    "kit_dir",
-    required=True,
-    type=click.Path(path_type=Path),
-    help="The operator's kit (OUT/operator from `fedsilo provision`).",
+COORDINATOR_ADDRESS = "fedsilo.coordinator_address"  # click context's meta key
+
+
+def _remember_address(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    if value is not None:
+        try:
+            split_address(value)
+        except ValueError as exc:
+            raise click.ClickException(f"--coordinator: {exc}") from None
+    ctx.meta[COORDINATOR_ADDRESS] = value
+
+
+coordinator_option = click.option(
+    "--coordinator",
+    metavar="HOST:PORT",
+    envvar="FEDSILO_COORDINATOR_ADDRESS",
+    expose_value=False,
+    callback=_remember_address,
+    help="Reach the coordinator here instead of at the kit's address (a published container "
+    "port, `kubectl port-forward`, a tunnel); its certificate is still checked for the kit's "
+    "host. Default: $FEDSILO_COORDINATOR_ADDRESS.",
 )
+
+
+def kit_option(command: Callable) -> Callable:
+    """--kit, the operator's kit, and --coordinator, where to reach its coordinator."""
+    return click.option(
+        "--kit",
+        "kit_dir",
+        required=True,
+        type=click.Path(path_type=Path),
+        help="The operator's kit (OUT/operator from `fedsilo provision`).",
+    )(coordinator_option(command))
+
+
+def connect(kit: OperatorKit) -> AdminConnection:
+    """The admin channel to the kit's coordinator, at --coordinator when it was given."""
+    context = click.get_current_context(silent=True)
+    address = None if context is None else context.meta.get(COORDINATOR_ADDRESS)
+    return AdminConnection(kit, address=address)
+
+
 json_option = click.option(
     "--json",
     "as_json",
@@ -236,7 +273,7 @@ def _kit(kit_dir: Path) -> OperatorKit:
 def _call(kit_dir: Path, command: str, **args: Any) -> AdminReply:
     try:
         kit = load_operator_kit(kit_dir)
-        with AdminConnection(kit) as connection:
+        with connect(kit) as connection:
             return connection.call(command, **args)
     except (KitError, AdminError, AdminChannelError, OSError) as exc:
         raise click.ClickException(str(exc)) from None

@@ -8,7 +8,13 @@ from typing import Any
 
 import click
 
-from fedsilo.ops.cli_support import DEPLOYMENT_ERRORS, console, start_service, within
+from fedsilo.ops.cli_support import (
+    DEPLOYMENT_ERRORS,
+    console,
+    health_file_option,
+    start_service,
+    within,
+)
 from fedsilo.ops.silo_check import silo_check
 from fedsilo.ops.silo_process import run_silo
 from fedsilo.ops.silo_setup import data_section_options, write_silo_config
@@ -131,11 +137,14 @@ def silo_init(
     "--config", "config_file", required=True, type=click.Path(path_type=Path), help="silo.yaml"
 )
 @click.option("--poll-seconds", default=5.0, show_default=True, help="Long-poll window for tasks.")
+@health_file_option
 @click.option("--log-json", is_flag=True, help="Log JSON lines instead of key=value lines.")
-def silo_start(config_file: Path, poll_seconds: float, log_json: bool) -> None:
+def silo_start(
+    config_file: Path, poll_seconds: float, health_file: Path | None, log_json: bool
+) -> None:
     """Connect to the coordinator and take part until the deployment is complete."""
     stop = start_service(log_json)
     try:
-        run_silo(config_file, stop, poll_seconds)
+        run_silo(config_file, stop, poll_seconds, health_file)
     except DEPLOYMENT_ERRORS as exc:
         raise click.ClickException(str(exc)) from None

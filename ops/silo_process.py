@@ -32,6 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from fedsilo.models.plugin_loading import read_afresh
+from fedsilo.ops.health import HealthFile
 from fedsilo.ops.job_id import job_id
 from fedsilo.ops.metrics import SiloMetrics, serve_metrics
 from fedsilo.ops.provision import SiloKit, load_silo_kit
@@ -61,9 +62,13 @@ ACCEPTED_POLICIES = "accepted_policies.jsonl"
 
 
 def run_silo(
-    config_path: Path, stop: threading.Event | None = None, poll_seconds: float = 5.0
+    config_path: Path,
+    stop: threading.Event | None = None,
+    poll_seconds: float = 5.0,
+    health_file: Path | None = None,
 ) -> str:
-    """Take part in the deployment; returns why the agent stopped."""
+    """Take part in the deployment; returns why the agent stopped. `health_file`: kept up to
+    date for `fedsilo-health` (ops/health.py), ready while the coordinator answers heartbeats."""
     stop = stop or threading.Event()
     config = load_silo_config(config_path)
     note = config.data.shape_note()
@@ -107,6 +112,11 @@ def run_silo(
         roster_gate=roster_gate(kit, config.state_path(config_path)),
     )
     heartbeat = Heartbeat(connection).start()
+    health = (
+        HealthFile(health_file, "silo", lambda: heartbeat.answered_at).start()
+        if health_file is not None
+        else None
+    )
     try:
         metrics.set_connected(True)
         reason = client.run()
@@ -114,6 +124,8 @@ def run_silo(
         return reason
     finally:
         metrics.set_connected(False)
+        if health is not None:
+            health.stop()
         heartbeat.stop()
         connection.close()
         if server is not None:
@@ -124,7 +136,8 @@ def _record_decision(
     config_path: Path, policy: Policy, digest: str, attempt: int, problems: list[str]
 ) -> None:
     """The silo's final word on an attempt at a policy (its rules, then its data, model and
-    device), kept in `accepted_policies.jsonl` beside silo.yaml."""
+    device), kept in `accepted_policies.jsonl` beside the site's privacy ledger (by default
+    beside silo.yaml; in the container image on its state volume, as silo.yaml is read-only)."""
     record = {
         "at": time.time(),
         "policy": policy.name,
@@ -133,7 +146,9 @@ def _record_decision(
         "accepted": not problems,
         "broken_rules": problems,
     }
-    with (config_path.parent / ACCEPTED_POLICIES).open("a") as log_file:
+    folder = load_silo_config(config_path).ledger_path(config_path).parent
+    folder.mkdir(parents=True, exist_ok=True)
+    with (folder / ACCEPTED_POLICIES).open("a") as log_file:
         log_file.write(json.dumps(record) + "\n")
 
 

@@ -17,7 +17,10 @@ connection is retried with exponential backoff and jitter; a task it has already
 from the agent's answer store (kept in the silo's state folder, so across restarts too), so
 result delivery is idempotent. A coordinator that does not know this silo (not on its roster:
 it may have been enrolled a moment ago) is retried with the same backoff; one that refuses it
-(revoked, or another identity) ends the agent with `SiloRefused`: retrying cannot help. A
+(revoked, or another identity) ends the agent with `SiloRefused`: retrying cannot help. Nor can
+it with a coordinator of another protocol version: its refusal (FAILED_PRECONDITION), or a reply
+in another protocol, ends the agent with `ProtocolMismatch`, one line naming both sides'
+protocol and package versions and what to upgrade (wire/messages.py `version_mismatch`). A
 heartbeat (silo/heartbeat.py) tells the coordinator the agent is alive, also while it trains.
 
 Failures are reported, not left to time out: a job the silo cannot prepare (its data does not
@@ -70,6 +73,7 @@ from fedsilo.wire.messages import (
     TaskHeader,
     TaskMessage,
     TaskResult,
+    payload_mismatch,
 )
 from fedsilo.wire.payload import AnyPayload, as_payload
 from fedsilo.wire.tensors import WireError
@@ -93,6 +97,11 @@ class SiloRefused(PolicyRefused):
 class ChannelError(RuntimeError):
     """The coordinator rejected a request of this silo, or answered with something this silo
     cannot read (e.g. another protocol version): retrying the same request cannot help."""
+
+
+class ProtocolMismatch(ChannelError):
+    """The coordinator speaks another protocol version than this silo; the message is the one
+    line that names both sides' versions and which side to upgrade."""
 
 
 def failure_reason(exc: BaseException) -> str:
@@ -137,7 +146,8 @@ class CoordinatorConnection:
 
     def exchange(self, payload: bytes | AnyPayload, label: str, round_no: int = 0) -> bytes:
         """Send one request (a control message, or the result of the task `label`) and return the
-        verified reply, retrying with backoff while the coordinator is unreachable.
+        verified reply, retrying with backoff while the coordinator is unreachable; never retried
+        when the coordinator speaks another protocol version (`ProtocolMismatch`).
 
         Every attempt is a new message with its own envelope id (`label/<random>`), so replay
         protection never refuses a retry or a re-sent result; a result counts once because the
@@ -146,7 +156,7 @@ class CoordinatorConnection:
         delay = self.settings.backoff_initial_s
         while not self.stop.is_set():
             try:
-                return self.exchange_once(
+                reply = self.exchange_once(
                     payload, label, round_no, timeout_s=self.settings.call_timeout_s
                 )
             except grpc.RpcError as exc:
@@ -160,6 +170,8 @@ class CoordinatorConnection:
                         exc.details(),
                         delay,
                     )
+                elif exc.code() == grpc.StatusCode.FAILED_PRECONDITION:  # another protocol
+                    raise ProtocolMismatch(exc.details() or exc.code().name) from None
                 elif exc.code() not in RETRYABLE:
                     raise ChannelError(
                         f"the coordinator rejected this silo's {label!r}: {exc.details()}"
@@ -171,6 +183,12 @@ class CoordinatorConnection:
                         delay,
                         exc.details(),
                     )
+            else:
+                coordinator = f"the coordinator at {self.settings.address}"
+                mismatch = payload_mismatch(reply, coordinator, "silo")
+                if mismatch is not None:
+                    raise ProtocolMismatch(mismatch)
+                return reply
             self.stop.wait(delay * random.uniform(0.5, 1.0))
             delay = min(delay * 2, self.settings.backoff_max_s)
         raise InterruptedError("stopped")

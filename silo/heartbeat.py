@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 import grpc
 
@@ -34,6 +35,7 @@ class Heartbeat:
     def __init__(self, connection: CoordinatorConnection) -> None:
         self.connection = connection
         self.interval_s = FIRST_INTERVAL_S
+        self.answered_at: float | None = None  # when the coordinator last answered (time.time)
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="heartbeat")
 
@@ -52,6 +54,7 @@ class Heartbeat:
                 Control(HEARTBEAT).encode(), HEARTBEAT, 0, timeout_s=TIMEOUT_S
             )
         )
+        self.answered_at = time.time()
         every_s = reply.get("every_s") if reply.type == ACK else None
         if isinstance(every_s, int | float):
             self.interval_s = min(max(float(every_s), MIN_INTERVAL_S), MAX_INTERVAL_S)

@@ -259,14 +259,15 @@ class Consortium:
                 process.wait(timeout=10)
 
 
-def provision(root: Path, silos: tuple[str, ...] = SILOS) -> Consortium:
-    """A new consortium (its own CA and keys) in `root`, its coordinator on a free port."""
+def provision(root: Path, silos: tuple[str, ...] = SILOS, host: str = "127.0.0.1") -> Consortium:
+    """A new consortium (its own CA and keys) in `root`, its coordinator on a free port of
+    `host` (the name its certificate is issued for)."""
     port = free_port()
     (root / "consortium.yaml").write_text(
         yaml.safe_dump(
             {
                 "consortium": "test-consortium",
-                "coordinator": {"address": f"127.0.0.1:{port}"},
+                "coordinator": {"address": f"{host}:{port}"},
                 "silos": [{"name": s} for s in silos],
             }
         )

@@ -153,3 +153,19 @@ def test_algorithms_lists_every_strategy() -> None:
         name in output
         for name in ("fedavg", "fedprox", "fedadam", "fedyogi", "fedadagrad", "central", "local")
     )
+
+
+def test_policy_validate_checks_every_file_it_is_given_and_fails_if_any_failed(
+    tmp_path: Path,
+) -> None:
+    good = tmp_path / "good.yaml"
+    good.write_text(yaml.safe_dump({"version": 1, "name": "good", "rounds": 2}))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({"version": 1, "name": "bad", "rounds": 0}))
+    both = CliRunner().invoke(main, ["policy", "validate", str(good), str(bad), str(good)])
+    assert both.exit_code == 1
+    assert both.output.count(f"OK {good}") == 2
+    assert f"Error: {bad}" in both.output and "rounds" in both.output
+    assert both.output.strip().endswith("Error: 1 of 3 policies failed")
+    assert "Traceback" not in both.output
+    assert CliRunner().invoke(main, ["policy", "validate", str(good), str(good)]).exit_code == 0

@@ -115,6 +115,27 @@ def test_a_silo_that_refuses_a_job_stays_connected_and_takes_part_in_the_next(
     assert [(d["policy"], d["accepted"]) for d in decisions] == [("long", False), ("short", True)]
 
 
+def test_a_site_keeps_its_decisions_beside_its_ledger_so_silo_yaml_may_be_read_only(
+    consortium: Consortium,
+) -> None:
+    """As in the container image: silo.yaml and the kit are read-only mounts, the ledger and
+    everything else the agent writes live on the state volume."""
+    consortium.start_serve()
+    for silo in ("silo-0", "silo-1"):
+        consortium.start_silo(silo)
+    config = consortium.write_silo_config("silo-2")
+    state = consortium.root / "state-volume"
+    document = yaml.safe_load(config.read_text())
+    document |= {"ledger": str(state / "privacy-ledger.jsonl"), "state": str(state / "silo")}
+    config.write_text(yaml.safe_dump(document))
+    consortium.start_silo("silo-2", config)
+    job = consortium.submit(consortium.write_policy(policy_document(rounds=2)))
+    assert wait_until_ended(consortium, job).status == COMPLETED
+    (decision,) = (state / "accepted_policies.jsonl").read_text().splitlines()
+    assert json.loads(decision)["accepted"] is True
+    assert sorted(path.name for path in config.parent.iterdir()) == ["silo.yaml"]
+
+
 def test_a_site_that_changes_its_rules_between_jobs_needs_no_restart_of_its_agent(
     consortium: Consortium,
 ) -> None:

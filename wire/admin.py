@@ -2,11 +2,12 @@
 one typed request and its reply, each a fedsilo safetensors message with a JSON header like the
 control messages (wire/control.py); never pickle.
 
-  request: {type: admin_request, command, args}, no tensors; `ARGUMENTS` lists each command's
-           arguments and their types, and nothing else is accepted
-  reply:   {type: admin_reply, ok, error, data}; the files of `results` travel as uint8 tensors
-           named by their path relative to the job's results folder, which `AdminReply.decode`
-           refuses unless it stays inside that folder (no absolute path, no `..`)
+  request: {type: admin_request, protocol, fedsilo, command, args}, no tensors; `ARGUMENTS`
+           lists each command's arguments and their types, and nothing else is accepted
+  reply:   {type: admin_reply, protocol, fedsilo, ok, error, data}; the files of `results`
+           travel as uint8 tensors named by their path relative to the job's results folder,
+           which `AdminReply.decode` refuses unless it stays inside that folder (no absolute
+           path, no `..`)
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 
 import torch
 
-from fedsilo.wire.messages import PROTOCOL_VERSION
+from fedsilo.wire.messages import check_protocol, versions
 from fedsilo.wire.payload import AnyPayload
 from fedsilo.wire.tensors import (
     WireError,
@@ -64,7 +65,7 @@ class AdminRequest:
         _check_arguments(self.command, self.args)
 
     def encode(self) -> bytes:
-        header = {"type": REQUEST, "protocol": PROTOCOL_VERSION, "command": self.command}
+        header = {"type": REQUEST, **versions(), "command": self.command}
         return encode_tensors({}, {**header, "args": dict(self.args)})
 
     @classmethod
@@ -90,7 +91,7 @@ class AdminReply:
         tensors = {
             str(relative_path(name)): _file_tensor(content) for name, content in self.files.items()
         }
-        header = {"type": REPLY, "protocol": PROTOCOL_VERSION, "ok": self.ok}
+        header = {"type": REPLY, **versions(), "ok": self.ok}
         return encode_tensors(tensors, {**header, "error": self.error, "data": self.data})
 
     @classmethod
@@ -133,8 +134,7 @@ def _check_arguments(command: str, args: Mapping[str, Any]) -> None:
 
 def _decoded(payload: bytes | AnyPayload, kind: str) -> tuple[dict[str, torch.Tensor], dict]:
     tensors, header = decode_tensors(payload)
-    if header.get("protocol") != PROTOCOL_VERSION:
-        raise WireError(f"protocol version {header.get('protocol')!r} is not {PROTOCOL_VERSION}")
+    check_protocol(header)
     if header.get("type") != kind:
         raise WireError(f"not an {kind.replace('_', ' ')}: {header.get('type')!r}")
     return tensors, header

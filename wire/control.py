@@ -1,7 +1,9 @@
 """Control messages of the channel: joining, policy pinning, polling and acknowledgements.
 
 Like tasks and results they are fedsilo safetensors messages (no tensors, a JSON header), so
-every payload on the channel has one format and one type field:
+every payload on the channel has one format and one type field, and names the protocol and the
+package version its sender speaks (wire/messages.py `versions`; a JOIN is how a coordinator
+first hears a silo's):
 
   silo -> coordinator: join, accept, refuse, pull, heartbeat, and results (wire/messages.py)
   coordinator -> silo: policy, ack, idle, finished, and tasks (wire/messages.py)
@@ -20,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from fedsilo.wire.messages import PROTOCOL_VERSION
+from fedsilo.wire.messages import check_protocol, versions
 from fedsilo.wire.payload import AnyPayload, as_payload
 from fedsilo.wire.tensors import WireError, decode_tensors, encode_tensors, index_tensors
 
@@ -38,7 +40,7 @@ class Control:
     def encode(self) -> bytes:
         if self.type not in CONTROL_TYPES:
             raise WireError(f"unknown control message {self.type!r}")
-        return encode_tensors({}, {"type": self.type, "protocol": PROTOCOL_VERSION, **self.fields})
+        return encode_tensors({}, {"type": self.type, **versions(), **self.fields})
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.fields.get(key, default)
@@ -48,8 +50,7 @@ def payload_type(payload: bytes | AnyPayload) -> str:
     """The `type` of any channel payload: a control type, "task" or "result" (its tensors are
     not read)."""
     _, header = index_tensors(as_payload(payload))
-    if header.get("protocol") != PROTOCOL_VERSION:
-        raise WireError(f"protocol version {header.get('protocol')!r} is not {PROTOCOL_VERSION}")
+    check_protocol(header)
     kind = header.get("type")
     if kind not in CONTROL_TYPES | {"task", "result"}:
         raise WireError(f"unknown payload type {kind!r}")
@@ -60,6 +61,7 @@ def decode_control(payload: bytes | AnyPayload) -> Control:
     tensors, header = decode_tensors(payload)
     kind = header.pop("type", None)
     header.pop("protocol", None)
+    header.pop("fedsilo", None)
     if tensors or kind not in CONTROL_TYPES:
         raise WireError(f"not a control message: {kind!r}")
     return Control(str(kind), header)

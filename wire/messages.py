@@ -6,17 +6,23 @@ typed config (wire/tasks/); a header whose config does not read as its kind's is
 a `BadTaskConfig` that still names the task. `SiloEndpoint` is what every transport delivers
 a task to: a function from an encoded task (bytes, or the payload's parts unjoined, as the
 in-process transport hands them over) to an encoded result.
+
+It also holds the protocol version, the rule for mixing versions (at `PROTOCOL_VERSION`), the
+header keys that name what a sender speaks (`versions`) and the one line that tells two sides
+of different protocols apart (`version_mismatch`).
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from fedsilo import __version__
 from fedsilo.wire.payload import AnyPayload, Payload, as_payload
 from fedsilo.wire.tasks import TaskConfig, decode_task_config
 from fedsilo.wire.tensors import (
@@ -46,6 +52,17 @@ SIMULATION = "simulation"
 # sender: a silo of version 4 would sign other statements, so the two must not meet; 6: silos
 # heartbeat (wire/control.py) and a coordinator takes one silent for its window for gone, so a
 # silo of version 5, which never beats, would be a dropout in every round
+#
+# Mixing versions: a silo, the operator's admin CLI and a coordinator work together exactly when
+# they speak the same protocol version, whatever their fedsilo package versions. So that any two
+# releases, past or future, can tell each other apart, the handshake never changes: a message
+# crosses in the frames and signed envelope of wire/framing.py and wire/envelope.py; its payload
+# is a safetensors message whose JSON header carries "type", "protocol" (this number) and
+# "fedsilo" (the sender's package version; fedsilo 0.1.0 and older send none); and a coordinator
+# refuses a message of another protocol with the gRPC status FAILED_PRECONDITION, whose details
+# are the whole message to show (`version_mismatch`: both sides' protocol and package versions
+# and what to upgrade), printed by the other side as they are. These keys, that status and the
+# use of its details must never change; everything else may, with the protocol version.
 PROTOCOL_VERSION = 6
 
 SiloEndpoint = Callable[[bytes | AnyPayload], bytes | AnyPayload]
@@ -167,7 +184,7 @@ class TaskMessage:
         header = {
             "type": "task",
             "policy_digest": self.policy_digest,
-            "protocol": PROTOCOL_VERSION,
+            **versions(),
             "task_id": self.task_id,
             "round": self.round,
             "phase": self.phase,
@@ -246,7 +263,7 @@ class TaskResult:
         tensors twice."""
         header = {
             "type": "result",
-            "protocol": PROTOCOL_VERSION,
+            **versions(),
             "task_id": self.task_id,
             "silo": self.silo,
             "kind": self.kind,
@@ -310,9 +327,58 @@ def _receipt(value: Any) -> Mapping[str, Any] | None:
 def _checked(header: Mapping[str, Any], expected_type: str) -> Mapping[str, Any]:
     if header.get("type") != expected_type:
         raise WireError(f"expected a {expected_type} message, got {header.get('type')!r}")
+    check_protocol(header)
+    return header
+
+
+def versions() -> dict[str, Any]:
+    """The header keys naming what the sender speaks: the protocol and its package version."""
+    return {"protocol": PROTOCOL_VERSION, "fedsilo": __version__}
+
+
+def check_protocol(header: Mapping[str, Any]) -> None:
+    """WireError unless `header` speaks this protocol version."""
     if header.get("protocol") != PROTOCOL_VERSION:
         raise WireError(
             f"protocol version {header.get('protocol')!r} is not {PROTOCOL_VERSION} "
             "(upgrade one side)"
         )
-    return header
+
+
+def version_mismatch(header: Mapping[str, Any], them: str, us: str) -> str | None:
+    """The one line that says a message of `them` (e.g. "silo hungary") speaks another protocol
+    than this `us` ("coordinator", "silo", "admin CLI"): both sides' protocol and package
+    versions, and which side to upgrade (the older). None when `header` speaks this protocol, or
+    names none (not a fedsilo message: its own decoding refuses it)."""
+    theirs = header.get("protocol")
+    if type(theirs) is not int or theirs == PROTOCOL_VERSION:
+        return None
+    if theirs < PROTOCOL_VERSION:
+        upgrade = f"upgrade {them} to fedsilo {__version__} (protocol {PROTOCOL_VERSION})"
+    else:
+        upgrade = f"upgrade the {us} to a fedsilo release that speaks protocol {theirs}"
+    return (
+        f"{them} speaks protocol {theirs} ({_release(header.get('fedsilo'))}); "
+        f"this {us} speaks protocol {PROTOCOL_VERSION} (fedsilo {__version__}): {upgrade}"
+    )
+
+
+def payload_mismatch(payload: bytes | AnyPayload, them: str, us: str) -> str | None:
+    """`version_mismatch` of the payload's header; None also for a payload whose header does not
+    read (its own decoding refuses it)."""
+    try:
+        _, header = index_tensors(as_payload(payload))
+    except WireError:
+        return None
+    return version_mismatch(header, them, us)
+
+
+_RELEASE = re.compile(r"[0-9A-Za-z.+!_-]{1,40}")  # a package version a mismatch may quote
+
+
+def _release(named: Any) -> str:
+    if named is None:
+        return "fedsilo 0.1.0 or older"  # the releases before headers named one
+    if isinstance(named, str) and _RELEASE.fullmatch(named):
+        return f"fedsilo {named}"
+    return "fedsilo of an unreadable version"
