@@ -78,6 +78,7 @@ expect_refusal() {  # a container started wrongly: exit 1, one message naming wh
 }
 expect_refusal "no command" "no command given" "$image"
 expect_refusal "no state volume" "is not a volume" "$image" coordinator serve --kit /etc/fedsilo/kit --state /var/lib/fedsilo/state.db
+rm -rf "$work/secret" "$work/compose"
 mkdir -p "$work/secret"
 run --user 0 -v "$work/secret:/out" "$image" provision --example /out/consortium.yaml > /dev/null
 run --user 0 -v "$work/secret:/out" -w /out "$image" provision --consortium consortium.yaml --out kits > /dev/null

@@ -63,7 +63,7 @@ step "wait for job $job"
 for _ in $(seq 60); do  # at most about 10 minutes: each status call starts a container
     operator job status "$job" --kit kits/operator --coordinator 127.0.0.1:${COORDINATOR_PORT:-50051} \
         --json > "$work/status.json" || true
-    state=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['status'])" \
+    state=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['job']['status'])" \
         "$work/status.json" 2> /dev/null || echo unknown)
     [[ $state == running || $state == queued || $state == unknown ]] || break
     sleep 5
