@@ -17,7 +17,9 @@ step "tools: podman with runc, mmdebstrap, podman-compose"
 missing=()
 for tool in podman runc mmdebstrap; do command -v "$tool" > /dev/null || missing+=("$tool"); done
 if ((${#missing[@]})); then
-    apt-get update -qq && apt-get install -y -qq "${missing[@]}" > /dev/null
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq  # container DNS between compose services: netavark with aardvark-dns
+    apt-get install -y -qq podman runc mmdebstrap netavark aardvark-dns > /dev/null
 fi
 tools=$repo/.venv-compose
 [[ -x $tools/bin/podman-compose ]] || {

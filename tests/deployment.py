@@ -19,6 +19,7 @@ import grpc
 import yaml
 from click.testing import CliRunner
 
+from fedsilo.coordinator.jobs import JobInfo, JobQueue
 from fedsilo.ops.cli import main
 from fedsilo.ops.coordinator_serve import submit_local
 from fedsilo.ops.demo import free_port
@@ -338,3 +339,22 @@ def wait_for(
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def job_info(consortium: Consortium, job: str, state: str = "state.db") -> JobInfo:
+    """Job `job` as the coordinator's state file records it now."""
+    jobs = JobQueue(consortium.root / state)
+    try:
+        return jobs.job(job)
+    finally:
+        jobs.close()
+
+
+def wait_until_ended(consortium: Consortium, job: str, timeout: float = 60) -> JobInfo:
+    """Job `job` once it ended (whichever way), failing at once if a process failed."""
+    return wait_for(
+        lambda: (info := job_info(consortium, job)).finished_at is not None and info,
+        timeout,
+        f"job {job} to end",
+        consortium,
+    )

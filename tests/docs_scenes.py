@@ -182,6 +182,14 @@ def hospital_it() -> Scene:
         given=given,
         values={"50051": port, "9465": port},
         after={r"^fedsilo silo start": lambda session: time.sleep(3)},
+        elsewhere={
+            **WHEEL,
+            "podman run -d --name silo --restart unless-stopped -v fedsilo-silo:/var/lib/fedsilo "
+            '-v "$PWD/kit:/etc/fedsilo/kit:ro" -v "$PWD/silo.yaml:/etc/fedsilo/silo.yaml:ro" '
+            "-v /srv/exports:/data:ro fedsilo:0.2.0 silo start --config /etc/fedsilo/silo.yaml": (
+                SILO_CONTAINER
+            ),
+        },
     )
 
 
@@ -255,6 +263,49 @@ def a_policy(session: Session) -> None:
     session.run("fedsilo examples copy heart-fedavg --out P.yaml")
 
 
+# the wheel as hospital-it.md installs it: ci/check-wheel.sh does the same outside the checkout
+WHEEL = {
+    "python3 -m venv /opt/fedsilo": Elsewhere(
+        "writes /opt: ci/check-wheel.sh makes the virtualenv in a temporary folder",
+        "ci/check-wheel.sh",
+        '"$python" -m venv "$work/venv"',
+    ),
+    "/opt/fedsilo/bin/pip install -c constraints.txt fedsilo-0.2.0-py3-none-any.whl": Elsewhere(
+        "ci/check-wheel.sh installs the wheel it builds, with constraints.txt",
+        "ci/check-wheel.sh",
+        'install -c "$repo/constraints.txt" "$wheel"',
+    ),
+    "/opt/fedsilo/bin/fedsilo --version": Elsewhere(
+        "ci/check-wheel.sh runs the installed wheel's fedsilo",
+        "ci/check-wheel.sh",
+        'step "fedsilo --version"',
+    ),
+}
+# the container image and the compose consortium: ci/check-image.sh builds and runs them
+IMAGE = {
+    "podman build --format docker -t fedsilo:0.2.0 -f Containerfile .": Elsewhere(
+        "needs root and podman: ci/check-image.sh builds the image",
+        "ci/check-image.sh",
+        "podman build --quiet --format docker",
+    ),
+    "IMAGE=fedsilo:0.2.0 deploy/compose/try.sh": Elsewhere(
+        "needs root and podman: ci/check-image.sh runs it",
+        "ci/check-image.sh",
+        'bash "$repo/deploy/compose/try.sh"',
+    ),
+}
+COMPOSE_OPERATOR = Elsewhere(
+    "the operator's path of deploy/compose: try.sh submits and follows a job so",
+    "deploy/compose/try.sh",
+    "--coordinator 127.0.0.1:",
+)
+SILO_CONTAINER = Elsewhere(
+    "needs root and podman: the compose consortium starts its silos so",
+    "deploy/compose/compose.yaml",
+    "command: [silo, start, --config, /etc/fedsilo/silo.yaml]",
+)
+
+
 SCENES: dict[str, Callable[[], Scene]] = {
     "index.md": lambda: Scene(elsewhere=QUICK_START),
     "tutorials/demo.md": lambda: Scene(elsewhere=QUICK_START),
@@ -262,6 +313,16 @@ SCENES: dict[str, Callable[[], Scene]] = {
     "tutorials/own-model.md": own_model,
     "how-to/new-plugin-package.md": lambda: Scene(given=plugin_environment),
     "how-to/hospital-it.md": hospital_it,
+    "how-to/containers.md": lambda: Scene(
+        elsewhere={
+            **IMAGE,
+            "fedsilo job submit heart.yaml --kit kits/operator --key kits/operator/operator.key "
+            "--coordinator 127.0.0.1:50051": COMPOSE_OPERATOR,
+            "fedsilo job status JOB --kit kits/operator --coordinator 127.0.0.1:50051": (
+                COMPOSE_OPERATOR
+            ),
+        }
+    ),
     "how-to/operator.md": operator,
     "how-to/researcher.md": Scene,
     "how-to/site-data.md": Scene,

@@ -127,3 +127,22 @@ def test_the_page_names_no_internal_work_item(page: Path) -> None:
         for number, matched, line in work_items(page.read_text())
     ]
     assert not hits, "internal work items (say the version instead):\n" + "\n".join(hits)
+
+
+FEDSILO_COMMAND = re.compile(r"^\s*(?:\$ )?(?:\S*/)?fedsilo\b", re.MULTILINE)
+FENCED = re.compile(r"```[^\n]*\n(.*?)```", re.DOTALL)
+ON_PATH = '--8<-- "fedsilo-on-path.md"'  # docs/snippets/fedsilo-on-path.md
+
+
+@pytest.mark.parametrize(
+    "page",
+    [page for page in PAGES if page.is_relative_to(ROOT / "docs")],
+    ids=lambda page: str(page.relative_to(ROOT)),
+)
+def test_a_page_that_shows_fedsilo_commands_says_how_fedsilo_gets_on_the_path(
+    page: Path,
+) -> None:
+    commands = [
+        block for block in FENCED.findall(page.read_text()) if FEDSILO_COMMAND.search(block)
+    ]
+    assert not commands or ON_PATH in page.read_text(), f"{page.name}: add {ON_PATH}"

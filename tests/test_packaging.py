@@ -5,6 +5,7 @@ is checked by ci/check-wheel.sh."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -106,3 +107,21 @@ def test_the_wheel_declares_the_version_the_console_scripts_and_the_license(
     assert "fedsilo = fedsilo.ops.cli:main" in scripts
     assert "fedsilo-health = fedsilo.ops.health:main" in scripts
     assert f"fedsilo-{version}.dist-info/licenses/LICENSE" in wheel.namelist()
+
+
+RELEASE_NAMED = re.compile(r"fedsilo[:-](\d+\.\d+\.\d+)\b|fedsilo (\d+\.\d+\.\d+) \(protocol")
+
+
+def test_the_docs_and_deploy_files_name_the_release_of_this_checkout() -> None:
+    """The image tag (`fedsilo:X.Y.Z`), the wheel's name and `--version`'s line in the README,
+    docs/ and deploy/ follow fedsilo/__init__.py, so a release cannot leave one behind (the
+    CHANGELOG names every release, on purpose)."""
+    files = [REPO / "README.md", *(REPO / "docs").rglob("*.md"), *tracked("deploy")]
+    stale = [
+        f"{path}: {match.group(0)}"
+        for path in map(lambda p: REPO / p, files)
+        if path.is_file()
+        for match in RELEASE_NAMED.finditer(path.read_text(errors="replace"))
+        if fedsilo.__version__ not in match.groups()
+    ]
+    assert not stale, "\n".join(stale)

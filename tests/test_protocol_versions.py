@@ -25,7 +25,7 @@ from click.testing import CliRunner
 
 from fedsilo import __version__
 from fedsilo.coordinator.hub import PostedTask
-from fedsilo.coordinator.jobs import COMPLETED, JobInfo, JobQueue
+from fedsilo.coordinator.jobs import COMPLETED
 from fedsilo.ops.cli import main
 from fedsilo.ops.provision import load_silo_kit
 from fedsilo.wire.admin import LIST, REPLY, AdminReply, AdminRequest
@@ -43,6 +43,7 @@ from tests.deployment import (
     provision,
     send_as_silo,
     wait_for,
+    wait_until_ended,
 )
 from tests.test_admin import AdminServer, FakeBackend
 
@@ -103,14 +104,6 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Consortiu
     consortium.wait_for_log("coordinator", "serving mTLS gRPC")
     yield consortium, metrics_port
     consortium.stop_all()
-
-
-def job_info(consortium: Consortium, job: str) -> JobInfo:
-    jobs = JobQueue(consortium.root / "state.db")
-    try:
-        return jobs.job(job)
-    finally:
-        jobs.close()
 
 
 # What the line says
@@ -230,12 +223,7 @@ def test_a_newer_silo_stops_with_one_line_and_the_coordinator_serves_the_others(
         consortium,
     )
     job = consortium.submit(consortium.write_policy(policy_document(rounds=1)))
-    ended = wait_for(
-        lambda: (info := job_info(consortium, job)).finished_at is not None and info,
-        JOIN_TIMEOUT_S + 40,
-        f"job {job} to end",
-        consortium,
-    )
+    ended = wait_until_ended(consortium, job, JOIN_TIMEOUT_S + 40)
     assert ended.status == COMPLETED, ended.error
 
 

@@ -15,7 +15,7 @@ import yaml
 
 from fedsilo.coordinator.admin_api import AdminError
 from fedsilo.coordinator.hub import PostedTask, SiloHub
-from fedsilo.coordinator.jobs import ABORTED, COMPLETED, JobInfo, JobQueue
+from fedsilo.coordinator.jobs import ABORTED, COMPLETED, JobQueue
 from fedsilo.coordinator.state import StateStore
 from fedsilo.coordinator.transport import Reply
 from fedsilo.ops.coordinator_process import close_serving, open_serving
@@ -24,24 +24,14 @@ from fedsilo.ops.provision import load_coordinator_kit
 from fedsilo.privacy.identity import read_signing_key
 from fedsilo.privacy.ledger import PrivacyLedger
 from fedsilo.privacy.policy_signing import sign_policy
-from tests.deployment import SILOS, Consortium, policy_document, provision, wait_for
-
-
-def job_info(consortium: Consortium, job: str) -> JobInfo:
-    jobs = JobQueue(consortium.root / "state.db")
-    try:
-        return jobs.job(job)
-    finally:
-        jobs.close()
-
-
-def wait_until_ended(consortium: Consortium, job: str, timeout: float = 60) -> JobInfo:
-    return wait_for(
-        lambda: (info := job_info(consortium, job)).finished_at is not None and info,
-        timeout,
-        f"job {job} to end",
-        consortium,
-    )
+from tests.deployment import (
+    SILOS,
+    Consortium,
+    policy_document,
+    provision,
+    wait_for,
+    wait_until_ended,
+)
 
 
 def tasks_booked(consortium: Consortium, silo: str) -> dict[str, set[str]]:
