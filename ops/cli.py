@@ -29,6 +29,7 @@ from fedsilo.ops.cli_support import (
     USER_ERRORS,
     console,
     health_file_option,
+    host_and_port,
     start_service,
     stop_on_signals,
     within,
@@ -58,7 +59,6 @@ from fedsilo.ops.report import (
 from fedsilo.ops.shown_metrics import MetricDisplay, ShownRounds
 from fedsilo.ops.status import certificate_status, state_file_document
 from fedsilo.ops.status_view import print_certificate, print_consortium
-from fedsilo.policies.consortium import split_address
 from fedsilo.policies.loading import (
     PolicyError,
     load_policy,
@@ -518,6 +518,7 @@ def coordinator_start(
 @click.option(
     "--listen",
     metavar="HOST:PORT",
+    callback=host_and_port,
     help="Listen here instead of on the kit's address, e.g. 0.0.0.0:50051 in a container or "
     "a pod, where the silos reach the coordinator by the name its certificate is issued for.",
 )
@@ -559,7 +560,7 @@ def coordinator_serve(
         heartbeat_window_s=heartbeat_window_s,
         max_payload_bytes=max_payload_mb << 20,
         jobs_dir=jobs_dir,
-        listen=_listen_address(listen),
+        listen=listen,
         metrics_host=metrics_host,
         health_file=health_file,
     )
@@ -567,16 +568,6 @@ def coordinator_serve(
         serve_coordinator(options, stop)
     except DEPLOYMENT_ERRORS as exc:
         raise click.ClickException(str(exc)) from None
-
-
-def _listen_address(listen: str | None) -> str | None:
-    if listen is None:
-        return None
-    try:
-        split_address(listen)
-    except ValueError as exc:
-        raise click.ClickException(f"--listen: {exc}") from None
-    return listen
 
 
 @coordinator.command("revoke")

@@ -21,10 +21,12 @@ from fedsilo.coordinator.strategies.base import SetupError
 from fedsilo.models.plugins import PluginError
 from fedsilo.ops.backends import BackendError
 from fedsilo.ops.coordinator_process import DeploymentError
+from fedsilo.ops.health import ENVIRONMENT as HEALTH_FILE_ENVIRONMENT
 from fedsilo.ops.logs import configure_logging
 from fedsilo.ops.memory import keep_service_buffers
 from fedsilo.ops.provision import KitError
 from fedsilo.ops.report import OutputFolderError
+from fedsilo.policies.consortium import split_address
 from fedsilo.policies.loading import PolicyError
 from fedsilo.privacy.certificate_files import CertificateError
 from fedsilo.privacy.identity import IdentityError
@@ -98,10 +100,21 @@ def stop_on_signals() -> threading.Event:
     return stop
 
 
+def host_and_port(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """An option callback refusing a value that is not HOST:PORT with one message naming the
+    option and exit status 1."""
+    if value is not None:
+        try:
+            split_address(value)
+        except ValueError as exc:
+            raise click.ClickException(f"{param.opts[0]}: {exc}") from None
+    return value
+
+
 health_file_option = click.option(
     "--health-file",
     type=click.Path(path_type=Path),
-    envvar="FEDSILO_HEALTH_FILE",
+    envvar=HEALTH_FILE_ENVIRONMENT,
     help="Keep this file up to date for `fedsilo-health` (a container's health check, a "
     "Kubernetes probe); default: $FEDSILO_HEALTH_FILE, which the container image sets.",
 )

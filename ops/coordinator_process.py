@@ -259,7 +259,7 @@ def open_serving(
         more_jobs=policy is None,
         roster=kit.roster,
     )
-    server = grpc_server(kit, service, workers, certificate, listen or kit.address)
+    server = grpc_server(kit, service, workers, certificate, listen)
     metrics_server = (
         serve_metrics(metrics.registry, metrics_port, metrics_host)
         if metrics_port is not None

@@ -23,11 +23,11 @@ from rich.table import Table
 from fedsilo.coordinator.admin_api import OPERATOR, AdminError
 from fedsilo.coordinator.jobs import JobInfo
 from fedsilo.ops.admin_client import AdminChannelError, AdminConnection
+from fedsilo.ops.cli_support import host_and_port
 from fedsilo.ops.provision import KitError, OperatorKit, load_operator_kit
 from fedsilo.ops.report import OutputFolderError, atomic_directory, check_output_folder
 from fedsilo.ops.status import STATUS_SCHEMA, certificate_status
 from fedsilo.ops.status_view import print_certificate, print_consortium
-from fedsilo.policies.consortium import split_address
 from fedsilo.policies.loading import PolicyError, example_file, example_name, load_policy
 from fedsilo.privacy.identity import IdentityError, read_signing_key
 from fedsilo.privacy.policy_signing import (
@@ -56,12 +56,7 @@ COORDINATOR_ADDRESS = "fedsilo.coordinator_address"  # click context's meta key
 
 
 def _remember_address(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
-    if value is not None:
-        try:
-            split_address(value)
-        except ValueError as exc:
-            raise click.ClickException(f"--coordinator: {exc}") from None
-    ctx.meta[COORDINATOR_ADDRESS] = value
+    ctx.meta[COORDINATOR_ADDRESS] = host_and_port(ctx, param, value)
 
 
 coordinator_option = click.option(
