@@ -208,12 +208,20 @@ def test_an_address_where_no_head_answers_is_one_clear_message(tmp_path: Path) -
     assert not (tmp_path / "r").exists()
 
 
-class SlowRaylet:
-    """A stand-in for `ray` whose local start times out as Ray's does (a bare Exception after
-    its fixed 30 s wait for the raylet) the first `timeouts` times."""
+RAYLET_TIMEOUT = Exception("The current node timed out during startup. This could happen ...")
+# what Ray 2.52 raises when its GCS did not come up and it looks for the error log
+GCS_NOT_UP = FileNotFoundError(
+    2, "No such file or directory", "/tmp/ray/session_x/logs/gcs_server.err"
+)
 
-    def __init__(self, timeouts: int) -> None:
-        self.timeouts, self.starts, self.shutdowns = timeouts, 0, 0
+
+class SlowRaylet:
+    """A stand-in for `ray` whose local start fails as Ray's does on a loaded machine (by
+    default a bare Exception after its fixed 30 s wait for the raylet) the first `timeouts`
+    times."""
+
+    def __init__(self, timeouts: int, failure: Exception = RAYLET_TIMEOUT) -> None:
+        self.timeouts, self.failure, self.starts, self.shutdowns = timeouts, failure, 0, 0
 
     def is_initialized(self) -> bool:
         return False
@@ -221,14 +229,15 @@ class SlowRaylet:
     def init(self, **_: object) -> None:
         self.starts += 1
         if self.starts <= self.timeouts:
-            raise Exception("The current node timed out during startup. This could happen ...")
+            raise self.failure
 
     def shutdown(self) -> None:
         self.shutdowns += 1
 
 
-def test_a_local_start_that_timed_out_once_is_tried_again(monkeypatch) -> None:
-    ray = SlowRaylet(timeouts=1)
+@pytest.mark.parametrize("failure", [RAYLET_TIMEOUT, GCS_NOT_UP], ids=["raylet", "gcs"])
+def test_a_local_start_that_failed_once_is_tried_again(monkeypatch, failure) -> None:
+    ray = SlowRaylet(timeouts=1, failure=failure)
     monkeypatch.setattr("fedsilo.ops.ray_backend.import_ray", lambda: ray)
     with ray_session(num_cpus=1) as session:
         assert session is ray
@@ -242,3 +251,11 @@ def test_a_local_start_that_always_times_out_is_one_clear_message(monkeypatch) -
     with pytest.raises(BackendError, match="cannot start a local Ray instance: .*timed out"):
         starting.__enter__()
     assert ray.starts == LOCAL_START_ATTEMPTS
+
+
+def test_any_other_error_of_a_local_start_is_not_retried(monkeypatch) -> None:
+    ray = SlowRaylet(timeouts=1, failure=FileNotFoundError(2, "No such file", "/data/x.csv"))
+    monkeypatch.setattr("fedsilo.ops.ray_backend.import_ray", lambda: ray)
+    with pytest.raises(FileNotFoundError):
+        ray_session(num_cpus=1).__enter__()
+    assert ray.starts == 1
