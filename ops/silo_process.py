@@ -43,6 +43,7 @@ from fedsilo.privacy.identity import noise_secret, public_key_hex
 from fedsilo.privacy.ledger import PrivacyLedger
 from fedsilo.privacy.roster import RosterEntry, SignedRoster
 from fedsilo.silo.agent import SiloAgent
+from fedsilo.silo.budget_plan import describe, fmt
 from fedsilo.silo.channel import ChannelSettings
 from fedsilo.silo.client import CoordinatorConnection, SiloClient, SiloIdentity
 from fedsilo.silo.config import SiloConfig, load_silo_config
@@ -59,6 +60,11 @@ from fedsilo.wire.payload import AnyPayload
 log = logging.getLogger("fedsilo.silo")
 
 ACCEPTED_POLICIES = "accepted_policies.jsonl"
+
+
+class BudgetRefused(ValueError):
+    """A job this site cannot afford: its plan is above the site's caps (the message has the
+    numbers)."""
 
 
 def run_silo(
@@ -191,6 +197,13 @@ def _start_agent(
         keys=_keys(kit, roster),
         state=config.state_path(config_path),
     )
+    plan = agent.budget_plan()
+    problem = agent.budget_refusal(plan)
+    if problem is not None:  # refused before anything is booked
+        raise BudgetRefused(problem)
+    if plan.epsilon is not None:
+        log.info("silo %s plans epsilon %s for %s (%s)", kit.name, fmt(plan.epsilon), job,
+                 describe(plan))  # fmt: skip
     spent = ledger.spent(job)
     log.info(
         "silo %s books every answer in %s (epsilon spent on %s: %s)",

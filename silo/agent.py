@@ -42,6 +42,7 @@ from fedsilo.privacy.ledger import LedgerRecord, PrivacyLedger, payload_digest
 from fedsilo.privacy.receipts import Receipt
 from fedsilo.silo import contract_gate, release_gate
 from fedsilo.silo.answers import FOLDER, AnswerStore
+from fedsilo.silo.budget_plan import BudgetPlan, Caps, plan_job, refusal
 from fedsilo.silo.data import SiloDataset
 from fedsilo.silo.state import LocalState
 from fedsilo.silo.tasks import TASK_KINDS
@@ -126,6 +127,25 @@ class SiloAgent:
     @property
     def name(self) -> str:
         return self.context.name
+
+    def budget_plan(self) -> BudgetPlan:
+        """Every release this job books here when the silo takes part in every round
+        (silo/budget_plan.py), from its own policy, rows and roster."""
+        return plan_job(self.context)
+
+    def budget_refusal(self, plan: BudgetPlan | None = None) -> str | None:
+        """Why this silo cannot afford the job (its plan above its per-job cap, or above what
+        is left of its cap over all jobs), with the numbers; None when it can. Asked before it
+        accepts the job, so a job it cannot afford books nothing here."""
+        caps = Caps(
+            job=self.epsilon_cap,
+            job_key=self.cap_key,
+            total=self.total_epsilon_cap,
+            spent_elsewhere=(
+                self.ledger.spent_elsewhere(self.deployment) if self.ledger is not None else 0.0
+            ),
+        )
+        return refusal(plan or self.budget_plan(), caps)
 
     def handle(self, message: TaskMessage) -> TaskResult:
         return self.respond(message)[0]

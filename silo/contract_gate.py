@@ -107,8 +107,8 @@ def check(message: TaskMessage, ctx: SiloContext) -> None:
         _check_config(message.config, rule.expected(message.config, position, facts))
         _check_tensors(message.tensors, rule.tensors(message.config, position, facts))
         _check_handed(rule, position, ctx)
-        if rule.once_a_round:
-            _take_once(rule, position, ctx)
+        if rule.slot is not None:
+            _take_once(rule.slot, position, ctx)
 
 
 def _check_root(message: TaskMessage, ctx: SiloContext) -> None:
@@ -122,10 +122,11 @@ def _check_root(message: TaskMessage, ctx: SiloContext) -> None:
         )
 
 
-def _take_once(rule: PhaseRule, position: Position, ctx: SiloContext) -> None:
-    """One position of `rule` a round (a cyclic visit: a silo in two cycles of one round would
-    let their answers be differenced), recorded in the silo's aggregation log."""
-    label = f"{ctx.deployment}/r{position.round}/{rule.name}".encode()
+def _take_once(slot: str, position: Position, ctx: SiloContext) -> None:
+    """One position of a slot a round (a cyclic visit: a silo in two cycles of one round would
+    let their answers be differenced; FedDC's one local step a round, trained twice would cost
+    twice the planned budget), recorded in the silo's aggregation log."""
+    label = f"{ctx.deployment}/r{position.round}/{slot}".encode()
     try:
         aggregation_log(ctx).choose(label, position.phase)
     except StepAlreadyTaken as exc:

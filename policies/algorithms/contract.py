@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -141,7 +141,10 @@ class TensorRule:
         return f"({dims}) {self.dtype}"
 
 
+# What `expected` is given where nothing was received: no chosen field, the derived config.
+_UNCHOSEN: Any = object()
 Expected = Callable[[TaskConfig, Position, SiloFacts], TaskConfig]
+Largest = Callable[[Position, SiloFacts], TaskConfig | None]
 Tensors = Callable[[TaskConfig, Position, SiloFacts], dict[str, TensorRule]]
 Rounds = Callable[[int], bool]
 
@@ -166,7 +169,12 @@ class PhaseRule:
     `routed`: its models are handed on (daisy chains). `handed_from`: the phase of the same
     round whose hand-off a position's task must train (None: any model the silo hosts).
     `once_a_round`: a silo takes at most one of an indexed phase's positions a round (a cyclic
-    visit), recorded durably. `from_reference`: in a secure sum, a silo sends only a model it
+    visit), recorded durably; `round_slot`: rules that share one are alternatives, a silo
+    answers at most one of their positions a round (FedDC's local step, aggregation or
+    hand-off), recorded the same way. `largest`: the config a coordinator sends when it makes
+    every choice the rule leaves it at its largest release (a MultiBoost silo's every edge, a
+    client-DP round's whole cohort), for the privacy planner (silo/budget_plan.py); None: the
+    derived config. `from_reference`: in a secure sum, a silo sends only a model it
     trained from the sum's reference (FedDC's hosted models: adopted from it, or handed on from
     a silo that did). A
     phase that only reports scalars (a loss probe, an evaluation) is answered, like every
@@ -184,6 +192,19 @@ class PhaseRule:
     handed_from: Callable[[Position], str | None] = lambda position: None
     once_a_round: bool = False
     from_reference: bool = False
+    round_slot: str | None = None
+    largest: Largest = lambda position, facts: None
+
+    @property
+    def slot(self) -> str | None:
+        """The name a silo records its one position a round under (None: not limited)."""
+        return self.round_slot or (self.name if self.once_a_round else None)
+
+    def planned_config(self, position: Position, facts: SiloFacts) -> TaskConfig:
+        """The config of this rule's largest release at `position` (`largest`, checked as
+        any received config is)."""
+        largest = self.largest(position, facts)
+        return self.expected(largest if largest is not None else _UNCHOSEN, position, facts)
 
     def match(self, phase: str, facts: SiloFacts) -> int | None | bool:
         """False when `phase` is not this rule's; else its index (None for a plain name)."""
@@ -220,6 +241,27 @@ class SiloContract:
             f"phase {phase!r} is not one of {self.algorithm}'s phases in round {round_no} "
             f"(its phases: {', '.join(known)})"
         )
+
+    def planned_positions(
+        self, facts: SiloFacts
+    ) -> Iterator[tuple[PhaseRule, Position, TaskConfig]]:
+        """Every position this contract lets a coordinator ask of the silo `facts` describes,
+        round by round in phase order, with its largest config: the most a job can ask of it
+        (one position of an indexed or slotted phase a round where the silo takes one; every
+        index of another indexed phase). What the privacy planner books in advance."""
+        for round_no in range(self.rounds + 1):
+            slots: set[str] = set()
+            for rule in self.rules:
+                if not rule.rounds(round_no) or rule.slot in slots:
+                    continue
+                if rule.slot is not None:
+                    slots.add(rule.slot)
+                count = 1 if rule.indices is None else rule.indices(facts)
+                indices = [None] if rule.indices is None else list(range(count))
+                for index in indices[:1] if rule.slot is not None else indices:
+                    phase = rule.name if index is None else rule.name.replace("{}", str(index))
+                    position = Position(round_no, phase, facts.name, index)
+                    yield rule, position, rule.planned_config(position, facts)
 
     def next_aggregation(self, round_no: int, phase: str) -> int | None:
         """The first round after `round_no` in which `phase` is one of the contract's weighted
@@ -423,7 +465,28 @@ def evaluation_rule(policy: Policy, split: str = "test", name: str = "evaluate")
 
 def train_rule(policy: Policy, sums: tuple[str, ...] = (MODEL,)) -> PhaseRule:
     """Each round's `train` phase, its models summed as `sums` says (none: one by one)."""
-    return PhaseRule("train", "train", every_round(policy), expected_train(policy), sums=sums)
+    return PhaseRule(
+        "train",
+        "train",
+        every_round(policy),
+        expected_train(policy),
+        sums=sums,
+        largest=largest_train(policy),
+    )
+
+
+def largest_train(policy: Policy) -> Largest:
+    """A `train` task with the coordinator's choices at their largest release: under
+    client-level DP with distributed noise, the round's whole cohort (each silo's share of the
+    noise is smallest then)."""
+
+    def largest(position: Position, facts: SiloFacts) -> TaskConfig | None:
+        client_dp = policy.privacy.client_dp
+        if client_dp is None or client_dp.noise != "distributed":
+            return None
+        return replace(derived_train(policy, position), cohort=policy.cohort_size(facts.consortium))
+
+    return largest
 
 
 def averaging_contract(policy: Policy, *rules: PhaseRule) -> SiloContract:

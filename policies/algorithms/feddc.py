@@ -25,6 +25,9 @@ from fedsilo.policies.algorithms.contract import (
 from fedsilo.wire.tasks import DaisyEvaluate, DaisyTrain, TaskConfig
 from fedsilo.wire.tasks.tensor_names import MODEL
 
+# FedDC's local step, aggregation and hand-off: one of them a round for each silo
+LOCAL_STEP = "local-step"
+
 if TYPE_CHECKING:
     from fedsilo.policies.schema import Policy
 
@@ -99,7 +102,7 @@ class FedDcConfig(AlgorithmBase):
         every = every_round(policy)
         rules = [
             PhaseRule("local", "daisy_train", every, self._daisy(policy, False, False),
-                      daisy_tensors),
+                      daisy_tensors, round_slot=LOCAL_STEP),
             PhaseRule(
                 "aggregate",
                 "daisy_train",
@@ -109,6 +112,7 @@ class FedDcConfig(AlgorithmBase):
                 sums=(MODEL,) if self.aggregator == "mean" else (),
                 references=lambda facts: {MODEL: facts.model()},
                 from_reference=True,
+                round_slot=LOCAL_STEP,
             ),
             PhaseRule(
                 "daisy",
@@ -117,6 +121,7 @@ class FedDcConfig(AlgorithmBase):
                 self._daisy(policy, False, True),
                 daisy_tensors,
                 routed=True,
+                round_slot=LOCAL_STEP,
             ),
         ]  # fmt: skip
         evaluated = evaluation_rounds(policy)

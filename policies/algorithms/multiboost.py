@@ -82,7 +82,14 @@ class MultiBoostConfig(AlgorithmBase):
             carries_model,
             indices=lambda facts: self.base_learners,
         )
-        boost = PhaseRule("boost", "boost_probe", every_round(policy), probe, learners)
+        boost = PhaseRule(
+            "boost",
+            "boost_probe",
+            every_round(policy),
+            probe,
+            learners,
+            largest=lambda position, facts: BoostProbe(edges=tuple(range(self.base_learners))),
+        )
         evaluate = PhaseRule(
             "evaluate",
             "boost_probe",

@@ -49,6 +49,7 @@ from fedsilo.silo.tasks.superfed import (
     superfed_evaluate_releases,
     superfed_train,
     superfed_train_releases,
+    superfed_trained,
 )
 from fedsilo.silo.tasks.train import train, train_releases
 
@@ -78,7 +79,9 @@ TASK_KINDS: dict[str, TaskKind] = {
     "daisy_reseal": TaskKind(daisy_reseal, public_release, Release.SEALED_HANDOFF),
     "daisy_receive": TaskKind(daisy_receive, public_release, Release.NOTHING_PRIVATE),
     "daisy_evaluate": TaskKind(daisy_evaluate, daisy_evaluate_releases, Release.NOTHING_PRIVATE),
-    "superfed_train": TaskKind(superfed_train, superfed_train_releases, Release.IN_THE_CLEAR),
+    "superfed_train": TaskKind(
+        superfed_train, superfed_train_releases, Release.IN_THE_CLEAR, superfed_trained
+    ),
     "superfed_evaluate": TaskKind(
         superfed_evaluate, superfed_evaluate_releases, Release.NOTHING_PRIVATE
     ),

@@ -340,6 +340,12 @@ def with_tensors(
 TaskHandler = Callable[[TaskMessage, SiloContext], TaskResult]
 # What a task would release, known before it runs: the silo checks its budget against it.
 ReleasePlan = Callable[[TaskMessage, SiloContext], list[Mechanism]]
+# What a task leaves in the silo's state that a later task's releases read, without running it.
+StatePlan = Callable[[TaskMessage, SiloContext], None]
+
+
+def leaves_nothing(message: TaskMessage, ctx: SiloContext) -> None:
+    """A task whose run no later release depends on."""
 
 
 class Release(Enum):
@@ -358,8 +364,11 @@ class Release(Enum):
 class TaskKind:
     """Everything the silo knows of one task kind, registered once (silo/tasks/__init__.py):
     what runs it, what it releases (booked in the ledger and checked against the budget before
-    it runs) and what it sends (checked against the policy's secure aggregation)."""
+    it runs) and what it sends (checked against the policy's secure aggregation). `leaves`:
+    what a run leaves that later releases depend on, for the privacy planner
+    (silo/budget_plan.py), which plans a job without running it."""
 
     handler: TaskHandler
     releases: ReleasePlan
     sends: Release
+    leaves: StatePlan = leaves_nothing

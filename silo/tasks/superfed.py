@@ -171,6 +171,14 @@ def superfed_evaluate_releases(message: TaskMessage, ctx: SiloContext) -> list[M
     return reports_mechanism(ctx.privacy, ctx.unreleased_counts("test") + points)
 
 
+def superfed_trained(message: TaskMessage, ctx: SiloContext) -> None:
+    """What a `superfed_train` leaves for the planner: a local model from the round on which
+    the mixture trains, whose evaluation then reports the whole grid (its tensors are not
+    needed to plan, only that it exists)."""
+    if SuperFedRound.of(config_of(message, SuperFedTrain)).mixing_on:
+        ctx.state.save(LOCAL_MODEL, message.round, {})
+
+
 def _grid(message: TaskMessage, ctx: SiloContext) -> np.ndarray:
     """The lambdas evaluated: the grid once the silo has trained a local model, else only 0
     (a fresh local model's curve says nothing)."""

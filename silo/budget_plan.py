@@ -1,0 +1,216 @@
+"""The privacy planner: every release a job will book at one silo, known before anything is
+spent, and whether the silo can afford it.
+
+A silo's contract (policies/algorithms/contract.py) lists every position a job may ask of it;
+`plan_job` walks them round by round (`SiloContract.planned_positions`: each with the config
+of its largest release, one position of a phase a round where the silo takes one) and asks
+each task kind what it would release (`TaskKind.releases`, the very function the agent books
+with), on a copy of the silo's context that starts the job afresh: no count released yet, no
+state kept. The plan is composed with the same accountant and delta the ledger uses, so a
+silo that takes part in every round of an honest job books exactly its plan, and one that sits
+out rounds (client sampling) books less; no coordinator can make it book more, since the
+contract gate refuses every other position.
+
+The plan is the silo's own: from its own copy of the signed policy, its own rows (DP-SGD's
+sample rate is batch / n) and the consortium it knows (a client-DP share's noise depends on
+the cohort). `refusal` compares it with the silo's caps and its ledger before the silo accepts
+the job (silo/agent.py); the CLI (`fedsilo privacy plan`), `policy validate` and `simulate`
+show the same numbers.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from fedsilo.privacy.accounting import Mechanism, epsilon
+from fedsilo.silo.memory import SiloMemory
+from fedsilo.silo.state import LocalState
+from fedsilo.silo.tasks import TASK_KINDS
+from fedsilo.silo.tasks.base import SiloContext
+from fedsilo.wire.messages import TaskMessage
+
+TRAINING, EVALUATION, PROBES, POINT_CLOUDS, SETUP = (
+    "training",
+    "evaluation",
+    "probes",
+    "point clouds",
+    "setup",
+)
+# What each kind of task is for, as the plan groups its releases
+PURPOSES: Mapping[str, str] = {
+    "train": TRAINING,
+    "daisy_train": TRAINING,
+    "scaffold_train": TRAINING,
+    "superfed_train": TRAINING,
+    "feddro_train": TRAINING,
+    "energy_signals": TRAINING,
+    "evaluate": EVALUATION,
+    "daisy_evaluate": EVALUATION,
+    "superfed_evaluate": EVALUATION,
+    "loss": PROBES,
+    "boost_probe": PROBES,
+    "feddro_support": POINT_CLOUDS,
+}
+
+
+@dataclass(frozen=True)
+class PlannedTask:
+    """One position of the job at this silo, and what answering it releases."""
+
+    round: int
+    phase: str
+    kind: str
+    releases: tuple[Mechanism, ...]
+
+    @property
+    def purpose(self) -> str:
+        return PURPOSES.get(self.kind, SETUP)
+
+
+@dataclass(frozen=True)
+class BudgetPlan:
+    """What a job will book at one silo. `epsilon`: every release composed at `delta` (None
+    where the policy asks for no DP, so nothing is accounted; inf where a release is
+    un-noised)."""
+
+    silo: str
+    train_rows: int
+    consortium: int
+    delta: float | None
+    accountant: str
+    tasks: tuple[PlannedTask, ...]
+
+    @property
+    def releases(self) -> list[Mechanism]:
+        return [m for task in self.tasks for m in task.releases]
+
+    @property
+    def epsilon(self) -> float | None:
+        return self._compose(self.releases)
+
+    def by_purpose(self) -> dict[str, float | None]:
+        """Each purpose's releases composed alone (training, evaluation, probes, ...), in the
+        order they first appear. They do not add up to `epsilon`: composition is tighter than
+        a sum."""
+        groups: dict[str, list[Mechanism]] = {}
+        for task in self.tasks:
+            if any(m.kind != "public" for m in task.releases):
+                groups.setdefault(task.purpose, []).extend(task.releases)
+        return {purpose: self._compose(releases) for purpose, releases in groups.items()}
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "silo": self.silo,
+            "train_rows": self.train_rows,
+            "consortium": self.consortium,
+            "delta": self.delta,
+            "accountant": self.accountant,
+            "epsilon": _json_epsilon(self.epsilon),
+            "by_purpose": {k: _json_epsilon(v) for k, v in self.by_purpose().items()},
+            "tasks": len(self.tasks),
+        }
+
+    def _compose(self, releases: list[Mechanism]) -> float | None:
+        if self.delta is None:
+            return None
+        return epsilon(releases, self.delta, self.accountant)  # type: ignore[arg-type]
+
+
+class _Planning(SiloContext):
+    """A silo's context at the start of a job, for planning: its policy, data and keys, a
+    fresh memory and state; a split's count asked for is taken as released then (as its
+    task's run would mark it)."""
+
+    def unreleased_counts(self, split: str) -> int:
+        unreleased = super().unreleased_counts(split)
+        self.released_count(split)
+        return unreleased
+
+
+def plan_job(ctx: SiloContext) -> BudgetPlan:
+    """Every release the job of `ctx.policy` books at the silo of `ctx` when it takes part in
+    every round, composed as its ledger will compose it."""
+    fresh = {f.name: getattr(ctx, f.name) for f in fields(ctx) if f.name not in ("store", "state")}
+    planning = _Planning(**fresh, store=SiloMemory(), state=LocalState())
+    planning.__dict__["facts"] = ctx.facts  # the model's layout, built once per silo
+    tasks = []
+    for rule, position, config in planning.contract.planned_positions(planning.facts):
+        message = TaskMessage(
+            f"plan/{position.round}/{position.phase}",
+            position.round,
+            position.phase,
+            ctx.name,
+            config,
+        )
+        kind = TASK_KINDS[rule.kind]
+        tasks.append(
+            PlannedTask(
+                position.round,
+                position.phase,
+                rule.kind,
+                tuple(kind.releases(message, planning)),
+            )
+        )
+        kind.leaves(message, planning)
+    privacy = ctx.privacy
+    return BudgetPlan(
+        silo=ctx.name,
+        train_rows=len(ctx.data.y_train),
+        consortium=ctx.consortium,
+        delta=privacy.delta if privacy.differentially_private else None,
+        accountant=privacy.accountant,
+        tasks=tuple(tasks),
+    )
+
+
+@dataclass(frozen=True)
+class Caps:
+    """A silo's budget for a job: its per-job cap (the stricter of the policy's and the
+    site's, named by `job_key`), its cap over all jobs, and what its ledger holds of earlier
+    jobs."""
+
+    job: float | None = None
+    job_key: str | None = None
+    total: float | None = None
+    spent_elsewhere: float = 0.0
+
+
+def refusal(plan: BudgetPlan, caps: Caps) -> str | None:
+    """Why the silo cannot afford `plan` under `caps`, with the numbers; None when it can."""
+    planned = plan.epsilon
+    if planned is None:
+        return None
+    if caps.job is not None and planned > caps.job:
+        return (
+            f"privacy budget: this job would spend epsilon {fmt(planned)} here "
+            f"({describe(plan)}), above {caps.job_key} {caps.job:g}"
+        )
+    if caps.total is not None:
+        reach = caps.spent_elsewhere + planned
+        if reach > caps.total:
+            return (
+                f"privacy budget: this job would spend epsilon {fmt(planned)} here "
+                f"({describe(plan)}); with the {fmt(caps.spent_elsewhere)} spent by earlier "
+                f"jobs that is {fmt(reach)}, above rules.total_epsilon_cap {caps.total:g}"
+            )
+    return None
+
+
+def describe(plan: BudgetPlan) -> str:
+    """ "training 4, evaluation 6.9 at delta 1e-05, 92 training rows": the plan in a line."""
+    parts = ", ".join(f"{purpose} {fmt(e)}" for purpose, e in plan.by_purpose().items())
+    return f"{parts or 'nothing noised'} at delta {plan.delta:g}, {plan.train_rows} training rows"
+
+
+def fmt(value: float | None) -> str:
+    """Epsilon in a message: 4 significant digits, "inf" without noise, "-" without DP."""
+    if value is None:
+        return "-"
+    return "inf" if math.isinf(value) else f"{value:.4g}"
+
+
+def _json_epsilon(value: float | None) -> float | str | None:
+    return "inf" if value is not None and math.isinf(value) else value
