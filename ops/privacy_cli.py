@@ -2,7 +2,8 @@
 recomputes its epsilon, and with the coordinator's receipts proves it books every release the
 coordinator received, as signed (without them it proves internal consistency only);
 `receipts` exports those receipts from the coordinator's state; `report` plots epsilon over
-rounds for one or more silos.
+rounds for one or more silos; `plan` (ops/plan_cli.py) shows what a job will book at each
+silo before it runs.
 
 `ops/cli.py` registers the `privacy` group on the main command.
 """
@@ -12,7 +13,9 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
 from nacl.signing import VerifyKey
@@ -22,7 +25,10 @@ from rich.table import Table
 
 from fedsilo.coordinator.state import StateError, StateStore
 from fedsilo.ops.epsilon import plot_epsilon
+from fedsilo.ops.plan_cli import plan_command
 from fedsilo.ops.provision import KitError, load_silo_kit
+from fedsilo.policies.loading import PolicyError
+from fedsilo.privacy.accounting import total
 from fedsilo.privacy.identity import IdentityError, parse_verify_key
 from fedsilo.privacy.ledger import AuditReport, LedgerError, LedgerRecord, verify
 from fedsilo.privacy.receipt_audit import ReceiptAudit, audit_receipts
@@ -32,6 +38,9 @@ from fedsilo.privacy.receipts import (
     read_receipts_document,
     receipts_document,
 )
+
+if TYPE_CHECKING:
+    from fedsilo.silo.config import SiloConfig
 
 console = Console()
 
@@ -45,16 +54,25 @@ INTERNAL_ONLY = (
 
 @click.group("privacy")
 def privacy_group() -> None:
-    """Audit and plot the silos' privacy ledgers."""
+    """Plan a job's budget; audit and plot the silos' privacy ledgers."""
+
+
+privacy_group.add_command(plan_command)
 
 
 @privacy_group.command("audit")
 @click.option(
     "--ledger",
     "ledger_file",
-    required=True,
     type=click.Path(path_type=Path),
-    help="A silo's ledger file (JSONL).",
+    help="A silo's ledger file (JSONL); by default the one --config names.",
+)
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(path_type=Path),
+    help="The site's silo.yaml: its ledger (`ledger`), its cap per job (`rules.epsilon_cap`) "
+    "and over all jobs (`rules.total_epsilon_cap`); --ledger, --cap and --total-cap override.",
 )
 @click.option(
     "--anchor",
@@ -65,6 +83,11 @@ def privacy_group() -> None:
     "--cap",
     type=click.FloatRange(min=0, min_open=True),
     help="Epsilon cap per deployment: show what remains, fail where a deployment went over it.",
+)
+@click.option(
+    "--total-cap",
+    type=click.FloatRange(min=0, min_open=True),
+    help="The site's epsilon cap over all jobs: show what remains, fail where they went over it.",
 )
 @click.option(
     "--receipts",
@@ -80,9 +103,11 @@ def privacy_group() -> None:
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the audit as one JSON document.")
 def audit(
-    ledger_file: Path,
+    ledger_file: Path | None,
+    config_file: Path | None,
     anchor: str | None,
     cap: float | None,
+    total_cap: float | None,
     receipts_file: Path | None,
     verify_key: str | None,
     as_json: bool,
@@ -91,10 +116,20 @@ def audit(
 
     Checks the hash chain, recomputes every deployment's epsilon from the booked mechanisms
     with Opacus, and shows what is spent and what remains; with --receipts, checks that every
-    release the coordinator received is booked as the silo signed it. Exits 1 on any finding."""
+    release the coordinator received is booked as the silo signed it; with a total cap
+    (--total-cap, or the site's rules.total_epsilon_cap with --config), shows the site's epsilon
+    over all jobs and what remains of it. Exits 1 on any finding."""
     if (receipts_file is None) != (verify_key is None):
         raise click.ClickException("--receipts and --verify-key go together")
+    if config_file is not None:
+        site = _site_config(config_file)
+        ledger_file = ledger_file or site.ledger_path(config_file)
+        cap = cap if cap is not None else site.rules.epsilon_cap
+        total_cap = total_cap if total_cap is not None else site.rules.total_epsilon_cap
+    if ledger_file is None:
+        raise click.ClickException("give the ledger: --ledger FILE, or --config silo.yaml")
     report = _verified(ledger_file, anchor, cap)
+    total = _SiteTotal.of(report, total_cap)
     receipts = None
     if receipts_file is not None and verify_key is not None:
         silo, key = _verify_key(verify_key)
@@ -107,20 +142,26 @@ def audit(
                 "problems": list(receipts.problems),
                 "uncovered_seqs": list(receipts.uncovered),
             }
+        document["site"] = total.to_json()
         document["proves"] = "receipts" if receipts is not None else "internal consistency only"
         click.echo(json.dumps(document, indent=2))
     else:
-        console.print(_audit_table(report))
+        table, shortened = _audit_table(report, total, console.width)
+        console.print(table)
+        for short, whole in shortened.items():
+            console.print(f"{short} is job {whole}", soft_wrap=True, highlight=False)
         for repair in report.repairs:
             console.print(
                 f"repair at seq {repair.seq} ({repair.time}): a torn last line (an interrupted "
                 f"booking, never sent) was set aside in {repair.task_id.split('/', 1)[1]}",
                 soft_wrap=True,
             )
-        if report.ok and (receipts is None or receipts.ok):
+        if report.ok and total.problem is None and (receipts is None or receipts.ok):
             console.print(_verdict(ledger_file, report, receipts), soft_wrap=True)
     if not report.ok:
         raise click.ClickException(report.reason)
+    if total.problem is not None:
+        raise click.ClickException(f"{ledger_file}: {total.problem}")
     if receipts is not None and not receipts.ok:
         shown = "; ".join(receipts.problems[:SHOWN_PROBLEMS])
         more = len(receipts.problems) - SHOWN_PROBLEMS
@@ -264,6 +305,15 @@ def _receipts_of(path: Path, silo: str | None) -> list[Receipt]:
     return mine
 
 
+def _site_config(path: Path) -> SiloConfig:
+    from fedsilo.silo.config import load_silo_config  # the site's data loaders: only if asked
+
+    try:
+        return load_silo_config(path)
+    except PolicyError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
 def _verified(path: Path, anchor: str | None, cap: float | None) -> AuditReport:
     try:
         return verify(path, anchor, cap)
@@ -271,15 +321,79 @@ def _verified(path: Path, anchor: str | None, cap: float | None) -> AuditReport:
         raise click.ClickException(str(exc)) from None
 
 
-def _audit_table(report: AuditReport) -> Table:
+@dataclass(frozen=True)
+class _SiteTotal:
+    """The site's epsilon over all the ledger's jobs (sequential composition: their sum), held
+    against its total cap (rules.total_epsilon_cap) where there is one."""
+
+    records: int
+    booked: float
+    recomputed: float
+    cap: float | None
+
+    @classmethod
+    def of(cls, report: AuditReport, cap: float | None) -> _SiteTotal:
+        return cls(
+            records=len(report.records),
+            booked=total([audit.booked for audit in report.deployments]),
+            recomputed=total([audit.recomputed for audit in report.deployments]),
+            cap=cap,
+        )
+
+    @property
+    def remaining(self) -> float | None:
+        """What the total cap leaves (never below 0), or None without one."""
+        return None if self.cap is None else max(self.cap - self.booked, 0.0)
+
+    @property
+    def problem(self) -> str | None:
+        if self.cap is None or not max(self.booked, self.recomputed) > self.cap:
+            return None
+        return (
+            f"the site's epsilon over all jobs, {_fmt(self.booked)}, is over its total cap "
+            f"{self.cap:g}"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        def number(value: float | None) -> float | str | None:
+            return "inf" if value == math.inf else value
+
+        return {
+            "booked": number(self.booked),
+            "recomputed": number(self.recomputed),
+            "total_cap": self.cap,
+            "remaining": self.remaining,
+            "problem": self.problem,
+        }
+
+
+ALL_JOBS = "all jobs"  # the site's row, below the jobs'
+MIN_JOB_WIDTH = 20  # the job column is never squeezed below this to fit the others
+
+
+def _audit_table(
+    report: AuditReport, site: _SiteTotal, width: int
+) -> tuple[Table, dict[str, str]]:
+    """The audit's table for a console `width` wide, and the job ids it had to shorten (as
+    shown, to whole): one row per job (deployment), then the site's total over all of them."""
+    names = [audit.deployment for audit in report.deployments]
+    others = _console_width(_table_of(report, site, dict.fromkeys(names, "")), width)
+    room = max(width - others + len(ALL_JOBS), MIN_JOB_WIDTH)
+    labels = _fit_job_names(names, room)
+    shortened = {labels[name]: name for name in names if labels[name] != name}
+    return _table_of(report, site, labels), shortened
+
+
+def _table_of(report: AuditReport, site: _SiteTotal, labels: dict[str, str]) -> Table:
     table = Table(title=f"privacy ledger {report.path}", box=box.SIMPLE_HEAD, pad_edge=False)
-    table.add_column("deployment")
+    # never cut: a cut id could pass for another job's (a shortened one keeps its distinct tail)
+    table.add_column("job", overflow="fold", no_wrap=True)
     for column in ("records", "booked ε", "recomputed ε", "δ", "cap", "remaining"):
         table.add_column(column, justify="right")
     for audit in report.deployments:
         accounted = audit.delta is not None
         table.add_row(
-            audit.deployment,
+            labels[audit.deployment],
             str(audit.records),
             _fmt(audit.booked) if accounted else "no DP",
             _fmt(audit.recomputed) if accounted else "no DP",
@@ -287,7 +401,52 @@ def _audit_table(report: AuditReport) -> Table:
             _fmt(audit.cap),
             _fmt(audit.remaining),
         )
+    table.add_section()
+    table.add_row(
+        ALL_JOBS,
+        str(site.records),
+        _fmt(site.booked),
+        _fmt(site.recomputed),
+        "-",
+        _fmt(site.cap),
+        _fmt(site.remaining),
+        style="bold",
+    )
     return table
+
+
+def _console_width(table: Table, width: int) -> int:
+    """How wide `table` renders with its columns unsqueezed."""
+    measuring = Console(width=max(width, 1000))
+    return measuring.measure(table).maximum
+
+
+def _fit_job_names(names: Sequence[str], width: int) -> dict[str, str]:
+    """Each name as shown in a column `width` wide: whole where it fits, else shortened in the
+    middle (`heart-fa…3f9a1c2e-attempt2`), keeping its start and enough of its end to tell it
+    from every other name (a job id ends in its policy's digest, then its attempt; ops/job_id.py).
+    Names that cannot be told apart so are shown whole (the column folds them)."""
+    labels: dict[str, str] = {}
+    for name in names:
+        if len(name) <= width:
+            labels[name] = name
+            continue
+        distinct = 1 + max(
+            (_common_suffix(name, other) for other in names if other != name), default=0
+        )
+        tail = max(distinct, (width - 1) // 2)
+        head = width - 1 - tail
+        labels[name] = f"{name[:head]}…{name[-tail:]}" if head >= 3 else name
+    if len(set(labels.values())) < len(labels):
+        return {name: name for name in names}
+    return labels
+
+
+def _common_suffix(a: str, b: str) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[-1 - n] == b[-1 - n]:
+        n += 1
+    return n
 
 
 def _epsilon_by_round(records: Sequence[LedgerRecord]) -> dict[str, list[tuple[int, float]]]:

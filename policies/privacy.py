@@ -10,7 +10,7 @@ noised (`reports`). `reports.forbidden` keeps kinds of report at the silos in an
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 from pydantic import Field, field_validator, model_validator
 
@@ -37,27 +37,47 @@ class DpSgdConfig(PolicyModel):
     """Sample-level DP-SGD (Opacus): per-sample gradients clipped to `max_grad_norm`, plus
     Gaussian noise of std `noise_multiplier * max_grad_norm` on every step.
 
-    Give exactly one of `noise_multiplier` and `target_epsilon`; with `target_epsilon` each
-    silo calibrates its noise so that all of the deployment's rounds together reach it (at
-    the policy's `delta`). `poisson_sampling`: each sample joins each batch independently
-    (what the accountants assume); false keeps shuffled fixed-size batches.
+    The noise is set by exactly one of: `noise_multiplier`; `training_epsilon`, the epsilon
+    of the training alone, to which each silo calibrates its noise so that all of the job's
+    training steps together reach it (the job's evaluation reports and probes come on top:
+    `fedsilo privacy plan` shows the total); or the policy's `privacy.job_epsilon`, the
+    job's total. `target_epsilon` is the former name of `training_epsilon` and is read as it.
+    `poisson_sampling`: each sample joins each batch independently (what the accountants
+    assume); false keeps shuffled fixed-size batches.
     """
 
     max_grad_norm: float = Field(default=1.0, gt=0)
     noise_multiplier: float | None = Field(default=None, ge=0)
-    target_epsilon: float | None = Field(default=None, gt=0)
+    training_epsilon: float | None = Field(default=None, gt=0)
     poisson_sampling: bool = True
 
     _noise = field_validator("noise_multiplier")(_meaningful_noise)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _former_name(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "target_epsilon" in data:
+            if "training_epsilon" in data:
+                raise ValueError(
+                    "target_epsilon is the former name of training_epsilon: give one of them"
+                )
+            data = {
+                ("training_epsilon" if k == "target_epsilon" else k): v for k, v in data.items()
+            }
+        return data
+
     @model_validator(mode="after")
-    def _one_noise_setting(self) -> DpSgdConfig:
-        if (self.noise_multiplier is None) == (self.target_epsilon is None):
-            given = "both" if self.noise_multiplier is not None else "neither"
+    def _at_most_one_noise_setting(self) -> DpSgdConfig:
+        if self.noise_multiplier is not None and self.training_epsilon is not None:
             raise ValueError(
-                f"set exactly one of 'noise_multiplier' and 'target_epsilon' (got {given})"
+                "set exactly one of 'noise_multiplier' and 'training_epsilon' (got both)"
             )
         return self
+
+    @property
+    def noise_set(self) -> bool:
+        """Whether the section itself sets the noise (else privacy.job_epsilon calibrates it)."""
+        return self.noise_multiplier is not None or self.training_epsilon is not None
 
 
 class ClientDpConfig(PolicyModel):
@@ -100,11 +120,19 @@ class ReportsConfig(PolicyModel):
 
 
 class PrivacyConfig(PolicyModel):
-    """Accounting (delta, accountant), the per-silo budget, and the mechanisms in use."""
+    """Accounting (delta, accountant), the per-silo budget, and the mechanisms in use.
+
+    `job_epsilon`: the job's total epsilon at each silo. Every mechanism but DP-SGD keeps
+    the noise its section sets (reports, client-level DP), and each silo calibrates DP-SGD's
+    noise so that everything the job books there (training, evaluation reports, probes:
+    its plan, silo/budget_plan.py) composes to `job_epsilon`; a job whose other releases
+    alone spend it cannot be met and is refused with its plan. It needs `dp_sgd` without a
+    noise setting of its own."""
 
     delta: float = Field(default=1e-5, gt=0, le=0.1)  # above, no guarantee worth the name
     accountant: Literal["rdp", "prv"] = "rdp"
     epsilon_cap: float | None = Field(default=None, gt=0)
+    job_epsilon: float | None = Field(default=None, gt=0)
     dp_sgd: DpSgdConfig | None = None
     client_dp: ClientDpConfig | None = None
     reports: ReportsConfig = ReportsConfig()
@@ -128,11 +156,30 @@ class PrivacyConfig(PolicyModel):
         return self
 
     @model_validator(mode="after")
-    def _target_within_cap(self) -> PrivacyConfig:
-        target = self.dp_sgd.target_epsilon if self.dp_sgd is not None else None
-        if target is not None and self.epsilon_cap is not None and target > self.epsilon_cap:
+    def _one_noise_setting(self) -> PrivacyConfig:
+        dp = self.dp_sgd
+        if self.job_epsilon is not None and (dp is None or dp.noise_set):
             raise ValueError(
-                f"dp_sgd.target_epsilon {target:g} exceeds epsilon_cap {self.epsilon_cap:g}: "
-                "the training alone would spend more than a silo's budget"
+                "job_epsilon calibrates DP-SGD's noise to the job's total: it needs dp_sgd "
+                "without noise_multiplier or training_epsilon"
+                + (" (there is no dp_sgd)" if dp is None else "")
             )
+        if dp is not None and not dp.noise_set and self.job_epsilon is None:
+            raise ValueError(
+                "dp_sgd: set exactly one of 'noise_multiplier' and 'training_epsilon' (got "
+                "neither), or privacy.job_epsilon for the job's total"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _target_within_cap(self) -> PrivacyConfig:
+        for key, target in (
+            ("dp_sgd.training_epsilon", self.dp_sgd.training_epsilon if self.dp_sgd else None),
+            ("job_epsilon", self.job_epsilon),
+        ):
+            if target is not None and self.epsilon_cap is not None and target > self.epsilon_cap:
+                raise ValueError(
+                    f"{key} {target:g} exceeds epsilon_cap {self.epsilon_cap:g}: the job "
+                    "would spend more than a silo's budget"
+                )
         return self

@@ -129,7 +129,7 @@ class Policy(PolicyModel):
             raise ValueError(
                 "privacy.dp_sgd.noise_multiplier: 0 adds no noise, so the models would leave "
                 "the silos without any DP guarantee; set a positive noise_multiplier or a "
-                "target_epsilon (or drop privacy.dp_sgd for a deployment without DP)"
+                "training_epsilon (or drop privacy.dp_sgd for a deployment without DP)"
             )
 
     def _check_federated_scaling(self) -> None:

@@ -22,10 +22,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
+from fedsilo.policies.privacy import MIN_NOISE_MULTIPLIER
 from fedsilo.privacy.accounting import Mechanism, epsilon
+from fedsilo.silo.errors import DpSgdError
 from fedsilo.silo.memory import SiloMemory
 from fedsilo.silo.state import LocalState
 from fedsilo.silo.tasks import TASK_KINDS
@@ -119,22 +121,30 @@ class BudgetPlan:
         return epsilon(releases, self.delta, self.accountant)  # type: ignore[arg-type]
 
 
+@dataclass(frozen=True)
 class _Planning(SiloContext):
     """A silo's context at the start of a job, for planning: its policy, data and keys, a
-    fresh memory and state; a split's count asked for is taken as released then (as its
-    task's run would mark it)."""
+    fresh memory and state, DP-SGD's noise under `job_epsilon` as given; a split's count asked
+    for is taken as released then (as its task's run would mark it)."""
+
+    planned_noise: float | None = None
 
     def unreleased_counts(self, split: str) -> int:
         unreleased = super().unreleased_counts(split)
         self.released_count(split)
         return unreleased
 
+    def job_noise(self) -> float | None:
+        return self.planned_noise
 
-def plan_job(ctx: SiloContext) -> BudgetPlan:
+
+def plan_job(ctx: SiloContext, job_noise: float | None = None) -> BudgetPlan:
     """Every release the job of `ctx.policy` books at the silo of `ctx` when it takes part in
-    every round, composed as its ledger will compose it."""
+    every round, composed as its ledger will compose it (under `job_epsilon`, with DP-SGD's
+    noise at `job_noise`, by default the silo's calibrated one)."""
     fresh = {f.name: getattr(ctx, f.name) for f in fields(ctx) if f.name not in ("store", "state")}
-    planning = _Planning(**fresh, store=SiloMemory(), state=LocalState())
+    noise = job_noise if job_noise is not None else ctx.job_noise()
+    planning = _Planning(**fresh, store=SiloMemory(), state=LocalState(), planned_noise=noise)
     planning.__dict__["facts"] = ctx.facts  # the model's layout, built once per silo
     tasks = []
     for rule, position, config in planning.contract.planned_positions(planning.facts):
@@ -164,6 +174,48 @@ def plan_job(ctx: SiloContext) -> BudgetPlan:
         accountant=privacy.accountant,
         tasks=tuple(tasks),
     )
+
+
+# Where the calibration searches DP-SGD's noise multiplier under `job_epsilon`
+NOISE_RANGE = (MIN_NOISE_MULTIPLIER, 1e4)
+NOISE_TOLERANCE = 1e-9  # relative: far below what changes an epsilon's 4th digit
+
+
+def calibrated_job_noise(ctx: SiloContext) -> float:
+    """The least DP-SGD noise multiplier at which everything the job books at this silo
+    composes to at most the policy's `job_epsilon` (bisection on the plan, whose other
+    releases keep their own noise), or a `DpSgdError` with the plan when none does: the
+    job's other releases alone spend the budget."""
+    target = ctx.privacy.job_epsilon
+    assert target is not None
+    low, high = NOISE_RANGE
+    draft = plan_job(ctx, job_noise=high)
+    releases = draft.releases
+
+    def spent(noise: float) -> float:
+        return draft._compose([_with_noise(m, noise) for m in releases]) or 0.0
+
+    if spent(high) > target:
+        others = [m for m in releases if m.kind != "dp_sgd"]
+        raise DpSgdError(
+            f"privacy.job_epsilon {target:g} cannot be met at silo {ctx.name!r}: its "
+            f"releases besides DP-SGD's training alone spend epsilon "
+            f"{fmt(draft._compose(others))} ({describe(draft)}); raise job_epsilon, or "
+            "evaluate less often (eval_every) or with more noise (privacy.reports)"
+        )
+    if spent(low) <= target:
+        return low
+    while high - low > NOISE_TOLERANCE * high:
+        middle = math.sqrt(low * high) if high / low > 2 else (low + high) / 2
+        if spent(middle) <= target:
+            high = middle
+        else:
+            low = middle
+    return high
+
+
+def _with_noise(mechanism: Mechanism, noise: float) -> Mechanism:
+    return replace(mechanism, noise_multiplier=noise) if mechanism.kind == "dp_sgd" else mechanism
 
 
 @dataclass(frozen=True)

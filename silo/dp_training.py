@@ -106,13 +106,19 @@ class DpSgdPlan:
 
 
 def dp_sgd_plan(
-    privacy: PrivacyConfig, local: LocalTraining, n_train: int, rounds: int
+    privacy: PrivacyConfig,
+    local: LocalTraining,
+    n_train: int,
+    rounds: int,
+    job_noise: float | None = None,
 ) -> DpSgdPlan:
     """The DP-SGD plan of a train task over `n_train` rows, in a deployment of `rounds` rounds.
 
-    Sample rate: batch / n. With `target_epsilon`, the noise is calibrated so that `rounds`
-    such tasks together reach at most the target at the policy's delta (a silo that sits out
-    some rounds spends less). Cheap after the first call: calibrations are cached.
+    Sample rate: batch / n. The noise: the policy's `noise_multiplier`; with
+    `training_epsilon`, calibrated so that `rounds` such tasks together reach at most it at
+    the policy's delta (a silo that sits out some rounds spends less; cheap after the first
+    call: calibrations are cached); with the policy's `job_epsilon`, `job_noise`, which the
+    silo calibrated over its whole plan (silo/budget_plan.py).
     """
     dp = privacy.dp_sgd
     if dp is None:
@@ -121,14 +127,18 @@ def dp_sgd_plan(
     sample_rate = schedule.batch / schedule.n
     if dp.noise_multiplier is not None:
         noise = dp.noise_multiplier
-    else:
+    elif dp.training_epsilon is not None:
         noise = _calibrated_noise(
-            dp.target_epsilon,
+            dp.training_epsilon,
             privacy.delta,
             sample_rate,
             rounds * schedule.steps,
             privacy.accountant,
         )
+    elif job_noise is not None:
+        noise = job_noise
+    else:
+        raise DpSgdError("privacy.job_epsilon: the job's noise was not calibrated")
     return DpSgdPlan(
         noise_multiplier=noise,
         sample_rate=sample_rate,
@@ -360,12 +370,12 @@ def _batches(plan: DpSgdPlan, seed: int, private_seed: int) -> Iterator[torch.Te
 
 @functools.lru_cache(maxsize=256)
 def _calibrated_noise(
-    target_epsilon: float, delta: float, sample_rate: float, steps: int, accountant: str
+    training_epsilon: float, delta: float, sample_rate: float, steps: int, accountant: str
 ) -> float:
     try:
         with quiet_optimal_order():  # calibration tries noise far from the answer
             noise = get_noise_multiplier(
-                target_epsilon=target_epsilon,
+                target_epsilon=training_epsilon,
                 target_delta=delta,
                 sample_rate=sample_rate,
                 steps=steps,
@@ -373,7 +383,8 @@ def _calibrated_noise(
             )
     except ValueError as exc:  # Opacus: "The privacy budget is too low."
         raise DpSgdError(
-            f"no noise multiplier reaches target_epsilon {target_epsilon:g} at delta {delta:g} "
+            f"no noise multiplier reaches training_epsilon {training_epsilon:g} at delta "
+            f"{delta:g} "
             f"over {steps} steps at sample rate {sample_rate:.4g} ({exc})"
         ) from None
     return float(noise)

@@ -73,7 +73,7 @@ def local_steps(
             return list(plain(shuffled_batches(schedule, generator))), metrics
     from fedsilo.silo.dp_training import dp_sgd_plan  # Opacus loads only on the DP path
 
-    plan = dp_sgd_plan(ctx.privacy, local, schedule.n, ctx.rounds)
+    plan = dp_sgd_plan(ctx.privacy, local, schedule.n, ctx.rounds, ctx.job_noise())
     with network_randomness(ctx, ctx.private_seed(message.task_id, "network")):
         losses = private(plan, ctx.private_seed(message.task_id, "dp-sgd"))
     return losses, metrics | plan.public_metrics()

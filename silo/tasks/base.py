@@ -78,6 +78,19 @@ class SiloContext:
         """The deployment's rounds: DP-SGD calibrates its noise over all of them."""
         return self.policy.rounds
 
+    def job_noise(self) -> float | None:
+        """DP-SGD's noise multiplier under the policy's `privacy.job_epsilon`: calibrated once
+        per job over this silo's whole plan (silo/budget_plan.py); None without it."""
+        if self.privacy.job_epsilon is None or self.privacy.dp_sgd is None:
+            return None
+        return self._job_noise
+
+    @cached_property
+    def _job_noise(self) -> float:
+        from fedsilo.silo.budget_plan import calibrated_job_noise
+
+        return calibrated_job_noise(self)
+
     @cached_property
     def secure_aggregation(self) -> SecureAggregationConfig:
         """The policy's section as the silo enforces it (`Policy.silo_secure_aggregation`: no

@@ -74,7 +74,8 @@ def train_releases(message: TaskMessage, ctx: SiloContext) -> list[Mechanism]:
         from fedsilo.silo.dp_training import dp_sgd_plan
 
         local = local_training(message.config)
-        model = dp_sgd_plan(privacy, local, len(ctx.data.y_train), ctx.rounds).mechanism()
+        rows = len(ctx.data.y_train)
+        model = dp_sgd_plan(privacy, local, rows, ctx.rounds, ctx.job_noise()).mechanism()
     else:
         model = share_mechanism(message, ctx)
     return [model, *reports_mechanism(privacy, ctx.unreleased_counts("train"))]
