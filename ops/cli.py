@@ -45,6 +45,7 @@ from fedsilo.ops.demo import DemoFailed, run_demo
 from fedsilo.ops.examples_cli import examples_group
 from fedsilo.ops.job_cli import coordinator_option, job_group, print_json, print_remote_status
 from fedsilo.ops.lazy_group import LazyGroup
+from fedsilo.ops.plan_cli import consortium_plans, over_policy_cap, planned_line, validate_line
 from fedsilo.ops.privacy_cli import privacy_group
 from fedsilo.ops.provision import OPERATOR, KitError, kit_role, load_coordinator_kit
 from fedsilo.ops.provision_cli import policy_sign as sign_command
@@ -149,6 +150,12 @@ def _validate(file: Path) -> None:
         f"data {loaded.data.source}"
     )
     click.echo(consortium)
+    try:
+        planned = validate_line(loaded, policy_folder(file))
+    except USER_ERRORS as exc:
+        raise click.ClickException(f"{file}: {exc}") from None
+    if planned is not None:
+        click.echo(planned)
     for line in plugin_report(loaded, file):
         click.echo(line)
 
@@ -231,6 +238,7 @@ def simulate_command(
         variants.update({n: with_algorithm(base, n) for n in compare if n not in variants})
         check_output_folder(out, overwrite)
         datasets = load_silos(base, base_dir)
+        _plan_before_running(variants, datasets)
         with ExitStack() as stack:
             if backend == RAY:
                 stack.enter_context(ray_session(address))  # one session for every variant
@@ -248,6 +256,26 @@ def simulate_command(
                 console.print(f"[yellow]Note:[/yellow] {name}: {note}", highlight=False)
     _explain_label_rates(first)
     console.print(f"results in {out}/")
+
+
+def _plan_before_running(variants: dict[str, Policy], datasets: list) -> None:
+    """Each DP variant's planned epsilon per silo, printed before round 1; a RunAborted, before
+    anything runs or is written, where a silo's plan is above the policy's
+    privacy.epsilon_cap (the silo would refuse the job)."""
+    from fedsilo.ops.simulate import check_consortium
+
+    for name, variant in variants.items():
+        if not variant.privacy.differentially_private:
+            continue
+        check_consortium(variant, datasets)  # what `simulate` checks first, before planning
+        plans = consortium_plans(variant, datasets)
+        line = planned_line(plans)
+        if line is not None:
+            shown = line if len(variants) == 1 else f"{name}: {line}"
+            console.print(shown, highlight=False, soft_wrap=True)
+        problem = over_policy_cap(variant, plans)
+        if problem is not None:
+            raise RunAborted(f"{name}: {problem}; nothing run, nothing written")
 
 
 def _run_all(

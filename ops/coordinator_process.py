@@ -19,11 +19,22 @@ belong to the job (`ops/job_id.py`: the policy's name and a short digest of the 
 so one state file holds every job of the consortium and a new policy starts a new job.
 `coordinator serve` (ops/coordinator_serve.py) runs job after job through the same pieces:
 `open_serving` (what lives as long as the process), `prepare_job`, `check_job` and `run_job`.
+
+A job that ends failed or aborted after at least one completed round still gets results
+(`write_partial_results`): the model of its last completed round and the history as the state
+store holds it (every saved round, failed ones too, so each silo's epsilon is the last it
+reported), with results.json marked partial under the top-level key `ended`:
+`{"status": "failed" | "aborted", "reason": ..., "partial": true, "model_round": K,
+"last_round": L, "rounds": N}` (K: the last completed round, whose model it holds; L: the last
+round saved, completed or failed; N: the rounds the policy planned).
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import shutil
+import tempfile
 import threading
 from collections.abc import Callable, Mapping
 from concurrent import futures
@@ -47,7 +58,7 @@ from fedsilo.ops.job_id import job_id
 from fedsilo.ops.memory import make_room_for
 from fedsilo.ops.metrics import CoordinatorMetrics, MetricsServer, serve_metrics
 from fedsilo.ops.provision import CoordinatorKit, load_coordinator_kit
-from fedsilo.ops.report import write_deployment_results
+from fedsilo.ops.report import MARKER, atomic_directory, write_deployment_results
 from fedsilo.ops.server_credentials import reloading_server_credentials
 from fedsilo.ops.shown_metrics import MetricDisplay, ShownRounds
 from fedsilo.ops.synthetic import snapshots_for
@@ -382,6 +393,63 @@ def run_job(
     )
     history = engine.run()
     return history, (snapshots.taken if snapshots else {})
+
+
+ENDED_KEY = "ended"  # results.json's key marking the results of a job that did not complete
+
+
+def saved_history(store: StateStore, job: str) -> RunHistory | None:
+    """Job `job`'s history rebuilt from the state store (what a resumed job goes on from):
+    every saved round after the setup, the state after the last of them (a failed round keeps
+    the state before it, so the model of the last completed round) and, as `final`, the last
+    evaluated round (else a record of the last completed round, unevaluated); None when no
+    round completed."""
+    saved = store.last_round(job)
+    if saved is None:
+        return None
+    records = [RoundRecord.from_json(r) for r in saved.records]
+    completed = [r for r in records if r.status == "completed"]
+    if not completed:
+        return None
+    final = next(
+        (r for r in reversed(completed) if r.evaluation is not None),
+        RoundRecord(completed[-1].round, "final", 0.0),
+    )
+    return RunHistory(records, saved.state, final)
+
+
+def write_partial_results(
+    out: Path, policy: Policy, store: StateStore, job: str, status: str, reason: str
+) -> int | None:
+    """Write the results of job `job`, which ended `status` ("failed" or "aborted") for
+    `reason`, as of its last completed round to `out` (`write_deployment_results`' layout,
+    replacing what is there), results.json marked partial under `ENDED_KEY`; the last completed
+    round, or None (nothing written) when no round completed."""
+    history = saved_history(store, job)
+    if history is None:
+        return None
+    model_round = max(r.round for r in history.records if r.status == "completed")
+    ended = {
+        "status": status,
+        "reason": reason,
+        "partial": True,
+        "model_round": model_round,
+        "last_round": history.records[-1].round,
+        "rounds": policy.rounds,
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f".{out.name}.partial.", dir=out.parent) as scratch:
+        written = Path(scratch) / "results"
+        write_deployment_results(written, policy, history, job=job)
+        results = json.loads((written / "results.json").read_text())
+        (written / "results.json").write_text(json.dumps({ENDED_KEY: ended, **results}, indent=2))
+        with atomic_directory(out, overwrite=True) as staging:
+            for path in sorted(written.rglob("*")):
+                name = path.relative_to(written)
+                if path.is_file() and name.as_posix() != MARKER:
+                    (staging / name).parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copyfile(path, staging / name)
+    return model_round
 
 
 def require_a_completed_round(history: RunHistory) -> None:

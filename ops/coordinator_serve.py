@@ -10,7 +10,11 @@ and join each in turn. A job's results go to `<jobs dir>/<job>/results/` and its
 state file). A job that fails ends `failed` with the one-line reason and the next one runs; one
 too few silos accept, some refusing it, ends `refused` with each refusal's reason; an aborted
 job stops before its next round (its waiting tasks fail at once) and ends `aborted`, its rounds
-so far kept in the state file. A job that ended failed, refused or aborted runs again as a new
+so far kept in the state file. A job that ends failed or aborted after at least one completed
+round still gets results: those of its last completed round, rebuilt from the state file and
+marked partial in results.json (`ended`, ops/coordinator_process.py: `write_partial_results`),
+so the epsilon its silos spent is on record; one that fails before any round completed, or is
+refused, has none. A job that ended failed, refused or aborted runs again as a new
 attempt the operator signs (`fedsilo job submit --retry JOB`), a job of its own. The
 coordinator kit is read again as soon as its kit.yaml or its signed roster.json changes (and
 before each job), so a silo enrolled meanwhile (`fedsilo consortium add-silo`) is admitted
@@ -52,6 +56,7 @@ from fedsilo.coordinator.state import StateError, StateStore
 from fedsilo.ops.coordinator_process import (
     REVOKED,
     DeploymentError,
+    Job,
     JobRefused,
     Serving,
     check_job,
@@ -62,6 +67,7 @@ from fedsilo.ops.coordinator_process import (
     require_a_completed_round,
     signed_policy,
     watch,
+    write_partial_results,
 )
 from fedsilo.ops.coordinator_process import run_job as run_job_rounds
 from fedsilo.ops.health import HealthFile
@@ -193,6 +199,7 @@ def run_queued_job(
     folder.mkdir(parents=True, exist_ok=True)
     handler = _job_log(folder / JOB_LOG)
     hub = serving.hub
+    job: Job | None = None
 
     def should_stop() -> str | None:
         return "the coordinator is stopping" if stop.is_set() else hub.aborted
@@ -216,12 +223,14 @@ def run_queued_job(
         )
         log.info("job %s complete at round %d", job.id, history.final.round)
         log_audit_anchors(job.id, history)
-        queue.mark_ended(job_id, COMPLETED)
+        # a job that ran without a silo that refused it still says who did, and why
+        queue.mark_ended(job_id, COMPLETED, refusals=_refusals(hub, job_id))
     except Exception as exc:  # noqa: BLE001 (a failing job never stops the server)
         if stop.is_set():
             log.info("job %s stays running: the coordinator is stopping", job_id)
         elif queue.abort_requested(job_id):
             log.warning("job %s aborted by the operator", job_id)
+            _keep_partial_results(serving, job, folder / RESULTS, ABORTED, ABORTED_BY_OPERATOR)
             queue.mark_ended(job_id, ABORTED, ABORTED_BY_OPERATOR)
         elif isinstance(exc, JobRefused):
             log.error("job %s %s", job_id, exc)
@@ -229,12 +238,43 @@ def run_queued_job(
         else:
             reason = _one_line(exc)
             log.error("job %s failed: %s", job_id, reason, exc_info=not _expected(exc))
-            queue.mark_ended(job_id, FAILED, reason)
+            _keep_partial_results(serving, job, folder / RESULTS, FAILED, reason)
+            queue.mark_ended(job_id, FAILED, reason, _refusals(hub, job_id))
     finally:
         serving.service.clear_job()
         logging.getLogger("fedsilo").removeHandler(handler)
         handler.close()
         give_back_freed_memory()  # the job's buffers, kept for its rounds (ops/memory.py)
+
+
+def _keep_partial_results(
+    serving: Serving, job: Job | None, out: Path, status: str, reason: str
+) -> None:
+    """Write the results of `job`'s last completed round to `out`, marked partial, before the
+    job is marked `status` (so its results are there once it reads ended); nothing when no
+    round completed. A failure to write them is logged: the job still ends."""
+    if job is None:  # its policy never parsed: no round ran
+        return
+    try:
+        model_round = write_partial_results(out, job.policy, serving.store, job.id, status, reason)
+    except Exception as exc:  # noqa: BLE001 (the job ends as it did, results or not)
+        log.error("job %s: its partial results were not written: %s", job.id, _one_line(exc))
+        return
+    if model_round is not None:
+        log.warning(
+            "job %s ended %s: results of its last completed round %d of %d kept in %s",
+            job.id,
+            status,
+            model_round,
+            job.policy.rounds,
+            out,
+        )
+
+
+def _refusals(hub: SiloHub, job_id: str) -> dict[str, str]:
+    """Each silo that refused job `job_id`'s policy (as it joined), and why; none when the job
+    ended before the hub started it (its refusals are still the last job's)."""
+    return dict(sorted(hub.refused.items())) if hub.job == job_id else {}
 
 
 @dataclass

@@ -10,6 +10,7 @@ status` show as one JSON document of a versioned shape (`STATUS_SCHEMA`; docs/ho
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -24,6 +25,7 @@ from fedsilo.coordinator.admin_api import OPERATOR, AdminError
 from fedsilo.coordinator.jobs import JobInfo
 from fedsilo.ops.admin_client import AdminChannelError, AdminConnection
 from fedsilo.ops.cli_support import host_and_port
+from fedsilo.ops.epsilon import fmt_epsilon
 from fedsilo.ops.provision import KitError, OperatorKit, load_operator_kit
 from fedsilo.ops.report import OutputFolderError, atomic_directory, check_output_folder
 from fedsilo.ops.status import STATUS_SCHEMA, certificate_status
@@ -207,7 +209,9 @@ def logs(job: str, kit_dir: Path, tail: int | None) -> None:
 @click.option("--out", required=True, type=click.Path(path_type=Path), help="New or empty folder.")
 @click.option("--overwrite", is_flag=True, help="Replace an --out folder of earlier results.")
 def results(job: str, kit_dir: Path, out: Path, overwrite: bool) -> None:
-    """Fetch the results folder of ended job JOB into --out (written whole or not at all)."""
+    """Fetch the results folder of ended job JOB into --out (written whole or not at all). A
+    job that failed or was aborted after some rounds completed has the results of its last
+    completed round, marked partial (results.json's `ended`), and it says what each silo spent."""
     try:
         check_output_folder(out, overwrite)
         files = _call(kit_dir, RESULTS, job=job).files
@@ -219,10 +223,34 @@ def results(job: str, kit_dir: Path, out: Path, overwrite: bool) -> None:
     except (OutputFolderError, OSError) as exc:
         raise click.ClickException(str(exc)) from None
     console.print(f"results of job {job} in {out}/", soft_wrap=True)
+    _print_partial(job, files.get("results.json"))
     table = Table("file", "bytes")
     for name, content in sorted(files.items()):
         table.add_row(name, str(len(content)))
     console.print(table)
+
+
+def _print_partial(job: str, results_json: bytes | None) -> None:
+    """Say so when `results_json` is a job's that did not complete (its `ended`): whose round
+    its model is, why the job ended, and each silo's epsilon spent on it."""
+    try:
+        document = json.loads(results_json or b"{}")
+    except ValueError:
+        return
+    ended = document.get("ended") if isinstance(document, dict) else None
+    if not isinstance(ended, dict) or not ended.get("partial"):
+        return
+    console.print(
+        f"partial results: job {job} ended {ended.get('status')} ({ended.get('reason')}); these "
+        f"are the results of its last completed round {ended.get('model_round')} of "
+        f"{ended.get('rounds')}",
+        soft_wrap=True,
+        highlight=False,
+    )
+    spent = (document.get("privacy") or {}).get("epsilon") or {}
+    for silo, epsilon in sorted(spent.items()):
+        shown = fmt_epsilon(math.inf if epsilon is None else float(epsilon))
+        console.print(f"  {silo} spent epsilon {shown} on this job", soft_wrap=True)
 
 
 def print_remote_status(kit_dir: Path, as_json: bool = False) -> None:

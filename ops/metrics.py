@@ -5,7 +5,9 @@ Each service owns its own `CollectorRegistry` (never prometheus_client's global 
 coordinator and several silo agents can live in one process without sharing a sample.
 The coordinator's metrics follow the round engine as an observer (`CoordinatorMetrics.on_round`)
 and are fed by the transport for bytes, rejections, connections and silo status; a silo agent
-records its own tasks, bytes and rejections (`SiloMetrics`). Both export the days their own TLS
+records its own tasks, bytes and rejections (`SiloMetrics`), and the epsilon its own privacy
+ledger books (`fedsilo_silo_epsilon_spent{silo,deployment}` per job, `fedsilo_silo_epsilon_total`
+and `fedsilo_silo_epsilon_remaining{silo}` over all jobs). Both export the days their own TLS
 certificate has left, `fedsilo_certificate_expiry_days{party}`, read at each scrape.
 
 It imports nothing of ours: it reads round records through the `RecordedRound` protocol, and
@@ -312,11 +314,50 @@ class SiloMetrics:
             buckets=DURATION_BUCKETS,
             registry=r,
         )
+        self.epsilon_spent = Gauge(
+            "fedsilo_silo_epsilon_spent",
+            "The epsilon this silo's privacy ledger books for the deployment (job) so far, after "
+            "its last booking (+Inf: a release without noise; absent for a job without DP).",
+            ["silo", "deployment"],
+            registry=r,
+        )
+        self.epsilon_total = Gauge(
+            "fedsilo_silo_epsilon_total",
+            "This silo's epsilon over all the jobs its ledger books (their sum).",
+            ["silo"],
+            registry=r,
+        )
+        self.epsilon_remaining = Gauge(
+            "fedsilo_silo_epsilon_remaining",
+            "What the site's rules.total_epsilon_cap leaves of its epsilon over all jobs (never "
+            "below 0; absent without a total cap).",
+            ["silo"],
+            registry=r,
+        )
         self.certificate_expiry = certificate_expiry_gauge(r)
 
     def watch_certificate(self, party: str, days_left: Callable[[], float]) -> None:
         """Export `days_left()` of `party`'s certificate (this silo's) at each scrape."""
         self.certificate_expiry.labels(party).set_function(days_left)
+
+    def set_epsilon(
+        self,
+        silo: str,
+        deployment: str,
+        spent: float | None,
+        total: float,
+        total_cap: float | None,
+    ) -> None:
+        """From the silo's ledger after a booking: what `deployment` spent (None: a job without
+        DP, nothing exported), the silo's `total` over all jobs, and what `total_cap` (None:
+        none, the remaining gauge is dropped) leaves of it."""
+        if spent is not None:
+            self.epsilon_spent.labels(silo, deployment).set(spent)
+        self.epsilon_total.labels(silo).set(total)
+        if total_cap is None:
+            self.epsilon_remaining.clear()
+        else:
+            self.epsilon_remaining.labels(silo).set(max(total_cap - total, 0.0))
 
     def observe_task(self, kind: str, status: str, seconds: float) -> None:
         """Book one handled task of `kind` that ended with `status` after `seconds`."""

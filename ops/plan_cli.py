@@ -30,10 +30,11 @@ if TYPE_CHECKING:
 
 console = Console()
 
-NO_DP = "asks for no DP (no privacy.dp_sgd, privacy.reports or client DP): nothing is accounted"
+NO_DP = "asks for no DP (no privacy.dp_sgd, no distributed privacy.client_dp): nothing is accounted"
 WHAT_IT_IS = (
-    "epsilon: the most this job can book at each silo, what it books when the silo takes part "
-    "in every round (less with client sampling); each purpose alone composes to less than a sum"
+    "epsilon: the most this job can book at a silo, what it books there when the silo takes "
+    "part in every round (less with client sampling). Each purpose is its releases composed "
+    "alone: together they compose to less than their sum."
 )
 
 
@@ -67,6 +68,27 @@ def planned_line(plans: Sequence[BudgetPlan]) -> str | None:
         return None
     silos = ", ".join(f"{plan.silo} {fmt(plan.epsilon)}" for plan in plans)
     return f"planned epsilon per silo: {silos} (delta {plans[0].delta:g})"
+
+
+def validate_line(policy: Policy, base_dir: Path | None) -> str | None:
+    """What `policy validate` adds for a DP policy: the planned line of the consortium its
+    data makes here; None without DP, where the data is not here, or where its plug-in model
+    is not installed here (`policy validate` says so elsewhere)."""
+    if not policy.privacy.differentially_private:
+        return None
+    from fedsilo.models.plugins import PluginError
+    from fedsilo.ops.simulate import load_silos
+    from fedsilo.policies.model import PluginModel
+    from fedsilo.silo.errors import DataNotHere
+
+    try:
+        return planned_line(consortium_plans(policy, load_silos(policy, base_dir)))
+    except DataNotHere:
+        return None
+    except PluginError:
+        if isinstance(policy.model, PluginModel):
+            return None
+        raise
 
 
 def over_policy_cap(policy: Policy, plans: Sequence[BudgetPlan]) -> str | None:
@@ -116,7 +138,7 @@ def site_plan(config_file: Path, policy: Policy, job: str) -> SitePlan:
     from fedsilo.silo.config import load_silo_config
 
     config = load_silo_config(config_file)
-    data = config.data.load(policy.seed, base_dir=config_file.parent)
+    data = config.load_data(config_file, policy.seed)
     try:
         kit = load_silo_kit(config.kit_path(config_file))
     except KitError as exc:
@@ -164,15 +186,14 @@ def site_plan_lines(site: SitePlan) -> list[str]:
         else "no cap over all jobs"
     )
     verdict = (
-        "[green]this site accepts[/green]"
+        "this site accepts the job on privacy grounds"
         if site.refusal is None
-        else f"[red]this site refuses[/red]: {site.refusal}"
+        else f"this site refuses: {site.refusal}"
     )
     return [
         f"privacy: this job plans epsilon {fmt(plan.epsilon)} here ({describe(plan)}; "
         f"consortium: {site.roster})",
-        f"caps: {job_cap}, {total}; spent by other jobs in the ledger: "
-        f"{fmt(caps.spent_elsewhere)}",
+        f"caps: {job_cap}, {total}; spent by other jobs in the ledger: {fmt(caps.spent_elsewhere)}",
         verdict,
     ]
 
@@ -198,9 +219,7 @@ def job_of(policy_file: str, policy: Policy) -> str:
     from fedsilo.privacy.policy_signing import policy_digest
 
     name = example_name(policy_file)
-    raw = (
-        example_file(name).read_bytes() if name is not None else Path(policy_file).read_bytes()
-    )
+    raw = example_file(name).read_bytes() if name is not None else Path(policy_file).read_bytes()
     return job_id(policy.name, policy_digest(raw))
 
 
@@ -314,7 +333,8 @@ def plan_command(
             f"{plans[0].silo}'s data)",
             soft_wrap=True,
         )
-    console.print(WHAT_IT_IS, soft_wrap=True)
+    console.print(WHAT_IT_IS)
     if config_file is not None:
+        console.print(f"consortium of this site: {site.roster}", soft_wrap=True)
         for line in site_plan_lines(site)[1:]:
-            console.print(line, soft_wrap=True)
+            console.print(line, soft_wrap=True, markup=False, highlight=False)

@@ -22,6 +22,7 @@ from nacl.signing import VerifyKey
 from rich import box
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from fedsilo.coordinator.state import StateError, StateStore
 from fedsilo.ops.epsilon import plot_epsilon
@@ -30,7 +31,13 @@ from fedsilo.ops.provision import KitError, load_silo_kit
 from fedsilo.policies.loading import PolicyError
 from fedsilo.privacy.accounting import total
 from fedsilo.privacy.identity import IdentityError, parse_verify_key
-from fedsilo.privacy.ledger import AuditReport, LedgerError, LedgerRecord, verify
+from fedsilo.privacy.ledger import (
+    AuditReport,
+    DeploymentAudit,
+    LedgerError,
+    LedgerRecord,
+    verify,
+)
 from fedsilo.privacy.receipt_audit import ReceiptAudit, audit_receipts
 from fedsilo.privacy.receipts import (
     Receipt,
@@ -149,7 +156,7 @@ def audit(
         table, shortened = _audit_table(report, total, console.width)
         console.print(table)
         for short, whole in shortened.items():
-            console.print(f"{short} is job {whole}", soft_wrap=True, highlight=False)
+            console.print(f"{short} is job {whole}", soft_wrap=True, markup=False, highlight=False)
         for repair in report.repairs:
             console.print(
                 f"repair at seq {repair.seq} ({repair.time}): a torn last line (an interrupted "
@@ -371,33 +378,39 @@ ALL_JOBS = "all jobs"  # the site's row, below the jobs'
 MIN_JOB_WIDTH = 20  # the job column is never squeezed below this to fit the others
 
 
-def _audit_table(
-    report: AuditReport, site: _SiteTotal, width: int
-) -> tuple[Table, dict[str, str]]:
+def _audit_table(report: AuditReport, site: _SiteTotal, width: int) -> tuple[Table, dict[str, str]]:
     """The audit's table for a console `width` wide, and the job ids it had to shorten (as
-    shown, to whole): one row per job (deployment), then the site's total over all of them."""
+    shown, to whole): one row per job (deployment), then the site's total over all of them.
+
+    The job column gets what the numbers leave (δ may wrap at its space), at least
+    MIN_JOB_WIDTH; an id longer than that is shortened in the middle, never cut at its end."""
     names = [audit.deployment for audit in report.deployments]
-    others = _console_width(_table_of(report, site, dict.fromkeys(names, "")), width)
-    room = max(width - others + len(ALL_JOBS), MIN_JOB_WIDTH)
-    labels = _fit_job_names(names, room)
+    deltas = [_delta(audit) for audit in report.deployments]
+    wraps = max(map(len, deltas), default=1) - max(
+        (len(word) for text in deltas for word in text.split()), default=1
+    )
+    others = _natural_width(_table_of(report, site, dict.fromkeys(names, ""))) - len(ALL_JOBS)
+    labels = _fit_job_names(names, max(width - others + wraps, MIN_JOB_WIDTH))
     shortened = {labels[name]: name for name in names if labels[name] != name}
     return _table_of(report, site, labels), shortened
 
 
 def _table_of(report: AuditReport, site: _SiteTotal, labels: dict[str, str]) -> Table:
-    table = Table(title=f"privacy ledger {report.path}", box=box.SIMPLE_HEAD, pad_edge=False)
+    table = Table(
+        title=f"privacy ledger {report.path}", box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False
+    )
     # never cut: a cut id could pass for another job's (a shortened one keeps its distinct tail)
     table.add_column("job", overflow="fold", no_wrap=True)
-    for column in ("records", "booked ε", "recomputed ε", "δ", "cap", "remaining"):
-        table.add_column(column, justify="right")
-    for audit in report.deployments:
+    for column in ("records", "booked\nε", "recomputed\nε", "δ", "cap", "remaining"):
+        table.add_column(column, justify="right", no_wrap=column != "δ")
+    for audit, delta in zip(report.deployments, map(_delta, report.deployments), strict=True):
         accounted = audit.delta is not None
         table.add_row(
-            labels[audit.deployment],
+            Text(labels[audit.deployment]),  # an id is no markup
             str(audit.records),
             _fmt(audit.booked) if accounted else "no DP",
             _fmt(audit.recomputed) if accounted else "no DP",
-            f"{audit.delta:g} ({audit.accountant})" if accounted else "-",
+            delta,
             _fmt(audit.cap),
             _fmt(audit.remaining),
         )
@@ -415,10 +428,13 @@ def _table_of(report: AuditReport, site: _SiteTotal, labels: dict[str, str]) -> 
     return table
 
 
-def _console_width(table: Table, width: int) -> int:
-    """How wide `table` renders with its columns unsqueezed."""
-    measuring = Console(width=max(width, 1000))
-    return measuring.measure(table).maximum
+def _delta(audit: DeploymentAudit) -> str:
+    return "-" if audit.delta is None else f"{audit.delta:g} ({audit.accountant})"
+
+
+def _natural_width(table: Table) -> int:
+    """How wide `table` renders where nothing squeezes it."""
+    return Console(width=1000).measure(table).maximum
 
 
 def _fit_job_names(names: Sequence[str], width: int) -> dict[str, str]:

@@ -2,7 +2,8 @@
 it, summarised before any job: rows, columns, each column's inferred type and missing values,
 the label balance, and what the preprocessing makes of it (features after encoding, split
 sizes). With a policy, also what that policy asks of this site: its local rules, its domains,
-and a model built for these features.
+a model built for these features, and whether the site accepts the job on privacy grounds
+(its plan, caps and what its ledger spent on other jobs: ops/plan_cli.py).
 
 A problem is one `DataError` (or `PolicyError`) naming the silo.yaml key to change
 (`data.categorical`, `rules.max_rounds`, ...); nothing is written. A silo.yaml in the old
@@ -25,6 +26,7 @@ from fedsilo.silo.config import SiloConfig, load_silo_config
 from fedsilo.silo.data import DataError, SiloDataset
 from fedsilo.silo.data.sources import RawSource, read_source
 from fedsilo.silo.domains import check_domains
+from fedsilo.silo.errors import DpSgdError
 
 CHECK_SEED = 0  # the split seed without a policy (a policy's own seed replaces it)
 
@@ -183,10 +185,19 @@ def render(summary: SiteDataSummary) -> list[str]:
 )
 def silo_check(config_file: Path, policy_file: str | None) -> None:
     """Load this site's data offline and say what a job will see, or what is wrong."""
+    from fedsilo.ops.plan_cli import job_of, site_plan, site_plan_lines
+    from fedsilo.privacy.ledger import LedgerError
+
     try:
         policy = None if policy_file is None else load_policy(policy_file)
         summary = check_site_data(config_file, policy)
-    except (PolicyError, DataError) as exc:
+        site = None
+        if policy is not None and policy_file is not None:
+            site = site_plan(config_file, policy, job_of(policy_file, policy))
+    except (PolicyError, DataError, DpSgdError, LedgerError) as exc:
         raise click.ClickException(str(exc)) from None
     for line in render(summary):
         click.echo(line)
+    if site is not None:  # whether this site accepts the job on privacy grounds
+        for line in site_plan_lines(site):
+            click.echo(line)

@@ -37,10 +37,11 @@ from fedsilo.ops.job_id import job_id
 from fedsilo.ops.metrics import SiloMetrics, serve_metrics
 from fedsilo.ops.provision import SiloKit, load_silo_kit
 from fedsilo.policies.schema import Policy
+from fedsilo.privacy.accounting import total
 from fedsilo.privacy.certificate_files import TlsFileWatch
 from fedsilo.privacy.certificates import certificate_fingerprint
 from fedsilo.privacy.identity import noise_secret, public_key_hex
-from fedsilo.privacy.ledger import PrivacyLedger
+from fedsilo.privacy.ledger import LedgerError, PrivacyLedger
 from fedsilo.privacy.roster import RosterEntry, SignedRoster
 from fedsilo.silo.agent import SiloAgent
 from fedsilo.silo.budget_plan import describe, fmt
@@ -96,6 +97,15 @@ def run_silo(
         else None
     )
     connection = CoordinatorConnection(settings, silo_identity(kit), stop)
+    at_job_end: list[Callable[[], None]] = []  # the running job's agent's check, at its end
+
+    def on_finish(check: Callable[[], None]) -> None:
+        at_job_end[:] = [check]
+
+    def job_finished() -> None:
+        while at_job_end:
+            at_job_end.pop()()
+
     client = SiloClient(
         connection,
         kit.operator_verify_key,
@@ -111,11 +121,13 @@ def run_silo(
             attempt,
             metrics,
             roster,
+            on_finish,
         ),
         record_decision=lambda policy, digest, attempt, problems: _record_decision(
             config_path, policy, digest, attempt, problems
         ),
         roster_gate=roster_gate(kit, config.state_path(config_path)),
+        job_finished=job_finished,
     )
     heartbeat = Heartbeat(connection).start()
     health = (
@@ -167,6 +179,7 @@ def _start_agent(
     attempt: int,
     metrics: SiloMetrics,
     roster: SignedRoster | None = None,
+    on_finish: Callable[[Callable[[], None]], None] = lambda check: None,
 ) -> Callable[[bytes], bytes]:
     for package, changes in read_afresh().items():
         log.warning(
@@ -177,7 +190,7 @@ def _start_agent(
             changes,
         )
     device, why = resolve_device((config.compute or policy.compute).device)
-    data = config.data.load(policy.seed, base_dir=config_path.parent)
+    data = config.load_data(config_path, policy.seed)
     check_domains(policy, data)
     check_model_for(policy, data)  # acceptance means ready: the model builds and trains here
     log.info("silo %s: %d training rows, device %s", kit.name, len(data.y_train), why)
@@ -213,6 +226,24 @@ def _start_agent(
         "none, the policy asks for no DP" if spent is None else f"{spent:.6g}",
     )
 
+    def export_epsilon() -> None:  # fedsilo_silo_epsilon_*: this job's, and over all jobs
+        try:
+            booked = ledger.spent(job)
+            over_all = total([booked, ledger.spent_elsewhere(job)])
+        except LedgerError as exc:  # never costs an answer: the next booking refuses instead
+            log.warning("silo %s: epsilon metrics not updated: %s", kit.name, exc)
+            return
+        metrics.set_epsilon(kit.name, job, booked, over_all, config.rules.total_epsilon_cap)
+
+    export_epsilon()
+
+    def compare_with_plan() -> None:  # at the job's end: planned equals spent
+        difference = agent.spent_against_plan(plan)
+        if difference is not None:
+            log.warning("silo %s: %s", kit.name, difference)
+
+    on_finish(compare_with_plan)
+
     def endpoint(payload: bytes) -> AnyPayload:
         metrics.count_bytes("to_silo", len(payload))
         try:
@@ -220,6 +251,7 @@ def _start_agent(
         except BadTaskConfig:  # a task it names but cannot read: refused unrun, and booked
             return agent.handle_bytes(payload)
         result, encoded = agent.respond(task)
+        export_epsilon()
         metrics.observe_task(task.kind, result.status, result.compute_seconds)
         if task.kind == "train" and result.ok:
             metrics.observe_local_train(result.compute_seconds)

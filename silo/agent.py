@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -42,7 +43,7 @@ from fedsilo.privacy.ledger import LedgerRecord, PrivacyLedger, payload_digest
 from fedsilo.privacy.receipts import Receipt
 from fedsilo.silo import contract_gate, release_gate
 from fedsilo.silo.answers import FOLDER, AnswerStore
-from fedsilo.silo.budget_plan import BudgetPlan, Caps, plan_job, refusal
+from fedsilo.silo.budget_plan import BudgetPlan, Caps, fmt, name, plan_job, refusal
 from fedsilo.silo.data import SiloDataset
 from fedsilo.silo.state import LocalState
 from fedsilo.silo.tasks import TASK_KINDS
@@ -146,6 +147,32 @@ class SiloAgent:
             ),
         )
         return refusal(plan or self.budget_plan(), caps)
+
+    def spent_against_plan(self, plan: BudgetPlan) -> str | None:
+        """How what this job booked here differs from `plan`, naming each mechanism booked
+        beyond it or planned and not booked (the silo sat out rounds, or the job ended
+        early); None when the ledger holds exactly the plan's releases."""
+        if self.ledger is None or plan.epsilon is None:
+            return None
+        booked = Counter(
+            r.mechanism
+            for r in self.ledger.records()
+            if r.deployment == self.deployment and r.mechanism.kind != "public"
+        )
+        planned = Counter(m for m in plan.releases if m.kind != "public")
+        if booked == planned:
+            return None
+        spent = self.ledger.spent(self.deployment)
+        parts = [f"job {self.deployment} booked epsilon {fmt(spent)} against a plan of "
+                 f"{fmt(plan.epsilon)}"]  # fmt: skip
+        for label, extra in (
+            ("booked beyond the plan", booked - planned),
+            ("planned and not booked (rounds sat out, or the job ended early)", planned - booked),
+        ):
+            if extra:
+                named = ", ".join(f"{count} x {name(m)}" for m, count in extra.items())
+                parts.append(f"{label}: {named}")
+        return "; ".join(parts)
 
     def handle(self, message: TaskMessage) -> TaskResult:
         return self.respond(message)[0]

@@ -237,6 +237,7 @@ class SiloClient:
         start_agent: Callable[[Policy, str, int, SignedRoster | None], SiloEndpoint],
         record_decision: Callable[[Policy, str, int, list[str]], None] = lambda *_: None,
         roster_gate: RosterGate | None = None,
+        job_finished: Callable[[], None] = lambda: None,
     ) -> None:
         """`check_policy(policy, digest)` lists broken local rules; `start_agent(policy, digest,
         attempt, roster)` returns the agent's endpoint (encoded task in, encoded result out) for
@@ -244,13 +245,15 @@ class SiloClient:
         `record_decision(policy, digest, attempt, problems)` keeps the silo's final word on a
         policy (accepted when `problems` is empty), before the coordinator hears it;
         `roster_gate` checks the roster that comes with each policy (None: no roster is read,
-        the kit's peers are used)."""
+        the kit's peers are used); `job_finished()` is called when the coordinator says the
+        agent's job finished."""
         self.connection = connection
         self.operator_key = operator_key
         self.check_policy = check_policy
         self.start_agent = start_agent
         self.record_decision = record_decision
         self.roster_gate = roster_gate
+        self.job_finished = job_finished
         # digest, attempt and roster version of the agent's job, and its endpoint
         self._current: tuple[str, SiloEndpoint] | None = None
 
@@ -265,6 +268,7 @@ class SiloClient:
             if finished is None:
                 continue  # the coordinator does not know this silo (restarted): join again
             reason = str(finished.get("reason", "finished"))
+            self.job_finished()
             if not finished.get("more"):
                 return reason
             log.info("job finished (%s); waiting for the next job", reason)

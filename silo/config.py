@@ -260,10 +260,16 @@ class CoordinatorLink(PolicyModel):
 
 
 class SiloConfig(PolicyModel):
+    """A site's silo.yaml. `train_rows_multiple`: the site trains on its training rows rounded
+    down to a multiple of this (the rows left out drawn by each job's seed), so the training-set
+    size that DP-SGD's sample rate and epsilon reveal (docs/privacy.md) is known only to that
+    multiple."""
+
     version: int = Field(default=1, ge=1, le=1)
     kit: str
     coordinator: CoordinatorLink = CoordinatorLink()
     data: SiloData
+    train_rows_multiple: int | None = Field(default=None, ge=2)
     compute: ComputeConfig | None = None  # overrides the policy's placement at this site
     metrics_port: int | None = Field(default=None, ge=1, le=65535)
     rules: LocalRules = LocalRules()
@@ -272,6 +278,14 @@ class SiloConfig(PolicyModel):
 
     def kit_path(self, config_file: Path) -> Path:
         return (config_file.parent / self.kit).resolve()
+
+    def load_data(self, config_file: Path, seed: int) -> SiloDataset:
+        """This site's dataset for a job of `seed`, as its agent trains on it (its training
+        rows to `train_rows_multiple`); a DataError names the silo.yaml key."""
+        data = self.data.load(seed, base_dir=config_file.parent)
+        if self.train_rows_multiple is None:
+            return data
+        return data.with_train_rows_multiple_of(self.train_rows_multiple, seed)
 
     def ledger_path(self, config_file: Path) -> Path:
         return (config_file.parent / self.ledger).resolve()

@@ -299,6 +299,11 @@ COMPOSE_OPERATOR = Elsewhere(
     "deploy/compose/try.sh",
     "--coordinator 127.0.0.1:",
 )
+SITE_PLAN = Elsewhere(
+    "needs a site's silo.yaml and kit: the test provisions one, with a cap below the plan",
+    "tests/test_budget_plan_cli.py",
+    "def test_a_site_whose_cap_is_below_the_plan_refuses_with_both_numbers(",
+)
 SILO_CONTAINER = Elsewhere(
     "needs root and podman: the compose consortium starts its silos so",
     "deploy/compose/compose.yaml",
@@ -328,6 +333,12 @@ SCENES: dict[str, Callable[[], Scene]] = {
     "how-to/site-data.md": Scene,
     "how-to/privacy-officer.md": Scene,
     "adding-an-algorithm.md": Scene,
+    "privacy.md": lambda: Scene(
+        elsewhere={
+            "fedsilo privacy plan example:fedavg_dp --config silo.yaml": SITE_PLAN,
+            "fedsilo silo check --config silo.yaml --policy example:fedavg_dp": SITE_PLAN,
+        }
+    ),
     "python-api.md": Scene,
     "ray-backend.md": lambda: Scene(
         given=a_policy,

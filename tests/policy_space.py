@@ -119,8 +119,12 @@ FIXED: dict[str, Draw] = {
             optional={"max_grad_norm": st.floats(0.1, 5.0), "poisson_sampling": st.booleans()},
         ),
         st.fixed_dictionaries(
-            {"target_epsilon": st.floats(0.5, 50.0)},
+            {"training_epsilon": st.floats(0.5, 50.0)},
             optional={"max_grad_norm": st.floats(0.1, 5.0), "poisson_sampling": st.booleans()},
+        ),
+        # no noise setting of its own: privacy.job_epsilon (drawn with the section) sets it
+        st.fixed_dictionaries(
+            {}, optional={"max_grad_norm": st.floats(0.1, 5.0), "poisson_sampling": st.booleans()}
         ),
     ),
 }

@@ -120,9 +120,8 @@ def test_a_site_refuses_a_job_above_its_epsilon_cap_before_booking_and_runs_it_o
     shown = operator(consortium, "status", "--json")
     assert shown.exit_code == 0, shown.output
     document = json.loads(shown.output)
-    assert document["job"]["job_id"] == first and document["job"]["refusals"] == {
-        REFUSING: reason
-    }
+    assert document["job"]["job_id"] == first
+    assert document["job"]["refusals"] == {REFUSING: reason}
     assert document["progress"] is None  # no round ran
     assert not (consortium.root / "state.jobs" / first / "results").exists()
 
@@ -140,6 +139,23 @@ def test_a_site_refuses_a_job_above_its_epsilon_cap_before_booking_and_runs_it_o
         assert ledger.spent(first) == 0.0  # the refused attempt booked nothing
         assert ledger.spent(second) == pytest.approx(plans[silo], rel=1e-9), silo
         assert {r.deployment for r in ledger.records()} == {second}
+
+    # a job that needs only two silos runs without the site that cannot afford it, and its
+    # record still says who refused it, and why
+    consortium.write_silo_config(REFUSING, epsilon_cap=cap)
+    spent = ledgers(consortium)
+    quorum = consortium.write_policy(
+        {**dp_policy(), "name": "budget-quorum", "participants": {"min_silos": 2}},
+        "quorum.yaml",
+    )
+    third = operator(consortium, "job", "submit", str(quorum))
+    assert third.exit_code == 0, third.output
+    third_job = third.output.split(" as job ")[1].split()[0]
+    done = wait_until_ended(consortium, third_job)
+    assert done["status"] == "completed", (done, consortium.log("coordinator"))
+    assert set(done["refusals"]) == {REFUSING}, done
+    assert f"above rules.epsilon_cap {cap:g}" in done["refusals"][REFUSING]
+    assert ledgers(consortium)[REFUSING] == spent[REFUSING]
 
 
 # -- in process: the cap over all jobs ----------------------------------------------------------

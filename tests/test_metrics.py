@@ -19,6 +19,9 @@ from fedsilo.coordinator.engine import RoundEngine, RoundRecord
 from fedsilo.coordinator.strategies import make_strategy
 from fedsilo.coordinator.transport import InProcessTransport
 from fedsilo.ops.metrics import CoordinatorMetrics, SiloMetrics, serve_metrics
+from fedsilo.privacy.accounting import Mechanism
+from fedsilo.privacy.accounting import total as privacy_total
+from fedsilo.privacy.ledger import PrivacyLedger, payload_digest
 from fedsilo.wire.messages import STATUS_ERROR, TaskMessage, TaskResult
 from tests.fakes import constant_silo
 from tests.test_engine import make_policy
@@ -264,6 +267,50 @@ def test_a_silo_agent_records_its_tasks_traffic_refusals_and_connection() -> Non
     assert sample(samples, "fedsilo_silo_bytes_total", direction="from_silo") == 2048
     assert sample(samples, "fedsilo_silo_rejected_messages_total", reason="bad_signature") == 1
     assert sample(samples, "fedsilo_silo_connected") == 1
+
+
+def test_a_silo_exports_the_epsilon_its_ledger_books_per_job_and_over_all_jobs(
+    tmp_path: Path,
+) -> None:
+    """As the silo agent's endpoint does after each booking (ops/silo_process.py)."""
+    ledger = PrivacyLedger(tmp_path / "privacy-ledger.jsonl")
+    train = Mechanism.dp_sgd(noise_multiplier=2.0, sample_rate=1.0, steps=5, max_grad_norm=1.0)
+    metrics = SiloMetrics()
+
+    def book(job: str, round_: int, delta: float | None) -> None:
+        ledger.append(
+            deployment=job,
+            round=round_,
+            task_id=f"train-{round_}",
+            mechanism=train if delta is not None else Mechanism.none(),
+            payload_digest=payload_digest(b"%s %d" % (job.encode(), round_)),
+            delta=delta,
+        )
+        spent = ledger.spent(job)
+        over_all = privacy_total([spent, ledger.spent_elsewhere(job)])
+        metrics.set_epsilon("hospital-a", job, spent, over_all, 30.0)
+
+    for round_ in range(2):
+        book("heart-3f9a1c2e", round_, 1e-5)
+    book("heart-77b0d4e1", 0, 1e-5)
+    book("heart-open-0a1b2c3d", 0, None)
+
+    with serve_metrics(metrics.registry, 0) as server:
+        _, samples = scrape(server.url)
+    first, second = ledger.spent("heart-3f9a1c2e"), ledger.spent("heart-77b0d4e1")
+    spent = "fedsilo_silo_epsilon_spent"
+    assert sample(samples, spent, silo="hospital-a", deployment="heart-3f9a1c2e") == first
+    assert sample(samples, spent, silo="hospital-a", deployment="heart-77b0d4e1") == second
+    assert sample(samples, spent, silo="hospital-a", deployment="heart-open-0a1b2c3d") is None
+    total = sample(samples, "fedsilo_silo_epsilon_total", silo="hospital-a")
+    assert total == pytest.approx(first + second) and first > 0 and second > 0
+    remaining = sample(samples, "fedsilo_silo_epsilon_remaining", silo="hospital-a")
+    assert remaining == pytest.approx(30.0 - first - second)
+
+    # the site drops its total cap between jobs: no remaining is exported any more
+    metrics.set_epsilon("hospital-a", "heart-77b0d4e1", second, total, None)
+    assert value(metrics.registry, "fedsilo_silo_epsilon_remaining", silo="hospital-a") is None
+    assert value(metrics.registry, "fedsilo_silo_epsilon_total", silo="hospital-a") == total
 
 
 def test_two_services_in_one_process_do_not_share_metrics(

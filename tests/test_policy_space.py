@@ -11,7 +11,10 @@ to the command line as a user would: `fedsilo model pin` for a plug-in network, 
   and every silo's final headline metric is finite (or the run says which silos' are not: a
   training that diverged, which a policy can ask for); or, where a rule only the run can meet
   stops it (a weight rule applied to a mixing schedule's weights), `simulate` refuses it in one
-  message in which no silo's task crashed.
+  message in which no silo's task crashed;
+- under DP, every release a silo booked is one of its plan's (silo/budget_plan.py), so its
+  epsilon is at most the plan's, and equal where it took every planned position; and with a cap
+  below a silo's plan, `simulate` refuses the job before round 1 and no ledger is written.
 
 CI draws a fixed, derandomised sample (`EXAMPLES`, a few minutes); `make fuzz` draws many more
 at a random seed (FEDSILO_POLICY_EXAMPLES, FEDSILO_POLICY_SEED). A crash found here becomes a
@@ -26,6 +29,7 @@ import os
 import re
 import tempfile
 import textwrap
+from collections import Counter
 from importlib.metadata import EntryPoint
 from pathlib import Path
 from typing import Any
@@ -35,14 +39,19 @@ import torch
 import yaml
 from click.testing import CliRunner, Result
 from hypothesis import HealthCheck, Phase, assume, event, given, seed, settings
+from hypothesis import strategies as st
 
 from fedsilo.models import plugins
 from fedsilo.models.plugins import GROUP
 from fedsilo.ops.cli import main
 from fedsilo.ops.cli_support import USER_ERRORS
+from fedsilo.ops.sim_silos import ConsortiumKeys, build_agent
 from fedsilo.ops.simulate import check_consortium, load_silos, simulate
-from fedsilo.policies.loading import PolicyError, parse_policy
+from fedsilo.policies.loading import PolicyError, load_policy, parse_policy
 from fedsilo.policies.schema import Policy
+from fedsilo.privacy.ledger import PrivacyLedger
+from fedsilo.silo.budget_plan import BudgetPlan
+from fedsilo.wire.messages import SIMULATION
 from fedsilo.wire.tensors import decode_tensors
 from tests.deployment import provision
 from tests.policy_space import PLUGIN_FACTORIES, plugin_factory, policies
@@ -145,6 +154,48 @@ def check_one(document: dict[str, Any]) -> None:
             return
         assert all(math.isfinite(m[metric]) for m in final.values()), final
         event("ran")
+        if (out / "ledgers").is_dir():
+            check_budget(policy, out / "ledgers")
+
+
+def check_budget(path: Path, ledgers: Path) -> None:
+    """Booked within planned at every silo; a cap below the plan refused before anything."""
+    policy = load_policy(path)
+    plans = planned_by_silo(policy, path.parent)
+    for silo, plan in plans.items():
+        booked = Counter(
+            r.mechanism
+            for r in PrivacyLedger(ledgers / f"{silo}.jsonl").records()
+            if r.mechanism.kind != "public"
+        )
+        planned = Counter(m for m in plan.releases if m.kind != "public")
+        assert booked <= planned, (silo, booked - planned)
+        if booked == planned:
+            spent = PrivacyLedger(ledgers / f"{silo}.jsonl").spent(SIMULATION)
+            assert math.isclose(plan.epsilon, spent, rel_tol=1e-9), (silo, plan.epsilon, spent)
+    least = min((p.epsilon for p in plans.values() if p.epsilon), default=None)
+    if least is None or not math.isfinite(least):
+        return
+    document = yaml.safe_load(path.read_text())
+    document["privacy"]["epsilon_cap"] = least / 2
+    capped = path.parent / "capped.yaml"
+    capped.write_text(yaml.safe_dump(document, sort_keys=False))
+    out = path.parent / "capped-out"
+    refused = fedsilo("simulate", "--policy", str(capped), "--out", str(out))
+    assert refused.exit_code == 1, refused.output
+    refused_in_one_message(refused, "simulate")
+    assert not out.exists()
+    event("under DP: booked within plan, a cap below it refused")
+
+
+def planned_by_silo(policy: Policy, base_dir: Path) -> dict[str, BudgetPlan]:
+    """Each simulated silo's plan, its agent built as `simulate` builds it."""
+    datasets = load_silos(policy, base_dir)
+    keys = ConsortiumKeys.generate([d.name for d in datasets])
+    return {
+        d.name: build_agent(policy, d.name, d, torch.device("cpu"), keys).budget_plan()
+        for d in datasets
+    }
 
 
 def _headline(results: dict[str, Any]) -> str:
@@ -165,6 +216,42 @@ def test_every_drawn_policy_runs_to_finite_metrics_or_is_refused_in_one_message(
     document: dict[str, Any],
 ) -> None:
     check_one(document)
+
+
+# the budget's property needs DP, which few draws of the whole space turn on: these draw every
+# section as above and a DP privacy section
+DP_EXAMPLES = int(os.environ.get("FEDSILO_POLICY_DP_EXAMPLES", "80"))
+DP_PRIVACY = st.one_of(
+    st.fixed_dictionaries(
+        {"dp_sgd": st.fixed_dictionaries({"noise_multiplier": st.floats(0.5, 3)})}
+    ),
+    st.fixed_dictionaries(
+        {"dp_sgd": st.fixed_dictionaries({"training_epsilon": st.floats(1, 50)})}
+    ),
+    st.fixed_dictionaries({"job_epsilon": st.floats(5, 200), "dp_sgd": st.just({})}),
+    st.fixed_dictionaries(
+        {
+            "client_dp": st.fixed_dictionaries(
+                {"clip": st.floats(0.1, 5), "noise_multiplier": st.floats(0.5, 3)}
+            )
+        }
+    ),
+)
+
+
+@settings(
+    max_examples=DP_EXAMPLES,
+    deadline=None,
+    derandomize=SEED is None,
+    database=None,
+    suppress_health_check=list(HealthCheck),
+    phases=[Phase.explicit, Phase.generate],
+)
+@given(document=policies(FILES), privacy=DP_PRIVACY)
+def test_under_dp_every_silo_books_within_its_plan_and_a_cap_below_it_starts_nothing(
+    document: dict[str, Any], privacy: dict[str, Any]
+) -> None:
+    check_one({**document, "privacy": privacy})
 
 
 # accepted policies run over real processes, drawn as the property test draws them

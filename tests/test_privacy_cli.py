@@ -8,6 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from fedsilo.ops.cli import main
+from fedsilo.ops.job_id import job_id
 from fedsilo.privacy.accounting import Mechanism
 from fedsilo.privacy.ledger import PrivacyLedger, payload_digest
 
@@ -220,3 +221,73 @@ def test_report_refuses_a_cap_that_is_not_positive(ledger_file: Path, tmp_path: 
     )
     assert result.exit_code == 1
     assert "--cap: must be a positive epsilon" in result.stderr
+
+
+def write_site(tmp_path: Path, rules: str) -> tuple[Path, PrivacyLedger, list[str]]:
+    """A site's silo.yaml with `rules`, and its ledger: two DP jobs (2 and 3 rounds) whose ids
+    share their first 33 characters, as two policies of one name signed apart would."""
+    config = tmp_path / "silo.yaml"
+    config.write_text(
+        "kit: kit\ndata:\n  source: csv\n  path: heart.csv\n  target: y\n"
+        f"ledger: site-ledger.jsonl\nrules:\n{rules}"
+    )
+    ledger = PrivacyLedger(tmp_path / "site-ledger.jsonl")
+    jobs = [
+        job_id("multicenter-heart-failure-fedavg", digest)
+        for digest in ("3f9a1c2e11", "77b0d4e122")
+    ]
+    assert jobs[0][:33] == jobs[1][:33]
+    for job, rounds in zip(jobs, (2, 3), strict=True):
+        for round_ in range(rounds):
+            ledger.append(
+                deployment=job,
+                round=round_,
+                task_id=f"train-{round_}",
+                mechanism=TRAIN,
+                payload_digest=payload_digest(b"%s %d" % (job.encode(), round_)),
+                delta=DELTA,
+            )
+    return config, ledger, jobs
+
+
+def test_audit_at_80_columns_tells_jobs_with_one_long_prefix_apart(tmp_path: Path) -> None:
+    config, ledger, jobs = write_site(tmp_path, "  epsilon_cap: 12\n  total_epsilon_cap: 20\n")
+    result = CliRunner(env={"COLUMNS": "80"}).invoke(
+        main, ["privacy", "audit", "--config", str(config)], catch_exceptions=False
+    )
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    table = lines[: next(i for i, line in enumerate(lines) if line.startswith("all jobs")) + 1]
+    assert all(len(line) <= 80 for line in table)
+    spent = [ledger.spent(job) for job in jobs]
+    rows = []
+    for job, records, epsilon in zip(jobs, ("2", "3"), spent, strict=True):
+        # the row of each job: its own digest (its distinct tail) beside its own epsilon and cap
+        (row,) = [line for line in table if job[-8:] in line]
+        shown, *numbers = row.split()
+        assert numbers == [records, f"{epsilon:.6g}", f"{epsilon:.6g}", "1e-05", "12"] + [
+            f"{12 - epsilon:.6g}"
+        ]
+        assert "…" in shown and f"{shown} is job {job}" in lines  # the legend names it whole
+        rows.append(shown)
+    assert len(set(rows)) == 2
+    total = spent[0] + spent[1]
+    assert table[-1].split() == ["all", "jobs", "5", f"{total:.6g}", f"{total:.6g}", "-", "20"] + [
+        f"{20 - total:.6g}"
+    ]
+    assert "OK" in result.output
+
+
+def test_audit_fails_where_the_sites_jobs_together_went_over_its_total_cap(
+    tmp_path: Path,
+) -> None:
+    config, ledger, jobs = write_site(tmp_path, "  total_epsilon_cap: 15\n")
+    total = sum(ledger.spent(job) for job in jobs)
+    result = invoke("audit", "--config", str(config))
+    assert result.exit_code == 1
+    assert f"over all jobs, {total:.6g}, is over its total cap 15" in result.output
+    document = json.loads(invoke("audit", "--config", str(config), "--json").stdout)
+    assert document["site"]["booked"] == pytest.approx(total)
+    assert (document["site"]["total_cap"], document["site"]["remaining"]) == (15, 0.0)
+    # --total-cap overrides the site's rule
+    assert invoke("audit", "--config", str(config), "--total-cap", "30").exit_code == 0

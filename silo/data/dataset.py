@@ -4,7 +4,7 @@ domains); its one error for unusable input, `DataError`, is in silo/errors.py.""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -36,3 +36,27 @@ class SiloDataset:
         if self.outputs is not None:
             return self.outputs
         return self.num_classes if self.num_classes is not None else 1
+
+    def with_train_rows_multiple_of(self, multiple: int, seed: int) -> SiloDataset:
+        """This dataset trained on its training rows rounded down to a multiple of `multiple`:
+        the rows dropped drawn by `seed` (the job's), the others kept in order. A training
+        split smaller than `multiple` is a DataError: the site would train on nothing."""
+        from fedsilo.silo.errors import DataError
+
+        n = len(self.y_train)
+        kept = n - n % multiple
+        if kept == 0:
+            raise DataError(
+                f"train_rows_multiple: the training split has {n} rows, fewer than "
+                f"{multiple}; lower train_rows_multiple or add rows"
+            )
+        if kept == n:
+            return self
+        generator = torch.Generator().manual_seed(seed)
+        rows = torch.randperm(n, generator=generator)[:kept].sort().values
+        codes = dict(self.domain_codes)
+        if "train" in codes:
+            codes["train"] = codes["train"][rows]
+        return replace(
+            self, x_train=self.x_train[rows], y_train=self.y_train[rows], domain_codes=codes
+        )
