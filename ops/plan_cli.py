@@ -131,7 +131,7 @@ def site_plan(config_file: Path, policy: Policy, job: str) -> SitePlan:
     import torch
 
     from fedsilo.ops.provision import KitError, load_silo_kit
-    from fedsilo.ops.silo_process import _keys, roster_gate
+    from fedsilo.ops.silo_process import roster_gate, silo_keys
     from fedsilo.ops.sim_silos import ConsortiumKeys
     from fedsilo.silo.agent import SiloAgent
     from fedsilo.silo.budget_plan import Caps, refusal
@@ -145,7 +145,7 @@ def site_plan(config_file: Path, policy: Policy, job: str) -> SitePlan:
         kit, why = None, str(exc)
     if kit is not None:
         newest = roster_gate(kit, config.state_path(config_file)).newest
-        keys = _keys(kit, newest)
+        keys = silo_keys(kit, newest)
         roster = (
             f"signed roster version {newest.version}" if newest else f"kit {kit.name}'s peers"
         ) + f", {len(keys.roster)} silos"

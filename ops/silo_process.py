@@ -207,7 +207,7 @@ def _start_agent(
         deployment=job,
         epsilon_cap=config.rules.epsilon_cap,
         total_epsilon_cap=config.rules.total_epsilon_cap,
-        keys=_keys(kit, roster),
+        keys=silo_keys(kit, roster),
         state=config.state_path(config_path),
     )
     plan = agent.budget_plan()
@@ -278,7 +278,7 @@ def roster_gate(kit: SiloKit, state: Path) -> RosterGate:
     return RosterGate(kit.name, kit.consortium, kit.operator_verify_key, own, state)
 
 
-def _keys(kit: SiloKit, roster: SignedRoster | None = None) -> SiloKeys:
+def silo_keys(kit: SiloKit, roster: SignedRoster | None = None) -> SiloKeys:
     """The silo's identity and its peers' keys: the signed roster's members (the silo checked
     its own entry), or, without a roster, its kit's peers as provisioning pinned them."""
     if roster is not None:

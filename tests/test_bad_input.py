@@ -112,7 +112,7 @@ def test_a_duplicate_key_is_refused_naming_the_key_and_both_lines(tmp_path: Path
 
 def test_dp_sgd_without_noise_is_refused(tmp_path: Path) -> None:
     text = policy_text(privacy={"dp_sgd": {"noise_multiplier": 0, "max_grad_norm": 1.0}})
-    assert_refused(simulate(tmp_path, text), "privacy.dp_sgd.noise_multiplier", "target_epsilon")
+    assert_refused(simulate(tmp_path, text), "privacy.dp_sgd.noise_multiplier", "training_epsilon")
     assert nothing_written(tmp_path, "records.csv", "policy.yaml")
 
 

@@ -256,7 +256,7 @@ def test_models_the_loop_cannot_clip_per_sample_are_refused(model: nn.Module, ma
 
 
 def test_the_result_reports_the_plan_the_silo_computed_before_training() -> None:
-    privacy = PrivacyConfig.model_validate({"dp_sgd": {"target_epsilon": 4.0}})
+    privacy = PrivacyConfig.model_validate({"dp_sgd": {"training_epsilon": 4.0}})
     plan = dp_sgd_plan(privacy, train_config().local, n_train=200, rounds=10)
     result = trained(privacy)
     assert result.metrics["dp_noise_multiplier"] == plan.noise_multiplier
@@ -296,9 +296,9 @@ def test_the_task_cannot_change_the_silos_dp_parameters() -> None:
 
 
 @pytest.mark.parametrize("accountant", ["rdp", "prv"])
-def test_a_target_epsilon_is_met_by_the_whole_deployment(accountant: str) -> None:
+def test_a_training_epsilon_is_met_by_the_whole_deployments_training(accountant: str) -> None:
     privacy = PrivacyConfig.model_validate(
-        {"accountant": accountant, "dp_sgd": {"target_epsilon": 2.0}}
+        {"accountant": accountant, "dp_sgd": {"training_epsilon": 2.0}}
     )
     rounds = 10
     plan = dp_sgd_plan(privacy, train_config(epochs=1).local, n_train=200, rounds=rounds)
@@ -306,9 +306,9 @@ def test_a_target_epsilon_is_met_by_the_whole_deployment(accountant: str) -> Non
     assert 2.0 - 0.05 < spent <= 2.0
 
 
-def test_an_unreachable_target_epsilon_is_a_clear_error() -> None:
-    privacy = PrivacyConfig.model_validate({"dp_sgd": {"target_epsilon": 1e-4}})
-    with pytest.raises(DpSgdError, match="no noise multiplier reaches target_epsilon 0.0001"):
+def test_an_unreachable_training_epsilon_is_a_clear_error() -> None:
+    privacy = PrivacyConfig.model_validate({"dp_sgd": {"training_epsilon": 1e-4}})
+    with pytest.raises(DpSgdError, match="no noise multiplier reaches training_epsilon 0.0001"):
         dp_sgd_plan(privacy, train_config(batch_size=200).local, n_train=200, rounds=100)
 
 
@@ -327,18 +327,35 @@ def privacy_policy(**privacy: object) -> dict:
 
 
 @pytest.mark.parametrize(
-    "dp_sgd", [{}, {"noise_multiplier": 1.0, "target_epsilon": 3.0}], ids=["neither", "both"]
+    ("privacy", "said"),
+    [
+        ({"dp_sgd": {}}, r"privacy: dp_sgd: set exactly one of .*\(got neither\), or privacy\.job"),
+        (
+            {"dp_sgd": {"noise_multiplier": 1.0, "training_epsilon": 3.0}},
+            r"privacy\.dp_sgd: set exactly one of .*\(got both\)",
+        ),
+        (
+            {"job_epsilon": 4, "dp_sgd": {"noise_multiplier": 1.0}},
+            r"job_epsilon calibrates DP-SGD's noise .* without noise_multiplier or training_eps",
+        ),
+        ({"job_epsilon": 4}, r"job_epsilon .* needs dp_sgd .*\(there is no dp_sgd\)"),
+    ],
+    ids=["neither", "both", "job-epsilon-and-a-noise", "job-epsilon-without-dp-sgd"],
 )
-def test_dp_sgd_needs_exactly_one_of_noise_multiplier_and_target_epsilon(dp_sgd: dict) -> None:
-    with pytest.raises(PolicyError, match=r"privacy\.dp_sgd: set exactly one of "):
-        parse_policy(privacy_policy(dp_sgd=dp_sgd))
+def test_dp_sgd_noise_is_set_exactly_once(privacy: dict, said: str) -> None:
+    with pytest.raises(PolicyError, match=said):
+        parse_policy(privacy_policy(**privacy))
 
 
-def test_a_target_epsilon_above_the_cap_is_refused() -> None:
-    with pytest.raises(
-        PolicyError, match=r"privacy: dp_sgd\.target_epsilon 10 exceeds epsilon_cap 8"
-    ):
-        parse_policy(privacy_policy(epsilon_cap=8, dp_sgd={"target_epsilon": 10}))
+@pytest.mark.parametrize("key", ["training_epsilon", "job_epsilon"])
+def test_a_target_above_the_cap_is_refused(key: str) -> None:
+    privacy = (
+        {"dp_sgd": {"training_epsilon": 10}}
+        if key == "training_epsilon"
+        else {"job_epsilon": 10, "dp_sgd": {}}
+    )
+    with pytest.raises(PolicyError, match=rf"privacy: (dp_sgd\.)?{key} 10 exceeds epsilon_cap 8"):
+        parse_policy(privacy_policy(epsilon_cap=8, **privacy))
 
 
 def test_privacy_settings_are_range_checked_and_default_to_no_dp() -> None:

@@ -23,7 +23,7 @@ from fedsilo.ops.cli import main
 from fedsilo.ops.coordinator_process import close_serving, open_serving
 from fedsilo.ops.coordinator_serve import ServeBackend
 from fedsilo.ops.provision import KitError, load_coordinator_kit, load_silo_kit
-from fedsilo.ops.silo_process import _keys, roster_gate
+from fedsilo.ops.silo_process import roster_gate, silo_keys
 from fedsilo.privacy.identity import read_signing_key
 from fedsilo.privacy.roster import (
     ROSTER_FILE,
@@ -278,7 +278,7 @@ def test_a_silo_takes_its_peers_from_a_signed_roster_and_keeps_its_version(
     )
     coordinator, started = join(consortium, tmp_path / "state", fields(grown))
     assert coordinator.refusal() is None and started == [grown]
-    keys = _keys(load_silo_kit(consortium.kits / "silos" / "silo-0"), grown)
+    keys = silo_keys(load_silo_kit(consortium.kits / "silos" / "silo-0"), grown)
     assert sorted(keys.roster) == sorted(keys.sealing_roster) == ["new", *SILOS]
     assert keys.roster["new"] == newcomer.verify
     stored = json.loads((tmp_path / "state" / ROSTER_FILE).read_text())
