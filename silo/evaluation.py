@@ -175,8 +175,8 @@ def _check_task(task: str) -> None:
 
 def _auroc(probabilities: Tensor, y: Tensor) -> float:
     present = torch.unique(y).tolist()
-    if len(present) < 2:
-        return float("nan")
+    if len(present) < 2 or not bool(torch.isfinite(probabilities).all()):
+        return float("nan")  # one class, or a model that diverged: scikit-learn refuses NaN
     from sklearn.metrics import (
         roc_auc_score,
     )  # only here: services that never evaluate start faster

@@ -403,12 +403,12 @@ def test_a_survival_model_that_diverged_is_evaluated_to_a_c_index_it_says_is_not
     assert "the final c_index is not finite at silo-0" in " ".join(result.output.split())
 
 
-def test_an_adaptivity_floor_that_float32_cannot_hold_is_refused_when_the_policy_is_read(
+def test_a_classifier_that_diverged_is_evaluated_to_an_auroc_that_is_not_finite(
     tmp_path: Path,
 ) -> None:
-    """FedAdam with tau 2.2e-308 (drawn by tests/test_policy_space.py): tau^2 is 0 in the
-    model's float32, so every coordinate that did not move took the step 0 / 0 and every round
-    failed on NaN. The policy is now refused naming algorithm.tau."""
+    # was: every round failed at every silo's evaluation, "ValueError: Input contains NaN" from
+    # scikit-learn's AUROC (FedAdam's server step with tau 2.2e-308, drawn by
+    # tests/test_policy_space.py, made the model NaN)
     document = {
         "version": 1,
         "seed": 0,
@@ -416,9 +416,8 @@ def test_an_adaptivity_floor_that_float32_cannot_hold_is_refused_when_the_policy
         "data": {"source": "heart"},
         "algorithm": {"tau": 2.2250738585072014e-308, "name": "fedadam", "client_fraction": 0.25},
     }
-    result = cli("policy", "validate", str(write(tmp_path, document)))
-    assert result.exit_code == 1
-    assert "algorithm.fedadam.tau" in result.output or "algorithm.tau" in result.output
-    document["algorithm"]["tau"] = 1e-18
-    ran = cli("simulate", "--policy", str(write(tmp_path, document)), "--out", str(tmp_path / "o"))
-    assert ran.exit_code == 0, ran.output
+    out = tmp_path / "o"
+    result = cli("simulate", "--policy", str(write(tmp_path, document)), "--out", str(out))
+    assert result.exit_code == 0, result.output
+    final = json.loads((out / "results.json").read_text())["final"]["per_silo"]
+    assert all(metrics.get("auroc") is None for metrics in final.values())  # NaN in JSON

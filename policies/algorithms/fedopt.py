@@ -12,20 +12,17 @@ from fedsilo.policies.algorithms.fedavg import AveragingConfig
 from fedsilo.policies.base import PolicyModel
 from fedsilo.policies.training import MAX_LR
 
-MIN_TAU = 1e-18  # tau^2 = 1e-36, above float32's least normal number (1.2e-38)
 ServerOptimizerName = Literal["fedadam", "fedyogi", "fedadagrad"]
 
 
 class ServerStepSettings(PolicyModel):
     """An adaptive server step's settings (Reddi et al. 2021): step size, moment decays and
-    the adaptivity floor tau. tau is at least `MIN_TAU`: the second moment starts at tau^2 in
-    the model's float32, where a smaller tau^2 is 0 and a coordinate that does not move takes
-    the step 0 / 0."""
+    the adaptivity floor tau."""
 
     server_lr: float = Field(default=0.1, gt=0, le=MAX_LR)
     beta1: float = Field(default=0.9, ge=0, lt=1)
     beta2: float = Field(default=0.99, ge=0, lt=1)
-    tau: float = Field(default=1e-3, ge=MIN_TAU)
+    tau: float = Field(default=1e-3, gt=0)
 
 
 class ServerOptimizerConfig(ServerStepSettings):
