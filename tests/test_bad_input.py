@@ -172,13 +172,14 @@ def test_an_out_that_cannot_be_created_is_refused_before_the_run(tmp_path: Path)
 
 
 def test_a_simulation_whose_every_round_failed_exits_non_zero(tmp_path: Path) -> None:
-    # An MLP at the largest learning rate the policy allows on features scaled by 1e30 yields
-    # non-finite models, which the engine records as failed rounds.
-    x = np.random.default_rng(0).normal(size=(60, 3)) * 1e30
+    # An MLP at the largest learning rate the policy allows on features scaled by 1e30, for
+    # ten epochs a round, yields non-finite models from round 1, which the engine records as
+    # failed rounds.
+    x = np.random.default_rng(0).normal(size=(60, 3)) * 1e37
     lines = ["a,b,c,label", *(f"{r[0]},{r[1]},{r[2]},{int(r[0] > 0)}" for r in x)]
     (tmp_path / "records.csv").write_text("\n".join(lines) + "\n")
     data = yaml.safe_load(policy_text())["data"] | {"scaling": "none"}
-    text = policy_text(data=data, model={"name": "mlp"}, training={"lr": 10})
+    text = policy_text(data=data, model={"name": "mlp"}, training={"lr": 10, "epochs": 10})
     result = simulate(tmp_path, text)
     assert_refused(result, "every round failed")
     assert nothing_written(tmp_path, "records.csv", "policy.yaml")
