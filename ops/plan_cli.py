@@ -10,9 +10,8 @@ imported when a command runs, never when the command line loads (tests/test_cli_
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -112,13 +111,7 @@ def rows_plan(policy: Policy, datasets: Sequence[SiloDataset], rows: int) -> Bud
     import torch
 
     first = datasets[0]
-    index = torch.arange(rows) % len(first.y_train)
-    codes = dict(first.domain_codes)
-    if "train" in codes:
-        codes["train"] = codes["train"][index]
-    resized = replace(
-        first, x_train=first.x_train[index], y_train=first.y_train[index], domain_codes=codes
-    )
+    resized = first.with_train_rows(torch.arange(rows) % len(first.y_train))
     return consortium_plans(policy, [resized, *datasets[1:]])[0]
 
 
@@ -260,10 +253,6 @@ def _document(policy: Policy, plans: Sequence[BudgetPlan]) -> dict[str, Any]:
     }
 
 
-def _json_number(value: float | None) -> float | str | None:
-    return "inf" if value is not None and math.isinf(value) else value
-
-
 @click.command("plan")
 @click.argument("policy_file", metavar="POLICY")
 @click.option(
@@ -292,6 +281,7 @@ def plan_command(
     from fedsilo.policies.loading import load_policy, policy_folder
     from fedsilo.privacy.ledger import LedgerError
     from fedsilo.privacy.roster import RosterError
+    from fedsilo.silo.budget_plan import json_epsilon
 
     if config_file is not None and rows is not None:
         raise click.ClickException("--config and --rows: give one of them")
@@ -317,7 +307,7 @@ def plan_command(
                 "job_cap": caps.job,
                 "job_cap_key": caps.job_key,
                 "total_cap": caps.total,
-                "spent_elsewhere": _json_number(caps.spent_elsewhere),
+                "spent_elsewhere": json_epsilon(caps.spent_elsewhere),
                 "accepts": site.refusal is None,
                 "refusal": site.refusal,
             }

@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, replace
+from functools import cached_property
 from typing import Any
 
 from fedsilo.policies.privacy import MIN_NOISE_MULTIPLIER
@@ -89,14 +90,19 @@ class BudgetPlan:
     def releases(self) -> list[Mechanism]:
         return [m for task in self.tasks for m in task.releases]
 
-    @property
+    @cached_property
     def epsilon(self) -> float | None:
+        """Composed once: a plan is asked for it by the refusal, the log and the tables."""
         return self._compose(self.releases)
 
     def by_purpose(self) -> dict[str, float | None]:
         """Each purpose's releases composed alone (training, evaluation, probes, ...), in the
         order they first appear. They do not add up to `epsilon`: composition is tighter than
         a sum."""
+        return dict(self._by_purpose)
+
+    @cached_property
+    def _by_purpose(self) -> dict[str, float | None]:
         groups: dict[str, list[Mechanism]] = {}
         for task in self.tasks:
             if any(m.kind != "public" for m in task.releases):
@@ -110,8 +116,8 @@ class BudgetPlan:
             "consortium": self.consortium,
             "delta": self.delta,
             "accountant": self.accountant,
-            "epsilon": _json_epsilon(self.epsilon),
-            "by_purpose": {k: _json_epsilon(v) for k, v in self.by_purpose().items()},
+            "epsilon": json_epsilon(self.epsilon),
+            "by_purpose": {k: json_epsilon(v) for k, v in self.by_purpose().items()},
             "tasks": len(self.tasks),
         }
 
@@ -307,5 +313,6 @@ def fmt(value: float | None) -> str:
     return "inf" if math.isinf(value) else f"{value:.4g}"
 
 
-def _json_epsilon(value: float | None) -> float | str | None:
+def json_epsilon(value: float | None) -> float | str | None:
+    """An epsilon as JSON holds it: "inf" for infinity (standard JSON has none)."""
     return "inf" if value is not None and math.isinf(value) else value

@@ -20,6 +20,7 @@ import yaml
 from click.testing import CliRunner
 
 from fedsilo.ops.cli import main
+from fedsilo.ops.plan_cli import consortium_plans
 from fedsilo.ops.sim_silos import ConsortiumKeys, build_agent
 from fedsilo.ops.simulate import load_silos
 from fedsilo.policies.loading import load_policy
@@ -65,12 +66,7 @@ def variant(folder: Path, example: str, privacy: dict[str, Any], method: str = "
 def plans(path: Path) -> dict[str, BudgetPlan]:
     """Each simulated silo's plan, its agent built as `simulate` builds it."""
     policy = load_policy(path)
-    datasets = load_silos(policy, EXAMPLES)
-    keys = ConsortiumKeys.generate([d.name for d in datasets])
-    return {
-        d.name: build_agent(policy, d.name, d, torch.device("cpu"), keys).budget_plan()
-        for d in datasets
-    }
+    return {p.silo: p for p in consortium_plans(policy, load_silos(policy, EXAMPLES))}
 
 
 def booked(path: Path, out: Path) -> dict[str, PrivacyLedger]:

@@ -45,7 +45,7 @@ from fedsilo.models import plugins
 from fedsilo.models.plugins import GROUP
 from fedsilo.ops.cli import main
 from fedsilo.ops.cli_support import USER_ERRORS
-from fedsilo.ops.sim_silos import ConsortiumKeys, build_agent
+from fedsilo.ops.plan_cli import consortium_plans
 from fedsilo.ops.simulate import check_consortium, load_silos, simulate
 from fedsilo.policies.loading import PolicyError, load_policy, parse_policy
 from fedsilo.policies.schema import Policy
@@ -190,12 +190,7 @@ def check_budget(path: Path, ledgers: Path) -> None:
 
 def planned_by_silo(policy: Policy, base_dir: Path) -> dict[str, BudgetPlan]:
     """Each simulated silo's plan, its agent built as `simulate` builds it."""
-    datasets = load_silos(policy, base_dir)
-    keys = ConsortiumKeys.generate([d.name for d in datasets])
-    return {
-        d.name: build_agent(policy, d.name, d, torch.device("cpu"), keys).budget_plan()
-        for d in datasets
-    }
+    return {p.silo: p for p in consortium_plans(policy, load_silos(policy, base_dir))}
 
 
 def _headline(results: dict[str, Any]) -> str:

@@ -53,7 +53,11 @@ class SiloDataset:
         if kept == n:
             return self
         generator = torch.Generator().manual_seed(seed)
-        rows = torch.randperm(n, generator=generator)[:kept].sort().values
+        return self.with_train_rows(torch.randperm(n, generator=generator)[:kept].sort().values)
+
+    def with_train_rows(self, rows: torch.Tensor) -> SiloDataset:
+        """This dataset with its training split made of the training rows at `rows` (indices,
+        repeats allowed), their domain codes with them; the other splits as they are."""
         codes = dict(self.domain_codes)
         if "train" in codes:
             codes["train"] = codes["train"][rows]
