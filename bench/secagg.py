@@ -102,6 +102,7 @@ from fedsilo.wire.tensors import index_tensors
 
 METHODS = ("none", "masking", "sparse", "ckks")
 SPARSE_NEIGHBOURS = 4  # "sparse": masking with secure_aggregation.neighbours 4 (t = 3)
+NO_LINEAGE = "masking-nolineage"  # masking with lineage off (bench/lineage.py; not in METHODS)
 FEATURES, SAMPLES, CLASSES = 100, 32, 2  # SAMPLES: the "step" workload's
 MODELS = {"1e5": [330, 200], "1e6": [1000, 900]}  # MLP hidden layers: 99,932 and 1,003,702
 SILO_COUNTS = (5, 10, 20)
@@ -272,11 +273,18 @@ def bench_policy(
             "training": WORKLOADS[workload].training,
             "compute": {"device": "cpu"},
             "participants": {"min_silos": silos, "phase_timeout_s": 600},
-            "secure_aggregation": {"method": "masking", "neighbours": SPARSE_NEIGHBOURS}
-            if method == "sparse"
-            else method,
+            "secure_aggregation": secure_aggregation_of(method),
         }
     )
+
+
+def secure_aggregation_of(method: str) -> str | dict[str, Any]:
+    """The policy's `secure_aggregation` section for a bench method name."""
+    if method == "sparse":
+        return {"method": "masking", "neighbours": SPARSE_NEIGHBOURS}
+    if method == NO_LINEAGE:
+        return {"method": "masking", "lineage": False}
+    return method
 
 
 def derived(name: str, purpose: str) -> bytes:

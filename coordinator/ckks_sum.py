@@ -32,7 +32,7 @@ import tenseal as ts
 import torch
 
 from fedsilo.coordinator.phases import Phase, PhaseOutcome, Task
-from fedsilo.coordinator.replies import Accepted, raw_weights, reports_of
+from fedsilo.coordinator.replies import Accepted, raw_weights, released_reports
 from fedsilo.coordinator.secure_mean import (
     Collect,
     SecureMean,
@@ -156,13 +156,11 @@ class CkksMean(SecureMean):
         raw = raw_weights(aggregate.weights, joined)
         return PhaseOutcome(
             phase.name,
-            reports_of(encrypted),
+            released_reports(encrypted, joined),
             dict(self.dropped),
             mean=mean,
             total_weight=sum(raw[s] for s in survivors),
-            spec=next(
-                (encrypted[s].result.spec for s in survivors if encrypted[s].result.spec), None
-            ),
+            spec=tasks[survivors[0]].spec,  # the model sent: an input holds tensors only
         )
 
     def _keys(self, phase: Phase) -> CkksKeys:

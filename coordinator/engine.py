@@ -40,14 +40,17 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import takewhile
 from typing import Any, Protocol, runtime_checkable
+
+import torch
 
 from fedsilo.coordinator.ckks_sum import CkksKeys, CkksMean
 from fedsilo.coordinator.client_dp import ClientDpRound, published_epsilon
 from fedsilo.coordinator.folded_keys import FoldedKeys
 from fedsilo.coordinator.hub import REVOKED
+from fedsilo.coordinator.lineage import attached, kept
 from fedsilo.coordinator.phases import (
     Identical,
     Phase,
@@ -78,6 +81,7 @@ from fedsilo.coordinator.summary import summarize_metrics
 from fedsilo.coordinator.transport import Delivery, Reply, Transport
 from fedsilo.policies.schema import Policy
 from fedsilo.policies.seeding import derive_rng
+from fedsilo.privacy.lineage import state_tensors
 from fedsilo.wire.messages import SIMULATION, TASK_STEPS, TaskMessage, task_id
 from fedsilo.wire.payload import digest_of
 from fedsilo.wire.tensors import LazyTensor, TensorBlocks
@@ -205,6 +209,11 @@ class RoundEngine:
         self.ckks_keys: CkksKeys | None = None  # made by the key holder at the first CKKS sum
         contract = self.policy.algorithm.silo_contract(self.policy)
         self.folded_keys = FoldedKeys(contract.next_aggregation)  # for the next masked mean
+        # model lineage (coordinator/lineage.py): the state the tasks' model belongs to, and
+        # the evidence of the round's lineage aggregation once it ran
+        self.lineage = policy.uses_lineage
+        self._lineage_state: Mapping[str, torch.Tensor] | None = None
+        self._evidence: Mapping[str, torch.Tensor] | None = None
 
     # -- the run ----------------------------------------------------------------------------
 
@@ -245,7 +254,7 @@ class RoundEngine:
             self._check_stop()
             final = RoundRecord(records[-1].round, "final", 0.0)
             self._evaluate(state, final.round, final)
-        return RunHistory(records, state, final)
+        return RunHistory(records, replace(state, tensors=state_tensors(state.tensors)), final)
 
     def _check_stop(self) -> None:
         reason = self.should_stop()
@@ -307,7 +316,10 @@ class RoundEngine:
                     f"{context.min_silos} (retired: {sorted(self.retired) or 'none'})"
                 )
             client_dp = ClientDpRound.of(self.policy, context)
+            before, self._lineage_state, self._evidence = state, state.tensors, None
             state = self._drive(self.strategy.round(state, context), round_no, record, client_dp)
+            if self.lineage:
+                state = replace(state, tensors=kept(state.tensors, before.tensors, self._evidence))
             if client_dp is not None:
                 state = client_dp.booked(state)
             record.client_epsilon = published_epsilon(state.extra)
@@ -318,6 +330,7 @@ class RoundEngine:
         return record, state
 
     def _evaluate(self, state: ServerState, round_no: int, record: RoundRecord) -> None:
+        self._lineage_state = state.tensors
         try:
             outcome = self._drive(
                 self.strategy.evaluate(state, self._context(round_no)), round_no, record
@@ -403,6 +416,8 @@ class RoundEngine:
         return self._execute(phase, round_no, record)
 
     def _execute(self, phase: Phase, round_no: int, record: RoundRecord | None) -> PhaseOutcome:
+        if self.lineage and self._lineage_state is not None:
+            phase = attached(phase, self._lineage_state)
         silos = [task.silo for task in phase.tasks]
         if len(set(silos)) != len(silos):
             raise ValueError(f"phase {phase.name!r} gives one silo two tasks; fold them into one")
@@ -436,9 +451,19 @@ class RoundEngine:
                 finally:
                     self.ckks_keys = ckks.keys
             masked = MaskedMean(
-                collect, secure, self.deployment, round_no, quorum, self.folded_keys
+                collect,
+                secure,
+                self.deployment,
+                round_no,
+                quorum,
+                self.folded_keys,
+                self.lineage,
+                len(self._context(round_no).silos),
             )
-            return masked.run(phase)
+            outcome = masked.run(phase)
+            if outcome.evidence is not None:
+                self._evidence = outcome.evidence
+            return outcome
         running = (
             RunningMean(phase.aggregate, [t.silo for t in phase.tasks])
             if isinstance(phase.aggregate, WeightedMean)

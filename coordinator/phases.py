@@ -111,6 +111,8 @@ class PhaseOutcome:
     spec: ParameterSpec | None = None
     digests: Mapping[str, str] = field(default_factory=dict)  # silo -> hex (Identical only)
     routes: Mapping[str, str] = field(default_factory=dict)  # hand-offs delivered (route only)
+    # a masked mean's evidence for model lineage (coordinator/lineage.py; None: none kept)
+    evidence: Mapping[str, torch.Tensor] | None = None
 
     @property
     def answered(self) -> tuple[str, ...]:

@@ -47,6 +47,25 @@ def raw_weights(
     return {s: float(reply.result.num_samples) for s, reply in counted.items()}
 
 
+def released_reports(
+    inputs: Mapping[str, Accepted], counted: Mapping[str, Accepted]
+) -> dict[str, SiloReport]:
+    """The reports of a secure sum's contributors: each one's training count as the step that
+    released it for the sum's weights released it (`counted`: advertise, keys folded into an
+    unmask answer, a CKKS join), and the timing and ledger receipt of its input; nothing of the
+    masked or encrypted input itself, which holds tensors only."""
+    return {
+        s: SiloReport(
+            counted[s].result.num_samples,
+            {},
+            a.result.compute_seconds,
+            a.result.epsilon,
+            a.result.ledger_head,
+        )
+        for s, a in sorted(inputs.items())
+    }
+
+
 def reports_of(results: Mapping[str, Accepted]) -> dict[str, SiloReport]:
     return {
         s: SiloReport(
@@ -150,7 +169,9 @@ def _checked(
                     f"reply's {name!r} has shape {tuple(tensors[name].shape)}, not {tuple(shape)}"
                 )
         weighted_by_samples = isinstance(aggregate, WeightedMean) and aggregate.weights is None
-        if weighted_by_samples and result.num_samples <= 0:
+        # a secure sum's input holds tensors only: its weight is the count released before it
+        counts_itself = not sent.config.SENDS.tensors_only
+        if weighted_by_samples and counts_itself and result.num_samples <= 0:
             return Dropout("reply reports no samples")
     return accepted
 

@@ -1,15 +1,16 @@
 """Daisy-chain hand-offs as the engine runs them: a phase with `route={sender: recipient}`.
 
-Three steps. `send`: every task runs; a sender's task also says how to pack its model, sealed
+Two steps. `send`: every task runs; a sender's task also says how to pack its model, sealed
 to its recipient's X25519 key (`channel.sealed_handoffs`; the coordinator tells the sender
-only the key, and the sender checks it belongs to a member) or in the clear. `reseal`: a
-sender whose recipient dropped out is given another recipient, one whose own sender dropped
-out, and packs its model again for it (a sealed box cannot be re-addressed), so no model is
-lost. `deliver`: each recipient gets its hand-off, without the sender's name (the coordinator's
-own signed task carries it). A recipient may also be a silo outside the phase (cyclic weight
-transfer hands the model to the next silo of its cycle), which only takes delivery. A model
-that cannot be delivered stays hosted at its sender, which keeps every model it hands off until
-a replacement arrives.
+only the key, and the sender checks it belongs to a member) or in the clear. `deliver`: each
+recipient gets its hand-off, without the sender's name (the coordinator's own signed task
+carries it). A plain hand-off whose recipient dropped out goes to a silo whose own sender
+dropped out instead, so no model is lost; a sealed one cannot be re-addressed, and a silo
+seals a hosted model to one member a round (silo/contract_gate.py: a second sealed copy would
+let its two holders difference each other's next hand-offs), so it is not resealed. A
+recipient may also be a silo outside the phase (cyclic weight transfer hands the model to the
+next silo of its cycle), which only takes delivery. A model that cannot be delivered stays
+hosted at its sender, which keeps every model it hands off until a replacement arrives.
 
 The strategy sees the senders' reports and the routes delivered, never a hand-off.
 """
@@ -23,7 +24,7 @@ import numpy as np
 
 from fedsilo.coordinator.phases import Phase, PhaseOutcome, QuorumNotMet, Task
 from fedsilo.coordinator.replies import Accepted, reports_of
-from fedsilo.wire.tasks import DaisyReceive, DaisyReseal, DaisyTrain, Handoff
+from fedsilo.wire.tasks import DaisyReceive, DaisyTrain, Handoff
 from fedsilo.wire.tasks.tensor_names import HANDOFF
 
 # collect(step, tasks) -> (accepted replies, dropped silo -> why)
@@ -76,18 +77,8 @@ class HandoffRouter:
         targets = {s: route[s] for s in ready if route[s] in sent or route[s] not in silos}
         orphans = sorted(ready - set(targets))
         hungry = sorted(r for s, r in route.items() if r in sent and s not in ready)
-        for sender, recipient in self._matched(orphans, hungry).items():
-            if self.keys is None:
-                targets[sender] = recipient
-                continue
-            resealed, lost = self.collect(
-                "reseal", [Task(sender, DaisyReseal(handoff=self._handoff(recipient)))]
-            )
-            if sender in resealed:
-                blobs[sender] = resealed[sender].result.tensors[HANDOFF]
-                targets[sender] = recipient
-            for silo, why in lost.items():
-                dropped.setdefault(silo, f"hand-off, reseal: {why}")
+        if self.keys is None:  # plain: bound to no recipient, it may go to another
+            targets |= self._matched(orphans, hungry)
         delivered, lost = self.collect(
             "deliver",
             [

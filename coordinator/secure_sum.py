@@ -33,20 +33,18 @@ Fewer than t silos at any step (or fewer than the quorum) abandon the round (`Qu
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-
-import numpy as np
-import torch
-from nacl.public import PrivateKey
+from collections.abc import Mapping
+from dataclasses import replace
 
 from fedsilo.coordinator.folded_keys import FoldedKeys
+from fedsilo.coordinator.lineage import LINEAGE_PHASE, evidence
 from fedsilo.coordinator.phases import (
     Phase,
     PhaseOutcome,
     Task,
     WeightedMean,
 )
-from fedsilo.coordinator.replies import SLICE_ELEMENTS, Accepted, raw_weights, reports_of
+from fedsilo.coordinator.replies import Accepted, raw_weights, released_reports
 from fedsilo.coordinator.secure_mean import (
     Collect,
     SecureMean,
@@ -54,17 +52,11 @@ from fedsilo.coordinator.secure_mean import (
 )
 from fedsilo.policies.secure_aggregation import SecureAggregationConfig
 from fedsilo.privacy.masking import (
-    STREAM_CHUNK_ELEMENTS,
     Advertisement,
-    FixedPoint,
-    KeyStreams,
     MaskingError,
     aggregation_label,
-    combine_shares,
-    silo_indices,
-    tensor_context,
-    unmask_terms,
 )
+from fedsilo.privacy.unmasking import unmasked_means
 from fedsilo.wire.tasks import (
     MaskedInput,
     SecAggAdvertise,
@@ -79,7 +71,7 @@ from fedsilo.wire.tasks.tensor_names import (
     REVEALED_SEED,
     SHARE_TO,
 )
-from fedsilo.wire.tensors import LazyTensor, tensor_bytes
+from fedsilo.wire.tensors import tensor_bytes
 
 
 class MaskedMean(SecureMean):
@@ -91,12 +83,18 @@ class MaskedMean(SecureMean):
         round_no: int,
         quorum: int,
         folded: FoldedKeys,
+        lineage: bool = False,
+        counted: int = 0,
     ) -> None:
+        """`lineage`: keep a lineage phase's evidence (coordinator/lineage.py), which names the
+        `counted` silos the round counts active."""
         super().__init__(collect, quorum)
         self.config = config
         self.deployment = deployment
         self.round = round_no
         self.folded = folded
+        self.lineage = lineage
+        self.counted = counted
 
     def run(self, phase: Phase) -> PhaseOutcome:
         aggregate, tasks = self.referenced(phase, "masking")
@@ -171,9 +169,26 @@ class MaskedMean(SecureMean):
         self._enough(phase, "unmask", len(revealed), threshold)
         summed = {s: masked[s] for s in confirmed}  # a survivor's seed is revealed if it signed
         try:
-            return self._unmasked(phase, tasks, adverts, advertised, shared, summed, revealed)
+            outcome = self._unmasked(phase, tasks, adverts, advertised, shared, summed, revealed)
         except MaskingError as exc:  # shares that do not rebuild a secret: the round is lost
             raise self.missed(phase, str(exc)) from exc
+        if not (self.lineage and phase.name == LINEAGE_PHASE):
+            return outcome
+        kept = evidence(
+            self.round,
+            phase.name,
+            adverts,
+            weights,
+            survivors,
+            tasks[survivors[0]],
+            shared,
+            summed,
+            confirmed,
+            revealed,
+            aggregate.tensors,
+            self.counted,
+        )
+        return replace(outcome, evidence=kept)
 
     def _unmasked(
         self,
@@ -189,46 +204,33 @@ class MaskedMean(SecureMean):
         secrets rebuilt from shares: their self-masks, and the masking keys of every other silo
         that shared (a survivor that did not confirm stays masked, out of the sum)."""
         assert isinstance(phase.aggregate, WeightedMean)
-        threshold = self.config.share_threshold(len(adverts))
         weights = shares_of_weight(phase.aggregate.weights, advertised)
         survivors = sorted(masked)
-        indices = silo_indices(list(adverts))
-        seeds = [
-            self._rebuild(revealed, indices, REVEALED_SEED + silo, threshold) for silo in survivors
-        ]
-        dropped_keys = {}
-        for silo in sorted(set(shared) - set(masked)):
-            key = PrivateKey(self._rebuild(revealed, indices, REVEALED_KEY + silo, threshold))
-            if bytes(key.public_key) != bytes(adverts[silo].masking_key):
-                raise MaskingError(f"the shares of {silo}'s masking key do not rebuild it")
-            dropped_keys[silo] = key
-        partners = {  # whom each dropped silo masked with: those its shares went to
+        dropped = {  # whom each dropped silo masked with: those its shares went to
             silo: {s for s in survivors if SHARE_TO + s in shared[silo].result.tensors}
-            for silo in dropped_keys
+            for silo in sorted(set(shared) - set(masked))
         }
-        encoding = FixedPoint.for_silos(self.config.bound, len(adverts))
-        total_weight = sum(weights[s] for s in survivors)
-        if total_weight <= 0:
-            raise self.missed(phase, "the surviving silos carry zero total weight")
         reference = tasks[survivors[0]].tensors
-        unmasking = unmask_terms(
-            seeds, dropped_keys, {s: adverts[s].masking_key for s in survivors}, partners
+        names = phase.aggregate.tensors
+        mean = unmasked_means(
+            self.label,
+            adverts,
+            {s: {name: masked[s].lazy[name] for name in names} for s in survivors},
+            dropped,
+            {s: revealed_shares(reply) for s, reply in revealed.items()},
+            weights,
+            {name: reference[name] for name in names},
+            self.config.bound,
+            self.config.share_threshold(len(adverts)),
         )
-        mean = {}
-        for name in phase.aggregate.tensors:
-            before = reference[name].reshape(-1).numpy()
-            streams = KeyStreams(unmasking, tensor_context(self.label, name), len(before))
-            inputs = [masked[s].lazy[name] for s in survivors]
-            update = _unmasked_mean(inputs, streams, encoding, total_weight, before)
-            mean[name] = torch.from_numpy(update).reshape(reference[name].shape)
         raw = raw_weights(phase.aggregate.weights, advertised)
         return PhaseOutcome(
             phase.name,
-            reports_of(masked),
+            released_reports(masked, advertised),
             dict(self.dropped),
             mean=mean,
             total_weight=sum(raw[s] for s in survivors),
-            spec=next((masked[s].result.spec for s in survivors if masked[s].result.spec), None),
+            spec=tasks[survivors[0]].spec,  # the model sent: a masked input holds tensors only
         )
 
     def _enough(self, phase: Phase, step: str, count: int, threshold: int) -> None:
@@ -240,44 +242,11 @@ class MaskedMean(SecureMean):
                 f"{needed} (threshold {threshold}, quorum {self.quorum})",
             )
 
-    @staticmethod
-    def _rebuild(
-        revealed: Mapping[str, Accepted], indices: Mapping[str, int], name: str, threshold: int
-    ) -> bytes:
-        shares = {
-            indices[holder]: tensor_bytes(reply.result.tensors[name])
-            for holder, reply in revealed.items()
-            if name in reply.result.tensors
-        }
-        return combine_shares(shares, threshold)
 
-
-def _unmasked_mean(
-    inputs: Sequence[LazyTensor],
-    streams: KeyStreams,
-    encoding: FixedPoint,
-    total_weight: float,
-    before: np.ndarray,
-) -> np.ndarray:
-    """before + decode(sum of `inputs` - masks) / total_weight, in `before`'s dtype, a chunk at
-    a time while it is in cache: each input read in place a slice at a time (no copy of one),
-    summed (mod 2^32), unmasked by the next elements of `streams`, decoded and averaged in
-    float64 (`before` widened exactly)."""
-    update = np.empty(len(before), dtype=before.dtype)
-    total = np.empty(min(len(before), STREAM_CHUNK_ELEMENTS), dtype=np.uint32)
-    work = np.empty(len(total), dtype=np.float64)
-    for start in range(0, len(before), SLICE_ELEMENTS):
-        stop = min(start + SLICE_ELEMENTS, len(before))
-        pieces = [i.peek(start, stop).numpy().view(np.uint32) for i in inputs]
-        for at in range(start, stop, len(total)):
-            upto = min(at + len(total), stop)
-            part, out = total[: upto - at], work[: upto - at]
-            np.copyto(part, pieces[0][at - start : upto - start])
-            for piece in pieces[1:]:
-                np.add(part, piece[at - start : upto - start], out=part)
-            streams.add_to(part)
-            encoding.decode(part, out=out)
-            out /= total_weight
-            out += before[at:upto]
-            update[at:upto] = out
-    return update
+def revealed_shares(reply: Accepted) -> dict[str, bytes]:
+    """The shares an unmask answer revealed, by name (REVEALED_SEED or REVEALED_KEY + silo)."""
+    return {
+        name: tensor_bytes(tensor)
+        for name, tensor in reply.result.tensors.items()
+        if name.startswith((REVEALED_SEED, REVEALED_KEY))
+    }

@@ -153,6 +153,11 @@ class Policy(PolicyModel):
 
     def _check_secure_aggregation(self) -> None:
         secure = self.secure_aggregation
+        if secure.lineage and self.lineage_gap is not None:
+            raise ValueError(
+                f"secure_aggregation.lineage: silos cannot derive the models they are sent "
+                f"here: {self.lineage_gap}; drop lineage or set it to false"
+            )
         if not secure.enabled:
             return
         if not self.algorithm.averages:
@@ -179,6 +184,27 @@ class Policy(PolicyModel):
                 f"every silo must take part in every round (algorithm.client_fraction "
                 f"{fraction:g}); use client_fraction 1 or leave neighbours out"
             )
+
+    @property
+    def lineage_gap(self) -> str | None:
+        """Why this policy's silos cannot derive each model they are sent themselves (model
+        lineage, privacy/lineage.py), or None when they can."""
+        secure = self.secure_aggregation
+        if secure.method != "masking":
+            return f"it verifies masked sums, and secure_aggregation is {secure.method!r}"
+        if self.algorithm.lineage_gap is not None:
+            return f"{self.algorithm.name}: {self.algorithm.lineage_gap}"
+        if self.privacy.client_dp is not None:
+            return (
+                "privacy.client_dp: the coordinator adds noise to the mean, which no silo can check"
+            )
+        return None
+
+    @property
+    def uses_lineage(self) -> bool:
+        """Whether every silo derives the models it is sent (`secure_aggregation.lineage`: on
+        by default wherever it applies)."""
+        return self.secure_aggregation.lineage is not False and self.lineage_gap is None
 
     def consortium_problem(self, silos: int) -> str | None:
         """Why this policy cannot run over a consortium of `silos` silos, or None: a

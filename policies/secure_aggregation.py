@@ -120,7 +120,11 @@ class SecureAggregationConfig(PolicyModel):
     least a silo accepts); the consistency check still needs floor(2n/3) + 1 signatures.
     `key_holder` (ckks): the silo that makes the CKKS keys; None: the first silo by name.
     `decryptor` (ckks): the silo that decrypts sums; None: the key holder when it took part,
-    else the first survivor by name."""
+    else the first survivor by name.
+    `lineage` (masking): each silo derives every model it is sent from the policy's seed and the
+    aggregates it verifies itself (privacy/lineage.py, docs/secure-aggregation.md); None, the
+    default: on wherever it applies (masking, an algorithm of FedAvg's round, no client-level
+    DP), `false` to turn it off, `true` to refuse a policy where it cannot apply."""
 
     method: Literal["none", "masking", "ckks"] = "none"
     bound: float = Field(default=64.0, gt=0)
@@ -131,6 +135,7 @@ class SecureAggregationConfig(PolicyModel):
     key_holder: str | None = None
     decryptor: str | None = None
     ckks: CkksSettings = CkksSettings()
+    lineage: bool | None = None
 
     @model_validator(mode="before")
     @classmethod

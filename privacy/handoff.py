@@ -2,9 +2,11 @@
 or in the clear.
 
 `pack` writes the flat model as safetensors with its binding (deployment, round, phase and
-recipient), its sender's name and its root (the digest of the model its lineage was adopted
+recipient), its sender's name, its root (the digest of the model its lineage was adopted
 from: a silo sends a hosted model into a secure sum only if it descends from the sum's
-reference) in the metadata, and signs those bytes with the sender's provisioned Ed25519
+reference) and its holders (the members its sender knows held it, or a copy of it, before it,
+latest first, as many as FedDC's `no_return_window`: the recipient seals it to none of them)
+in the metadata, and signs those bytes with the sender's provisioned Ed25519
 identity; `seal` puts them in a nacl `SealedBox` for the recipient's X25519
 key, so the coordinator that relays them cannot read them. `unpack` checks the sender's
 signature against the roster and the binding, so a model the coordinator made itself (anyone
@@ -31,7 +33,7 @@ from safetensors.torch import load, save
 from fedsilo.wire.tasks.tensor_names import MODEL
 from fedsilo.wire.tensors import all_finite
 
-BINDING, SENDER, ROOT = "binding", "sender", "root"
+BINDING, SENDER, ROOT, HOLDERS = "binding", "sender", "root", "holders"
 SIGNATURE_BYTES = 64
 
 
@@ -57,22 +59,31 @@ class Binding:
 
 @dataclass(frozen=True)
 class Handed:
-    """A model a member handed on: the model, who sent it, and its root."""
+    """A model a member handed on: the model, who sent it, its root, and the members its
+    sender knew held it before (latest first)."""
 
     model: torch.Tensor
     sender: str
     root: bytes
+    holders: tuple[str, ...] = ()
 
 
 def pack(
-    model: torch.Tensor, binding: Binding, sender: str, identity: SigningKey, root: bytes
+    model: torch.Tensor,
+    binding: Binding,
+    sender: str,
+    identity: SigningKey,
+    root: bytes,
+    holders: tuple[str, ...] = (),
 ) -> bytes:
-    """The model, its binding, its sender and its root, signed by the sender's identity."""
+    """The model, its binding, its sender, its root and its earlier `holders`, signed by the
+    sender's identity."""
     if not all_finite(model):
         raise HandoffError("refusing to hand off a model with NaN or infinite values")
+    metadata = {BINDING: binding.text, SENDER: sender, ROOT: root.hex()}
     body = save(
         {MODEL: model.detach().cpu().contiguous()},
-        metadata={BINDING: binding.text, SENDER: sender, ROOT: root.hex()},
+        metadata=metadata | ({HOLDERS: json.dumps(list(holders))} if holders else {}),
     )
     return bytes(identity.sign(body))
 
@@ -105,7 +116,17 @@ def unpack(data: bytes, binding: Binding, roster: Mapping[str, VerifyKey]) -> Ha
         root = bytes.fromhex(metadata.get(ROOT, ""))
     except ValueError:
         raise HandoffError("the hand-off's root is not hex") from None
-    return Handed(model, sender, root)
+    return Handed(model, sender, root, _holders(metadata.get(HOLDERS, "[]")))
+
+
+def _holders(text: str) -> tuple[str, ...]:
+    try:
+        holders = json.loads(text)
+    except ValueError:
+        holders = None
+    if not isinstance(holders, list) or not all(isinstance(h, str) for h in holders):
+        raise HandoffError("the hand-off's holders are not a list of member names")
+    return tuple(holders)
 
 
 def seal(packed: bytes, recipient: PublicKey) -> bytes:

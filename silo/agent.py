@@ -41,7 +41,7 @@ from fedsilo.privacy.accounting import Mechanism
 from fedsilo.privacy.accounting import total as total_epsilon
 from fedsilo.privacy.ledger import LedgerRecord, PrivacyLedger, payload_digest
 from fedsilo.privacy.receipts import Receipt
-from fedsilo.silo import contract_gate, release_gate
+from fedsilo.silo import contract_gate, lineage, release_gate
 from fedsilo.silo.answers import FOLDER, AnswerStore
 from fedsilo.silo.budget_plan import BudgetPlan, Caps, fmt, name, plan_job, refusal
 from fedsilo.silo.data import SiloDataset
@@ -192,8 +192,10 @@ class SiloAgent:
         given = self._given(message)
         if given is not None:
             return given
-        problem = contract_gate.refusal(message, self.context) or release_gate.refusal(
-            message, self.context
+        problem = (
+            contract_gate.refusal(message, self.context)
+            or release_gate.refusal(message, self.context)
+            or lineage.refusal(message, self.context)
         )
         if problem is not None:
             return self._refused_unrun(message.header, problem)
@@ -248,7 +250,9 @@ class SiloAgent:
         release gate): nothing of the data leaves, booked as a public release under the job
         the task names."""
         refusal = TaskResult(header.task_id, self.name, header.kind, STATUS_ERROR, error=problem)
-        return self._send(header, refusal, [Mechanism.public()], header.policy_digest)
+        return self._send(
+            header, refusal, [Mechanism.public()], header.policy_digest, counts_round=False
+        )
 
     def _given(self, message: TaskMessage) -> tuple[TaskResult, Payload] | None:
         """The answer this task id already got (the same bytes), a refusal where that answer
@@ -283,9 +287,12 @@ class SiloAgent:
         result: TaskResult,
         releases: list[Mechanism],
         job: str | None,
+        counts_round: bool = True,
     ) -> tuple[TaskResult, Payload]:
         """Book each of `result`'s releases under `job`, sign the receipt of the booking, and
-        keep the answer when it answers a task of this silo's job."""
+        keep the answer when it answers a task of this silo's job (`counts_round` False: a
+        refusal before the contract took the task, whose round moves no answer out of the
+        store: silo/answers.py)."""
         block = tensor_block(result.tensors)  # the tensors' bytes, shared by both encodings
         if self.ledger is not None:
             result = replace(result, ledger_head=self.ledger.head())
@@ -295,7 +302,13 @@ class SiloAgent:
         encoded = result.encode_payload(block)  # its parts: the header, then the tensors' memory
         if self.policy_digest is None or job == self.policy_digest:  # a task of this job
             if self.answers is not None:
-                self.answers.keep(self.context.job, message.task_id, message.round, encoded)
+                self.answers.keep(
+                    self.context.job,
+                    message.task_id,
+                    message.round,
+                    encoded,
+                    counts_round=counts_round,
+                )
             else:
                 self._answered.add(message.task_id)
         return result, encoded

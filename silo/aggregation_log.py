@@ -14,6 +14,7 @@ memory, as long as the agent.
 from __future__ import annotations
 
 import json
+import re
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -79,6 +80,16 @@ class AggregationLog:
             )
         if not taken:
             self.claim(label, choice)
+
+    def last_round(self, deployment: str, phase: str, step: str) -> int | None:
+        """The latest round of `deployment` whose aggregation of `phase` this silo took `step`
+        of, in this job; None when it took none."""
+        entry = re.compile(
+            re.escape(f"{self.job}|{deployment}/r") + r"(\d+)" + re.escape(f"/{phase}|{step}")
+        )
+        with self._lock:
+            rounds = [int(m[1]) for e in self._claimed if (m := entry.fullmatch(e))]
+        return max(rounds, default=None)
 
 
 def aggregation_log(ctx: SiloContext) -> AggregationLog:

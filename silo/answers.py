@@ -20,7 +20,10 @@ its training and its answer (docs/performance.md, "Where a round's time goes").
 
 Answers from more than `KEEP_ROUNDS` rounds before the newest are emptied: the name stays as a
 tombstone, so the silo still knows the task was answered and refuses it (as it does a task its
-ledger holds but whose answer is gone).
+ledger holds but whose answer is gone). Only answers to tasks the silo's contract took move the
+newest round: a refusal made before anything ran (a round or phase outside the policy, a task
+misaddressed or unreadable) is kept under its round or the newest, whichever is earlier, so a
+task for round 10**6 empties no answer of the rounds the silo is in.
 """
 
 from __future__ import annotations
@@ -76,10 +79,16 @@ class AnswerStore:
         with self._lock:
             return _key(job, task_id) in self._rounds
 
-    def keep(self, job: str, task_id: str, round: int, answer: Payload) -> None:
-        """Store `answer` (return only then send it), and empty old rounds' answers."""
+    def keep(
+        self, job: str, task_id: str, round: int, answer: Payload, *, counts_round: bool = True
+    ) -> None:
+        """Store `answer` (return only then send it), and empty old rounds' answers.
+        `counts_round` False: a refusal of a task no contract took, whose round is only the
+        coordinator's word; it is kept under the newest round at most, moving nothing."""
         key = _key(job, task_id)
         with self._lock:
+            if not counts_round:
+                round = max(0, min(round, max(self._rounds.values(), default=0)))
             if self.folder is None:
                 self._memory[key] = answer
             else:

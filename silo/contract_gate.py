@@ -20,7 +20,12 @@ when, by the silo's own signed policy,
   hand-off delivered: the silo never trains, for the coordinator to see, a model no member
   handed it (hand-offs are signed by their sender: privacy/handoff.py); a silo takes one
   cyclic visit a round, recorded in its aggregation log; and a FedDC silo puts into a secure
-  sum only a hosted model that descends from the sum's reference (its root).
+  sum only a hosted model that descends from the sum's reference (its root);
+- a sealed hand-off goes to none of the hosted model's last `no_return_window` holders the
+  silo knows of (the member that handed it on, those that member's signed hand-off names,
+  those this silo sealed it to while keeping it), and a hosted model is sealed to one member
+  a round (a second sealed copy would let its two holders difference each other's next
+  hand-offs), recorded in the aggregation log.
 
 What the protocols choose per aggregation (advertisements, shares, survivors, signatures,
 weights, key holders) is checked by the steps' handlers (silo/tasks/secure_sum.py,
@@ -42,6 +47,7 @@ from fedsilo.policies.algorithms.contract import (
     SiloFacts,
     TensorRule,
     checked_handoff,
+    return_window,
     routed_receive,
 )
 from fedsilo.silo.aggregation_log import StepAlreadyTaken, aggregation_log
@@ -51,6 +57,7 @@ from fedsilo.wire.tasks import (
     CkksDecrypt,
     DaisyReseal,
     EncryptedInput,
+    Handoff,
     MaskedInput,
     SecAggUnmask,
     TaskConfig,
@@ -60,6 +67,7 @@ from fedsilo.wire.tasks.tensor_names import (
     CONFIRMATION,
     CONTRIBUTION,
     HANDOFF,
+    LINEAGE,
     MODEL,
     SEALED_CONTEXT,
 )
@@ -105,8 +113,11 @@ def check(message: TaskMessage, ctx: SiloContext) -> None:
                 f"under secure_aggregation {method}: its {kind} task comes wrapped in that protocol"
             )
         _check_config(message.config, rule.expected(message.config, position, facts))
-        _check_tensors(message.tensors, rule.tensors(message.config, position, facts))
+        _check_tensors(message.tensors, rule.tensors(message.config, position, facts), ctx)
         _check_handed(rule, position, ctx)
+        if rule.routed:
+            adopting = bool(getattr(message.config, "adopt", False))
+            _check_seal(getattr(message.config, "handoff", None), adopting, position, ctx)
         if rule.slot is not None:
             _take_once(rule.slot, position, ctx)
 
@@ -131,6 +142,36 @@ def _take_once(slot: str, position: Position, ctx: SiloContext) -> None:
         aggregation_log(ctx).choose(label, position.phase)
     except StepAlreadyTaken as exc:
         raise ContractError(str(exc)) from None
+
+
+def _check_seal(
+    handoff: Handoff | None, adopting: bool, position: Position, ctx: SiloContext
+) -> None:
+    """A hosted model sealed to a member (`handoff`): never to one of its last
+    `no_return_window` holders this silo knows of (empty when the task adopts a model first),
+    which would give that member this silo's exact update; and to one member a round, recorded
+    in the aggregation log. A plain hand-off names no recipient: the coordinator reads it."""
+    if handoff is None or handoff.seal_to is None:
+        return
+    facts = ctx.facts
+    named = [n for n, k in facts.sealing_keys.items() if k == handoff.seal_to and n != ctx.name]
+    if not named:
+        return  # checked_handoff refuses it
+    recipient, window = named[0], return_window(ctx.policy)
+    if not adopting and recipient in ctx.store.hosted.holders[:window]:
+        raise ContractError(
+            f"config key 'handoff' seals the model this silo hosts to {recipient}, one of its "
+            f"last {window} holders (algorithm.no_return_window), which would learn this silo's "
+            "update from it"
+        )
+    label = f"{ctx.deployment}/r{position.round}/hand-off".encode()
+    try:
+        aggregation_log(ctx).choose(label, recipient)
+    except StepAlreadyTaken:
+        raise ContractError(
+            f"this silo sealed the model it hosts to another member in round {position.round} "
+            "already; it seals a hosted model to one member a round"
+        ) from None
 
 
 def _check_handed(rule: PhaseRule, position: Position, ctx: SiloContext) -> None:
@@ -171,17 +212,18 @@ def _check_secure_step(
         _check_config(inner, rule.expected(inner, position, facts), "inner_config")
         carried = rule.tensors(inner, position, facts)
         references = {n: r for n, r in rule.references(facts).items() if n not in carried}
-        _check_tensors(message.tensors, carried | references)
+        _check_tensors(message.tensors, carried | references, ctx)
         if rule.from_reference and not getattr(inner, "adopt", False):
             _check_root(message, ctx)
     elif isinstance(config, SecAggUnmask) and config.advertise_next is not None:
-        ahead = config.advertise_next
-        if ahead.round <= message.round or not ctx.contract.aggregates(
-            ahead.round, ahead.phase, facts
-        ):
+        ahead, phase = config.advertise_next, message.phase
+        following = ctx.contract.next_aggregation(message.round, phase)
+        if (ahead.round, ahead.phase) != (following, phase):
+            nearest = "none" if following is None else f"round {following}"
             raise ContractError(
-                f"config key 'advertise_next' names round {ahead.round}, phase {ahead.phase!r}: "
-                "no later weighted mean of this silo's policy"
+                f"config key 'advertise_next' names round {ahead.round}, phase {ahead.phase!r}; "
+                f"keys are folded for the next weighted mean of phase {phase!r} only, which "
+                f"this silo's policy makes {nearest}"
             )
         _check_tensors(message.tensors, {})
     elif isinstance(config, CkksDecrypt):
@@ -225,6 +267,7 @@ def _check_handoff_step(
     if isinstance(config, DaisyReseal):
         checked_handoff(config.handoff, ctx.policy, ctx.facts)
         _check_tensors(message.tensors, {})
+        _check_seal(config.handoff, False, position, ctx)
         return
     _check_config(config, routed_receive(ctx.policy))
     _check_byte_tensors(message.tensors, lambda name: name == HANDOFF, "hand-off", exactly=1)
@@ -252,10 +295,19 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def _check_tensors(tensors: Mapping[str, torch.Tensor], rules: Mapping[str, TensorRule]) -> None:
-    if set(tensors) != set(rules):
+def _check_tensors(
+    tensors: Mapping[str, torch.Tensor],
+    rules: Mapping[str, TensorRule],
+    ctx: SiloContext | None = None,
+) -> None:
+    """The tensors `rules` name, each as it describes; beside a model, under model lineage
+    (`ctx`'s policy), the lineage evidence too, which silo/lineage.py checks."""
+    names = set(tensors)
+    if ctx is not None and MODEL in rules and ctx.policy.uses_lineage:
+        names = {name for name in names if not name.startswith(LINEAGE)}
+    if names != set(rules):
         raise ContractError(
-            f"it carries tensors {sorted(tensors)}; this position's task carries {sorted(rules)}"
+            f"it carries tensors {sorted(names)}; this position's task carries {sorted(rules)}"
         )
     chosen: dict[str, int] = {}
     for name, rule in rules.items():

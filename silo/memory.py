@@ -23,12 +23,16 @@ class HostedModel:
     the last exchange); both None until the first model arrives. `delivered`: the (round,
     phase) of the hand-off it hosts (None: it adopted the model, or trained its own since).
     `root`: the digest of the model its lineage was adopted from (by this silo, or by the
-    silo that handed it on)."""
+    silo that handed it on). `holders`: the members this silo knows held the model, or a copy
+    of it, since it was adopted, latest first, as many as FedDC's `no_return_window`: the
+    member that handed it on and those its hand-off named, and those this silo sealed it to
+    while it kept hosting it."""
 
     model: Tensor | None = None
     anchor: Tensor | None = None
     delivered: tuple[int, str] | None = None
     root: bytes | None = None
+    holders: tuple[str, ...] = ()
 
 
 @dataclass
@@ -46,7 +50,8 @@ class SiloMemory:
     the silos began. `skeleton`: the network a task's
     model is loaded into (silo/model_skeleton.py). `background`: one worker thread for what a
     task computes while it trains (masking's streams), started on first use and kept, since
-    starting a thread per task cost a quarter of a millisecond."""
+    starting a thread per task cost a quarter of a millisecond. `lineage`: the server states
+    this silo derived (silo/lineage.py), by the digest of the evidence they derive from."""
 
     released_counts: set[str] = field(default_factory=set)
     features: dict[str, Tensor] | None = None
@@ -57,6 +62,7 @@ class SiloMemory:
     ckks_made: tuple[tuple[str, ...], dict[str, Tensor]] | None = None
     aggregation_log: AggregationLog | None = None
     skeleton: ModelSkeleton = field(default_factory=ModelSkeleton)
+    lineage: dict[bytes, dict[str, Tensor]] = field(default_factory=dict)
     background: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(max_workers=1, thread_name_prefix="silo-bg")
     )

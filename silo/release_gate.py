@@ -3,9 +3,10 @@
 the clear, whatever task the coordinator sends (issue 17: a coordinator that sent plain `train`
 tasks under a masking policy collected every silo's model).
 
-Every task kind declares what it sends (`TaskKind.sends`, registered once in
-silo/tasks/__init__.py), and that decides when it may run. A kind missing from the registry is
-refused (fail closed), so a new handler must be classified before it can run at all. Tasks
+Every task kind declares what it sends (its config's `SENDS`, wire/tasks/release.py, where the
+coordinator reads it too), and that decides when it may run. A kind missing from the silo's
+registry (silo/tasks/__init__.py) is refused (fail closed), and a config declares what it sends
+before its kind can run at all. Tasks
 wrapped inside `secagg_mask` or `ckks_encrypt` are called by those handlers directly and never
 pass this gate; the task the wrapper carries must be of a kind whose result the wrapper masks or
 encrypts.
@@ -14,9 +15,10 @@ encrypts.
 from __future__ import annotations
 
 from fedsilo.silo.tasks import TASK_KINDS
-from fedsilo.silo.tasks.base import Release, SiloContext
+from fedsilo.silo.tasks.base import SiloContext
 from fedsilo.wire.messages import TaskMessage
 from fedsilo.wire.tasks import DaisyReseal, DaisyTrain, EncryptedInput, MaskedInput
+from fedsilo.wire.tasks.release import Release
 
 # What `secagg_mask` and `ckks_encrypt` may wrap: kinds whose result they mask or encrypt.
 WRAPPABLE = frozenset(
@@ -31,10 +33,9 @@ def refusal(message: TaskMessage, ctx: SiloContext) -> str | None:
     """Why `message`, a top-level task, must be refused under the silo's own
     `secure_aggregation` policy, or None when it may run."""
     method = ctx.secure_aggregation.method
-    kind = TASK_KINDS.get(message.kind)
-    if kind is None:
+    if message.kind not in TASK_KINDS:
         return f"task kind {message.kind!r} is unknown; refused under any policy"
-    rule = kind.sends
+    rule = message.config.SENDS
     protocol = PROTOCOL_OF.get(rule)
     if protocol is not None and protocol != method:
         return (

@@ -203,3 +203,36 @@ def test_a_site_can_keep_its_training_set_size_coarse(tmp_path: Path) -> None:
     too_coarse = silo_yaml(train_rows_multiple=len(whole.y_train) + 1)
     with pytest.raises(DataError, match="train_rows_multiple: the training split has"):
         too_coarse.load_data(tmp_path / "silo.yaml", seed=3)
+
+
+def test_a_dp_sgd_answer_tells_the_training_set_size_only_to_the_sites_multiple(
+    tmp_path: Path,
+) -> None:
+    """Two sites of 190 and 170 training rows, both keeping them to a multiple of 50 (150): the
+    same DP-SGD train task gets the same scalars from both, the sample rate (batch / kept
+    rows), the steps, the noise multiplier, the noised count and the epsilon the answer
+    brings; none derives from the rows a site holds beyond the multiple."""
+    from fedsilo.silo.agent import SiloAgent
+    from tests.adversarial.helpers import DEPLOYMENT, JOB, SiloSite, dp_policy, initial_model, train
+    from tests.test_tasks import separable
+
+    scalars = []
+    for rows in (190, 170):
+        data = separable().with_train_rows(torch.arange(rows)).with_train_rows_multiple_of(50, 3)
+        assert len(data.y_train) == 150
+        site = SiloSite(tmp_path / str(rows))  # the same silo name and secret: the same noise
+        site.folder.mkdir()
+        agent = SiloAgent(
+            site.name,
+            data,
+            dp_policy(),
+            policy_digest=JOB,
+            secret=bytes(site.identity),
+            ledger=PrivacyLedger(site.ledger_path),
+            deployment=DEPLOYMENT,
+        )
+        result, _ = train(agent, initial_model(agent))
+        assert result.ok, result.error
+        assert result.metrics["dp_sample_rate"] == 16 / 150  # helpers.TRAINING's batch
+        scalars.append((result.num_samples, dict(result.metrics), result.epsilon))
+    assert scalars[0] == scalars[1]

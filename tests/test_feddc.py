@@ -1,7 +1,7 @@
 """FedDC: rounds follow the daisy and aggregation schedules (aggregation first when both fall
 due); hand-offs move each model to its recipient, sealed so that only the recipient opens
 them and the coordinator relays bytes it cannot read; a key outside the roster is refused; a
-dropped recipient's model is re-routed, not lost; FedAvg and daisy chaining alone are the
+dropped recipient's sealed model stays with its sender; FedAvg and daisy chaining alone are the
 degenerate schedules; Radon aggregation is the iterated Radon point of the models; no model
 returns to a recent holder; incompatible policies are refused."""
 
@@ -238,36 +238,41 @@ def test_a_hand_off_key_outside_the_roster_is_refused() -> None:
     assert "config key 'handoff' seals to no other member's key" in record.error
 
 
-def test_a_dropped_recipients_model_is_rerouted_not_lost() -> None:
+def test_a_dropped_recipients_sealed_model_stays_with_its_sender() -> None:
+    """A sealed hand-off cannot be re-addressed, and a silo seals a hosted model to one member
+    a round: the model whose recipient dropped is resealed to no one else and stays with its
+    sender (which keeps what it hands off until a model arrives for it), the silo whose sender
+    dropped keeps its own, and the next round's permutation counts the dropped recipient among
+    the holders of a model its sender kept, as the sender does (no silo refuses a task)."""
     consortium = Consortium(5)
     p = policy(
-        rounds=2,
+        rounds=3,
         daisy_period=1,
         aggregation_period=None,
         permutation="derangement",
+        no_return_window=1,
         channel={"sealed_handoffs": True},
     )
     history = consortium.run(p, failing("silo-2", "daisy_train", round_no=2))
+    assert [r.status for r in history.records] == ["completed"] * 3
+    assert "silo-2" in history.records[1].phases["daisy"]["dropped"]
+    assert not [t for t in consortium.tasks if t.kind == "daisy_reseal"]
+    refused = [r.error for r in consortium.replies if not r.ok and r.error != "power cut"]
+    assert not refused
     sent = {
         r.silo: r.tensors[HANDOFF] for r in consortium.replies
-        if r.kind in ("daisy_train", "daisy_reseal") and r.task_id.startswith("simulation/r2/")
+        if HANDOFF in r.tensors and r.task_id.startswith("simulation/r2/")
     }  # fmt: skip
-    resealed = [r.silo for r in consortium.replies if r.kind == "daisy_reseal"]
-    record = history.records[1]
-    assert record.status == "completed" and "silo-2" in record.phases["daisy"]["dropped"]
-    (sender,) = resealed  # silo-2 was someone's recipient: a derangement has no fixed points
-    (delivery,) = [
-        t for t in consortium.tasks
-        if t.kind == "daisy_receive" and torch.equal(t.tensors[HANDOFF], sent[sender])
-    ]  # fmt: skip
+    delivered = hops(consortium, 2)
+    (orphan,) = set(sent) - set(delivered)  # silo-2 was someone's recipient
     handed = unpack(
-        open_sealed(bytes(sent[sender].numpy()), consortium.sealing[delivery.silo]),
-        Binding("simulation", 2, "daisy", delivery.silo),
+        open_sealed(bytes(sent[orphan].numpy()), consortium.sealing["silo-2"]),
+        Binding("simulation", 2, "daisy", "silo-2"),
         consortium.roster,
     )
-    assert handed.sender == sender
-    assert delivery.silo != "silo-2"
-    assert torch.equal(consortium.hosted(delivery.silo), handed.model)
+    assert handed.sender == orphan
+    assert len(delivered) == len(sent) - 1 and "silo-2" not in delivered.values()
+    assert len(set(sent) - set(delivered.values())) == 1  # silo-2's recipient keeps its own
 
 
 def test_fedavg_is_the_schedule_without_hand_offs() -> None:

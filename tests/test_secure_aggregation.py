@@ -28,7 +28,6 @@ from nacl.exceptions import CryptoError
 from nacl.public import PrivateKey
 from nacl.signing import SigningKey
 
-from fedsilo.coordinator import secure_sum
 from fedsilo.coordinator.engine import RoundEngine
 from fedsilo.coordinator.phases import Phase, Task, WeightedMean
 from fedsilo.coordinator.secure_mean import SecureMean
@@ -50,7 +49,7 @@ from fedsilo.policies.algorithms.fedavg import FedAvgConfig
 from fedsilo.policies.loading import PolicyError, parse_policy
 from fedsilo.policies.schema import Policy
 from fedsilo.policies.secure_aggregation import SecureAggregationConfig
-from fedsilo.privacy import masking
+from fedsilo.privacy import masking, unmasking
 from fedsilo.privacy.ckks import (
     CkksError,
     context_digest,
@@ -213,8 +212,8 @@ def test_the_masked_mean_has_the_same_bits_read_in_slices_and_chunks_of_any_size
     places leave the mean's bits as they are."""
     whole = run(policy("masking", rounds=2))
     monkeypatch.setattr(masking, "STREAM_CHUNK_ELEMENTS", 97)
-    monkeypatch.setattr(secure_sum, "STREAM_CHUNK_ELEMENTS", 97)
-    monkeypatch.setattr(secure_sum, "SLICE_ELEMENTS", 300)
+    monkeypatch.setattr(unmasking, "STREAM_CHUNK_ELEMENTS", 97)
+    monkeypatch.setattr(unmasking, "SLICE_ELEMENTS", 300)
     pieces = run(policy("masking", rounds=2))
     assert torch.equal(whole.state.model, pieces.state.model)
 
@@ -294,7 +293,10 @@ class TwoMeansARound(FedAvg):
 class TwoMeansConfig(FedAvgConfig):
     """The silos' side of `TwoMeansARound`: FedAvg's contract with a second weighted mean of
     `train` tasks, `again`, in every round (no algorithm of the policy reader has two masked
-    phases a round; a silo answers only the phases its contract names)."""
+    phases a round; a silo answers only the phases its contract names). Its second mean is
+    no server step a silo repeats: no model lineage."""
+
+    lineage_gap: ClassVar[str | None] = "two means a round"
 
     def silo_contract(self, policy: Policy) -> SiloContract:
         every = averaging_contract(policy)

@@ -13,7 +13,10 @@ averages), and every task a silo received is recorded as it arrived. Then:
   algorithm's contract gives the coordinator (`CHOSEN`) is refused by the silo's gate;
 - a field the contract gives the coordinator is refused outside its bounds (`OUT_OF_BOUNDS`);
 - weights outside the rules of a secure sum are refused by every silo of a real masked or
-  CKKS sum (the weights are checked by the protocols' steps, with the silos' state).
+  CKKS sum (the weights are checked by the protocols' steps, with the silos' state);
+- every answer of a kind whose model leaves masked, encrypted or sealed (a secure sum's steps,
+  a hand-off) holds tensors only, as the silo sent it, and an answer of such a kind with a
+  report beside its tensors is refused when built and when decoded.
 """
 
 from __future__ import annotations
@@ -40,13 +43,15 @@ from fedsilo.ops.simulate import load_silos
 from fedsilo.policies.algorithms.base import algorithm_classes, names_of
 from fedsilo.policies.loading import PolicyError, load_policy, parse_policy
 from fedsilo.policies.schema import Policy
-from fedsilo.silo import contract_gate
+from fedsilo.silo import contract_gate, lineage
 from fedsilo.silo.agent import SiloAgent
 from fedsilo.silo.data import pool
-from fedsilo.wire.messages import TaskMessage
+from fedsilo.silo.tasks import TASK_KINDS
+from fedsilo.wire.messages import TaskMessage, TaskResult, versions
 from fedsilo.wire.payload import as_payload
-from fedsilo.wire.tasks import decode_task_config
-from fedsilo.wire.tensors import ParameterSpec, TensorSpec, WireError
+from fedsilo.wire.tasks import TASK_CONFIGS, decode_task_config
+from fedsilo.wire.tasks.release import Release
+from fedsilo.wire.tensors import ParameterSpec, TensorSpec, WireError, encode_tensors, index_tensors
 from tests.adversarial.rewriting import Consortium, policy
 from tests.adversarial.test_deny_by_default import attempt, train_phase, weights_rewritten
 
@@ -130,11 +135,12 @@ def example(source: str, method: str) -> Policy:
 
 @dataclass(frozen=True)
 class Arrival:
-    """A task as it reached its silo, with the one piece of the silo's memory the gate reads:
-    the (round, phase) of the hand-off it hosted then."""
+    """A task as it reached its silo, with the pieces of the silo's memory the gate reads: the
+    (round, phase) of the hand-off it hosted then, and that model's holders."""
 
     payload: bytes
     delivered: tuple[int, str] | None
+    holders: tuple[str, ...] = ()
 
     @property
     def message(self) -> TaskMessage:
@@ -146,13 +152,25 @@ class Recording:
     policy: Policy
     agents: Mapping[str, SiloAgent]
     arrivals: tuple[Arrival, ...]
+    replies: tuple[bytes, ...]  # every answer, as its silo sent it
 
-    def refusal(self, message: TaskMessage, delivered: tuple[int, str] | None) -> str | None:
-        """The gate's verdict on `message` at its silo, with the silo's hosted hand-off as it
-        was when the recorded task arrived."""
+    def refusal(
+        self,
+        message: TaskMessage,
+        delivered: tuple[int, str] | None,
+        holders: tuple[str, ...] = (),
+    ) -> str | None:
+        """The gate's verdict on `message` at its silo, with the silo's hosted hand-off (and
+        its holders) as it was when the recorded task arrived."""
         agent = self.agents[message.silo]
         agent.context.store.hosted.delivered = delivered
+        agent.context.store.hosted.holders = holders
         return contract_gate.refusal(message, agent.context)
+
+    def lineage_refusal(self, message: TaskMessage) -> str | None:
+        """The model-lineage gate's verdict (silo/lineage.py), which checks the tensors the
+        contract gate leaves to it (the `lineage/` evidence beside a model)."""
+        return lineage.refusal(message, self.agents[message.silo].context)
 
 
 @functools.cache
@@ -167,12 +185,16 @@ def recording(source: str, method: str) -> Recording:
         silos[POOLED_SILO] = pool(datasets)
     agents = {n: build_agent(p, n, d, torch.device("cpu"), keys) for n, d in silos.items()}
     arrivals: list[Arrival] = []
+    replies: list[bytes] = []
 
     def endpoint(name: str) -> Callable[[Any], Any]:
         def call(payload: Any) -> Any:
             data = as_payload(payload).to_bytes()
-            arrivals.append(Arrival(data, agents[name].context.store.hosted.delivered))
-            return agents[name].handle_bytes(data)
+            hosted = agents[name].context.store.hosted
+            arrivals.append(Arrival(data, hosted.delivered, hosted.holders))
+            reply = agents[name].handle_bytes(data).to_bytes()
+            replies.append(reply)
+            return reply
 
         return call
 
@@ -185,7 +207,7 @@ def recording(source: str, method: str) -> Recording:
     )
     history = engine.run()
     assert all(r.status == "completed" for r in history.records), history.records
-    return Recording(p, agents, tuple(arrivals))
+    return Recording(p, agents, tuple(arrivals), tuple(replies))
 
 
 @pytest.mark.parametrize(("source", "method"), CASES)
@@ -197,8 +219,83 @@ def test_an_honest_coordinators_every_task_passes_its_silos_contract(
     for arrival in run.arrivals:
         message = arrival.message
         kinds.add(message.kind)
-        assert run.refusal(message, arrival.delivered) is None, message.task_id
+        assert run.refusal(message, arrival.delivered, arrival.holders) is None, message.task_id
     assert kinds, "the run sent no task"
+
+
+TENSORS_ONLY = sorted(kind for kind, config in TASK_CONFIGS.items() if config.SENDS.tensors_only)
+
+
+@pytest.mark.parametrize(("source", "method"), CASES)
+def test_every_answer_of_a_secure_sums_step_or_a_hand_off_holds_tensors_only(
+    source: str, method: str
+) -> None:
+    """Each answer of the honest run as its silo sent it (its header, not `TaskResult`'s
+    reading): one of a kind whose model leaves masked, encrypted or sealed holds no metric and
+    no spec, and a count only at the steps that release the training count (advertise, keys
+    folded into an unmask answer, a CKKS join)."""
+    run = recording(source, method)
+    checked = set()
+    for reply in run.replies:
+        _, header = index_tensors(as_payload(reply))
+        config = TASK_CONFIGS.get(header["kind"])
+        if header["status"] != "ok" or config is None or not config.SENDS.tensors_only:
+            continue
+        checked.add(header["kind"])
+        assert header["metrics"] == {} and header["spec"] is None, header
+        assert config.RELEASES_COUNT or header["num_samples"] == 0, header
+    if method != "none" and source in AVERAGING:
+        assert {"secagg_mask", "ckks_encrypt"} & checked
+    if source in ("feddc", "cyclic"):
+        assert "daisy_train" in checked
+
+
+def test_every_task_kind_declares_what_its_answer_sends() -> None:
+    """One list: a kind's config says what its answer sends, for the silo's release gate and
+    for `TaskResult` alike; the silo runs no kind the wire does not know."""
+    assert set(TASK_KINDS) <= set(TASK_CONFIGS)
+    assert all(isinstance(config.SENDS, Release) for config in TASK_CONFIGS.values())
+    assert {"secagg_mask", "ckks_encrypt", "daisy_train"} <= set(TENSORS_ONLY)
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(
+    kind=st.sampled_from(TENSORS_ONLY),
+    metrics=st.dictionaries(st.text(min_size=1, max_size=8), st.floats(-1e6, 1e6), max_size=3),
+    num_samples=st.integers(0, 10**6),
+    with_spec=st.booleans(),
+)
+def test_an_answer_of_such_a_kind_with_a_report_beside_its_tensors_is_refused(
+    kind: str, metrics: dict[str, float], num_samples: int, with_spec: bool
+) -> None:
+    """Built by a silo or decoded by a coordinator: an answer of a tensors-only kind with a
+    metric, a spec or a count its kind does not release is refused, naming the kind."""
+    spec = ParameterSpec.of({"w": torch.zeros(2)}) if with_spec else None
+    beside = metrics or spec or (num_samples and not TASK_CONFIGS[kind].RELEASES_COUNT)
+    header = {
+        "type": "result",
+        **versions(),
+        "task_id": "t",
+        "silo": "s",
+        "kind": kind,
+        "status": "ok",
+        "num_samples": num_samples,
+        "metrics": metrics,
+        "spec": spec.to_json() if spec else None,
+        "error": None,
+        "compute_seconds": 0.0,
+        "epsilon": None,
+        "ledger_head": None,
+        "receipt": None,
+    }
+    payload = encode_tensors({"x": torch.zeros(1)}, header)
+    if not beside:
+        assert list(TaskResult.decode(payload).tensors) == ["x"]
+        return
+    with pytest.raises(WireError, match=f"a {kind} answer holds tensors only"):
+        TaskResult.decode(payload)
+    with pytest.raises(WireError, match=f"a {kind} answer holds tensors only"):
+        TaskResult("t", "s", kind, num_samples=num_samples, metrics=metrics, spec=spec)
 
 
 def test_every_algorithm_declares_a_silo_contract_and_is_specified_here() -> None:
@@ -377,7 +474,8 @@ def test_a_mutation_of_anything_the_contract_does_not_give_the_coordinator_is_re
         mutated, field = data.draw(kind_mutation(message, others)), "kind"
     if mutated is None:
         return
-    assert run.refusal(mutated, arrival.delivered) is not None, (
+    refused = run.refusal(mutated, arrival.delivered, arrival.holders)
+    assert (refused or run.lineage_refusal(mutated)) is not None, (
         f"{message.task_id}: changing {field} was not refused"
     )
 
@@ -395,7 +493,8 @@ def refused_config(run: Recording, kind: str, phase: str | None, **changes: Any)
         config = decode_task_config(kind, message.config.to_json() | changes)
     except WireError:
         return True
-    return run.refusal(replace(message, config=config), arrival.delivered) is not None
+    mutated = replace(message, config=config)
+    return run.refusal(mutated, arrival.delivered, arrival.holders) is not None
 
 
 OUT_OF_BOUNDS: list[tuple[str, str, str, str | None, dict[str, Any]]] = [

@@ -24,7 +24,8 @@ import torch
 
 from fedsilo import __version__
 from fedsilo.wire.payload import AnyPayload, Payload, as_payload
-from fedsilo.wire.tasks import TaskConfig, decode_task_config
+from fedsilo.wire.tasks import TASK_CONFIGS, TaskConfig, decode_task_config
+from fedsilo.wire.tasks.release import answer_problem
 from fedsilo.wire.tensors import (
     LazyTensor,
     ParameterSpec,
@@ -51,7 +52,12 @@ SIMULATION = "simulation"
 # contribution cover the digest of the task they are for, and hand-offs are signed by their
 # sender: a silo of version 4 would sign other statements, so the two must not meet; 6: silos
 # heartbeat (wire/control.py) and a coordinator takes one silent for its window for gone, so a
-# silo of version 5, which never beats, would be a dropout in every round
+# silo of version 5, which never beats, would be a dropout in every round; 7: model lineage
+# (privacy/lineage.py): a task that carries the model under masking carries the evidence of
+# the last aggregation, which a silo of version 6 refuses as tensors outside its contract, a
+# masked input and an unmask answer carry their sender's signature, a task's digest is of its
+# tensors' digests (silos of versions 6 and 7 in one sum would sign different statements), and
+# an answer of a secure sum's step or a hand-off carries tensors only
 #
 # Mixing versions: a silo, the operator's admin CLI and a coordinator work together exactly when
 # they speak the same protocol version, whatever their fedsilo package versions. So that any two
@@ -63,7 +69,7 @@ SIMULATION = "simulation"
 # are the whole message to show (`version_mismatch`: both sides' protocol and package versions
 # and what to upgrade), printed by the other side as they are. These keys, that status and the
 # use of its details must never change; everything else may, with the protocol version.
-PROTOCOL_VERSION = 6
+PROTOCOL_VERSION = 7
 
 SiloEndpoint = Callable[[bytes | AnyPayload], bytes | AnyPayload]
 
@@ -204,7 +210,7 @@ class TaskMessage:
         try:
             named = TaskHeader(
                 task_id=str(h["task_id"]),
-                round=int(h["round"]),
+                round=_count(h, "round"),
                 phase=str(h["phase"]),
                 kind=str(h["kind"]),
                 silo=str(h["silo"]),
@@ -232,7 +238,11 @@ class TaskMessage:
 
 @dataclass(frozen=True)
 class TaskResult:
-    """What a silo returns: tensors, and scalar reports (sample count, metrics, timing)."""
+    """What a silo returns: tensors, and scalar reports (sample count, metrics, timing). An
+    answer of a kind whose model leaves masked, encrypted or sealed holds tensors only (its
+    kind's `SENDS`, wire/tasks/release.py): one that carries metrics, a spec or a count its
+    kind does not release cannot be built, so a silo cannot send it and a coordinator decodes
+    none."""
 
     task_id: str
     silo: str
@@ -249,6 +259,20 @@ class TaskResult:
     # The silo's signed receipt of the booking (privacy/receipts.py), JSON; it is not part of
     # the body the ledger books (the result encoded with `receipt` None).
     receipt: Mapping[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        config = TASK_CONFIGS.get(self.kind)
+        if config is not None:
+            problem = answer_problem(
+                self.kind,
+                config.SENDS,
+                config.RELEASES_COUNT,
+                self.num_samples,
+                self.metrics,
+                self.spec,
+            )
+            if problem is not None:
+                raise WireError(problem)
 
     @property
     def ok(self) -> bool:
@@ -313,6 +337,16 @@ class TaskResult:
             raise WireError(f"malformed result header: {exc}") from exc
 
 
+def _count(header: Mapping[str, Any], key: str) -> int:
+    """The header's `key`, a non-negative JSON integer: not a bool, a string or a float, which
+    `int()` would read as the integer they look like ("1", 1.7, true)."""
+    value = header[key]
+    if type(value) is not int or value < 0:
+        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+        raise WireError(f"task header key {key!r} must be a non-negative integer, not {shown}")
+    return value
+
+
 def _epsilon_to_json(epsilon: float | None) -> float | str | None:
     """Infinity as the string "inf" (float() reads it back), so the header stays standard JSON."""
     return "inf" if epsilon == math.inf else epsilon
@@ -337,8 +371,9 @@ def versions() -> dict[str, Any]:
 
 
 def check_protocol(header: Mapping[str, Any]) -> None:
-    """WireError unless `header` speaks this protocol version."""
-    if header.get("protocol") != PROTOCOL_VERSION:
+    """WireError unless `header` speaks this protocol version (a JSON integer: not 6.0)."""
+    theirs = header.get("protocol")
+    if type(theirs) is not int or theirs != PROTOCOL_VERSION:
         raise WireError(
             f"protocol version {header.get('protocol')!r} is not {PROTOCOL_VERSION} "
             "(upgrade one side)"

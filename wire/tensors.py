@@ -110,11 +110,19 @@ class ParameterSpec:
     def from_json(cls, data: Mapping) -> ParameterSpec:
         try:
             entries = tuple(
-                TensorSpec(str(n), tuple(int(s) for s in shape)) for n, shape in data["entries"]
+                TensorSpec(str(n), tuple(_dimension(s) for s in shape))
+                for n, shape in data["entries"]
             )
             return cls(entries, str(data["dtype"]))
         except (KeyError, TypeError, ValueError) as exc:
             raise WireError(f"malformed parameter spec: {exc}") from exc
+
+
+def _dimension(value: Any) -> int:
+    """A spec's dimension: a non-negative JSON integer (not a bool, a string or a float)."""
+    if type(value) is not int or value < 0:
+        raise ValueError(f"a dimension must be a non-negative integer, not {value!r:.40}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -247,6 +255,8 @@ class TensorsOnDemand(Mapping[str, torch.Tensor]):
     def __init__(self, lazy: Mapping[str, LazyTensor]) -> None:
         self._lazy = dict(lazy)
         self._loaded: dict[str, torch.Tensor] = {}
+        # each tensor's digest once a reader computed it (silo/tasks/base.py `tensor_digests`)
+        self.digests: dict[str, bytes] = {}
 
     def __getitem__(self, name: str) -> torch.Tensor:
         if name not in self._loaded:

@@ -26,6 +26,7 @@ from fedsilo.coordinator.strategies.base import (
     Strategy,
 )
 from fedsilo.policies.algorithms import ApproxFedAvgConfig, FedAvgConfig, FedProxConfig
+from fedsilo.policies.algorithms.server_step import initial_state, server_step
 from fedsilo.wire.tasks.tensor_names import MODEL
 
 
@@ -44,9 +45,15 @@ class FedAvg(Strategy):
         out = yield Phase("train", tasks, aggregate=WeightedMean((MODEL,)))
         return replace(state, tensors=self.server_update(state, out.mean[MODEL]))
 
+    def setup(self, ctx: RoundContext) -> RoundScript:
+        state = yield from super().setup(ctx)
+        return replace(state, tensors=initial_state(self.policy.algorithm, state.model))
+
     def server_update(self, state: ServerState, mean: torch.Tensor) -> dict[str, torch.Tensor]:
-        """The server optimiser: for FedAvg, SGD with step 1 on mean - x, i.e. x = mean."""
-        return {**state.tensors, MODEL: mean}
+        """The server optimiser (policies/algorithms/server_step.py): for FedAvg, SGD with step
+        1 on mean - x, i.e. x = mean; FedOpt's adaptive step; the same one its silos repeat
+        under model lineage."""
+        return server_step(self.policy.algorithm, state.tensors, {MODEL: mean})
 
 
 class FedProx(FedAvg):

@@ -14,7 +14,10 @@ Daisy chaining alone (`aggregation_period: null`) and FedAvg with b local steps
 
 Silos host their models (silo/tasks/daisy.py); the coordinator's state holds the last
 aggregate, which silos must adopt next (those asked to aggregate, and a silo that missed it
-until it takes part again), and, for `no_return_window`, each hosted model's last holders.
+until it takes part again), and, for `no_return_window`, each hosted model's last holders: the
+silos it was handed on from, and those its host sealed it to while keeping it (a sender keeps
+its model until one arrives for it), as each silo counts them itself (silo/contract_gate.py
+refuses a hand-off to one of them).
 """
 
 from __future__ import annotations
@@ -73,6 +76,7 @@ class FedDC(Strategy):
             rest = [s for s in ctx.silos if s not in sampled]
             if rest:
                 out = yield Phase("local", tuple(self._task(s, state, ctx, adopt) for s in rest))
+                lineage = _adopted(lineage, adopt, out)
                 adopt -= set(out.answered)
             tasks = tuple(self._task(s, state, ctx, adopt, send=True) for s in sampled)
             if self.config.aggregator == "mean":
@@ -85,18 +89,26 @@ class FedDC(Strategy):
                 out = yield Phase("aggregate", tasks)
                 model = self._radon(out, ctx)
             extra = {**state.extra, ADOPT: sorted((adopt - set(out.answered)) | set(sampled))}
-            extra[LINEAGE] = {}
+            extra[LINEAGE] = _adopted(lineage, adopt, out)  # the sampled adopt with their next task
             return replace(state, tensors={**state.tensors, MODEL: model}, extra=extra)
         if self.config.is_daisy(step):
             sampled = self.sample_silos(ctx)
-            route = self._permutation(sampled, lineage, ctx)
+            # a silo told to adopt hands on the aggregate, which it adopts first
+            route = self._permutation(sampled, _adopted(lineage, adopt), ctx)
             tasks = tuple(self._task(s, state, ctx, adopt) for s in ctx.silos)
             out = yield Phase("daisy", tasks, route=route)
-            moved = {r: [s, *lineage.get(s, [])] for s, r in out.routes.items()}
+            held = _adopted(lineage, adopt, out)
+            # a sender keeps hosting what it sealed until a model arrives for it: its recipient
+            # holds a copy, as the sender itself notes (silo/tasks/daisy.py)
+            received = set(out.routes.values())
+            kept = {s: [r, *held.get(s, [])] for s, r in route.items()
+                    if s in out.reports and s not in received}  # fmt: skip
+            moved = {r: [s, *held.get(s, [])] for s, r in out.routes.items()}
             window = self.config.no_return_window
-            lineage = {s: held[:window] for s, held in (lineage | moved).items() if window}
+            lineage = {s: h[:window] for s, h in (held | kept | moved).items() if window}
         else:
             out = yield Phase("local", tuple(self._task(s, state, ctx, adopt) for s in ctx.silos))
+            lineage = _adopted(lineage, adopt, out)
         extra = {**state.extra, ADOPT: sorted(adopt - set(out.answered)), LINEAGE: lineage}
         return replace(state, extra=extra)
 
@@ -185,6 +197,15 @@ class FedDC(Strategy):
         point = iterated_radon_point(stacked, self.config.radon_iterations)
         reference = next(iter(models.values()))
         return torch.from_numpy(point).to(reference.dtype)
+
+
+def _adopted(
+    lineage: dict[str, list[str]], adopt: set[str], out: PhaseOutcome | None = None
+) -> dict[str, list[str]]:
+    """`lineage` less the silos told to adopt the aggregate (those of them that answered
+    `out`, when given): the model each hosts then was held by no one before."""
+    adopted = adopt if out is None else adopt & set(out.answered)
+    return {s: held for s, held in lineage.items() if s not in adopted}
 
 
 def _merged(outcomes: list[tuple[str, PhaseOutcome]]) -> PhaseOutcome:

@@ -70,7 +70,6 @@ from fedsilo.coordinator.strategies.base import (
     ServerState,
     Strategy,
 )
-from fedsilo.coordinator.strategies.fedopt import adaptive_step, with_moments
 from fedsilo.coordinator.strategies.mixing_state import MixingState
 from fedsilo.policies.algorithms.contract import Position
 from fedsilo.policies.algorithms.loss_weighted import (
@@ -83,6 +82,7 @@ from fedsilo.policies.algorithms.loss_weighted import (
     QFedAvgConfig,
     TermConfig,
 )
+from fedsilo.policies.algorithms.server_step import adaptive_step, with_moments
 from fedsilo.wire.messages import DOMAIN_COUNT, DOMAIN_LOSS_SUM, domain_metric, domains_in
 from fedsilo.wire.tasks.tensor_names import MODEL
 

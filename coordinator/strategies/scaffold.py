@@ -29,6 +29,7 @@ from fedsilo.coordinator.strategies.base import (
 )
 from fedsilo.policies.algorithms import ScaffoldConfig
 from fedsilo.policies.algorithms.contract import Position
+from fedsilo.policies.algorithms.server_step import initial_state, server_step
 from fedsilo.wire.tasks import TaskConfig
 from fedsilo.wire.tasks.tensor_names import CONTROL, CONTROL_DELTA, MODEL
 
@@ -44,7 +45,7 @@ class Scaffold(Strategy):
 
     def setup(self, ctx: RoundContext) -> RoundScript:
         state = yield from super().setup(ctx)
-        return replace(state, tensors={**state.tensors, CONTROL: torch.zeros_like(state.model)})
+        return replace(state, tensors=initial_state(self.config, state.model))
 
     def round(self, state: ServerState, ctx: RoundContext) -> RoundScript:
         model, control = state.model, state.tensors[CONTROL]
@@ -59,14 +60,8 @@ class Scaffold(Strategy):
         )
         out = yield Phase("train", tasks, aggregate=mean)
         share = len(out.answered) / len(ctx.silos)
-        return replace(
-            state,
-            tensors={
-                **state.tensors,
-                MODEL: model + self.config.server_lr * (out.mean[MODEL] - model),
-                CONTROL: control + share * out.mean[CONTROL_DELTA].to(control),
-            },
-        )
+        # policies/algorithms/server_step.py, which silos repeat under model lineage
+        return replace(state, tensors=server_step(self.config, state.tensors, out.mean, share))
 
     def train_config(self, position: Position, **chosen: Any) -> TaskConfig:
         return self.config.train_config(self.policy, position)

@@ -32,6 +32,12 @@ class AlgorithmBase(PolicyModel):
     # why DP-SGD's per-row clipping would not bound a record's influence (None: it does)
     dp_sgd_problem: ClassVar[str | None] = None
     releases_data: ClassVar[bool] = False  # sends data-like releases (point clouds of records)
+    # why its silos cannot derive each round's model themselves under masking (None: they can,
+    # `secure_aggregation.lineage`): a round that is not FedAvg's train-and-average
+    lineage_gap: ClassVar[str | None] = (
+        "its round is not FedAvg's (one masked mean of the models, then a server step the "
+        "silos can repeat)"
+    )
     name: str
 
     @property

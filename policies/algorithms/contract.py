@@ -532,6 +532,12 @@ def checked_handoff(handoff: Handoff | None, policy: Policy, facts: SiloFacts) -
     return handoff
 
 
+def return_window(policy: Policy) -> int:
+    """How many of a hosted model's last holders a hand-off never goes to (FedDC's
+    `no_return_window`; 0 for an algorithm without one)."""
+    return int(getattr(policy.algorithm, "no_return_window", 0))
+
+
 def daisy_tensors(config: TaskConfig, position: Position, facts: SiloFacts) -> dict:
     """A `daisy_train` task carries a model only when it says to adopt one."""
     return {MODEL: facts.model()} if getattr(config, "adopt", False) else {}

@@ -16,7 +16,10 @@ if TYPE_CHECKING:
 
 class AveragingConfig(AlgorithmBase):
     """An algorithm whose round is FedAvg's (a `train` phase whose models are averaged),
-    whatever its local objective or server step."""
+    whatever its local objective or server step: under masking its silos derive each round's
+    model themselves (`secure_aggregation.lineage`)."""
+
+    lineage_gap: ClassVar[str | None] = None
 
     def silo_contract(self, policy: Policy) -> SiloContract:
         return averaging_contract(policy)

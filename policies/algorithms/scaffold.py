@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 from pydantic import Field
 
@@ -31,6 +31,7 @@ class ScaffoldConfig(AlgorithmBase):
     mean(y_i - x), c += (|S|/N) mean(c_i+ - c_i). `client_fraction`: the cohort |S| of the N
     silos (FLamby: every silo, every round)."""
 
+    lineage_gap: ClassVar[str | None] = None  # its server step is server_step.py's
     name: Literal["scaffold"]
     server_lr: float = Field(default=1.0, gt=0)
     client_fraction: float = Field(default=1.0, gt=0, le=1)

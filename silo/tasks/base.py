@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from enum import Enum
 from functools import cached_property
 from typing import Any, TypeVar
 
@@ -17,12 +16,13 @@ from torch import nn
 
 from fedsilo.models.zoo import build_model, load_flat
 from fedsilo.policies.algorithms.base import AlgorithmBase
-from fedsilo.policies.algorithms.contract import PER_SILO_KEYS, SiloContract, SiloFacts
+from fedsilo.policies.algorithms.contract import SiloContract, SiloFacts
 from fedsilo.policies.model import ModelConfig, PluginModel
 from fedsilo.policies.privacy import PrivacyConfig
 from fedsilo.policies.schema import Policy
 from fedsilo.policies.secure_aggregation import SecureAggregationConfig
 from fedsilo.privacy.accounting import Mechanism
+from fedsilo.privacy.lineage import digest_entry, task_digest_of, tensor_digest, wrapped_config
 from fedsilo.silo.data import SiloDataset
 from fedsilo.silo.memory import SiloMemory
 from fedsilo.silo.reports import Reports
@@ -31,7 +31,7 @@ from fedsilo.wire.messages import SIMULATION, TaskMessage, TaskResult
 from fedsilo.wire.payload import digest_of
 from fedsilo.wire.tasks import EncryptedInput, MaskedInput, TaskConfig
 from fedsilo.wire.tasks.tensor_names import MODEL
-from fedsilo.wire.tensors import ParameterSpec, WireError, all_finite, read_only
+from fedsilo.wire.tensors import ParameterSpec, TensorsOnDemand, WireError, all_finite, read_only
 
 Config = TypeVar("Config", bound=TaskConfig)
 
@@ -241,31 +241,35 @@ def model_digest(model: torch.Tensor) -> bytes:
 def task_digest(message: TaskMessage) -> bytes:
     """What every silo of one secure sum must have received alike, digested: the task its
     masked or encrypted input wraps (less `PER_SILO_KEYS`, which differ by design), its
-    parameter spec and every tensor sent (the model, the sum's references). Each silo signs it
-    into its consistency statement or contribution, so a coordinator that sends the silos of
-    one sum different models or settings (Pasquini et al. 2022, model inconsistency) gets no
-    share revealed and no sum decrypted."""
+    parameter spec and every tensor sent (the model, the sum's references), each by its digest
+    (privacy/lineage.py `task_digest_of`, which a silo checking a model's lineage recomputes
+    from the digests alone). Each silo signs it into its consistency statement or
+    contribution, so a coordinator that sends the silos of one sum different models or
+    settings (Pasquini et al. 2022, model inconsistency) gets no share revealed and no sum
+    decrypted."""
     config = message.config
     if not isinstance(config, MaskedInput | EncryptedInput):
         raise WireError(f"a {message.kind} task wraps no task")
-    inner = {k: v for k, v in config.inner.to_json().items() if k not in PER_SILO_KEYS}
-    header = {
-        "kind": config.inner.KIND,
-        "config": inner,
-        "spec": message.spec.to_json() if message.spec is not None else None,
-        "tensors": {
-            name: [str(t.dtype), list(t.shape)]
-            for name, t in sorted((n, read_only(message.tensors, n)) for n in message.tensors)
+    return task_digest_of(
+        config.inner.KIND,
+        wrapped_config(config.inner),
+        message.spec.to_json() if message.spec is not None else None,
+        {
+            name: digest_entry(read_only(message.tensors, name), digest)
+            for name, digest in tensor_digests(message.tensors).items()
         },
-    }
+    )
 
-    def parts() -> Iterator[bytes | memoryview]:
-        yield json.dumps(header, sort_keys=True).encode()
-        for name in sorted(message.tensors):
-            tensor = read_only(message.tensors, name).contiguous().cpu()
-            yield memoryview(tensor.view(torch.uint8).numpy()) if tensor.numel() else b""
 
-    return digest_of(parts())
+def tensor_digests(tensors: Mapping[str, torch.Tensor]) -> dict[str, bytes]:
+    """Every tensor's `tensor_digest` (privacy/lineage.py): a received message's computed
+    once, whoever asks (the task's digest, model lineage's checks), and kept with it
+    (`TensorsOnDemand.digests`); another mapping's each time."""
+    kept = tensors.digests if isinstance(tensors, TensorsOnDemand) else {}
+    for name in tensors:
+        if name not in kept:
+            kept[name] = tensor_digest(read_only(tensors, name))
+    return {name: kept[name] for name in tensors}
 
 
 def new_session(
@@ -334,20 +338,15 @@ def summable(result: TaskResult, names: Iterable[str]) -> TaskResult:
     return result
 
 
-def with_tensors(
-    message: TaskMessage, ctx: SiloContext, result: TaskResult, tensors: dict[str, torch.Tensor]
+def protocol_answer(
+    message: TaskMessage, ctx: SiloContext, tensors: dict[str, torch.Tensor]
 ) -> TaskResult:
-    """The answer to `message`: what a wrapped task's `result` reported, but these tensors
-    (masked, encrypted or handed off instead of the model in the clear)."""
-    return TaskResult(
-        task_id=message.task_id,
-        silo=ctx.name,
-        kind=message.kind,
-        num_samples=result.num_samples,
-        metrics=result.metrics,
-        tensors=tensors,
-        spec=result.spec,
-    )
+    """The answer to `message`, a step of a secure sum or a hand-off, whose model or update
+    leaves masked, encrypted or sealed: `tensors`, and nothing beside them. The wrapped
+    training's reports (its loss, steps, DP-SGD's parameters, its count) stay at the silo: a
+    loss beside a masked input is the loss of a model the coordinator chose, on the silo's
+    rows (`TaskResult` refuses an answer of such a kind that carries one)."""
+    return TaskResult(task_id=message.task_id, silo=ctx.name, kind=message.kind, tensors=tensors)
 
 
 TaskHandler = Callable[[TaskMessage, SiloContext], TaskResult]
@@ -361,27 +360,15 @@ def leaves_nothing(message: TaskMessage, ctx: SiloContext) -> None:
     """A task whose run no later release depends on."""
 
 
-class Release(Enum):
-    """What a task kind sends, as far as secure aggregation is concerned (silo/release_gate.py
-    decides from it whether the kind may run under the silo's policy)."""
-
-    NOTHING_PRIVATE = "no model, update or sum input (public values, metrics, acknowledgements)"
-    IN_THE_CLEAR = "a model, update or sum input in the clear"
-    MASKED = "pairwise-masked protocol messages"
-    ENCRYPTED = "CKKS protocol messages"
-    SEALED_HANDOFF = "a model sealed to another member, or sent in the clear when told to"
-    DATA = "point clouds built from the silo's records, which only the policy's opt-in allows"
-
-
 @dataclass(frozen=True)
 class TaskKind:
     """Everything the silo knows of one task kind, registered once (silo/tasks/__init__.py):
-    what runs it, what it releases (booked in the ledger and checked against the budget before
-    it runs) and what it sends (checked against the policy's secure aggregation). `leaves`:
-    what a run leaves that later releases depend on, for the privacy planner
-    (silo/budget_plan.py), which plans a job without running it."""
+    what runs it and what it releases (booked in the ledger and checked against the budget
+    before it runs); what it sends, checked against the policy's secure aggregation, is the
+    kind's own on the wire (its config's `SENDS`, wire/tasks/release.py). `leaves`: what a run
+    leaves that later releases depend on, for the privacy planner (silo/budget_plan.py), which
+    plans a job without running it."""
 
     handler: TaskHandler
     releases: ReleasePlan
-    sends: Release
     leaves: StatePlan = leaves_nothing

@@ -72,11 +72,11 @@ from fedsilo.silo.tasks.base import (
     find_session,
     inner_message,
     new_session,
+    protocol_answer,
     session_id,
     summable,
     task_digest,
     task_result,
-    with_tensors,
 )
 from fedsilo.wire.messages import TaskMessage, TaskResult
 from fedsilo.wire.tasks import CkksConfirm, CkksDecrypt, CkksJoin, CkksKeygen, EncryptedInput
@@ -188,7 +188,7 @@ def encrypted_input(message: TaskMessage, ctx: SiloContext) -> TaskResult:
     statement = _contribution(message, ctx, session, weights, chunks)
     signature = _identity(ctx).sign(statement).signature
     tensors = {chunk_name(i): bytes_tensor(c) for i, c in enumerate(chunks)}
-    return with_tensors(message, ctx, result, {**tensors, CONTRIBUTION: bytes_tensor(signature)})
+    return protocol_answer(message, ctx, {**tensors, CONTRIBUTION: bytes_tensor(signature)})
 
 
 def confirm_contributors(message: TaskMessage, ctx: SiloContext) -> TaskResult:

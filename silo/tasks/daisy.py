@@ -7,9 +7,12 @@ one round's local steps at a time, and hands it on or sends it for aggregation w
   (`handoff`: `seal_to` a recipient's X25519 key, which must be a roster member's, or `plain`).
   FedProx's anchor is the model of the last exchange. The hosted model stays until a
   replacement arrives: a hand-off that is never delivered costs nothing.
-- `daisy_reseal`: the hosted model (the one just handed off) packed again for another
-  recipient, when the first dropped out before delivery.
-- `daisy_receive`: open a hand-off (bound to this deployment and round), check it, host it.
+- `daisy_reseal`: the hosted model packed for a recipient outside a `daisy_train` task. A silo
+  seals a hosted model to one member a round, and never to one of its last
+  `no_return_window` holders it knows of (silo/contract_gate.py), so it reseals nothing
+  it sealed to another member that round already.
+- `daisy_receive`: open a hand-off (bound to this deployment and round), check it, host it,
+  and note who held it before (its sender, and the holders the sender's hand-off names).
 - `daisy_evaluate`: the hosted model's metrics on a split, as `evaluate` reports them.
 """
 
@@ -20,10 +23,11 @@ from dataclasses import replace
 import torch
 from nacl.public import PrivateKey, PublicKey
 
+from fedsilo.policies.algorithms.contract import return_window
 from fedsilo.privacy.accounting import Mechanism
 from fedsilo.privacy.handoff import Binding, HandoffError, open_sealed, pack, seal, unpack
 from fedsilo.silo.memory import HostedModel
-from fedsilo.silo.tasks.base import SiloContext, config_of, model_digest, with_tensors
+from fedsilo.silo.tasks.base import SiloContext, config_of, model_digest, protocol_answer
 from fedsilo.silo.tasks.evaluate import evaluate, evaluate_releases
 from fedsilo.silo.tasks.train import train, train_releases
 from fedsilo.wire.messages import TaskMessage, TaskResult
@@ -48,6 +52,7 @@ def daisy_train(message: TaskMessage, ctx: SiloContext) -> TaskResult:
             raise HandoffError("daisy_train says adopt but carries no model")
         hosted.model = hosted.anchor = message.tensors[MODEL]
         hosted.delivered, hosted.root = None, model_digest(hosted.model)
+        hosted.holders = ()
     if hosted.model is None or hosted.anchor is None:
         raise HandoffError(
             f"{ctx.name} hosts no daisy-chain model yet; the first task must carry one to adopt"
@@ -60,7 +65,7 @@ def daisy_train(message: TaskMessage, ctx: SiloContext) -> TaskResult:
         tensors[MODEL] = trained
     if task.handoff is not None:
         tensors[HANDOFF] = _packed(task.handoff, message, ctx, trained)
-    return with_tensors(message, ctx, result, tensors)
+    return protocol_answer(message, ctx, tensors)
 
 
 def daisy_reseal(message: TaskMessage, ctx: SiloContext) -> TaskResult:
@@ -95,6 +100,7 @@ def daisy_receive(message: TaskMessage, ctx: SiloContext) -> TaskResult:
         )
     hosted.model = hosted.anchor = model.to(ctx.device)
     hosted.delivered, hosted.root = (message.round, message.phase), handed.root
+    hosted.holders = (handed.sender, *handed.holders)[: return_window(ctx.policy)]
     return TaskResult(task_id=message.task_id, silo=ctx.name, kind=message.kind)
 
 
@@ -121,22 +127,27 @@ def _evaluation(message: TaskMessage) -> EvaluateTask:
 def _packed(
     handoff: Handoff, message: TaskMessage, ctx: SiloContext, model: torch.Tensor
 ) -> torch.Tensor:
-    """The model packed for this phase's recipient, signed with this silo's identity: sealed
-    to the key `handoff` names, which must be another member's (the coordinator cannot slip in
-    a key of its own), or plain."""
-    identity, root = ctx.identity, _hosted(ctx).root
+    """The model packed for this phase's recipient, signed with this silo's identity, naming
+    its earlier holders: sealed to the key `handoff` names, which must be another member's
+    (the coordinator cannot slip in a key of its own), or plain. A sealed one's recipient
+    joins the hosted model's holders: this silo keeps hosting the model until a replacement
+    arrives, and the recipient holds a copy."""
+    hosted, identity = _hosted(ctx), ctx.identity
+    root, holders = hosted.root, hosted.holders
     if identity is None:
         raise HandoffError("hand-offs are signed by their sender; this silo has no identity")
     assert root is not None  # a hosted model was adopted, or handed on with its root
     if handoff.seal_to is None:
         bound = Binding(ctx.deployment, message.round, message.phase, None)
-        return bytes_tensor(pack(model, bound, ctx.name, identity, root))
+        return bytes_tensor(pack(model, bound, ctx.name, identity, root, holders))
     key = bytes.fromhex(handoff.seal_to)
     recipients = [n for n, k in ctx.sealing_roster.items() if n != ctx.name and bytes(k) == key]
     if not recipients:
         raise HandoffError("the hand-off key is no other member's; refusing to seal to it")
     bound = Binding(ctx.deployment, message.round, message.phase, recipients[0])
-    return bytes_tensor(seal(pack(model, bound, ctx.name, identity, root), PublicKey(key)))
+    sealed = seal(pack(model, bound, ctx.name, identity, root, holders), PublicKey(key))
+    hosted.holders = (recipients[0], *holders)[: return_window(ctx.policy)]
+    return bytes_tensor(sealed)
 
 
 def _as(message: TaskMessage, config: TaskConfig, tensors: dict[str, torch.Tensor]) -> TaskMessage:

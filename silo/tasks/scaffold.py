@@ -20,7 +20,7 @@ import torch
 from fedsilo.privacy.accounting import Mechanism
 from fedsilo.silo.scaffold import OWN_CONTROL, next_control
 from fedsilo.silo.schedule import LocalSchedule
-from fedsilo.silo.tasks.base import SiloContext, config_of, with_tensors
+from fedsilo.silo.tasks.base import SiloContext, config_of, task_result
 from fedsilo.silo.tasks.train import train, train_releases
 from fedsilo.wire.messages import TaskMessage, TaskResult
 from fedsilo.wire.tasks import ScaffoldTrain, TrainTask
@@ -37,7 +37,8 @@ def scaffold_train(message: TaskMessage, ctx: SiloContext) -> TaskResult:
     steps = LocalSchedule.of(task.local, len(ctx.split("train")[1])).steps
     updated = next_control(own, server, sent, trained.to(sent), steps, float(task.local.lr))
     ctx.state.save(OWN_CONTROL, message.round, {CONTROL: updated})
-    return with_tensors(message, ctx, result, {MODEL: trained, CONTROL_DELTA: updated - own})
+    tensors = {MODEL: trained, CONTROL_DELTA: updated - own}
+    return task_result(message, ctx, tensors, result.num_samples, result.metrics, result.spec)
 
 
 def scaffold_train_releases(message: TaskMessage, ctx: SiloContext) -> list[Mechanism]:

@@ -61,6 +61,7 @@ from nacl.public import Box
 from nacl.signing import SigningKey
 
 from fedsilo.privacy.accounting import Mechanism
+from fedsilo.privacy.lineage import input_statement, reveal_statement
 from fedsilo.privacy.masking import (
     Advertisement,
     FixedPoint,
@@ -90,18 +91,21 @@ from fedsilo.silo.tasks.base import (
     find_session,
     inner_message,
     new_session,
+    protocol_answer,
     session_id,
     session_key,
     summable,
     task_digest,
     task_result,
-    with_tensors,
+    tensor_digests,
 )
 from fedsilo.wire.messages import TaskMessage, TaskResult
 from fedsilo.wire.tasks import MaskedInput, SecAggConfirm, SecAggShare, SecAggUnmask
 from fedsilo.wire.tasks.tensor_names import (
     ADVERTISEMENT,
     CONFIRMATION,
+    INPUT_SIGNATURE,
+    REVEAL_SIGNATURE,
     REVEALED_KEY,
     REVEALED_SEED,
     SHARE_TO,
@@ -273,7 +277,10 @@ def masked_input(message: TaskMessage, ctx: SiloContext) -> TaskResult:
         encoded = encoding.encode(update, weights[ctx.name], scratch=True)
         np.add(encoded, masks[name].result(), out=encoded)  # mod 2^32
         masked[name] = torch.from_numpy(encoded.view(np.int32))
-    return with_tensors(message, ctx, result, masked)
+    # signed, so that every silo can check a sum holds its input unchanged (model lineage)
+    statement = input_statement(label, ctx.name, peers, tensor_digests(masked))
+    masked[INPUT_SIGNATURE] = bytes_tensor(_identity(ctx).sign(statement).signature)
+    return protocol_answer(message, ctx, masked)
 
 
 def _as_numpy(tensor: torch.Tensor) -> np.ndarray:
@@ -356,6 +363,8 @@ def unmask(message: TaskMessage, ctx: SiloContext) -> TaskResult:
             revealed[REVEALED_KEY + silo] = bytes_tensor(piece[:block])
     for secret in ("keys", "seed", "received"):  # nothing left to reveal later
         session.pop(secret)
+    statement = reveal_statement(_label(message, ctx), ctx.name, tensor_digests(revealed))
+    revealed[REVEAL_SIGNATURE] = bytes_tensor(_identity(ctx).sign(statement).signature)
     count, ahead = 0, config.advertise_next
     if ahead is not None:  # the next aggregation's advertise step, folded into this answer
         try:

@@ -197,3 +197,18 @@ def test_an_unmask_task_that_folds_keys_books_the_sample_count_an_advertise_task
     assert booked({}, "secagg_advertise") == ["public", "none"]
     DeviatingCoordinator(c).advertise([TARGET])  # the count leaves with the advertisement
     assert booked(unmask | {"advertise_next": ROUND_TWO}) == ["public"]
+
+
+def test_keys_are_folded_for_the_next_aggregation_of_the_phase_only() -> None:
+    """Round 1's unmask tasks ask for keys for round 3, a later weighted mean of the policy
+    but not the next one (round 2): the contract refuses the whole task, nothing is revealed
+    and no keys are made."""
+    c = consortium(secure_policy(rounds=3))
+    first = DeviatingCoordinator(c)
+    adverts = first.advertise(SILOS)
+    first.share(dict.fromkeys(SILOS, adverts))
+    first.mask(WEIGHTS)
+    revealed = first.unmask(dict.fromkeys(SILOS, SILOS), {"round": 3, "phase": PHASE})
+    assert folded(revealed) == {} and revealed == {}
+    assert set(first.refusals["unmask"]) == set(SILOS)
+    assert "which this silo's policy makes round 2" in first.refusals["unmask"][TARGET]

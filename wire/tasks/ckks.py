@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from fedsilo.wire.tasks.codec import TaskConfig, inner
+from fedsilo.wire.tasks.release import Release
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -17,6 +18,7 @@ class CkksKeygen(TaskConfig):
     `recipients` (SEALED_CONTEXT + "/" + silo)."""
 
     KIND: ClassVar[str] = "ckks_keygen"
+    SENDS: ClassVar[Release] = Release.ENCRYPTED
     recipients: tuple[str, ...]
 
 
@@ -26,6 +28,8 @@ class CkksJoin(TaskConfig):
     silo holds it) and check its digest is `context_digest`."""
 
     KIND: ClassVar[str] = "ckks_join"
+    SENDS: ClassVar[Release] = Release.ENCRYPTED
+    RELEASES_COUNT: ClassVar[bool] = True  # the training count, as `train` releases it
     key_holder: str
     context_digest: str
 
@@ -36,6 +40,7 @@ class EncryptedInput(TaskConfig):
     `weights`, encrypted (CHUNK + index) and signed (CONTRIBUTION)."""
 
     KIND: ClassVar[str] = "ckks_encrypt"
+    SENDS: ClassVar[Release] = Release.ENCRYPTED
     inner: TaskConfig = inner()
     weights: Mapping[str, float]
     tensors: tuple[str, ...]
@@ -48,6 +53,7 @@ class CkksConfirm(TaskConfig):
     (CONFIRMATION): one set per aggregation, so no sum of another set is ever decrypted."""
 
     KIND: ClassVar[str] = "ckks_confirm"
+    SENDS: ClassVar[Release] = Release.ENCRYPTED
     contributors: tuple[str, ...]
 
 
@@ -58,6 +64,7 @@ class CkksDecrypt(TaskConfig):
     `length` values (SUM)."""
 
     KIND: ClassVar[str] = "ckks_decrypt"
+    SENDS: ClassVar[Release] = Release.ENCRYPTED
     length: int
     weights: Mapping[str, float]
     contributors: tuple[str, ...]

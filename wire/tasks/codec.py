@@ -21,6 +21,7 @@ import types
 from collections.abc import Mapping
 from typing import Any, ClassVar, Self, Union, get_args, get_origin, get_type_hints
 
+from fedsilo.wire.tasks.release import Release
 from fedsilo.wire.tensors import WireError
 
 FLATTEN = {"flatten": True}  # metadata: the nested fields' keys sit beside this one's
@@ -94,9 +95,14 @@ class JsonFields:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TaskConfig(JsonFields):
-    """The config of one task kind (`KIND`), built by a strategy and read by its handler."""
+    """The config of one task kind (`KIND`), built by a strategy and read by its handler.
+    `SENDS`: what an answer of the kind sends (wire/tasks/release.py), which decides where it
+    may run and what its answer may hold; `RELEASES_COUNT`: a protocol step whose answer
+    releases the training count beside its tensors (a secure sum's weights)."""
 
     KIND: ClassVar[str]
+    SENDS: ClassVar[Release]
+    RELEASES_COUNT: ClassVar[bool] = False
 
     @classmethod
     def from_json(cls, data: Any) -> Self:

@@ -9,6 +9,7 @@ from typing import Any, ClassVar, Self
 
 from fedsilo.wire.tasks.codec import JsonFields, TaskConfig, flattened, optional
 from fedsilo.wire.tasks.evaluation import EvaluateTask
+from fedsilo.wire.tasks.release import Release
 from fedsilo.wire.tasks.training import TrainTask
 from fedsilo.wire.tensors import WireError
 
@@ -46,6 +47,7 @@ class DaisyTrain(TaskConfig):
     `handoff` (added by the coordinator's routing)."""
 
     KIND: ClassVar[str] = "daisy_train"
+    SENDS: ClassVar[Release] = Release.SEALED_HANDOFF
     train: TrainTask = flattened()
     adopt: bool = False
     send: bool = False
@@ -57,6 +59,7 @@ class DaisyReseal(TaskConfig):
     """`daisy_reseal`: the hosted model packed again, for another recipient."""
 
     KIND: ClassVar[str] = "daisy_reseal"
+    SENDS: ClassVar[Release] = Release.SEALED_HANDOFF
     handoff: Handoff
 
 
@@ -65,6 +68,7 @@ class DaisyReceive(TaskConfig):
     """`daisy_receive`: open the hand-off sent (HANDOFF; `sealed` to this silo) and host it."""
 
     KIND: ClassVar[str] = "daisy_receive"
+    SENDS: ClassVar[Release] = Release.NOTHING_PRIVATE
     sealed: bool = False
 
 
@@ -73,3 +77,4 @@ class DaisyEvaluate(EvaluateTask):
     """`daisy_evaluate`: the hosted model's metrics on `split`, as `evaluate` reports them."""
 
     KIND: ClassVar[str] = "daisy_evaluate"
+    SENDS: ClassVar[Release] = Release.NOTHING_PRIVATE

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from fedsilo.wire.tasks.codec import TaskConfig, optional
+from fedsilo.wire.tasks.release import Release
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -13,6 +14,7 @@ class EvaluateTask(TaskConfig):
     """`evaluate`: the metrics of the model sent (MODEL) on `split`."""
 
     KIND: ClassVar[str] = "evaluate"
+    SENDS: ClassVar[Release] = Release.NOTHING_PRIVATE
     split: str = "test"  # train | val | test
 
 
@@ -23,6 +25,7 @@ class LossProbe(TaskConfig):
     (AgnosticFedAvg over the data's domains) each domain's loss sum and row count."""
 
     KIND: ClassVar[str] = "loss"
+    SENDS: ClassVar[Release] = Release.NOTHING_PRIVATE
     split: str = "train"
     mixup_alpha: float | None = optional()
     seed: int | None = optional()
@@ -41,6 +44,7 @@ class SuperFedEvaluate(TaskConfig):
     validation split when it has at least `min_validation` rows, else on the training split."""
 
     KIND: ClassVar[str] = "superfed_evaluate"
+    SENDS: ClassVar[Release] = Release.NOTHING_PRIVATE
     local_seed: int
     lambda_grid: int = 11
     min_validation: int = 20

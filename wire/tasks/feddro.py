@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from fedsilo.wire.tasks.codec import TaskConfig, flattened
+from fedsilo.wire.tasks.release import Release
 from fedsilo.wire.tasks.training import LocalTraining
 
 
@@ -19,6 +20,7 @@ class FedDroSupport(TaskConfig):
     groups the silo holds (PRESENT)."""
 
     KIND: ClassVar[str] = "feddro_support"
+    SENDS: ClassVar[Release] = Release.DATA
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -27,4 +29,5 @@ class FedDroTrain(TaskConfig):
     barycenter sent (BARYCENTER), adversarially when the policy sets `adversarial_penalty`."""
 
     KIND: ClassVar[str] = "feddro_train"
+    SENDS: ClassVar[Release] = Release.IN_THE_CLEAR
     local: LocalTraining = flattened()

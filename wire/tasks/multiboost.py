@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from fedsilo.wire.tasks.codec import TaskConfig
+from fedsilo.wire.tasks.release import Release
 
 LOSS_SUM = "boost_loss_sum"  # the metric of A, the exponential loss sum
 
@@ -32,6 +33,7 @@ class BoostProbe(TaskConfig):
     classifier j in `edges`, E_j = sum_i exp(-y_i f(x_i)) y_i h_j(x_i)."""
 
     KIND: ClassVar[str] = "boost_probe"
+    SENDS: ClassVar[Release] = Release.NOTHING_PRIVATE
     split: str = "train"
     evaluate: bool = False
     edges: tuple[int, ...] = ()

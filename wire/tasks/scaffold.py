@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from fedsilo.wire.tasks.codec import TaskConfig, flattened
+from fedsilo.wire.tasks.release import Release
 from fedsilo.wire.tasks.training import LocalTraining
 
 
@@ -17,4 +18,5 @@ class ScaffoldTrain(TaskConfig):
     local state; answer the model (MODEL) and c_i+ - c_i (CONTROL_DELTA, option II)."""
 
     KIND: ClassVar[str] = "scaffold_train"
+    SENDS: ClassVar[Release] = Release.IN_THE_CLEAR
     local: LocalTraining = flattened()

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from fedsilo.wire.tasks.codec import JsonFields, TaskConfig, inner, optional
+from fedsilo.wire.tasks.release import Release
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -16,6 +17,8 @@ class SecAggAdvertise(TaskConfig):
     """`secagg_advertise`: fresh key pairs, their public halves signed (ADVERTISEMENT)."""
 
     KIND: ClassVar[str] = "secagg_advertise"
+    SENDS: ClassVar[Release] = Release.MASKED
+    RELEASES_COUNT: ClassVar[bool] = True  # the training count, as `train` releases it
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -24,6 +27,7 @@ class SecAggShare(TaskConfig):
     encrypted to its recipient (SHARE_TO + recipient)."""
 
     KIND: ClassVar[str] = "secagg_share"
+    SENDS: ClassVar[Release] = Release.MASKED
     advertisements: Mapping[str, str]
 
 
@@ -33,6 +37,7 @@ class MaskedInput(TaskConfig):
     `weights`, masked; `shares` holds the shares addressed to this silo (sender -> hex)."""
 
     KIND: ClassVar[str] = "secagg_mask"
+    SENDS: ClassVar[Release] = Release.MASKED
     inner: TaskConfig = inner()
     weights: Mapping[str, float]
     shares: Mapping[str, str]
@@ -44,6 +49,7 @@ class SecAggConfirm(TaskConfig):
     """`secagg_confirm`: sign the consistency statement over `survivors` (CONFIRMATION)."""
 
     KIND: ClassVar[str] = "secagg_confirm"
+    SENDS: ClassVar[Release] = Release.MASKED
     survivors: tuple[str, ...]
 
 
@@ -63,6 +69,8 @@ class SecAggUnmask(TaskConfig):
     step folded into this answer)."""
 
     KIND: ClassVar[str] = "secagg_unmask"
+    SENDS: ClassVar[Release] = Release.MASKED
+    RELEASES_COUNT: ClassVar[bool] = True  # with keys folded in: what an advertisement releases
     survivors: tuple[str, ...]
     signatures: Mapping[str, str]
     advertise_next: NextAggregation | None = optional()

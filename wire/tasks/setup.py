@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from fedsilo.wire.tasks.codec import TaskConfig
+from fedsilo.wire.tasks.release import Release
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -13,6 +14,7 @@ class InitTask(TaskConfig):
     """`init`: build the policy's model from `seed` and send its parameters (MODEL)."""
 
     KIND: ClassVar[str] = "init"
+    SENDS: ClassVar[Release] = Release.NOTHING_PRIVATE
     seed: int
 
 
@@ -21,6 +23,7 @@ class SchemaTask(TaskConfig):
     """`schema`: the shape of one input row and the number of classes."""
 
     KIND: ClassVar[str] = "schema"
+    SENDS: ClassVar[Release] = Release.NOTHING_PRIVATE
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -28,6 +31,7 @@ class FeatureMoments(TaskConfig):
     """`feature_moments`: the training features' MOMENT_COUNT, MOMENT_SUM, MOMENT_SUMSQ."""
 
     KIND: ClassVar[str] = "feature_moments"
+    SENDS: ClassVar[Release] = Release.IN_THE_CLEAR
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -35,3 +39,4 @@ class Standardise(TaskConfig):
     """`standardise`: apply the consortium's scaler (tensors SCALER_MEAN, SCALER_STD)."""
 
     KIND: ClassVar[str] = "standardise"
+    SENDS: ClassVar[Release] = Release.NOTHING_PRIVATE

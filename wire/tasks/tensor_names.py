@@ -45,3 +45,15 @@ SUPPORT, BARYCENTER, PRESENT = "feddro/support", "feddro/barycenter", "feddro/pr
 # Federated MultiBoost (wire/tasks/multiboost.py): the ensemble
 BOOST_LEARNERS = "boost/learners"  # the base classifiers' flat parameters, one row each
 BOOST_ALPHA = "boost/alpha"  # their ensemble weights alpha
+
+# Model lineage under masking (privacy/lineage.py): the digest of the server state a task's
+# model is part of, and the evidence of the aggregation that state derives from.
+LINEAGE = "lineage/"  # every lineage tensor's prefix (kept in the coordinator's state too)
+LINEAGE_STATE = "lineage/state"  # digest of the server state (the model, the optimiser's moments)
+LINEAGE_RECORD = "lineage/record"  # the aggregation's public facts and signatures, JSON
+LINEAGE_PRIOR = "lineage/prior/"  # + name: the server state the aggregation's silos trained from
+LINEAGE_INPUT = "lineage/input/"  # + silo + "/" + tensor: a survivor's signed masked input
+LINEAGE_REVEAL = "lineage/reveal/"  # + silo + "/" + share name: what a silo revealed, signed
+# Signatures inside a masking answer: over the masked input, and over the shares revealed.
+INPUT_SIGNATURE = "input_signature"
+REVEAL_SIGNATURE = "reveal_signature"

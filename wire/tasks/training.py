@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Self
 
 from fedsilo.wire.tasks.codec import JsonFields, TaskConfig, flattened, optional
+from fedsilo.wire.tasks.release import Release
 from fedsilo.wire.tensors import WireError
 
 
@@ -42,6 +43,7 @@ class TrainTask(TaskConfig):
     the strategy sends them, compose the local loop (silo/tasks/train.py)."""
 
     KIND: ClassVar[str] = "train"
+    SENDS: ClassVar[Release] = Release.IN_THE_CLEAR
     local: LocalTraining = flattened()
     # DRFLM: every step on Beta(a, a) mixup of the batch's rows, mixed on `mixup_on`
     mixup_alpha: float | None = optional()
@@ -82,6 +84,7 @@ class SuperFedTrain(TaskConfig):
     orthogonality term; a fresh local model starts from `local_seed`."""
 
     KIND: ClassVar[str] = "superfed_train"
+    SENDS: ClassVar[Release] = Release.IN_THE_CLEAR
     local: LocalTraining = flattened()
     mixing: str  # model | layer
     mixing_on: bool
@@ -98,6 +101,7 @@ class EnergySignals(TaskConfig):
     `local.prox_mu` is sent and not read."""
 
     KIND: ClassVar[str] = "energy_signals"
+    SENDS: ClassVar[Release] = Release.IN_THE_CLEAR
     local: LocalTraining = flattened()
     sgld_steps: int
     sgld_step: float
