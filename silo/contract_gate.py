@@ -46,7 +46,6 @@ from fedsilo.policies.algorithms.contract import (
     Position,
     SiloFacts,
     TensorRule,
-    checked_handoff,
     return_window,
     routed_receive,
 )
@@ -55,7 +54,6 @@ from fedsilo.silo.tasks.base import SiloContext, model_digest
 from fedsilo.wire.messages import TASK_STEPS, TaskMessage, task_id
 from fedsilo.wire.tasks import (
     CkksDecrypt,
-    DaisyReseal,
     EncryptedInput,
     Handoff,
     MaskedInput,
@@ -76,7 +74,7 @@ from fedsilo.wire.tensors import TensorsOnDemand, read_only
 PROTOCOL_OF = {kind: "masking" for kind in TASK_STEPS if kind.startswith("secagg_")} | {
     kind: "ckks" for kind in TASK_STEPS if kind.startswith("ckks_")
 }
-HANDOFF_STEPS = ("daisy_reseal", "daisy_receive")
+HANDOFF_STEPS = ("daisy_receive",)
 
 
 def refusal(message: TaskMessage, ctx: SiloContext) -> str | None:
@@ -102,7 +100,7 @@ def check(message: TaskMessage, ctx: SiloContext) -> None:
     if protocol is not None:
         _check_secure_step(message, rule, position, ctx, protocol)
     elif kind in HANDOFF_STEPS:
-        _check_handoff_step(message, rule, position, ctx)
+        _check_handoff_step(message, rule, ctx)
     else:
         if kind != rule.kind:
             raise ContractError(f"phase {message.phase!r} sends {rule.kind} tasks, not {kind}")
@@ -258,18 +256,10 @@ def _signed_inputs(facts: SiloFacts) -> Callable[[str], bool]:
     return named
 
 
-def _check_handoff_step(
-    message: TaskMessage, rule: PhaseRule, position: Position, ctx: SiloContext
-) -> None:
+def _check_handoff_step(message: TaskMessage, rule: PhaseRule, ctx: SiloContext) -> None:
     if not rule.routed:
         raise ContractError(f"phase {message.phase!r} hands no model on; {message.kind} does")
-    config = message.config
-    if isinstance(config, DaisyReseal):
-        checked_handoff(config.handoff, ctx.policy, ctx.facts)
-        _check_tensors(message.tensors, {})
-        _check_seal(config.handoff, False, position, ctx)
-        return
-    _check_config(config, routed_receive(ctx.policy))
+    _check_config(message.config, routed_receive(ctx.policy))
     _check_byte_tensors(message.tensors, lambda name: name == HANDOFF, "hand-off", exactly=1)
 
 

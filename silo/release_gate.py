@@ -17,7 +17,7 @@ from __future__ import annotations
 from fedsilo.silo.tasks import TASK_KINDS
 from fedsilo.silo.tasks.base import SiloContext
 from fedsilo.wire.messages import TaskMessage
-from fedsilo.wire.tasks import DaisyReseal, DaisyTrain, EncryptedInput, MaskedInput
+from fedsilo.wire.tasks import DaisyTrain, EncryptedInput, MaskedInput
 from fedsilo.wire.tasks.release import Release
 
 # What `secagg_mask` and `ckks_encrypt` may wrap: kinds whose result they mask or encrypt.
@@ -76,7 +76,7 @@ def _handoff_refusal(message: TaskMessage, method: str) -> str | None:
         )
     if isinstance(config, DaisyTrain) and config.handoff is None:
         return None  # trains the hosted model and keeps it: nothing leaves
-    handoff = config.handoff if isinstance(config, DaisyTrain | DaisyReseal) else None
+    handoff = config.handoff if isinstance(config, DaisyTrain) else None
     if handoff is None or handoff.seal_to is None:
         return (
             f"{kind} would hand the model off unsealed (no handoff.seal_to); under "

@@ -81,7 +81,6 @@ from fedsilo.silo.tasks.base import SiloContext
 from fedsilo.silo.tasks.ckks_sum import GRID_BELOW_SCALE_BITS
 from fedsilo.wire.messages import STATUS_ERROR, TaskMessage, TaskResult
 from fedsilo.wire.tasks import (
-    DaisyReseal,
     DaisyTrain,
     EncryptedInput,
     EvaluateTask,
@@ -860,10 +859,6 @@ def test_the_release_gate_lets_no_model_leave_in_the_clear_under_secure_aggregat
     assert refused(DaisyTrain(train=TRAIN, send=True))
     assert refused(DaisyTrain(train=TRAIN, handoff=Handoff()))  # unsealed hand-off
     assert refused(DaisyTrain(train=TRAIN, handoff=Handoff(seal_to="ab"))) is None
-    assert (
-        refused(DaisyReseal(handoff=Handoff()))
-        and refused(DaisyReseal(handoff=Handoff(seal_to="a"))) is None
-    )
     for kind in ("init", "evaluate", "loss", "daisy_evaluate", "superfed_evaluate"):
         assert refused(kind) is None
     own, other = ("secagg", "ckks") if method == "masking" else ("ckks", "secagg")

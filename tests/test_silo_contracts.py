@@ -104,7 +104,6 @@ CASES = (
 CHOSEN: dict[str, frozenset[str]] = {
     "train": frozenset({"domain_weights", "update_scale", "cohort"}),
     "daisy_train": frozenset({"adopt", "send", "handoff"}),
-    "daisy_reseal": frozenset({"handoff"}),
     "boost_probe": frozenset({"edges"}),
     "secagg_share": frozenset({"advertisements"}),
     "secagg_mask": frozenset({"weights", "shares"}),

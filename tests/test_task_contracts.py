@@ -32,7 +32,6 @@ from fedsilo.wire.tasks import (
     CkksKeygen,
     DaisyEvaluate,
     DaisyReceive,
-    DaisyReseal,
     DaisyTrain,
     EncryptedInput,
     EnergySignals,
@@ -106,7 +105,6 @@ EXAMPLES: list[TaskConfig] = [
     DaisyTrain(train=TrainTask(local=LOCAL), adopt=True),
     DaisyTrain(train=TrainTask(local=LOCAL), send=True, handoff=Handoff(seal_to="aa")),
     DaisyTrain(train=TrainTask(local=LOCAL), handoff=Handoff()),
-    DaisyReseal(handoff=Handoff(seal_to="bb")),
     DaisyReceive(sealed=True),
     DaisyEvaluate(split="train"),
     SuperFedTrain(local=LOCAL, mixing="layer", mixing_on=True, local_seed=9, ortho_nu=0.5),
@@ -250,7 +248,6 @@ BUILT_TODAY: list[tuple[str, str, dict[str, Any]]] = [
         "FedDC._task, routed plain",
         BY_STEPS | {"adopt": False, "send": False, "handoff": {"plain": True}},
     ),
-    ("daisy_reseal", "Routing.run", {"handoff": {"seal_to": "34cd"}}),
     ("daisy_receive", "Routing.run", {"sealed": True}),
     ("daisy_receive", "Routing.run, plain", {"sealed": False}),
     ("daisy_evaluate", "FedDC.evaluate", {"split": "test"}),
@@ -364,7 +361,6 @@ WRONG: list[tuple[str, dict[str, Any], str]] = [
     ("ckks_decrypt", {"length": 1.0, "weights": {}, "contributors": []}, "length"),
     ("daisy_train", TRAIN | {"adopt": "yes"}, "adopt"),
     ("daisy_train", TRAIN | {"handoff": {"plain": False}}, "handoff"),
-    ("daisy_reseal", {"handoff": {"seal_to": 12}}, "handoff"),
     ("superfed_train", TRAIN | {"mixing": "model", "mixing_on": 1, "local_seed": 1}, "mixing_on"),
 ]
 
@@ -501,5 +497,4 @@ def test_every_config_the_strategies_send_re_encodes_identically(
         for kind, config in recorded_configs(monkeypatch, short_policy(example, overrides)):
             assert decode_task_config(kind, config).to_json() == config, (example, kind)
             kinds |= {kind, config.get("inner_kind", kind)}
-    # daisy_reseal is sent only when a recipient drops before delivery
-    assert kinds == set(TASK_CONFIGS) - {"daisy_reseal"}
+    assert kinds == set(TASK_CONFIGS)

@@ -87,7 +87,6 @@ TASK_STEPS: dict[str, str] = {
     "ckks_encrypt": "encrypt",
     "ckks_confirm": "confirm",
     "ckks_decrypt": "decrypt",
-    "daisy_reseal": "reseal",
     "daisy_receive": "deliver",
 }
 

@@ -7,8 +7,8 @@ with the unweighted mean (secure aggregation applies) or the iterated Radon poin
 models, for convex models); the aggregate goes back to those silos with their next task. When
 it ends a daisy period instead ((t+1) mod d = 0, aggregation taking priority), the sampled
 silos' models move along a random permutation, sealed to their recipients when
-`channel.sealed_handoffs` is on (coordinator/routing.py relays, reseals for dropped
-recipients, and delivers). Silos that are not sampled keep training what they host.
+`channel.sealed_handoffs` is on (coordinator/routing.py relays and delivers; a sealed
+model whose recipient dropped stays with its sender). Silos that are not sampled keep training what they host.
 Daisy chaining alone (`aggregation_period: null`) and FedAvg with b local steps
 (`daisy_period: null`) come out of the same round.
 

@@ -19,7 +19,6 @@ from fedsilo.silo.tasks.daisy import (
     daisy_evaluate,
     daisy_evaluate_releases,
     daisy_receive,
-    daisy_reseal,
     daisy_train,
     daisy_train_releases,
 )
@@ -76,8 +75,6 @@ TASK_KINDS: dict[str, TaskKind] = {
     "ckks_confirm": TaskKind(confirm_contributors, public_release),
     "ckks_decrypt": TaskKind(decrypted_sum, public_release),
     "daisy_train": TaskKind(daisy_train, daisy_train_releases),
-    # the model just handed off, again: post-processing
-    "daisy_reseal": TaskKind(daisy_reseal, public_release),
     "daisy_receive": TaskKind(daisy_receive, public_release),
     "daisy_evaluate": TaskKind(daisy_evaluate, daisy_evaluate_releases),
     "superfed_train": TaskKind(superfed_train, superfed_train_releases, leaves=superfed_trained),

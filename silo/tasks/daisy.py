@@ -7,10 +7,6 @@ one round's local steps at a time, and hands it on or sends it for aggregation w
   (`handoff`: `seal_to` a recipient's X25519 key, which must be a roster member's, or `plain`).
   FedProx's anchor is the model of the last exchange. The hosted model stays until a
   replacement arrives: a hand-off that is never delivered costs nothing.
-- `daisy_reseal`: the hosted model packed for a recipient outside a `daisy_train` task. A silo
-  seals a hosted model to one member a round, and never to one of its last
-  `no_return_window` holders it knows of (silo/contract_gate.py), so it reseals nothing
-  it sealed to another member that round already.
 - `daisy_receive`: open a hand-off (bound to this deployment and round), check it, host it,
   and note who held it before (its sender, and the holders the sender's hand-off names).
 - `daisy_evaluate`: the hosted model's metrics on a split, as `evaluate` reports them.
@@ -34,7 +30,6 @@ from fedsilo.wire.messages import TaskMessage, TaskResult
 from fedsilo.wire.tasks import (
     DaisyEvaluate,
     DaisyReceive,
-    DaisyReseal,
     DaisyTrain,
     EvaluateTask,
     Handoff,
@@ -66,19 +61,6 @@ def daisy_train(message: TaskMessage, ctx: SiloContext) -> TaskResult:
     if task.handoff is not None:
         tensors[HANDOFF] = _packed(task.handoff, message, ctx, trained)
     return protocol_answer(message, ctx, tensors)
-
-
-def daisy_reseal(message: TaskMessage, ctx: SiloContext) -> TaskResult:
-    handoff = config_of(message, DaisyReseal).handoff
-    hosted = _hosted(ctx)
-    if hosted.model is None:
-        raise HandoffError(f"{ctx.name} hosts no daisy-chain model to hand off")
-    return TaskResult(
-        task_id=message.task_id,
-        silo=ctx.name,
-        kind=message.kind,
-        tensors={HANDOFF: _packed(handoff, message, ctx, hosted.model)},
-    )
 
 
 def daisy_receive(message: TaskMessage, ctx: SiloContext) -> TaskResult:

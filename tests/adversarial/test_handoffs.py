@@ -22,10 +22,11 @@ from nacl.public import PrivateKey
 from fedsilo.policies.schema import Policy
 from fedsilo.privacy.handoff import Binding, open_sealed, unpack
 from fedsilo.wire.messages import SIMULATION, TaskResult
-from fedsilo.wire.tasks import DaisyReceive, DaisyReseal, DaisyTrain, Handoff
+from fedsilo.wire.tasks import DaisyReceive, DaisyTrain, Handoff
 from fedsilo.wire.tasks.tensor_names import HANDOFF, MODEL
 from fedsilo.wire.tensors import ParameterSpec
 from tests.adversarial.rewriting import Consortium, close, policy
+from tests.wire_tasks import reworded
 
 TARGET, COLLUDER, OTHER = "silo-0", "silo-1", "silo-2"
 RECIPIENT = OTHER  # an honest member
@@ -147,20 +148,20 @@ def test_a_silo_seals_no_model_to_a_member_holding_a_copy_of_it() -> None:
 
 def test_a_hosted_model_is_sealed_to_one_member_a_round() -> None:
     """The target hands its model to an honest recipient (`RECIPIENT`, the victim here); the
-    coordinator then has the target seal the same model again, to the colluder, as if the
-    recipient had dropped (a reseal), delivers both, and next round has the recipient hand
-    what it trained to the colluder, which the recipient's window allows (the colluder never
-    held the model as far as the recipient knows): the colluder holds the model the recipient
-    started from, so it learns the recipient's exact update."""
+    coordinator then asks the target to seal the same model again, to the colluder, as if the
+    recipient had dropped (the `daisy_reseal` step fedsilo's coordinator no longer sends),
+    delivers both, and next round has the recipient hand what it trained to the colluder,
+    which the recipient's window allows (the colluder never held the model as far as the
+    recipient knows): the colluder holds the model the recipient started from, so it learns
+    the recipient's exact update."""
     c = Consortium(feddc(window=1))
     start, spec = c.initial_model()
     first = hand_on(c, spec, TARGET, RECIPIENT, 1, adopt=start)
     assert first.ok and deliver(c, RECIPIENT, first, 1).ok
     key = bytes(c.keys.sealing_roster[COLLUDER]).hex()
-    resealed = c.ask(
-        c.message(TARGET, DaisyReseal(handoff=Handoff(seal_to=key)), round_no=1, phase=PHASE,
-                  step="reseal")
-    )  # fmt: skip
+    receive = c.message(TARGET, DaisyReceive(sealed=True), round_no=1, phase=PHASE, step="reseal")
+    reseal = reworded(receive, {"handoff": {"seal_to": key}}, kind="daisy_reseal")
+    resealed = TaskResult.decode(c.agents[TARGET].handle_bytes(reseal))
     estimate = None
     if resealed.ok and HANDOFF in resealed.tensors:
         assert deliver(c, COLLUDER, resealed, 1).ok
@@ -172,4 +173,4 @@ def test_a_hosted_model_is_sealed_to_one_member_a_round() -> None:
     truth = trained_by(c, spec, RECIPIENT, received, 2) - received
     assert not leaked(estimate, truth), "the recipient's update decoded"
     assert not resealed.ok, "the target sealed one hosted model to two members in one round"
-    assert "one member a round" in (resealed.error or "")
+    assert "daisy_reseal" in (resealed.error or "")

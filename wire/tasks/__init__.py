@@ -13,7 +13,6 @@ from fedsilo.wire.tasks.codec import TaskConfig
 from fedsilo.wire.tasks.daisy import (
     DaisyEvaluate,
     DaisyReceive,
-    DaisyReseal,
     DaisyTrain,
     Handoff,
 )
@@ -42,7 +41,6 @@ __all__ = [
     "CkksKeygen",
     "DaisyEvaluate",
     "DaisyReceive",
-    "DaisyReseal",
     "DaisyTrain",
     "EncryptedInput",
     "EnergySignals",

@@ -55,15 +55,6 @@ class DaisyTrain(TaskConfig):
 
 
 @dataclass(frozen=True, kw_only=True)
-class DaisyReseal(TaskConfig):
-    """`daisy_reseal`: the hosted model packed again, for another recipient."""
-
-    KIND: ClassVar[str] = "daisy_reseal"
-    SENDS: ClassVar[Release] = Release.SEALED_HANDOFF
-    handoff: Handoff
-
-
-@dataclass(frozen=True, kw_only=True)
 class DaisyReceive(TaskConfig):
     """`daisy_receive`: open the hand-off sent (HANDOFF; `sealed` to this silo) and host it."""
 

@@ -12,7 +12,7 @@ from fedsilo.wire.tasks.ckks import (
     EncryptedInput,
 )
 from fedsilo.wire.tasks.codec import TaskConfig
-from fedsilo.wire.tasks.daisy import DaisyEvaluate, DaisyReceive, DaisyReseal, DaisyTrain
+from fedsilo.wire.tasks.daisy import DaisyEvaluate, DaisyReceive, DaisyTrain
 from fedsilo.wire.tasks.evaluation import EvaluateTask, LossProbe, SuperFedEvaluate
 from fedsilo.wire.tasks.feddro import FedDroSupport, FedDroTrain
 from fedsilo.wire.tasks.multiboost import BoostProbe
@@ -49,7 +49,6 @@ TASK_CONFIGS: dict[str, type[TaskConfig]] = {
         CkksConfirm,
         CkksDecrypt,
         DaisyTrain,
-        DaisyReseal,
         DaisyReceive,
         DaisyEvaluate,
         SuperFedTrain,
