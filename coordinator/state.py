@@ -9,8 +9,13 @@ bytes (the payload digest, wire/payload.py; a file named by its BLAKE2b-256, as 
 before BLAKE3 named them, still loads), so identical states (a failed round keeps the previous
 one) are stored once and a file that changed on disk is caught when it is loaded. A round is
 saved checkpoint first (written to a temporary file, fsynced, renamed), then its row in one
-transaction: a crash in between leaves at worst an orphan checkpoint, never a row naming a
-missing file.
+transaction: a crash in between leaves at worst an orphan checkpoint, never a latest row
+naming a missing file. Only each deployment's latest state is kept (a deployment resumes from
+it, and nothing reads an earlier one): once a round's row is in, the checkpoint it supersedes
+is deleted unless it is another deployment's latest too. An earlier round's row keeps its
+record and the hash of the state it ended with. (Under model lineage a state holds the last
+aggregation's evidence beside the model, k masked inputs: kept for every round, a job's
+checkpoints would grow by that much each round.)
 
 Thread safety: one connection shared by every thread (`check_same_thread=False`) behind a
 lock. SQLite runs one writer at a time anyway, so per-thread connections would only add
@@ -288,10 +293,14 @@ class StateStore:
                     f"{self.path}: deployment {deployment_id!r} saves round {expected} next, "
                     f"not {round}; is another coordinator using this state file?"
                 )
+            superseded = _latest_checkpoint(db, deployment_id)
             db.execute(
                 "INSERT INTO rounds VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (deployment_id, round, status, record_text, digest, spec_text, extra_text, _now()),
             )
+            kept = _latest_checkpoints(db)
+        if superseded is not None and superseded not in kept:
+            self.checkpoints.path_of(superseded).unlink(missing_ok=True)
 
     def last_round(self, deployment_id: str) -> SavedRound | None:
         """The last saved round and everything needed to go on after it; None before setup."""
@@ -482,6 +491,24 @@ def _transaction(db: sqlite3.Connection, mode: str) -> Iterator[None]:
     finally:
         if db.in_transaction:
             db.execute("ROLLBACK")
+
+
+def _latest_checkpoint(db: sqlite3.Connection, deployment_id: str) -> str | None:
+    """The checkpoint of `deployment_id`'s latest round, or None before its setup."""
+    row = db.execute(
+        "SELECT checkpoint_hash FROM rounds WHERE deployment_id = ? ORDER BY round DESC LIMIT 1",
+        (deployment_id,),
+    ).fetchone()
+    return None if row is None else row[0]
+
+
+def _latest_checkpoints(db: sqlite3.Connection) -> set[str]:
+    """The checkpoints some deployment resumes from: each one's latest round's."""
+    rows = db.execute(
+        "SELECT checkpoint_hash FROM rounds AS r WHERE round = "
+        "(SELECT MAX(round) FROM rounds WHERE deployment_id = r.deployment_id)"
+    ).fetchall()
+    return {hash_ for (hash_,) in rows}
 
 
 def _next_round(db: sqlite3.Connection, deployment_id: str) -> int:

@@ -155,12 +155,28 @@ def test_checkpoints_are_named_by_the_hash_of_their_bytes_and_identical_states_s
     store.save_round(DEPLOYMENT, 1, "failed", server_state(), {})  # the state did not change
     assert len(checkpoint_files(store_path)) == 1
     store.save_round(DEPLOYMENT, 2, "completed", server_state(scale=2.0), {})
-    files = checkpoint_files(store_path)
-    assert len(files) == 2
-    for file in files:
-        assert file.stem == blake3(file.read_bytes()).hexdigest()
-        assert file.stat().st_mode & 0o077 == 0
-    assert not list(files[0].parent.glob(".*"))  # no temporary file is left behind
+    (file,) = checkpoint_files(store_path)
+    assert file.stem == blake3(file.read_bytes()).hexdigest()
+    assert file.stat().st_mode & 0o077 == 0
+    assert not list(file.parent.glob(".*"))  # no temporary file is left behind
+
+
+def test_only_each_deployments_latest_state_is_kept(store: StateStore, store_path: Path) -> None:
+    """A deployment resumes from its latest state and nothing reads an earlier one, so a
+    superseded checkpoint is deleted, unless another deployment resumes from the same bytes."""
+    other = "another"
+    store.open_deployment(other, "digest-of-another", "{}")
+    store.save_round(DEPLOYMENT, 0, "setup", server_state(), {})
+    store.save_round(other, 0, "setup", server_state(), {})  # the same bytes: one file
+    store.save_round(DEPLOYMENT, 1, "completed", server_state(scale=2.0), {})
+    assert len(checkpoint_files(store_path)) == 2  # the other deployment still resumes from it
+    store.save_round(other, 1, "completed", server_state(scale=3.0), {})
+    assert len(checkpoint_files(store_path)) == 2  # each deployment's latest
+    for deployment, scale in ((DEPLOYMENT, 2.0), (other, 3.0)):
+        saved = store.last_round(deployment)
+        assert saved is not None
+        expected = server_state(scale=scale).tensors["model"]
+        assert bits(saved.state.tensors["model"]) == bits(expected)
 
 
 def test_a_checkpoint_named_by_its_blake2b_as_older_state_files_name_them_still_loads(

@@ -8,7 +8,8 @@ models, for convex models); the aggregate goes back to those silos with their ne
 it ends a daisy period instead ((t+1) mod d = 0, aggregation taking priority), the sampled
 silos' models move along a random permutation, sealed to their recipients when
 `channel.sealed_handoffs` is on (coordinator/routing.py relays and delivers; a sealed
-model whose recipient dropped stays with its sender). Silos that are not sampled keep training what they host.
+model whose recipient dropped stays with its sender). Silos that are not sampled keep training
+what they host.
 Daisy chaining alone (`aggregation_period: null`) and FedAvg with b local steps
 (`daisy_period: null`) come out of the same round.
 
