@@ -38,6 +38,11 @@ class AdminBackend(Protocol):
         {"silo": str, "task_id": str or None (its join), "since": unix s, "until": unix s}."""
         ...
 
+    def progress(self, job_id: str) -> dict[str, Any] | None:
+        """How far job `job_id` got: {"round": its last saved round, "rounds": the rounds its
+        policy plans (int or None)}; None before its first round was saved."""
+        ...
+
     def abort(self, job_id: str) -> JobInfo: ...
 
     def logs(self, job_id: str, tail: int | None) -> str:

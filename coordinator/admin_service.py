@@ -147,7 +147,12 @@ class AdminService:
         if command == STATUS:
             info = backend.job(args["job"])
             return AdminReply(
-                ok=True, data={**info.to_json(), "awaiting": backend.awaiting(info.job_id)}
+                ok=True,
+                data={
+                    **info.to_json(),
+                    "awaiting": backend.awaiting(info.job_id),
+                    "progress": backend.progress(info.job_id),
+                },
             )
         if command == ABORT:
             return AdminReply(ok=True, data=backend.abort(args["job"]).to_json())

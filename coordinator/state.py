@@ -302,6 +302,15 @@ class StateStore:
         if superseded is not None and superseded not in kept:
             self.checkpoints.path_of(superseded).unlink(missing_ok=True)
 
+    def saved_round(self, deployment_id: str) -> int | None:
+        """The number of the deployment's last saved round (0: its setup), without loading its
+        checkpoint; None before setup."""
+        with self._transaction("DEFERRED") as db:
+            row = db.execute(
+                "SELECT MAX(round) AS last FROM rounds WHERE deployment_id = ?", (deployment_id,)
+            ).fetchone()
+        return None if row is None else row["last"]
+
     def last_round(self, deployment_id: str) -> SavedRound | None:
         """The last saved round and everything needed to go on after it; None before setup."""
         with self._transaction("DEFERRED") as db:

@@ -375,6 +375,12 @@ class ServeBackend:
         hub = self.serving.hub
         return [dataclasses.asdict(a) for a in hub.awaited()] if hub.job == job_id else []
 
+    def progress(self, job_id: str) -> dict[str, Any] | None:
+        with StateStore(self.state) as store:
+            saved = store.saved_round(job_id)
+            policy = store.deployment_policy(job_id) or {}
+        return None if not saved else {"round": saved, "rounds": policy.get("rounds")}
+
     def abort(self, job_id: str) -> JobInfo:
         try:
             return self.queue.request_abort(job_id)

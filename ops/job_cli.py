@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -20,12 +21,14 @@ import click
 from nacl.signing import SigningKey
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from fedsilo.coordinator.admin_api import OPERATOR, AdminError
 from fedsilo.coordinator.jobs import JobInfo
 from fedsilo.ops.admin_client import AdminChannelError, AdminConnection
 from fedsilo.ops.cli_support import host_and_port
 from fedsilo.ops.epsilon import fmt_epsilon
+from fedsilo.ops.job_id import DIGEST_CHARS
 from fedsilo.ops.provision import KitError, OperatorKit, load_operator_kit
 from fedsilo.ops.report import OutputFolderError, atomic_directory, check_output_folder
 from fedsilo.ops.status import STATUS_SCHEMA, certificate_status
@@ -148,24 +151,7 @@ def list_jobs(kit_dir: Path, as_json: bool) -> None:
     if as_json:
         print_json({"schema": STATUS_SCHEMA, "jobs": [info.to_json() for info in jobs]})
         return
-    rows = [
-        (
-            info.job_id,
-            info.status,
-            _when(info.submitted_at, "%m-%d %H:%M"),
-            _when(info.finished_at, "%m-%d %H:%M"),
-            info.note,
-        )
-        for info in jobs
-    ]
-    table = Table(title="jobs")
-    for index, column in enumerate(("job", "status", "submitted", "ended")):
-        widest = max((len(row[index]) for row in rows), default=0)
-        table.add_column(column, no_wrap=True, min_width=max(widest, len(column)))
-    # one line a job, cut to the terminal: `job status JOB` (or --json) shows all of it
-    table.add_column("note", no_wrap=True, overflow="ellipsis")
-    for row in rows:
-        table.add_row(*row)
+    table = jobs_table(jobs, console.width)
     console.print(table if jobs else "no jobs yet")
 
 
@@ -180,7 +166,7 @@ def job_status(job: str, kit_dir: Path, as_json: bool) -> None:
     if as_json:
         print_json({"schema": STATUS_SCHEMA, "job": {**info.to_json(), "awaiting": awaiting}})
         return
-    _print_job(info, awaiting)
+    _print_job(info, awaiting, data.get("progress"))
 
 
 @job_group.command("abort")
@@ -363,12 +349,80 @@ def _verifies(path: Path, signature: Path, kit: OperatorKit) -> bool:
     return True
 
 
-def _print_job(info: JobInfo, awaiting: list[dict[str, Any]]) -> None:
+KEY_COLUMNS = ("job", "status", "submitted", "ended")
+NOTE_MIN_WIDTH = 12  # the least a note keeps beside ids that are shortened for it
+ID_MIN_WIDTH = 24  # the least a shortened id keeps: a start of its name, its digest, attempt
+
+
+def jobs_table(jobs: list[JobInfo], width: int) -> Table:
+    """`job list`'s table, one line a job within `width` columns: its id, status, submitted and
+    ended whole (an id too long for the width shortened in its name, keeping its digest and
+    attempt), then its note cut with an ellipsis into what is left (`job status JOB` or --json
+    shows all of it; no note column when nothing is left)."""
+    rows = [
+        [
+            info.job_id,
+            info.status,
+            _when(info.submitted_at, "%m-%d %H:%M"),
+            _when(info.finished_at, "%m-%d %H:%M"),
+        ]
+        for info in jobs
+    ]
+    widths = [
+        max([len(column), *(len(row[i]) for row in rows)]) for i, column in enumerate(KEY_COLUMNS)
+    ]
+    notes = [info.note for info in jobs]
+    # each column has one space either side and a rule after it, and the table one before all
+    left = width - 1 - sum(w + 3 for w in widths[1:]) - 3
+    note_width = max((len(note) for note in notes), default=0)
+    room = left - (3 + min(note_width, NOTE_MIN_WIDTH) if note_width else 0)
+    id_width = min(widths[0], max(room, ID_MIN_WIDTH))
+    for row in rows:
+        row[0] = short_id(row[0], id_width)
+    table = Table(title="jobs")
+    for column, widest in zip(KEY_COLUMNS, [id_width, *widths[1:]], strict=True):
+        table.add_column(column, no_wrap=True, min_width=widest, max_width=widest)
+    note_room = left - id_width - 3
+    if note_width and note_room >= len("note"):
+        table.add_column("note", no_wrap=True, overflow="ellipsis", max_width=note_room)
+        for row, note in zip(rows, notes, strict=True):
+            table.add_row(*row, Text(note, no_wrap=True, overflow="ellipsis"))
+    else:
+        for row in rows:
+            table.add_row(*row)
+    return table
+
+
+def short_id(job_id: str, width: int) -> str:
+    """`job_id` in `width` characters: whole when it fits, else its policy's name cut with "…"
+    before the digest (and attempt) that tell jobs apart (ops/job_id.py)."""
+    if len(job_id) <= width:
+        return job_id
+    match = re.fullmatch(rf"(.*)(-[0-9a-f]{{{DIGEST_CHARS}}}(?:-attempt\d+)?)", job_id)
+    name, tail = (match.group(1), match.group(2)) if match else (job_id, "")
+    keep = width - len(tail) - 1
+    if keep < 1:
+        return job_id[: width - 1] + "…"
+    return f"{name[:keep]}…{tail}"
+
+
+def _print_job(
+    info: JobInfo, awaiting: list[dict[str, Any]], progress: dict[str, Any] | None = None
+) -> None:
+    """`job status`'s detail view; `progress` (the STATUS reply's, absent from a coordinator
+    older than it, None before a round was saved) says "round R of N"."""
     table = Table(box=None, show_header=False, title=f"job {info.job_id}")
+    table.add_column(no_wrap=True)
+    table.add_column(overflow="fold")
+    rounds = None
+    if progress and progress.get("round"):
+        planned = f" of {progress['rounds']}" if progress.get("rounds") else ""
+        rounds = f"round {progress['round']}{planned}"
     for label, value in (
         ("policy", info.name),
         ("attempt", str(info.attempt)),
         ("status", info.status),
+        *((("progress", rounds),) if rounds else ()),
         ("submitted", f"{_when(info.submitted_at)} by {info.submitted_by}"),
         ("started", _when(info.started_at)),
         ("finished", _when(info.finished_at)),

@@ -3,7 +3,8 @@ it, summarised before any job: rows, columns, each column's inferred type and mi
 the label balance, and what the preprocessing makes of it (features after encoding, split
 sizes). With a policy, also what that policy asks of this site: its local rules, its domains,
 a model built for these features, and whether the site accepts the job on privacy grounds
-(its plan, caps and what its ledger spent on other jobs: ops/plan_cli.py).
+(its plan, caps and what its ledger spent on other jobs: ops/plan_cli.py). A data plug-in is
+called as the agent calls it; silo.yaml's `kit` must be a silo's kit as `silo start` loads it.
 
 A problem is one `DataError` (or `PolicyError`) naming the silo.yaml key to change
 (`data.categorical`, `rules.max_rounds`, ...); nothing is written. A silo.yaml in the old
@@ -19,7 +20,7 @@ import click
 import pandas as pd
 
 from fedsilo.models.zoo import build_model
-from fedsilo.policies.data import DataConfig, NaturalPartition
+from fedsilo.policies.data import PLUGIN_SOURCE, DataConfig, NaturalPartition
 from fedsilo.policies.loading import PolicyError, load_policy
 from fedsilo.policies.schema import Policy
 from fedsilo.silo.config import SiloConfig, load_silo_config
@@ -52,8 +53,24 @@ class SiteDataSummary:
 
 def check_site_data(config_file: Path, policy: Policy | None = None) -> SiteDataSummary:
     """Load the site's data as `silo start` would (under `policy`'s seed, rules and model when
-    given) and summarise it; a DataError or PolicyError names the silo.yaml key to change."""
-    return summarise(load_silo_config(config_file), config_file.parent, policy)
+    given) and summarise it, then check its kit; a DataError or PolicyError names the silo.yaml
+    key (and, for the kit, its folder) to change."""
+    config = load_silo_config(config_file)
+    summary = summarise(config, config_file.parent, policy)
+    check_kit(config, config_file)
+    return summary
+
+
+def check_kit(config: SiloConfig, config_file: Path) -> None:
+    """Refuse silo.yaml's `kit` unless it is a silo's kit as `silo start` loads it (not a
+    missing folder, nor the coordinator's or the operator's kit): a DataError naming `kit`."""
+    from fedsilo.ops.provision import KitError, load_silo_kit  # only here: its crypto imports
+
+    folder = config.kit_path(config_file)
+    try:
+        load_silo_kit(folder)
+    except (KitError, OSError, ValueError) as error:
+        raise DataError(f"kit: {error}") from None
 
 
 def summarise(config: SiloConfig, base_dir: Path, policy: Policy | None = None) -> SiteDataSummary:
@@ -70,6 +87,13 @@ def summarise(config: SiloConfig, base_dir: Path, policy: Policy | None = None) 
         raw = read_source(source, base_dir)
     except DataError as error:
         raise error.within(config.data.section_key) from None
+    except Exception as error:  # a plug-in's own code failing, as it would in the agent
+        if source.source != PLUGIN_SOURCE:
+            raise
+        raise DataError(
+            f"{config.data.section_key}.loader: data plug-in '{source.loader}' failed to load "
+            f"this site's data: {error} ({type(error).__name__})"
+        ) from None
     dataset = config.data.load(CHECK_SEED if policy is None else policy.seed, base_dir)
     raw = _this_silos_rows(raw, source, dataset.name)
     parameters = None if policy is None else _model_parameters(policy, dataset)
@@ -135,8 +159,16 @@ def _kind(series: pd.Series, raw: RawSource) -> str:
     return pd.api.types.infer_dtype(series, skipna=True)
 
 
-def _label_counts(raw: RawSource) -> dict[str, int]:
-    counts = raw.frame[raw.dictionary.target].value_counts().sort_index()
+def _label_counts(raw: RawSource) -> dict[str, int] | None:
+    """Rows per class: of the target column, or of the labels a source keeps beside its frame
+    (a data plug-in's); None when the labels are not one class per row."""
+    if raw.labels is not None:
+        if raw.labels.ndim != 1:
+            return None
+        labels = pd.Series(raw.labels)
+    else:
+        labels = raw.frame[raw.dictionary.target]
+    counts = labels.value_counts().sort_index()
     return {str(label): int(count) for label, count in counts.items()}
 
 
@@ -157,8 +189,10 @@ def render(summary: SiteDataSummary) -> list[str]:
             for label, count in summary.labels.items()
         )
         lines.append(f"labels ({data.num_classes} classes): {balance}")
+    elif data.task == "classification":
+        lines.append(f"labels ({data.num_classes} classes): one row may hold several")
     else:
-        lines.append(f"task: regression on {data.y_train.numel()} training targets")
+        lines.append(f"task: {data.task} on {len(data.y_train)} training targets")
     lines.append(
         f"after encoding: {len(data.feature_names)} features ({', '.join(data.feature_names)})"
     )

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import logging
 import random
+import re
 import threading
 import uuid
 from collections.abc import Callable, Iterable
@@ -107,12 +108,20 @@ class ProtocolMismatch(ChannelError):
 def failure_reason(exc: BaseException) -> str:
     """Why something failed, as the coordinator may learn it: the first line of the message
     (an operator's mistake names its file, field or column), clipped, with the exception's type
-    where it is not an operator's mistake (a ValueError or an OSError)."""
+    where it is not an operator's mistake (a ValueError or an OSError). A path on the site's
+    machine is named by its file name only: where the site keeps its data is its own (the
+    site's log has the whole message)."""
     lines = str(exc).strip().splitlines()
-    text = lines[0] if lines else type(exc).__name__
+    text = _LOCAL_PATH.sub(r"\g<name>", lines[0] if lines else type(exc).__name__)
     if not isinstance(exc, (ValueError, OSError)):
         text = f"{type(exc).__name__}: {text}"
     return text if len(text) <= MAX_REASON_CHARS else text[: MAX_REASON_CHARS - 3] + "..."
+
+
+# an absolute path (POSIX, or a Windows drive's), up to its last component
+_LOCAL_PATH = re.compile(
+    r"(?<![\w.:/])(?:/|[A-Za-z]:\\)(?:[^\s'\"/\\]+[/\\])+(?P<name>[^\s'\"/\\]+)"
+)
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,9 @@
-"""How the test process ends, and the one fixture many files share.
+"""How the test process ends, and the fixtures many files share.
 
 `consortium`: a provisioned consortium of three silos in the test's own folder
 (tests/deployment.py); every process a test started in it is killed when the test ends.
+`silo_kit`: one silo's startup kit of the example consortium.yaml, provisioned once per run,
+for a silo.yaml that `silo check` must find a kit for (read only).
 
 The process ends without the interpreter's teardown.
 
@@ -20,10 +22,21 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.deployment import Consortium, provision
 
 _STATUS: list[int] = []
+
+
+@pytest.fixture(scope="session")
+def silo_kit(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from fedsilo.ops.provision import provision as provision_kits
+    from fedsilo.policies.consortium import EXAMPLE, parse_consortium
+
+    folder = tmp_path_factory.mktemp("example-consortium")
+    provision_kits(parse_consortium(yaml.safe_load(EXAMPLE)), folder / "kits")
+    return folder / "kits" / "silos" / "cleveland"
 
 
 @pytest.fixture

@@ -93,6 +93,10 @@ class FakeBackend:
         self.calls.append(("awaiting", (job_id,)))
         return [{"silo": "silo-1", "task_id": None, "since": 1.0e9, "until": 1.0e9 + 600}]
 
+    def progress(self, job_id: str) -> dict[str, Any] | None:
+        self.calls.append(("progress", (job_id,)))
+        return {"round": 3, "rounds": 5}
+
     def abort(self, job_id: str) -> JobInfo:
         self.calls.append(("abort", (job_id,)))
         return job_info("aborted", "aborted by the operator before it started")
@@ -276,7 +280,7 @@ def test_retry_signs_the_next_attempt_with_the_operators_key_and_sends_it(
     assert result.exit_code == 0, result.output
     assert f"submitted attempt 2 at the policy of job {JOB} as job {JOB}-attempt2" in result.output
     *status, (call, (job, attempt, signature, by)) = served.backend.calls
-    assert status == [("job", (JOB,)), ("awaiting", (JOB,))]
+    assert status == [("job", (JOB,)), ("awaiting", (JOB,)), ("progress", (JOB,))]
     assert (call, job, attempt, by) == ("retry", JOB, 2, OPERATOR)
     operator = load_operator_kit(kit).signing_key.verify_key
     verify_attempt("ab" * 32, 2, signature, operator)
@@ -321,6 +325,7 @@ def test_list_status_abort_and_logs_round_trip(consortium: Consortium, served: A
     assert shown.exit_code == 0, shown.output
     assert "running" in shown.output and "ab" * 10 in shown.output
     assert "awaiting silo-1" in shown.output and "its join since" in shown.output
+    assert "round 3 of 5" in shown.output
     aborted = fedsilo("job", "abort", JOB, "--kit", kit)
     assert aborted.exit_code == 0, aborted.output
     assert f"job {JOB}: aborted" in aborted.output
@@ -331,6 +336,7 @@ def test_list_status_abort_and_logs_round_trip(consortium: Consortium, served: A
         ("jobs", ()),
         ("job", (JOB,)),
         ("awaiting", (JOB,)),
+        ("progress", (JOB,)),
         ("abort", (JOB,)),
         ("logs", (JOB, 2)),
     ]

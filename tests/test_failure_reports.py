@@ -187,6 +187,23 @@ def test_the_reason_sent_is_one_short_line() -> None:
     assert reason.startswith("column 'age': ")
 
 
+@pytest.mark.parametrize(
+    "raised",
+    [
+        FileNotFoundError(2, "No such file or directory", "/srv/hospital/exports/heart.csv"),
+        DataError("data.path /srv/hospital/exports/heart.csv: no column 'age'"),
+        ValueError(r"data.path C:\hospital\exports\heart.csv: no column 'age'"),
+    ],
+)
+def test_a_refusal_names_a_file_on_the_site_by_its_name_only(raised: Exception) -> None:
+    """Where a site keeps its data is its own: the coordinator learns the file's name."""
+    coordinator = FakeCoordinator()
+    with pytest.raises(PolicyRefused):
+        client(coordinator, failing(raised)).join()
+    assert "heart.csv" in coordinator.refusal()
+    assert "hospital" not in coordinator.refusal() and "exports" not in coordinator.refusal()
+
+
 def test_a_task_failing_outside_its_handler_is_answered_with_an_error_naming_the_task() -> None:
     coordinator = FakeCoordinator()
     task = TaskMessage("job/r1/evaluate/silo-0", 1, "evaluate", "silo-0", EvaluateTask())

@@ -22,13 +22,16 @@ HEART_FEDAVG = str(Path(__file__).parents[1] / "policies" / "examples" / "heart-
 ROWS = [f"{30 + i},{'yes' if i % 3 else 'no'},{110 + i % 7}.5,{i % 2}" for i in range(40)]
 
 
-def site(folder: Path, rows: list[str] = ROWS, header: str = HEADER, **source) -> Path:
-    """A site folder with records.csv and a silo.yaml reading it; returns silo.yaml's path."""
+def site(
+    folder: Path, rows: list[str] = ROWS, header: str = HEADER, kit: Path | str = "kit", **source
+) -> Path:
+    """A site folder with records.csv and a silo.yaml reading it (its kit `kit`: a folder that
+    is none for a check refused before the kit is read); returns silo.yaml's path."""
     (folder / "records.csv").write_text("\n".join([header, *rows]) + "\n")
     data = {"source": "csv", "path": "records.csv", "target": "outcome"}
     data.update({"categorical": {"smoker": ["no", "yes"]}, **source})
     config = folder / "silo.yaml"
-    config.write_text(yaml.safe_dump({"version": 1, "kit": "kit", "data": data}))
+    config.write_text(yaml.safe_dump({"version": 1, "kit": str(kit), "data": data}))
     return config
 
 
@@ -48,8 +51,8 @@ def refused(result: Result, *expected: str) -> str:
     return message
 
 
-def test_a_sites_file_is_summarised_as_one_silo(tmp_path: Path) -> None:
-    result = check(site(tmp_path))
+def test_a_sites_file_is_summarised_as_one_silo(tmp_path: Path, silo_kit: Path) -> None:
+    result = check(site(tmp_path, kit=silo_kit))
     assert result.exit_code == 0, result.output
     out = result.output
     assert "records.csv: 40 rows, 4 columns" in out and "40 rows)" in out  # all rows, one silo
@@ -60,9 +63,12 @@ def test_a_sites_file_is_summarised_as_one_silo(tmp_path: Path) -> None:
     assert "splits: train 32, val 4, test 4" in out
 
 
-def test_a_selected_hospital_of_the_bundled_data_is_summarised_alone(tmp_path: Path) -> None:
+def test_a_selected_hospital_of_the_bundled_data_is_summarised_alone(
+    tmp_path: Path, silo_kit: Path
+) -> None:
     config = tmp_path / "silo.yaml"
-    document = {"version": 1, "kit": "kit", "data": {"source": "heart", "select": "Hungary"}}
+    data = {"source": "heart", "select": "Hungary"}
+    document = {"version": 1, "kit": str(silo_kit), "data": data}
     config.write_text(yaml.safe_dump(document))
     result = check(config)
     assert result.exit_code == 0, result.output
@@ -70,16 +76,18 @@ def test_a_selected_hospital_of_the_bundled_data_is_summarised_alone(tmp_path: P
     assert "labels (2 classes): False: 188 (64%), True: 106 (36%)" in result.output
 
 
-def test_missing_values_are_counted_per_column_and_imputed_when_asked(tmp_path: Path) -> None:
+def test_missing_values_are_counted_per_column_and_imputed_when_asked(
+    tmp_path: Path, silo_kit: Path
+) -> None:
     rows = [row.replace("110.5", "") for row in ROWS]  # every 7th bp is empty
-    result = check(site(tmp_path, rows, missing="impute"))
+    result = check(site(tmp_path, rows, kit=silo_kit, missing="impute"))
     assert result.exit_code == 0, result.output
     bp = next(line for line in result.output.splitlines() if line.strip().startswith("bp"))
     assert bp.split()[-1] == "6"
 
 
-def test_a_policy_adds_its_model_on_this_data(tmp_path: Path) -> None:
-    result = check(site(tmp_path), "--policy", HEART_FEDAVG)
+def test_a_policy_adds_its_model_on_this_data(tmp_path: Path, silo_kit: Path) -> None:
+    result = check(site(tmp_path, kit=silo_kit), "--policy", HEART_FEDAVG)
     assert result.exit_code == 0, result.output
     assert "the policy's model: 10 parameters on this data" in result.output
 

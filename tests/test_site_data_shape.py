@@ -39,8 +39,8 @@ SIMULATION_VALUES = {
 }
 
 
-def silo_yaml(data: Any) -> dict[str, Any]:
-    return {"version": 1, "kit": "kit", "data": data}
+def silo_yaml(data: Any, kit: Path | str = "kit") -> dict[str, Any]:
+    return {"version": 1, "kit": str(kit), "data": data}
 
 
 def as_silo_yaml(data: Any) -> SiloConfig:
@@ -57,11 +57,12 @@ def refusal(parse: Any, data: Any) -> str:
     return str(refused.value)
 
 
-def written_site(folder: Path, data: dict[str, Any]) -> Path:
-    """A site folder holding records.csv and a silo.yaml whose data section is `data`."""
+def written_site(folder: Path, data: dict[str, Any], kit: Path | str = "kit") -> Path:
+    """A site folder holding records.csv and a silo.yaml whose data section is `data` (its
+    kit `kit`: a folder that is none for a check refused before the kit is read)."""
     (folder / "records.csv").write_text("\n".join([HEADER, *ROWS]) + "\n")
     config = folder / "silo.yaml"
-    config.write_text(yaml.safe_dump(silo_yaml(data), sort_keys=False))
+    config.write_text(yaml.safe_dump(silo_yaml(data, kit), sort_keys=False))
     return config
 
 
@@ -181,20 +182,22 @@ def test_a_data_problem_names_the_key_as_each_shape_spells_it(tmp_path: Path) ->
         assert f"{key}: data file not found" in str(refused.value), str(refused.value)
 
 
-def test_silo_check_notes_the_old_nested_shape_and_how_to_write_it_flat(tmp_path: Path) -> None:
-    result = check(written_site(tmp_path, {"source": SITE_SECTION}))
+def test_silo_check_notes_the_old_nested_shape_and_how_to_write_it_flat(
+    tmp_path: Path, silo_kit: Path
+) -> None:
+    result = check(written_site(tmp_path, {"source": SITE_SECTION}, silo_kit))
     assert result.exit_code == 0, result.output
     assert "note: data.source holds a nested data section, silo.yaml's old shape" in result.output
     assert "write its keys directly under data:, as a policy does" in result.output
 
 
 def test_silo_check_has_no_note_for_the_current_shape_or_a_nested_simulated_section(
-    tmp_path: Path,
+    tmp_path: Path, silo_kit: Path
 ) -> None:
-    current = check(written_site(tmp_path, SITE_SECTION))
+    current = check(written_site(tmp_path, SITE_SECTION, silo_kit))
     assert current.exit_code == 0 and "note:" not in current.output, current.output
     simulated = {"source": {**SITE_SECTION, "partition": {"kind": "iid", "silos": 2}}}
-    dealt = check(written_site(tmp_path, {**simulated, "select": "silo-1"}))
+    dealt = check(written_site(tmp_path, {**simulated, "select": "silo-1"}, silo_kit))
     assert dealt.exit_code == 0 and "note:" not in dealt.output, dealt.output
 
 

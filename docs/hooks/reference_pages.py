@@ -9,9 +9,13 @@ them, the comment on the field's line or the comment lines right above it; no li
 those comments, so `field_comments` does (a few lines with `tokenize`).
 
 It also adds `reference/api.md`, one mkdocstrings block for each name in `fedsilo.__all__` at the
-module that defines it, and `reference/cli.md`, mkdocs-click's page of the `fedsilo` command with
-one more block for each subcommand that `main` loads only when it runs (mkdocs-click lists a
-group's loaded commands only).
+module that defines it, and `reference/cli.md`, the `fedsilo` command written out here from
+click (`cli_page`): each command's help, usage and options (an option with no default shows
+none, a required one "required"), and each group's index of its subcommands with their whole
+first sentence, the group walked as `fedsilo` runs it so that the subcommands `main` loads only
+when they run are there too. Written here rather than with mkdocs-click, which shows click's
+"no default" sentinel as `Sentinel.UNSET`, indexes only a group's loaded commands and cuts
+summaries at the docstring's first line.
 
 mkdocstrings reads the code without running it (griffe), by folder: it cannot follow
 setuptools' `package-dir` mapping of the top-level folders (wire/, policies/, ...) into
@@ -36,6 +40,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import annotated_types
+import click
 from pydantic import BaseModel
 
 PAGES = {
@@ -275,32 +280,134 @@ def api_page() -> str:
     return "\n".join(lines) + "\n"
 
 
+# what an option's default shows when it is a value a reader can type (an Enum member shows its
+# value); anything else shows nothing rather than its repr: click's "no default" sentinel (itself
+# an Enum member, `Sentinel.UNSET`, whose value is an `object()`), a callable, an object
+SHOWN_DEFAULTS = (str, int, float, bool, Path)
+
+
+def first_sentence(help_text: str) -> str:
+    """The first sentence of a command's help, whole, as `--help`'s command list would give it
+    with room enough: the first paragraph, whitespace collapsed, up to the first period that
+    ends the text or is followed by a word not in lowercase (so "e.g." does not end it)."""
+    words = help_text.split("\f")[0].partition("\n\n")[0].split()
+    if words and words[0] == "\b":
+        words = words[1:]
+    for i, word in enumerate(words):
+        if word.endswith(".") and (i == len(words) - 1 or not words[i + 1][0].islower()):
+            return " ".join(words[: i + 1])
+    return " ".join(words)
+
+
+def command_summary(command: click.Command) -> str:
+    return command.short_help or first_sentence(command.help or "") or "(no description)"
+
+
+def shown_default(option: click.Option, context: click.Context) -> str:
+    """An option's default as its reference row shows it: "required", the value, or nothing."""
+    if option.required:
+        return "required"
+    if isinstance(option.show_default, str):
+        return option.show_default
+    value = option.get_default(context, call=False)
+    if option.is_flag and not option.secondary_opts and value is False:
+        return ""  # a flag is off unless given (--help, --overwrite)
+    values = list(value) if isinstance(value, (tuple, list)) else [value]
+    values = [item.value if isinstance(item, Enum) else item for item in values]
+    if not values or not all(isinstance(item, SHOWN_DEFAULTS) for item in values):
+        return ""
+    return ", ".join(f"`{item}`" for item in values)
+
+
+def option_type(option: click.Option) -> str:
+    if option.is_flag and option.is_bool_flag:
+        return "boolean"
+    kind = option.type
+    if isinstance(kind, click.Choice):
+        return "choice (" + " \\| ".join(f"`{choice}`" for choice in kind.choices) + ")"
+    name = kind.name
+    low, high = getattr(kind, "min", None), getattr(kind, "max", None)
+    if low is not None and high is not None:
+        return f"{name} (`{low}` to `{high}`)"
+    if low is not None:
+        return f"{name} (`{low}` and above)"
+    if high is not None:
+        return f"{name} (`{high}` and below)"
+    return name
+
+
+def table_cell(text: str) -> str:
+    return " ".join(text.split()).replace("|", "\\|")
+
+
+def command_lines(context: click.Context, level: int) -> list[str]:
+    """One command's section: heading, help, usage, options, then its subcommands' index and
+    sections; a group's subcommands as its users reach them (`list_commands`/`get_command`, so
+    a `LazyGroup`'s lazily loaded ones too)."""
+    command = context.command
+    path = context.command_path
+    lines = [
+        f"{'#' * min(level, 6)} {path} {{ #{path.replace(' ', '-')} "
+        f"data-toc-label='{context.info_name}' }}",
+        "",
+    ]
+    if command.help:
+        lines += [inspect.cleandoc(command.help.split("\f")[0]).replace("\b\n", ""), ""]
+    formatter = context.make_formatter()
+    command.format_usage(context, formatter)
+    usage = formatter.getvalue().strip().removeprefix("Usage:").strip()
+    lines += ["**Usage:**", "", "```text", inspect.cleandoc(usage), "```", ""]
+    options = [
+        param
+        for param in command.get_params(context)
+        if isinstance(param, click.Option) and not param.hidden
+    ]
+    if options:
+        lines += [
+            "**Options:**",
+            "",
+            "| Name | Type | Description | Default |",
+            "|---|---|---|---|",
+        ]
+        for option in options:
+            names = ", ".join(f"`{name}`" for name in option.opts)
+            if option.secondary_opts:
+                names += " / " + ", ".join(f"`{name}`" for name in option.secondary_opts)
+            cells = [names, option_type(option), table_cell(option.help or "")]
+            lines.append("| " + " | ".join([*cells, shown_default(option, context)]) + " |")
+        lines.append("")
+    if isinstance(command, click.Group):
+        subcommands = []
+        for name in command.list_commands(context):
+            subcommand = command.get_command(context, name)
+            if subcommand is not None and not subcommand.hidden:
+                subcommands.append(click.Context(subcommand, info_name=name, parent=context))
+        lines += ["**Subcommands**", ""]
+        lines += [
+            f"- *[{sub.info_name}](#{sub.command_path.replace(' ', '-')})*: "
+            f"{command_summary(sub.command)}"
+            for sub in subcommands
+        ]
+        lines.append("")
+        for sub in subcommands:
+            lines += command_lines(sub, level + 1)
+    return lines
+
+
 def cli_page() -> str:
-    """Every `fedsilo` command and option, from the click definitions."""
+    """Every `fedsilo` command and option, from the click definitions: the group walked as its
+    users reach it, so a subcommand `main` loads only when it runs is there too."""
     from fedsilo.ops.cli import main
 
-    blocks = [("fedsilo.ops.cli", "main", "fedsilo")]
-    for name, target in sorted(main.lazy_subcommands.items()):
-        module, attribute = target.split(":")
-        blocks.append((module, attribute, f"fedsilo {name}"))
     lines = [
         "# Command line",
         "",
         "Every `fedsilo` command and option, generated from the click definitions (`ops/cli.py` "
         "and the modules it loads) when the site builds; `fedsilo COMMAND --help` prints the "
         "same.",
+        "",
     ]
-    for module, attribute, prog in blocks:
-        lines += [
-            "",
-            "::: mkdocs-click",
-            f"    :module: {module}",
-            f"    :command: {attribute}",
-            f"    :prog_name: {prog}",
-            f"    :depth: {0 if prog == 'fedsilo' else 1}",
-            "    :style: table",
-            "    :list_subcommands: true",
-        ]
+    lines += command_lines(click.Context(main, info_name="fedsilo"), 2)
     return "\n".join(lines) + "\n"
 
 
