@@ -41,9 +41,6 @@ from fedsilo.wire.tasks.tensor_names import (
 )
 from fedsilo.wire.tensors import bytes_tensor, tensor_bytes
 
-# The phase of FedAvg's round whose mean the server step turns into the next state.
-LINEAGE_PHASE = "train"
-
 
 def attached(phase: Phase, state: Mapping[str, torch.Tensor]) -> Phase:
     """`phase` with every task that carries the model also carrying the digest of the server

@@ -37,7 +37,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from fedsilo.coordinator.folded_keys import FoldedKeys
-from fedsilo.coordinator.lineage import LINEAGE_PHASE, evidence
+from fedsilo.coordinator.lineage import evidence
 from fedsilo.coordinator.phases import (
     Phase,
     PhaseOutcome,
@@ -51,6 +51,7 @@ from fedsilo.coordinator.secure_mean import (
     shares_of_weight,
 )
 from fedsilo.policies.secure_aggregation import SecureAggregationConfig
+from fedsilo.privacy.lineage import LINEAGE_PHASE
 from fedsilo.privacy.masking import (
     Advertisement,
     MaskingError,

@@ -33,6 +33,9 @@ from fedsilo.wire.tasks import TaskConfig
 from fedsilo.wire.tasks.tensor_names import LINEAGE, LINEAGE_STATE
 from fedsilo.wire.tensors import WireError
 
+# The phase of FedAvg's round whose mean the server step turns into the next state.
+LINEAGE_PHASE = "train"
+
 
 def tensor_digest(tensor: torch.Tensor) -> bytes:
     """A tensor's digest: its dtype, shape and bytes."""

@@ -26,6 +26,7 @@ from nacl.exceptions import BadSignatureError
 from fedsilo.policies.algorithms.contract import init_config
 from fedsilo.policies.algorithms.server_step import initial_state, server_step
 from fedsilo.privacy.lineage import (
+    LINEAGE_PHASE,
     LineageRecord,
     digest_entry,
     input_statement,
@@ -58,7 +59,6 @@ from fedsilo.wire.tasks.tensor_names import (
 )
 from fedsilo.wire.tensors import bytes_tensor, read_only, tensor_bytes
 
-LINEAGE_PHASE = "train"  # FedAvg's round: the phase whose mean the server step takes
 KEEP_STATES = 4  # derived states a silo keeps (an evaluation reads the round's again)
 
 
