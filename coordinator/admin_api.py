@@ -49,6 +49,12 @@ class AdminBackend(Protocol):
         """The job's coordinator log (its last `tail` lines when given)."""
         ...
 
+    def log_lines(self, job_id: str, offset: int) -> dict[str, Any]:
+        """The job's coordinator log from byte `offset` on, whole lines only: {"text": str,
+        "offset": where the next request reads from, "status": the job's status, "ended": bool,
+        true once the job has ended (its log then grows no more)}."""
+        ...
+
     def results(self, job_id: str) -> dict[str, bytes]:
         """The files of an ended job's results folder, by path relative to it."""
         ...

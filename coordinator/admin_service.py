@@ -1,5 +1,6 @@
 """The coordinator's admin channel: gRPC service `fedsilo.v1.Admin`, method `Exchange`, on the
-coordinator's mTLS server, through which the operator submits, lists, aborts and inspects jobs,
+coordinator's mTLS server, through which the operator submits, lists, aborts and inspects jobs
+(and follows a job's log),
 and reads and replaces the consortium's signed roster (`fedsilo consortium revoke`).
 
 Each request is checked before it is used: the caller's TLS certificate must be issued to
@@ -31,6 +32,7 @@ from fedsilo.wire.admin import (
     CONSORTIUM,
     INSTALL_ROSTER,
     LIST,
+    LOG_LINES,
     LOGS,
     RESULTS,
     RETRY,
@@ -158,6 +160,8 @@ class AdminService:
             return AdminReply(ok=True, data=backend.abort(args["job"]).to_json())
         if command == LOGS:
             return AdminReply(ok=True, data={"text": backend.logs(args["job"], args["tail"])})
+        if command == LOG_LINES:
+            return AdminReply(ok=True, data=backend.log_lines(args["job"], args["offset"]))
         if command == RESULTS:
             files = backend.results(args["job"])
             return AdminReply(ok=True, data={"files": sorted(files)}, files=files)

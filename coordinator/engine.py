@@ -4,7 +4,9 @@ the phase asks for it, and records what happened in every round.
 
 A round whose phase misses its quorum is abandoned: the strategy's state stays as it was
 before the round, the round is recorded as failed, and the run stops after
-`max_consecutive_failed_rounds` such rounds in a row.
+`max_consecutive_failed_rounds` such rounds in a row. Before each round a deployment short of
+its quorum waits up to `participants.quorum_grace_s` for silos to come back (`wait_for_quorum`:
+a restarted agent joins again), and ends naming the silos missing and why when they do not.
 
 The quorum is never lowered below `participants.min_silos`: not by asking fewer silos, nor by
 retirements or revocations. A consortium smaller than `min_silos` is refused before round 1; a
@@ -154,6 +156,9 @@ class RunHistory:
         return f"{len(failed)} of {rounds} rounds failed and left the model as it was ({named})"
 
 
+QuorumWait = Callable[[Sequence[str], int, float], Mapping[str, str]]
+
+
 class EngineObserver(Protocol):
     def on_round(self, record: RoundRecord, total_rounds: int) -> None: ...
 
@@ -180,6 +185,7 @@ class RoundEngine:
         handoff_keys: Mapping[str, bytes] | None = None,
         should_stop: Callable[[], str | None] = lambda: None,
         make_room: Callable[[int], object] = lambda nbytes: None,
+        wait_for_quorum: QuorumWait = lambda silos, quorum, timeout_s: {},
     ) -> None:
         """`store`: where to save rounds and resume from (None: nothing is saved);
         `policy_digest`: what binds the store to this policy (default: `digest_policy`);
@@ -189,7 +195,10 @@ class RoundEngine:
         `should_stop`: why the run must stop before its next round (None: go on), checked
         before each round and the final evaluation; a reason ends the run with `RunAborted`;
         `make_room`: called with a mean's size in bytes just before the engine allocates it
-        (a service gives back there the memory its allocator keeps, `ops/memory.py`)."""
+        (a service gives back there the memory its allocator keeps, `ops/memory.py`);
+        `wait_for_quorum(silos, quorum, timeout_s)`: waits until `quorum` of `silos` can take
+        part, or `timeout_s` passed, and returns the silos still missing then, each with why
+        (a simulation's silos never go away: nothing is missing)."""
         if not silos:
             raise ValueError("a consortium needs at least one silo")
         self.strategy = strategy
@@ -206,6 +215,7 @@ class RoundEngine:
         self.handoff_keys = dict(handoff_keys or {})
         self.should_stop = should_stop
         self.make_room = make_room
+        self.wait_for_quorum = wait_for_quorum
         self.ckks_keys: CkksKeys | None = None  # made by the key holder at the first CKKS sum
         contract = self.policy.algorithm.silo_contract(self.policy)
         self.folded_keys = FoldedKeys(contract.next_aggregation)  # for the next masked mean
@@ -233,6 +243,7 @@ class RoundEngine:
         failures_in_a_row = sum(1 for _ in takewhile(_failed, reversed(records)))
         for round_no in range(records[-1].round + 1 if records else 1, total + 1):
             self._check_stop()
+            self._await_quorum(round_no)
             record, state = self._run_round(state, round_no)
             failures_in_a_row = failures_in_a_row + 1 if _failed(record) else 0
             if record.status == "completed" and (
@@ -255,6 +266,23 @@ class RoundEngine:
             final = RoundRecord(records[-1].round, "final", 0.0)
             self._evaluate(state, final.round, final)
         return RunHistory(records, replace(state, tensors=state_tensors(state.tensors)), final)
+
+    def _await_quorum(self, round_no: int) -> None:
+        """Give silos that went away `participants.quorum_grace_s` to come back before round
+        `round_no`; end the run naming the ones still missing."""
+        silos, quorum = self._context(round_no).silos, self.policy.participants.min_silos
+        if len(silos) < quorum:
+            return  # retirements: no wait can help, the round fails as short of its quorum
+        grace = self.policy.participants.quorum_grace_s
+        missing = self.wait_for_quorum(silos, quorum, grace)
+        self._check_stop()
+        if missing:
+            named = "; ".join(f"{silo} ({why})" for silo, why in sorted(missing.items()))
+            raise RunAborted(
+                f"round {round_no}: {len(silos) - len(missing)} of {len(silos)} silos can take "
+                f"part, participants.min_silos is {quorum}; waited {grace:g}s "
+                f"(participants.quorum_grace_s) for the others to come back: {named}"
+            )
 
     def _check_stop(self) -> None:
         reason = self.should_stop()

@@ -18,6 +18,16 @@ quorum. A silo never heard from has `STARTUP_WINDOWS` windows from the hub's sta
 (agents started with their coordinator import torch and read their data first). A silo counts
 as connected when heard from within the window; a revoked silo never does.
 
+One agent per identity: every control message of an agent carries its `agent` id (a random
+one per process), and the first agent heard binds the silo's identity (`claim`). Another agent
+with the same kit is refused, naming where the first connects from and since when, for as long
+as the first is heard within the window; once the first is silent for a whole window (its
+process was killed, and the service manager started a new one) the new agent takes its place,
+and the tasks the old one held fail at once as `offline`, so the job need not wait for them.
+
+Quorum with patience: a job short of its quorum waits for silos to come back
+(`wait_for_quorum`, for the policy's `participants.quorum_grace_s`) before its next round.
+
 A long-running coordinator (`fedsilo coordinator serve`) runs a sequence of jobs through one
 hub: `start_job` forgets the last job's acceptances, refusals, tasks and its end, and keeps the
 consortium's (the roster, revocations, when each silo was last heard from); `end_job` tells the
@@ -31,8 +41,9 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import NamedTuple
 
 from fedsilo.coordinator.transport import Reply
@@ -66,6 +77,16 @@ class Waiting(NamedTuple):
 
 
 @dataclass(frozen=True)
+class AgentSession:
+    """The agent process that holds a silo's identity: its id, where it connects from and
+    since when (unix seconds)."""
+
+    agent: str
+    peer: str
+    since: float
+
+
+@dataclass(frozen=True)
 class Awaited:
     """A silo the running job waits for: to join it, or for the result of task `task_id`."""
 
@@ -94,6 +115,7 @@ class SiloHub:
         self._pending: dict[str, Waiting] = {}  # by task id
         self._last_seen: dict[str, float] = {}
         self._gone: set[str] = set()  # reaped, not heard from since
+        self._agents: dict[str, AgentSession] = {}  # the agent that holds each identity
         self._joining: tuple[float, float] | None = None  # since, until (unix) while gathering
         self.accepted: set[str] = set()
         self.refused: dict[str, str] = {}
@@ -170,6 +192,49 @@ class SiloHub:
         with self._lock:
             heard = {s for s, t in self._last_seen.items() if now - t <= self.heartbeat_window_s}
             return sorted(heard - self.revoked)
+
+    def claim(self, silo: str, agent: str, peer: str) -> str | None:
+        """Let agent `agent` (connecting from `peer`) speak for `silo`; the refusal, naming the
+        agent that holds the identity, while that one is heard within the window. An agent that
+        takes the place of a silent one starts afresh: the tasks the old one held fail."""
+        with self._lock:
+            bound = self._agents.get(silo)
+            if bound is not None and bound.agent == agent:
+                return None
+            if bound is not None:
+                heard_s = self._clock() - self._last_seen.get(silo, float("-inf"))
+                if heard_s <= self.heartbeat_window_s:
+                    since = datetime.fromtimestamp(bound.since, UTC).strftime("%Y-%m-%d %H:%M:%S")
+                    return (
+                        f"silo {silo} already has an agent connected from {bound.peer} since "
+                        f"{since} UTC (heard {heard_s:.0f}s ago): two agents with one kit cannot "
+                        "both take part; stop one of them (a stopped agent counts as gone "
+                        f"{self.heartbeat_window_s:g}s after it was last heard)"
+                    )
+                log.warning(
+                    "silo %s: a new agent from %s takes the place of the one from %s",
+                    silo,
+                    peer,
+                    bound.peer,
+                )
+                self.accepted.discard(silo)
+                self._fail_tasks_of(silo, f"{OFFLINE}: its agent was replaced by a new one")
+                self._lock.notify_all()
+            self._agents[silo] = AgentSession(agent, peer, time.time())
+            return None
+
+    def agent_of(self, silo: str) -> AgentSession | None:
+        """The agent that holds `silo`'s identity, if one was heard."""
+        with self._lock:
+            return self._agents.get(silo)
+
+    def heard_ages(self) -> dict[str, float | None]:
+        """Seconds since each silo of the roster was last heard from (None: never heard)."""
+        now = self._clock()
+        with self._lock:
+            return {
+                s: now - self._last_seen[s] if s in self._last_seen else None for s in self.roster
+            }
 
     def offline(self) -> list[str]:
         """The silos of the roster, revoked or not, silent for a whole heartbeat window."""
@@ -263,6 +328,38 @@ class SiloHub:
                 self._lock.wait(timeout=min(remaining, 1.0))
             self._joining = None
             return sorted(self.accepted)
+
+    def wait_for_quorum(
+        self,
+        silos: Sequence[str],
+        quorum: int,
+        timeout_s: float,
+        should_stop: Callable[[], str | None] = lambda: None,
+    ) -> list[str]:
+        """Wait up to `timeout_s` until at least `quorum` of `silos` are members of the job (an
+        agent restarted by its service manager joins again); the silos still missing then,
+        none once the quorum is there (or the job is aborted, or `should_stop` says why)."""
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            while True:
+                missing = [s for s in silos if s not in self.accepted or s in self.revoked]
+                if len(silos) - len(missing) >= quorum:
+                    return []
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or self.aborted or should_stop():
+                    return missing
+                self._lock.wait(timeout=min(remaining, 1.0))
+
+    def why_missing(self, silo: str) -> str:
+        """Why `silo` is not a member of the running job, in a few words."""
+        with self._lock:
+            if silo in self.revoked:
+                return REVOKED
+            if silo in self.refused:
+                return f"{REFUSED}: {self.refused[silo]}"
+            if silo in self._gone or silo in self._silent():
+                return self._offline_reason(silo)
+            return "connected, not joined"
 
     def awaited(self) -> list[Awaited]:
         """Whom the running job waits for: the silos not yet answered while it gathers its

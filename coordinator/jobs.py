@@ -193,6 +193,14 @@ class JobQueue:
         with self._lock:
             return self._info(job_id)
 
+    def count_by_status(self) -> dict[str, int]:
+        """How many jobs are in each status (every status named, 0 when none is)."""
+        with self._lock:
+            rows = self._db.execute("SELECT status, COUNT(*) FROM jobs GROUP BY status").fetchall()
+        counts = dict.fromkeys(JOB_STATUSES, 0)
+        counts.update({str(status): int(n) for status, n in rows})
+        return counts
+
     def policy(self, job_id: str) -> QueuedPolicy:
         with self._lock:
             row = self._require(job_id)

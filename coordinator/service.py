@@ -10,7 +10,9 @@ package versions and what to upgrade (wire/messages.py `version_mismatch`), logg
 often the silo retries (`MismatchLog`). A result is taken only
 for a task waiting for that very silo (coordinator/hub.py), and its reply is what a PULL would
 get (the silo's next task, IDLE or FINISHED, after the same long poll), so a silo sends one
-message per task, not two. A rejected request is refused with
+message per task, not two. A control message carries the id of the agent process that sent
+it: a second agent with a kit that another agent holds is refused with ALREADY_EXISTS, naming
+the first (coordinator/hub.py `claim`). A rejected request is refused with
 a gRPC status naming the reason, logged, and counted in `fedsilo_rejected_messages_total{reason}`;
 nothing of it reaches the engine.
 
@@ -70,6 +72,8 @@ log = logging.getLogger("fedsilo.coordinator")
 COORDINATOR = "coordinator"
 HEARTBEATS_PER_WINDOW = 4  # a silo is gone only after missing this many heartbeats in a row
 IDENTITY_MISMATCH, REVOKED = "identity_mismatch", "revoked"
+DUPLICATE_AGENT = "duplicate_agent"  # a second agent with a kit another agent holds
+WINDOW_METADATA = "fedsilo-heartbeat-window-s"  # told to a duplicate: how long to wait
 PROTOCOL_MISMATCH = "protocol_version"  # a sender of another protocol version
 
 
@@ -171,6 +175,11 @@ class CoordinatorService:
             mismatch = payload_mismatch(payload, f"silo {peer}", "coordinator")
             if mismatch is not None:
                 raise MessageRejected(PROTOCOL_MISMATCH, mismatch)
+            agent = _agent_of(payload)
+            if agent is not None:
+                refusal = self.hub.claim(envelope.sender, agent, _peer_address(context))
+                if refusal is not None:
+                    raise MessageRejected(DUPLICATE_AGENT, refusal)
             self.metrics.count_bytes("from_silo", envelope.sender, len(payload))
             self.hub.seen(envelope.sender)
             reply = self._answer(envelope.sender, payload)
@@ -277,6 +286,10 @@ class CoordinatorService:
         if rejected.reason == PROTOCOL_MISMATCH:  # the line alone (wire/messages.py)
             self.mismatches.warn(rejected.detail)
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, rejected.detail)
+        if rejected.reason == DUPLICATE_AGENT:  # logged by the hub once, retried by the agent
+            log.info("refused a second agent of %s: %s", peer, rejected.detail)
+            context.set_trailing_metadata(((WINDOW_METADATA, f"{self.hub.heartbeat_window_s}"),))
+            context.abort(grpc.StatusCode.ALREADY_EXISTS, rejected.detail)
         log.warning("rejected a message from %s: %s", peer, rejected)
         code = (
             grpc.StatusCode.PERMISSION_DENIED
@@ -293,6 +306,20 @@ def handler(service: CoordinatorService) -> grpc.GenericRpcHandler:
 
 def _ack(accepted: bool, reason: str = "") -> bytes:
     return Control(ACK, {"accepted": accepted, "reason": reason}).encode()
+
+
+def _agent_of(payload: AnyPayload) -> str | None:
+    """The agent id a control message carries (every agent's do); None for a result."""
+    if payload_type(payload) in {"task", "result"}:
+        return None
+    agent = decode_control(payload).get("agent")
+    return agent if isinstance(agent, str) and agent else None
+
+
+def _peer_address(context: grpc.ServicerContext) -> str:
+    """Where a request came from, as gRPC names it without its scheme ("127.0.0.1:50312")."""
+    peer = context.peer() or "an unknown address"
+    return peer.split(":", 1)[1] if peer.startswith(("ipv4:", "ipv6:")) else peer
 
 
 def _common_name(context: grpc.ServicerContext) -> str:

@@ -6,15 +6,19 @@ worst and best single silo, the size-weighted mean of the worst / best 10% of si
 (k = max(1, floor(0.1 * silos))), the Gini coefficient and the best-worst parity gap.
 "Worst" follows the metric's direction: the lowest accuracy, but the highest loss.
 Silos whose value is NaN (an undefined AUROC, say) are left out and counted in `excluded`.
+R² (`r2`, regression) is a ratio, so its `weighted_mean` is the pooled R² instead,
+1 - sum_k SSE_k / sum_k SST_k, from what each silo reports (SSE_k = n_k rmse_k^2,
+SST_k = SSE_k / (1 - r2_k)): no silo sends its targets' mean or spread.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 LOWER_IS_BETTER_MARKERS = ("loss", "rmse", "mae", "error")
+R2, RMSE = "r2", "rmse"
 
 
 @dataclass(frozen=True)
@@ -74,7 +78,7 @@ def summarize_metrics(
     A metric's direction is taken from `higher_is_better`; a metric missing there counts as
     lower-is-better when its name contains loss, rmse, mae or error, else higher-is-better.
     """
-    return {
+    summaries = {
         name: summarize(
             {silo: reported[name] for silo, reported in per_silo.items()},
             sizes,
@@ -82,6 +86,24 @@ def summarize_metrics(
         )
         for name in _common_metrics(per_silo)
     }
+    if R2 in summaries and RMSE in summaries:
+        summaries[R2] = replace(summaries[R2], weighted_mean=pooled_r2(per_silo, sizes))
+    return summaries
+
+
+def pooled_r2(per_silo: Mapping[str, Mapping[str, float]], sizes: Mapping[str, int]) -> float:
+    """R² over every silo's test rows: 1 - sum SSE / sum SST, each silo's SST about its own
+    mean, recovered from its rmse, r2 and test size. A silo whose R² is NaN (targets all equal)
+    adds its SSE and no SST; NaN when a silo's rmse is not finite or its R² is exactly 1 (which
+    leaves its SST unknown), or when the SSTs sum to 0."""
+    sse = sst = 0.0
+    for silo, reported in per_silo.items():
+        r2, rmse = reported[R2], reported[RMSE]
+        if not math.isfinite(rmse) or r2 >= 1.0:
+            return float("nan")
+        error = sizes[silo] * rmse**2
+        sse, sst = sse + error, sst + (0.0 if math.isnan(r2) else error / (1.0 - r2))
+    return 1.0 - sse / sst if sst > 0 else float("nan")
 
 
 def gini(values: list[float]) -> float:

@@ -64,6 +64,12 @@ DEPLOYMENT_ERRORS = (
 console = Console()
 
 
+def user_message(exc: Exception) -> str:
+    """The one line an operator's mistake prints: the error's own, led by the policy key of a
+    plug-in model that cannot be built here (a data plug-in's error names `data.loader`)."""
+    return f"model.factory: {exc}" if isinstance(exc, PluginError) else str(exc)
+
+
 def within(low: float, high: float) -> Callable[[click.Context, click.Parameter, Any], Any]:
     """An option callback refusing a value outside [low, high] (or not finite) with one message
     naming the option and exit status 1."""

@@ -21,6 +21,7 @@ from rich.console import Console
 from fedsilo.coordinator.admin_api import AdminError
 from fedsilo.ops.admin_client import AdminChannelError, AdminConnection
 from fedsilo.ops.job_cli import connect, coordinator_option
+from fedsilo.ops.options import kit_option
 from fedsilo.ops.provision import (
     KitError,
     OperatorKit,
@@ -97,13 +98,7 @@ def add_silo_command(
 
 @consortium_group.command("revoke")
 @click.argument("name")
-@click.option(
-    "--kit",
-    "kit_dir",
-    required=True,
-    type=click.Path(path_type=Path),
-    help="The operator's kit (OUT/operator from `fedsilo provision`): it signs the roster.",
-)
+@kit_option("The operator's kit (OUT/operator from `fedsilo provision`): it signs the roster.")
 @coordinator_option
 @click.option("--reason", default=DEFAULT_REASON, show_default=True, help="Why, as recorded.")
 def revoke_command(name: str, kit_dir: Path, reason: str) -> None:
@@ -238,6 +233,12 @@ def _print_renewal(renewal: Renewal) -> None:
         console.print(f"kept {party}'s {path}: valid until {expiry:%Y-%m-%d}", soft_wrap=True)
     for party in renewal.missing:
         console.print(f"[yellow]not renewed:[/yellow] {party}: no kit folder here", soft_wrap=True)
+    for silo, reason in renewal.revoked:
+        console.print(
+            f"[yellow]not renewed:[/yellow] {silo}: revoked ({reason})",
+            soft_wrap=True,
+            highlight=False,
+        )
     if renewal.roster is not None:
         console.print(f"the roster {renewal.roster} lists the silos' new fingerprints")
     if renewal.renewed:

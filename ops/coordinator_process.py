@@ -36,7 +36,7 @@ import logging
 import shutil
 import tempfile
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,7 +44,13 @@ from typing import Any, Protocol
 
 import grpc
 
-from fedsilo.coordinator.engine import RoundEngine, RoundRecord, RunAborted, RunHistory
+from fedsilo.coordinator.engine import (
+    QuorumWait,
+    RoundEngine,
+    RoundRecord,
+    RunAborted,
+    RunHistory,
+)
 from fedsilo.coordinator.grpc_transport import GrpcTransport
 from fedsilo.coordinator.hub import DEFAULT_HEARTBEAT_WINDOW_S, SiloHub
 from fedsilo.coordinator.replay_store import ReplayStore
@@ -251,6 +257,7 @@ def open_serving(
     metrics = CoordinatorMetrics()
     metrics.watch_certificate("coordinator", certificate.days_left)
     hub = SiloHub(sorted(kit.silos), heartbeat_window_s=heartbeat_window_s)
+    metrics.watch_silos(hub.heard_ages, heartbeat_window_s, lambda: frozenset(hub.revoked))
     verifier = EnvelopeVerifier(
         kit.consortium,
         {name: silo.verify_key for name, silo in kit.silos.items()},
@@ -390,9 +397,34 @@ def run_job(
         handoff_keys={name: bytes(silo.sealing_public_key) for name, silo in kit.silos.items()},
         should_stop=should_stop,
         make_room=make_room_for,
+        wait_for_quorum=quorum_wait(hub, should_stop),
     )
     history = engine.run()
     return history, (snapshots.taken if snapshots else {})
+
+
+def quorum_wait(hub: SiloHub, should_stop: Callable[[], str | None]) -> QuorumWait:
+    """The engine's wait for a quorum of members (`RoundEngine.wait_for_quorum`) through
+    `hub`, logging whom it waits for."""
+
+    def wait(silos: Sequence[str], quorum: int, timeout_s: float) -> dict[str, str]:
+        missing = hub.wait_for_quorum(silos, quorum, 0)
+        if not missing:
+            return {}
+        log.warning(
+            "%d of %d silos can take part, min_silos is %d: waiting up to %gs for %s to come back",
+            len(silos) - len(missing),
+            len(silos),
+            quorum,
+            timeout_s,
+            ", ".join(missing),
+        )
+        missing = hub.wait_for_quorum(silos, quorum, timeout_s, should_stop)
+        if not missing:
+            log.info("the quorum is back: the job goes on")
+        return {silo: hub.why_missing(silo) for silo in missing}
+
+    return wait
 
 
 ENDED_KEY = "ended"  # results.json's key marking the results of a job that did not complete

@@ -72,6 +72,7 @@ from fedsilo.ops.coordinator_process import (
 from fedsilo.ops.coordinator_process import run_job as run_job_rounds
 from fedsilo.ops.health import HealthFile
 from fedsilo.ops.job_id import job_id as attempt_id
+from fedsilo.ops.job_outcomes import count_ended
 from fedsilo.ops.memory import give_back_freed_memory
 from fedsilo.ops.provision import (
     KIT_FILE,
@@ -90,6 +91,7 @@ log = logging.getLogger("fedsilo.coordinator")
 IDLE_WAIT_S = 0.5  # how often an idle coordinator looks at its queue
 ABORTED_BY_OPERATOR = "aborted by the operator"
 JOB_LOG = "coordinator.log"
+MAX_LOG_CHUNK = 1 << 20  # the most of a job's log one `log_lines` reply carries, in bytes
 RESULTS = "results"
 
 
@@ -129,6 +131,7 @@ def serve_coordinator(options: ServeOptions, stop: threading.Event | None = None
         metrics_host=options.metrics_host,
     )
     queue = JobQueue(options.state)  # after the StateStore made (or checked) the file
+    serving.metrics.watch_jobs(queue.count_by_status)
     health: HealthFile | None = None
     try:
         backend = ServeBackend(serving, queue, options.jobs_folder, options.state)
@@ -225,6 +228,7 @@ def run_queued_job(
         log_audit_anchors(job.id, history)
         # a job that ran without a silo that refused it still says who did, and why
         queue.mark_ended(job_id, COMPLETED, refusals=_refusals(hub, job_id))
+        count_ended(serving.metrics, COMPLETED)
     except Exception as exc:  # noqa: BLE001 (a failing job never stops the server)
         if stop.is_set():
             log.info("job %s stays running: the coordinator is stopping", job_id)
@@ -232,14 +236,17 @@ def run_queued_job(
             log.warning("job %s aborted by the operator", job_id)
             _keep_partial_results(serving, job, folder / RESULTS, ABORTED, ABORTED_BY_OPERATOR)
             queue.mark_ended(job_id, ABORTED, ABORTED_BY_OPERATOR)
+            count_ended(serving.metrics, ABORTED)
         elif isinstance(exc, JobRefused):
             log.error("job %s %s", job_id, exc)
             queue.mark_ended(job_id, REFUSED, str(exc), exc.refusals)
+            count_ended(serving.metrics, REFUSED)
         else:
             reason = _one_line(exc)
             log.error("job %s failed: %s", job_id, reason, exc_info=not _expected(exc))
             _keep_partial_results(serving, job, folder / RESULTS, FAILED, reason)
             queue.mark_ended(job_id, FAILED, reason, _refusals(hub, job_id))
+            count_ended(serving.metrics, FAILED, exc)
     finally:
         serving.service.clear_job()
         logging.getLogger("fedsilo").removeHandler(handler)
@@ -383,9 +390,12 @@ class ServeBackend:
 
     def abort(self, job_id: str) -> JobInfo:
         try:
-            return self.queue.request_abort(job_id)
+            info = self.queue.request_abort(job_id)
         except JobError as exc:
             raise AdminError(str(exc)) from None
+        if info.status == ABORTED:  # a queued job ends at once; a running one as it stops
+            count_ended(self.serving.metrics, ABORTED)
+        return info
 
     def logs(self, job_id: str, tail: int | None) -> str:
         self.job(job_id)
@@ -394,6 +404,27 @@ class ServeBackend:
             return ""
         lines = path.read_text(errors="replace").splitlines(keepends=True)
         return "".join(lines[-tail:] if tail is not None and tail > 0 else lines)
+
+    def log_lines(self, job_id: str, offset: int) -> dict[str, Any]:
+        info = self.job(job_id)  # its status before the read: an ended job's log is whole
+        if offset < 0:
+            raise AdminError(f"log offset {offset}: not a byte offset")
+        path = self.jobs_folder / job_id / JOB_LOG
+        chunk = b""
+        if path.is_file():
+            with path.open("rb") as log_file:
+                log_file.seek(offset)
+                chunk = log_file.read(MAX_LOG_CHUNK)
+        ended = info.status in ENDED
+        at_end = len(chunk) < MAX_LOG_CHUNK
+        # a line still being written comes next time; an ended job's log is whole
+        whole = chunk if ended and at_end else chunk[: chunk.rfind(b"\n") + 1]
+        return {
+            "text": whole.decode(errors="replace"),
+            "offset": offset + len(whole),
+            "status": info.status,
+            "ended": ended and at_end,
+        }
 
     def results(self, job_id: str) -> dict[str, bytes]:
         info = self.job(job_id)

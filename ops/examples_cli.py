@@ -1,8 +1,9 @@
 """`fedsilo examples`: what ships inside the package for a user to start from, listed with one
 line each and copied out to edit. The example policies (`policies/examples/`, also usable in
 place as `--policy example:NAME`) and the monitoring files (`ops/deploy/`: the Prometheus scrape
-configuration and the Grafana dashboard) are package data, read through importlib.resources, so
-an installed wheel has them too. A copy is a new file: it never replaces an existing one."""
+configuration, its alert rules and the Grafana dashboard) are package data, read through
+importlib.resources, so an installed wheel has them too. A copy is a new file: it never replaces
+an existing one."""
 
 from __future__ import annotations
 

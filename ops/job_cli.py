@@ -1,10 +1,12 @@
 """`fedsilo job ...`: the operator's commands for a running coordinator (`fedsilo coordinator
 serve`), over the admin channel (ops/admin_client.py) with the operator's kit: submit a signed
-policy as a job (or run an ended one again as a new attempt, `--retry`), list the jobs, show,
-abort, read a job's log, fetch its results. The remote form of `fedsilo status` (`--kit
-OPERATOR_KIT`) is `print_remote_status`. `--json` prints what `list`, `status` and `fedsilo
-status` show as one JSON document of a versioned shape (`STATUS_SCHEMA`; docs/how-to/operator.md,
-"Scripting the admin CLI").
+policy as a job (or run an ended one again as a new attempt, `--retry`; `--wait` follows it to
+its end), list the jobs, show, abort, read a job's log (`--follow`: as it is written), fetch its
+results. JOB is a job's id, an unambiguous start of it, or its form shortened by `job list`
+(`resolve_job`). The remote form of `fedsilo status` (`--kit OPERATOR_KIT`) is
+`print_remote_status`. `--json` prints what `list`, `status` and `fedsilo status` show as one
+JSON document of a versioned shape (`STATUS_SCHEMA`; docs/how-to/operator.md, "Scripting the
+admin CLI").
 """
 
 from __future__ import annotations
@@ -24,11 +26,12 @@ from rich.table import Table
 from rich.text import Text
 
 from fedsilo.coordinator.admin_api import OPERATOR, AdminError
-from fedsilo.coordinator.jobs import JobInfo
+from fedsilo.coordinator.jobs import ENDED, JobInfo
 from fedsilo.ops.admin_client import AdminChannelError, AdminConnection
 from fedsilo.ops.cli_support import host_and_port
 from fedsilo.ops.epsilon import fmt_epsilon
 from fedsilo.ops.job_id import DIGEST_CHARS
+from fedsilo.ops.options import kit_option as operator_kit_option
 from fedsilo.ops.provision import KitError, OperatorKit, load_operator_kit
 from fedsilo.ops.report import OutputFolderError, atomic_directory, check_output_folder
 from fedsilo.ops.status import STATUS_SCHEMA, certificate_status
@@ -46,6 +49,7 @@ from fedsilo.wire.admin import (
     ABORT,
     CONSORTIUM,
     LIST,
+    LOG_LINES,
     LOGS,
     RESULTS,
     RETRY,
@@ -78,13 +82,9 @@ coordinator_option = click.option(
 
 def kit_option(command: Callable) -> Callable:
     """--kit, the operator's kit, and --coordinator, where to reach its coordinator."""
-    return click.option(
-        "--kit",
-        "kit_dir",
-        required=True,
-        type=click.Path(path_type=Path),
-        help="The operator's kit (OUT/operator from `fedsilo provision`).",
-    )(coordinator_option(command))
+    return operator_kit_option("The operator's kit (OUT/operator from `fedsilo provision`).")(
+        coordinator_option(command)
+    )
 
 
 def connect(kit: OperatorKit) -> AdminConnection:
@@ -125,7 +125,15 @@ def job_group() -> None:
     help="Run ended job JOB's signed policy again as a new attempt (JOB failed, was refused or "
     "was aborted); the attempt is signed with the operator kit's key.",
 )
-def submit(policy: str | None, kit_dir: Path, key_file: Path | None, retry_job: str | None) -> None:
+@click.option(
+    "--wait",
+    is_flag=True,
+    help="Wait until the job ends, printing its status as it changes (round R of N); exit "
+    "status 0 when it completed, 1 when it failed, was refused or aborted (with the reason).",
+)
+def submit(
+    policy: str | None, kit_dir: Path, key_file: Path | None, retry_job: str | None, wait: bool
+) -> None:
     """Submit POLICY (a file, or example:NAME) and its operator signature as a new job, or
     run an ended job again (--retry JOB)."""
     if retry_job is not None:
@@ -133,13 +141,15 @@ def submit(policy: str | None, kit_dir: Path, key_file: Path | None, retry_job: 
             raise click.ClickException(
                 "--retry: it runs JOB's own signed policy again; give no POLICY and no --key"
             )
-        _retry(kit_dir, retry_job)
-        return
-    if policy is None:
-        raise click.ClickException("POLICY: give the policy to submit, or --retry JOB")
-    text, signature = _signed_policy(policy, key_file, _kit(kit_dir))
-    info = JobInfo.from_json(_call(kit_dir, SUBMIT, policy=text, signature=signature).data)
-    console.print(f"submitted {policy} as job {info.job_id} ({info.status})", soft_wrap=True)
+        info = _retry(kit_dir, resolve_job(kit_dir, retry_job))
+    else:
+        if policy is None:
+            raise click.ClickException("POLICY: give the policy to submit, or --retry JOB")
+        text, signature = _signed_policy(policy, key_file, _kit(kit_dir))
+        info = JobInfo.from_json(_call(kit_dir, SUBMIT, policy=text, signature=signature).data)
+        console.print(f"submitted {policy} as job {info.job_id} ({info.status})", soft_wrap=True)
+    if wait:
+        wait_for_job(kit_dir, info.job_id)
 
 
 @job_group.command("list")
@@ -161,10 +171,11 @@ def list_jobs(kit_dir: Path, as_json: bool) -> None:
 @json_option
 def job_status(job: str, kit_dir: Path, as_json: bool) -> None:
     """Where job JOB stands, and whom it waits for while it runs."""
-    data = _call(kit_dir, STATUS, job=job).data
+    data = _call(kit_dir, STATUS, job=resolve_job(kit_dir, job)).data
     info, awaiting = JobInfo.from_json(data), list(data.get("awaiting", []))
     if as_json:
-        print_json({"schema": STATUS_SCHEMA, "job": {**info.to_json(), "awaiting": awaiting}})
+        job_document = {**info.to_json(), "awaiting": awaiting, "progress": data.get("progress")}
+        print_json({"schema": STATUS_SCHEMA, "job": job_document})
         return
     _print_job(info, awaiting, data.get("progress"))
 
@@ -174,7 +185,7 @@ def job_status(job: str, kit_dir: Path, as_json: bool) -> None:
 @kit_option
 def abort(job: str, kit_dir: Path) -> None:
     """Abort job JOB: a queued job at once, a running one at its next check."""
-    info = JobInfo.from_json(_call(kit_dir, ABORT, job=job).data)
+    info = JobInfo.from_json(_call(kit_dir, ABORT, job=resolve_job(kit_dir, job)).data)
     said = "aborted" if info.status == "aborted" else f"abort requested ({info.status})"
     console.print(f"job {info.job_id}: {said}", soft_wrap=True)
 
@@ -183,8 +194,20 @@ def abort(job: str, kit_dir: Path) -> None:
 @click.argument("job")
 @kit_option
 @click.option("--tail", type=click.IntRange(min=1), help="Only the last N lines.")
-def logs(job: str, kit_dir: Path, tail: int | None) -> None:
+@click.option(
+    "--follow",
+    "-f",
+    is_flag=True,
+    help="Print the log's lines as the coordinator writes them, until the job ends.",
+)
+def logs(job: str, kit_dir: Path, tail: int | None, follow: bool) -> None:
     """The coordinator's log of job JOB."""
+    job = resolve_job(kit_dir, job)
+    if follow:
+        if tail is not None:
+            raise click.ClickException("--tail: not with --follow, which prints the whole log")
+        follow_log(kit_dir, job)
+        return
     text = str(_call(kit_dir, LOGS, job=job, tail=tail).data["text"])
     click.echo(text, nl=not text.endswith("\n"))
 
@@ -200,6 +223,7 @@ def results(job: str, kit_dir: Path, out: Path, overwrite: bool) -> None:
     completed round, marked partial (results.json's `ended`), and it says what each silo spent."""
     try:
         check_output_folder(out, overwrite)
+        job = resolve_job(kit_dir, job)
         files = _call(kit_dir, RESULTS, job=job).files
         with atomic_directory(out, overwrite) as staging:
             for name, content in files.items():
@@ -252,7 +276,7 @@ def print_remote_status(kit_dir: Path, as_json: bool = False) -> None:
     print_certificate(console, OPERATOR, kit_dir / "client.crt")
 
 
-def _retry(kit_dir: Path, job: str) -> None:
+def _retry(kit_dir: Path, job: str) -> JobInfo:
     """Sign the next attempt at `job`'s policy with the operator kit's key and submit it."""
     ended = JobInfo.from_json(_call(kit_dir, STATUS, job=job).data)
     attempt = ended.attempt + 1
@@ -265,6 +289,89 @@ def _retry(kit_dir: Path, job: str) -> None:
         f"({info.status})",
         soft_wrap=True,
     )
+    return info
+
+
+POLL_S = 1.0  # how often `submit --wait` and `logs --follow` ask the coordinator again
+WHOLE_ID = re.compile(rf".+-[0-9a-f]{{{DIGEST_CHARS},}}(?:-attempt\d+)?")  # ops/job_id.py
+
+
+def resolve_job(kit_dir: Path, job: str) -> str:
+    """The full id of the job JOB names: its id, an unambiguous start of it, or its shortened
+    form as `job list` prints it ("name…-digest", `short_id`); a ClickException naming the
+    candidates when it names several. A JOB shaped as a whole id (ending in its digest, or
+    attempt) is taken as it is, without asking for the list; one that names no job is sent as
+    given (the coordinator says it knows no such job)."""
+    if "…" not in job and WHOLE_ID.fullmatch(job):
+        return job
+    ids = [str(data["job_id"]) for data in _call(kit_dir, LIST).data]
+    return match_job(job, ids)
+
+
+def match_job(job: str, ids: list[str]) -> str:
+    """`resolve_job` over the ids `ids`."""
+    if job in ids:
+        return job
+    if "…" in job:
+        head, _, tail = job.partition("…")
+        candidates = [i for i in ids if i.startswith(head) and i.endswith(tail)]
+        candidates = [i for i in candidates if len(i) >= len(head) + len(tail)]
+    else:
+        candidates = [i for i in ids if i.startswith(job)]
+    if len(candidates) > 1:
+        raise click.ClickException(
+            f"JOB {job!r} is ambiguous: it names {len(candidates)} jobs, "
+            f"{', '.join(candidates)}; give more of the id"
+        )
+    return candidates[0] if candidates else job
+
+
+def wait_for_job(kit_dir: Path, job: str, poll_s: float = POLL_S) -> None:
+    """Print job `job`'s status and round each time they change until it ends; return when it
+    completed, else a ClickException (exit status 1) saying how it ended and why."""
+    shown = None
+    while True:
+        data = _call(kit_dir, STATUS, job=job).data
+        info = JobInfo.from_json(data)
+        line = f"job {info.job_id}: {info.status}"
+        rounds = _rounds(data.get("progress"))
+        if rounds is not None and info.status != "queued":
+            line += f", {rounds}"
+        if line != shown:
+            console.print(line, soft_wrap=True, highlight=False)
+            shown = line
+        if info.status in ENDED:
+            break
+        time.sleep(poll_s)
+    if info.status == "completed":
+        return
+    for silo, reason in info.refusals.items():
+        console.print(f"  refused by {silo}: {reason}", soft_wrap=True, highlight=False)
+    why = f": {info.error}" if info.error else ""
+    raise click.ClickException(f"job {info.job_id} {info.status}{why}")
+
+
+def follow_log(kit_dir: Path, job: str, poll_s: float = POLL_S) -> None:
+    """Print job `job`'s log from its start, each line as the coordinator writes it, until the
+    job has ended and its log is read to the end."""
+    offset = 0
+    while True:
+        data = _call(kit_dir, LOG_LINES, job=job, offset=offset).data
+        if data["text"]:
+            click.echo(data["text"], nl=False)
+        offset = int(data["offset"])
+        if data["ended"]:
+            return
+        if not data["text"]:
+            time.sleep(poll_s)
+
+
+def _rounds(progress: dict[str, Any] | None) -> str | None:
+    """The "round R of N" of a STATUS reply's `progress`; None before a round was saved."""
+    if not progress or not progress.get("round"):
+        return None
+    planned = f" of {progress['rounds']}" if progress.get("rounds") else ""
+    return f"round {progress['round']}{planned}"
 
 
 def print_json(document: Any) -> None:
@@ -414,10 +521,7 @@ def _print_job(
     table = Table(box=None, show_header=False, title=f"job {info.job_id}")
     table.add_column(no_wrap=True)
     table.add_column(overflow="fold")
-    rounds = None
-    if progress and progress.get("round"):
-        planned = f" of {progress['rounds']}" if progress.get("rounds") else ""
-        rounds = f"round {progress['round']}{planned}"
+    rounds = _rounds(progress)
     for label, value in (
         ("policy", info.name),
         ("attempt", str(info.attempt)),

@@ -8,7 +8,17 @@ and are fed by the transport for bytes, rejections, connections and silo status;
 records its own tasks, bytes and rejections (`SiloMetrics`), and the epsilon its own privacy
 ledger books (`fedsilo_silo_epsilon_spent{silo,deployment}` per job, `fedsilo_silo_epsilon_total`
 and `fedsilo_silo_epsilon_remaining{silo}` over all jobs). Both export the days their own TLS
-certificate has left, `fedsilo_certificate_expiry_days{party}`, read at each scrape.
+certificate has left, `fedsilo_certificate_expiry_days{party}`, read at each scrape, and the
+process's own CPU, memory and file descriptors (prometheus_client's process and platform
+collectors, on the service's registry).
+
+The round and result series carry the job they belong to as `deployment` (the job's id; not
+`job`, which Prometheus sets to the scrape job): the gauges hold the current job's values only,
+the counters keep each job's. What is read at scrape time rather than pushed: each roster
+silo's `fedsilo_silo_up` and `fedsilo_silo_heartbeat_age_seconds` (from the hub, `watch_silos`)
+and the jobs on a serving coordinator's queue by status, `fedsilo_jobs` (`watch_jobs`); how jobs
+ended is counted in `fedsilo_jobs_ended_total{status,reason}`, its reasons one of the fixed
+`JOB_END_REASONS`.
 
 It imports nothing of ours: it reads round records through the `RecordedRound` protocol, and
 the coordinator's channel counts through its own `ChannelCounters` protocol
@@ -19,11 +29,21 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, Protocol
 from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    start_http_server,
+)
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 # 0.01 s .. 1 h: a loopback phase on a toy model up to a long local epoch on a large one.
 DURATION_BUCKETS = (
@@ -49,6 +69,18 @@ ROUND_STATUSES = ("completed", "failed")
 DIRECTIONS = ("to_silo", "from_silo")
 SILO_STATUSES = ("active", "retired", "revoked", "refused")
 TRAIN_PHASE_MARKER = "train"  # a phase whose name contains this is a training phase
+# A job's statuses (coordinator/jobs.py), and the only reasons `fedsilo_jobs_ended_total` counts
+# each ended status with: a failure's reason is bucketed (ops/job_outcomes.py), never its text.
+JOB_STATUSES = ("queued", "running", "completed", "failed", "refused", "aborted")
+JOB_END_REASONS: Mapping[str, tuple[str, ...]] = {
+    "completed": ("none",),
+    "refused": ("silos",),  # too few silos accepted its policy, some refusing it
+    "aborted": ("operator",),
+    # consortium: too few silos joined, or the consortium cannot run it; rounds: its rounds kept
+    # missing their quorum or its setup failed; policy: its policy does not check; storage:
+    # the state file or results could not be written; internal: anything else (a bug)
+    "failed": ("consortium", "rounds", "policy", "storage", "internal"),
+}
 
 
 class RecordedRound(Protocol):
@@ -99,11 +131,15 @@ class CoordinatorMetrics:
 
     def __init__(self, registry: CollectorRegistry | None = None, deployment: str = "") -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
-        self.deployment = deployment
         r = self.registry
-        self.round = Gauge("fedsilo_round", "Last completed round.", registry=r)
+        self.round = Gauge(
+            "fedsilo_round", "Last completed round of the job.", ["deployment"], registry=r
+        )
         self.rounds_planned = Gauge(
-            "fedsilo_rounds_planned", "Rounds the policy plans for this run.", registry=r
+            "fedsilo_rounds_planned",
+            "Rounds the job's policy plans.",
+            ["deployment"],
+            registry=r,
         )
         self.round_duration = Histogram(
             "fedsilo_round_duration_seconds",
@@ -111,7 +147,12 @@ class CoordinatorMetrics:
             buckets=DURATION_BUCKETS,
             registry=r,
         )
-        self.rounds = Counter("fedsilo_rounds", "Rounds ended, by status.", ["status"], registry=r)
+        self.rounds = Counter(
+            "fedsilo_rounds",
+            "Rounds ended, by job and status.",
+            ["deployment", "status"],
+            registry=r,
+        )
         self.silos_connected = Gauge(
             "fedsilo_silos_connected", "Silo agents connected now.", registry=r
         )
@@ -123,8 +164,8 @@ class CoordinatorMetrics:
         )
         self.dropouts = Counter(
             "fedsilo_dropouts",
-            "Rounds in which the silo dropped out of at least one phase.",
-            ["silo"],
+            "Rounds of the job in which the silo dropped out of at least one phase.",
+            ["silo", "deployment"],
             registry=r,
         )
         self.rejected = Counter(
@@ -137,14 +178,14 @@ class CoordinatorMetrics:
             "fedsilo_silo_metric",
             "Last evaluation metric of each silo's test split; (noised) when "
             "fedsilo_metrics_noised is 1: a DP release, clipped into the metric's range.",
-            ["silo", "name"],
+            ["silo", "name", "deployment"],
             registry=r,
         )
         self.summary_metric = Gauge(
             "fedsilo_summary_metric",
             "Last cross-silo summary of an evaluation metric (mean, worst, gini, ...); (noised) "
             "when fedsilo_metrics_noised is 1: computed from the clipped noised releases.",
-            ["name", "statistic"],
+            ["name", "statistic", "deployment"],
             registry=r,
         )
         self.metrics_noised = Gauge(
@@ -158,7 +199,7 @@ class CoordinatorMetrics:
             "fedsilo_mixing_weight",
             "Mixing schedules (DRFA, AFL, AAggFF, ...): each silo's coefficient after the last "
             "round (lambda, or the weight its update got).",
-            ["silo"],
+            ["silo", "deployment"],
             registry=r,
         )
         self.local_train_seconds = Histogram(
@@ -194,8 +235,67 @@ class CoordinatorMetrics:
             registry=r,
         )
         self.certificate_expiry = certificate_expiry_gauge(r)
+        self.jobs_ended = Counter(
+            "fedsilo_jobs_ended",
+            "Jobs of a serving coordinator that ended, by status and a bucketed reason "
+            "(completed: none; refused: silos; aborted: operator; failed: consortium, rounds, "
+            "policy, storage or internal). Counted since the coordinator started.",
+            ["status", "reason"],
+            registry=r,
+        )
+        for status, reasons in JOB_END_REASONS.items():
+            for reason in reasons:
+                self.jobs_ended.labels(status, reason)
+        self._scraped = _ScrapeTimeMetrics()
+        r.register(self._scraped)
+        add_process_collectors(r)
+        self._deployment = ""
+        self.deployment = deployment
+
+    @property
+    def deployment(self) -> str:
+        """The job the round and result series are labelled with (its id)."""
+        return self._deployment
+
+    @deployment.setter
+    def deployment(self, job: str) -> None:
+        """A new job: the last job's gauges go (its counters stay); its round starts at 0."""
+        if job != self._deployment:
+            for gauge in (
+                self.round,
+                self.rounds_planned,
+                self.silo_metric,
+                self.summary_metric,
+                self.mixing_weight,
+            ):
+                gauge.clear()
+        self._deployment = job
         for status in ROUND_STATUSES:
-            self.rounds.labels(status)
+            self.rounds.labels(job, status)
+        self.round.labels(job).set(0)
+
+    def watch_silos(
+        self,
+        heard_ages: Callable[[], Mapping[str, float | None]],
+        heartbeat_window_s: float,
+        revoked: Callable[[], Collection[str]] = frozenset,
+    ) -> None:
+        """Export, at each scrape, each roster silo's `fedsilo_silo_up` (1: heard within
+        `heartbeat_window_s`) and `fedsilo_silo_heartbeat_age_seconds` from `heard_ages()`
+        (seconds since each was last heard, None: never); `revoked()` silos are left out."""
+        self._scraped.heard_ages = heard_ages
+        self._scraped.heartbeat_window_s = heartbeat_window_s
+        self._scraped.revoked = revoked
+
+    def watch_jobs(self, count_by_status: Callable[[], Mapping[str, int]]) -> None:
+        """Export, at each scrape, the jobs on the queue by status (`fedsilo_jobs`)."""
+        self._scraped.count_jobs = count_by_status
+
+    def count_job_ended(self, status: str, reason: str) -> None:
+        """Count one job that ended `status` for `reason`, one of `JOB_END_REASONS[status]`."""
+        _check_choice("job status", status, tuple(JOB_END_REASONS))
+        _check_choice(f"reason of a {status} job", reason, JOB_END_REASONS[status])
+        self.jobs_ended.labels(status, reason).inc()
 
     def watch_certificate(self, party: str, days_left: Callable[[], float]) -> None:
         """Export `days_left()` of `party`'s certificate (the coordinator's) at each scrape."""
@@ -212,19 +312,20 @@ class CoordinatorMetrics:
 
     def observe_round(self, record: RecordedRound, total_rounds: int) -> None:
         """Book one ended round: its status and duration, dropouts, compute times, results."""
-        self.rounds_planned.set(total_rounds)
-        self.rounds.labels(record.status).inc()
+        job = self.deployment
+        self.rounds_planned.labels(job).set(total_rounds)
+        self.rounds.labels(job, record.status).inc()
         self.round_duration.observe(record.seconds)
         if record.status == "completed":
-            self.round.set(record.round)
+            self.round.labels(job).set(record.round)
         revoked = set(record.revoked or ())
         for silo in _dropped_silos(record.phases) - revoked:  # a revoked silo is no dropout
-            self.dropouts.labels(silo).inc()
+            self.dropouts.labels(silo, job).inc()
         self._observe_train_seconds(record.compute_seconds)
         if record.evaluation is not None:
-            _set_nested(self.silo_metric, record.evaluation)
+            _set_nested(self.silo_metric, record.evaluation, job)
         if record.summary is not None:
-            _set_nested(self.summary_metric, record.summary)
+            _set_nested(self.summary_metric, record.summary, job)
         for silo in record.retired or {}:
             self.set_silo_status(silo, "retired")
         for silo in revoked:
@@ -271,7 +372,7 @@ class CoordinatorMetrics:
         """Replace the mixing weights; silos absent from `weights` disappear from the metric."""
         self.mixing_weight.clear()
         for silo, weight in weights.items():
-            self.mixing_weight.labels(silo).set(weight)
+            self.mixing_weight.labels(silo, self.deployment).set(weight)
 
 
 class SiloMetrics:
@@ -335,6 +436,7 @@ class SiloMetrics:
             registry=r,
         )
         self.certificate_expiry = certificate_expiry_gauge(r)
+        add_process_collectors(r)
 
     def watch_certificate(self, party: str, days_left: Callable[[], float]) -> None:
         """Export `days_left()` of `party`'s certificate (this silo's) at each scrape."""
@@ -431,17 +533,82 @@ def certificate_expiry_gauge(registry: CollectorRegistry) -> Gauge:
     )
 
 
+def add_process_collectors(registry: CollectorRegistry) -> None:
+    """The process's CPU, memory, open files and start time (`process_*`, where the platform
+    has /proc) and the Python that runs it (`python_info`), on `registry`."""
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+
+
+class _ScrapeTimeMetrics(Collector):
+    """The coordinator's series computed at each scrape, so never stale: each roster silo's up
+    and heartbeat age (from the hub) and the queue's jobs by status. Each family is exported
+    (empty) before its source is watched; a source that fails leaves its family empty."""
+
+    def __init__(self) -> None:
+        self.heard_ages: Callable[[], Mapping[str, float | None]] | None = None
+        self.heartbeat_window_s = 0.0
+        self.revoked: Callable[[], Collection[str]] = frozenset
+        self.count_jobs: Callable[[], Mapping[str, int]] | None = None
+
+    def collect(self) -> list[Metric]:
+        up = GaugeMetricFamily(
+            "fedsilo_silo_up",
+            "1 while the silo agent is heard from within the heartbeat window, else 0 (never "
+            "heard, or silent); one per silo of the roster, revoked silos left out.",
+            labels=["silo"],
+        )
+        age = GaugeMetricFamily(
+            "fedsilo_silo_heartbeat_age_seconds",
+            "Seconds since the coordinator last heard from the silo agent (absent until it is "
+            "first heard); revoked silos left out.",
+            labels=["silo"],
+        )
+        jobs = GaugeMetricFamily(
+            "fedsilo_jobs",
+            "Jobs on a serving coordinator's queue, by status (queued, running, completed, "
+            "failed, refused, aborted).",
+            labels=["status"],
+        )
+        for silo, heard in sorted(self._heard_ages().items()):
+            fresh = heard is not None and heard <= self.heartbeat_window_s
+            up.add_metric([silo], 1.0 if fresh else 0.0)
+            if heard is not None:
+                age.add_metric([silo], heard)
+        counts = _called(self.count_jobs, None) if self.count_jobs is not None else None
+        if counts is not None:
+            for status in JOB_STATUSES:
+                jobs.add_metric([status], float(counts.get(status, 0)))
+        return [up, age, jobs]
+
+    def _heard_ages(self) -> Mapping[str, float | None]:
+        if self.heard_ages is None:
+            return {}
+        ages = _called(self.heard_ages, {})
+        revoked = set(_called(self.revoked, ()))
+        return {silo: heard for silo, heard in ages.items() if silo not in revoked}
+
+
+def _called(source: Callable[[], Any], otherwise: Any) -> Any:
+    """`source()`, or `otherwise` when it fails (a closed queue while the coordinator stops): a
+    scrape never fails for one source."""
+    try:
+        return source()
+    except Exception:  # noqa: BLE001
+        return otherwise
+
+
 def _dropped_silos(phases: Mapping[str, Mapping[str, Any]]) -> set[str]:
     """Every silo that dropped out of some phase of the round (once per round)."""
     return {silo for phase in phases.values() for silo in phase.get("dropped", {})}
 
 
-def _set_nested(gauge: Gauge, values: Mapping[str, Mapping[str, float]]) -> None:
-    """Set gauge{outer, inner} for every number in `values`, skipping NaN and non-numbers."""
+def _set_nested(gauge: Gauge, values: Mapping[str, Mapping[str, float]], job: str) -> None:
+    """Set gauge{outer, inner, job} for every number in `values`, skipping NaN and non-numbers."""
     for outer, inner_values in values.items():
         for inner, value in inner_values.items():
             if _is_number(value):
-                gauge.labels(outer, inner).set(value)
+                gauge.labels(outer, inner, job).set(value)
 
 
 def _is_number(value: object) -> bool:

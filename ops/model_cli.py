@@ -29,8 +29,7 @@ from fedsilo.policies.loading import (
 from fedsilo.policies.model import PINNING, PluginModel
 from fedsilo.policies.schema import Policy
 from fedsilo.silo.data import DataError, load_consortium
-from fedsilo.silo.dp_training import DpSgdError
-from fedsilo.silo.dp_training import check_model as check_dp_model
+from fedsilo.silo.errors import DpSgdError
 
 Schema = tuple[tuple[int, ...], int]  # one input row's shape, the output size
 
@@ -60,7 +59,7 @@ def plugin_report(policy: Policy, file: Path) -> list[str]:
     try:
         model = build_model(config, shape, outputs, policy.seed)
     except PluginError as error:
-        raise click.ClickException(f"{file}: model: {error}") from None
+        raise click.ClickException(f"{file}: model.factory: {error}") from None
     pin = config.architecture
     assert pin is not None  # a loaded policy's plugin model is pinned
     lines = [
@@ -69,6 +68,8 @@ def plugin_report(policy: Policy, file: Path) -> list[str]:
         f"for input shape {shape} and {outputs} outputs",
     ]
     if dp:
+        from fedsilo.silo.dp_training import check_model as check_dp_model  # Opacus: seconds
+
         try:
             check_dp_model(model)
         except DpSgdError as error:

@@ -4,7 +4,9 @@ The model comes with its card (models/card.py); the site's preprocessing is its 
 data section), fitted on its own training rows as its silo fitted them in the run
 (silo/site_features.py). A model whose card does not fit the site's encoded features is
 refused with one message saying what differs. One output row per input row: the predicted
-class and each class's probability, or the predicted value.
+class and each class's probability, or the predicted value; with `--id-column NAME`, first the
+row's value of column NAME as the CSV holds it, which never reaches the model (a column the
+model reads as a feature is refused).
 """
 
 from __future__ import annotations
@@ -59,13 +61,19 @@ def predict_rows(
     return class_probabilities(outputs) if card.task == "classification" else outputs.reshape(-1)
 
 
-def write_predictions(out: Path, site: SiteFeatures, outputs: torch.Tensor) -> None:
-    """The predictions CSV, written whole (temporary sibling, then renamed) or not at all."""
+def write_predictions(
+    out: Path, site: SiteFeatures, outputs: torch.Tensor, ids: pd.Series | None = None
+) -> None:
+    """The predictions CSV, written whole (temporary sibling, then renamed) or not at all;
+    `ids`: a column of the input written first, row for row, under its own name."""
     if site.task == "classification":
         header = ["prediction", *(f"probability_{label}" for label in site.classes)]
         rows = [[site.classes[int(p.argmax())], *(f"{v:.6g}" for v in p.tolist())] for p in outputs]
     else:
         header, rows = ["prediction"], [[f"{v:.6g}"] for v in outputs.tolist()]
+    if ids is not None:
+        header = [str(ids.name), *header]
+        rows = [["" if pd.isna(i) else i, *row] for i, row in zip(ids.tolist(), rows, strict=True)]
     handle, temporary = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
     try:
         with os.fdopen(handle, "w", newline="") as stream:
@@ -77,8 +85,9 @@ def write_predictions(out: Path, site: SiteFeatures, outputs: torch.Tensor) -> N
         os.unlink(temporary)
 
 
-def predict(model: Path, config: Path, data: Path, out: Path) -> int:
-    """Write `out` with one prediction per row of `data`; returns the number of rows."""
+def predict(model: Path, config: Path, data: Path, out: Path, id_column: str | None = None) -> int:
+    """Write `out` with one prediction per row of `data`, each after its `id_column` value
+    when given; returns the number of rows."""
     if out.exists() or out.is_symlink():
         raise DataError(f"--out {out}: exists; fedsilo never overwrites it, choose a new file")
     if not out.parent.is_dir():
@@ -92,12 +101,34 @@ def predict(model: Path, config: Path, data: Path, out: Path) -> int:
     silo = load_silo_config(config)
     site = fit_site_features(silo.data, card.seed, config.parent)
     try:
-        records = read_csv_as_written(data, silo.data.source.categorical)
+        as_text = [*silo.data.source.categorical, *([id_column] if id_column else [])]
+        records = read_csv_as_written(data, dict.fromkeys(as_text))  # an ID "007" stays 007
     except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as error:
         raise DataError(f"--data {data}: cannot read it as CSV: {error}") from None
+    ids = None
+    if id_column is not None:
+        ids = id_values(records, id_column, site, data)
+        records = records.drop(columns=[id_column])  # never fed to the model
     outputs = predict_rows(card, flat, site, site.encode(records, f"--data {data}"))
-    write_predictions(out, site, outputs)
+    write_predictions(out, site, outputs, ids)
     return len(records)
+
+
+def id_values(records: pd.DataFrame, column: str, site: SiteFeatures, data: Path) -> pd.Series:
+    """The `--id-column` of `records`: refused when `data` lacks it, or when it is one of the
+    features the model reads (the model would see it)."""
+    if column not in records.columns:
+        listing = ", ".join(str(c) for c in records.columns)
+        raise DataError(
+            f"--id-column {column}: --data {data} has no column '{column}'; its columns: {listing}"
+        )
+    if column in site.feature_columns():
+        raise DataError(
+            f"--id-column {column}: '{column}' is one of the features this site's model reads; "
+            "an ID passed through must not be a feature: list it under data.drop_columns in "
+            "silo.yaml and train again"
+        )
+    return records[column]
 
 
 @click.command("predict")
@@ -130,10 +161,19 @@ def predict(model: Path, config: Path, data: Path, out: Path) -> int:
     type=click.Path(path_type=Path),
     help="Where the predictions go (a new file).",
 )
-def predict_command(model: Path, config: Path, data: Path, out: Path) -> None:
+@click.option(
+    "--id-column",
+    "id_column",
+    metavar="NAME",
+    help="A column of --data (a record ID) copied, as written, before each prediction; "
+    "never given to the model.",
+)
+def predict_command(
+    model: Path, config: Path, data: Path, out: Path, id_column: str | None
+) -> None:
     """Apply a run's final model to a CSV of this site's records."""
     try:
-        rows = predict(model, config, data, out)
+        rows = predict(model, config, data, out, id_column)
     except (ModelCardError, DataError, PolicyError) as error:
         raise click.ClickException(str(error)) from None
     click.echo(f"{rows} predictions written to {out}")

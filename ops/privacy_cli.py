@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,7 @@ from rich.text import Text
 
 from fedsilo.coordinator.state import StateError, StateStore
 from fedsilo.ops.epsilon import plot_epsilon
+from fedsilo.ops.job_id import DIGEST_CHARS
 from fedsilo.ops.plan_cli import plan_command
 from fedsilo.ops.provision import KitError, load_silo_kit
 from fedsilo.policies.loading import PolicyError
@@ -375,22 +377,25 @@ class _SiteTotal:
 
 
 ALL_JOBS = "all jobs"  # the site's row, below the jobs'
-MIN_JOB_WIDTH = 20  # the job column is never squeezed below this to fit the others
+MIN_JOB_HEAD = 3  # the least of a shortened id's start kept before "…" and its digest
+JOB_TAIL = re.compile(rf"-[0-9a-f]{{{DIGEST_CHARS}}}(?:-attempt\d+)?$")  # ops/job_id.py
 
 
 def _audit_table(report: AuditReport, site: _SiteTotal, width: int) -> tuple[Table, dict[str, str]]:
     """The audit's table for a console `width` wide, and the job ids it had to shorten (as
     shown, to whole): one row per job (deployment), then the site's total over all of them.
 
-    The job column gets what the numbers leave (δ may wrap at its space), at least
-    MIN_JOB_WIDTH; an id longer than that is shortened in the middle, never cut at its end."""
+    The job column gets what the numbers leave (δ may wrap at its space), at least what keeps
+    each id's digest (and attempt) whole after a few characters of its start; an id longer
+    than that is shortened in the middle, never cut at its end."""
     names = [audit.deployment for audit in report.deployments]
     deltas = [_delta(audit) for audit in report.deployments]
     wraps = max(map(len, deltas), default=1) - max(
         (len(word) for text in deltas for word in text.split()), default=1
     )
     others = _natural_width(_table_of(report, site, dict.fromkeys(names, ""))) - len(ALL_JOBS)
-    labels = _fit_job_names(names, max(width - others + wraps, MIN_JOB_WIDTH))
+    least = max([len(ALL_JOBS), *(min(len(n), MIN_JOB_HEAD + 1 + _tail(n)) for n in names)])
+    labels = _fit_job_names(names, max(width - others + wraps, least))
     shortened = {labels[name]: name for name in names if labels[name] != name}
     return _table_of(report, site, labels), shortened
 
@@ -450,12 +455,18 @@ def _fit_job_names(names: Sequence[str], width: int) -> dict[str, str]:
         distinct = 1 + max(
             (_common_suffix(name, other) for other in names if other != name), default=0
         )
-        tail = max(distinct, (width - 1) // 2)
+        tail = min(max(distinct, _tail(name), (width - 1) // 2), width - 1 - MIN_JOB_HEAD)
         head = width - 1 - tail
         labels[name] = f"{name[:head]}…{name[-tail:]}" if head >= 3 else name
     if len(set(labels.values())) < len(labels):
         return {name: name for name in names}
     return labels
+
+
+def _tail(name: str) -> int:
+    """How much of a job id's end tells it apart: its digest and attempt (ops/job_id.py)."""
+    match = JOB_TAIL.search(name)
+    return len(match.group()) if match else 0
 
 
 def _common_suffix(a: str, b: str) -> int:

@@ -384,6 +384,14 @@ def sign_next_roster(operator: Path, coordinator: Path) -> int | None:
     return following.version
 
 
+def revoked_silos(operator: Path, coordinator: Path) -> dict[str, str]:
+    """The silos the coordinator kit's signed roster revokes, each with its reason ({} for a
+    kit provisioned before rosters were signed)."""
+    _, operator_key = _load_operator(operator)
+    current = _current_roster(coordinator, read_roster(coordinator), operator_key)
+    return {} if current is None else dict(current.revoked)
+
+
 def read_roster(coordinator: Path) -> CoordinatorKitDocument:
     """The coordinator kit's kit.yaml as written, or a ProvisionError naming --coordinator-kit."""
     try:

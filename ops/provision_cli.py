@@ -1,8 +1,8 @@
 """The consortium operator's commands: `fedsilo provision` writes the startup kits, and
 `fedsilo policy sign` signs a deployment policy with the operator key.
 
-Both are plain click commands; `ops/cli.py` registers `provision` on the main group and `sign`
-on the `policy` group.
+Both are plain click commands; `ops/cli.py` registers `provision` on the main group and
+`ops/commands.py` `sign` on the `policy` group.
 """
 
 from __future__ import annotations

@@ -15,7 +15,8 @@ silo/channel.py).
 The certificates, where `fedsilo provision` put them: the operator's `client.crt` in its
 folder, the coordinator's `server.crt` in its kit, each silo's `client.crt` in
 `KITS/silos/<name>/` (the operator's copies; a silo whose kit folder is not there is left out,
-and named).
+and named). A silo the signed roster revokes is never renewed: left out and named, or, asked
+for by name (`--party`), refused before anything is written.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from fedsilo.ops.provision import (
     load_certificate_authority,
     read_roster,
     replace_kit_document,
+    revoked_silos,
     sign_next_roster,
 )
 from fedsilo.privacy.certificate_files import CertificateError, days_left, read_certificate
@@ -63,12 +65,14 @@ class RenewedCertificate:
 @dataclass(frozen=True)
 class Renewal:
     """What `renew_certificates` did: the certificates renewed, those not due (`within`), the
-    silos whose kit folder was not found, and the roster that lists the new fingerprints."""
+    silos whose kit folder was not found, the roster that lists the new fingerprints, and the
+    revoked silos left out (each with the roster's reason)."""
 
     renewed: tuple[RenewedCertificate, ...]
     not_due: tuple[tuple[str, Path, datetime], ...]
     missing: tuple[str, ...]
     roster: Path | None
+    revoked: tuple[tuple[str, str], ...] = ()
 
 
 def certificate_files(operator: Path, coordinator: Path, kits: Path) -> dict[str, Path]:
@@ -92,10 +96,10 @@ def renew_certificates(
     parties: Collection[str] = (),
     within: float | None = None,
 ) -> Renewal:
-    """Renew the certificates of `parties` (every party when empty) for `days` days; with
-    `within`, only those expiring within that many days. Refused before anything is written
-    (ProvisionError, naming the option or file) when a party is unknown, a certificate is not
-    of this CA, or `days` would outlive the CA."""
+    """Renew the certificates of `parties` (every party when empty, but a revoked silo) for
+    `days` days; with `within`, only those expiring within that many days. Refused before
+    anything is written (ProvisionError, naming the option or file) when a party is unknown or
+    a revoked silo, a certificate is not of this CA, or `days` would outlive the CA."""
     authority = load_certificate_authority(operator)
     files = certificate_files(operator, coordinator, kits)
     unknown = sorted(set(parties) - set(files))
@@ -103,7 +107,17 @@ def renew_certificates(
         raise ProvisionError(
             f"--party: no party {', '.join(map(repr, unknown))}; parties: {', '.join(files)}"
         )
-    chosen = {party: path for party, path in files.items() if not parties or party in parties}
+    revoked = revoked_silos(operator, coordinator)
+    if refused := [party for party in parties if party in revoked]:
+        raise ProvisionError(
+            f"--party {refused[0]}: silo {refused[0]!r} is revoked ({revoked[refused[0]]}); a "
+            "revoked silo's certificate is not renewed"
+        )
+    chosen = {
+        party: path
+        for party, path in files.items()
+        if (not parties or party in parties) and party not in revoked
+    }
     missing = tuple(party for party, path in chosen.items() if not path.is_file())
     if missing and (parties or COORDINATOR in missing):
         raise ProvisionError(
@@ -125,7 +139,9 @@ def renew_certificates(
         _replace(party, path, certificate, renew_certificate(authority, certificate, days))
         for party, (path, certificate) in due.items()
     )
-    return Renewal(renewed, tuple(not_due), missing, _update_roster(operator, coordinator, renewed))
+    roster = _update_roster(operator, coordinator, renewed)
+    left_out = tuple((silo, reason) for silo, reason in revoked.items() if silo in files)
+    return Renewal(renewed, tuple(not_due), missing, roster, left_out)
 
 
 def _check_within_authority(authority: CertifiedKey, days: int) -> None:

@@ -33,6 +33,7 @@ from rich.table import Table
 from fedsilo import __version__
 from fedsilo.coordinator.engine import RunHistory
 from fedsilo.coordinator.strategies.base import ServerState
+from fedsilo.coordinator.summary import R2
 from fedsilo.models.card import CARD_KEY, ModelCard
 from fedsilo.ops.epsilon import (
     epsilon_by_round,
@@ -248,6 +249,7 @@ def write_run(folder: Path, result: SimulationResult) -> None:
         for silo, ledger in result.ledgers.items():
             (folder / LEDGERS / f"{silo}.jsonl").write_bytes(ledger)
     document = {
+        "task": result.task,
         "device": result.device,
         "seconds": result.seconds,
         "silos": [profile.__dict__ for profile in result.silos],
@@ -363,7 +365,7 @@ def comparison_table(results: Mapping[str, SimulationResult]) -> Table:
     spent = {name: final_epsilons(_epsilon_series(r.history)) for name, r in results.items()}
     display = MetricDisplay.of(first.policy.privacy)  # every variant keeps the privacy section
     finals = {name: display.record(r.history.final) for name, r in results.items()}
-    table = Table(title=f"test {display.label(metric)} per silo")
+    table = Table(title=f"test {display.label(metric)} per silo ({first.task} task)")
     table.add_column("silo")
     table.add_column("train/val/test", justify="right")
     if any(p.positive_rate is not None for p in first.silos):
@@ -387,10 +389,13 @@ def comparison_table(results: Mapping[str, SimulationResult]) -> Table:
         table.add_row(*row)
     table.add_section()
     pad = [""] * (len(table.columns) - 1 - len(results) - sum(1 for s in spent.values() if s))
-    for label, key in (("mean", "mean"), ("worst silo", "worst"), ("Gini", "gini")):
+    rows = [("mean", metric, "mean"), ("worst silo", metric, "worst"), ("Gini", metric, "gini")]
+    if any(R2 in (final.summary or {}) for final in finals.values()):
+        rows.append(("pooled R²", R2, "weighted_mean"))
+    for label, shown, key in rows:
         values = []
         for name in results:
-            values.append(fmt_metric(((finals[name].summary or {}).get(metric) or {}).get(key)))
+            values.append(fmt_metric(((finals[name].summary or {}).get(shown) or {}).get(key)))
             if spent[name]:
                 values.append("")
         table.add_row(label, *pad, *values)

@@ -1,10 +1,12 @@
 """`fedsilo silo check`: a site's own data, loaded offline exactly as the silo agent will load
-it, summarised before any job: rows, columns, each column's inferred type and missing values,
-the label balance, and what the preprocessing makes of it (features after encoding, split
-sizes). With a policy, also what that policy asks of this site: its local rules, its domains,
-a model built for these features, and whether the site accepts the job on privacy grounds
-(its plan, caps and what its ledger spent on other jobs: ops/plan_cli.py). A data plug-in is
-called as the agent calls it; silo.yaml's `kit` must be a silo's kit as `silo start` loads it.
+it, summarised before any job: the task (classification, regression, ...) and why (set in
+the data section, the source's own, or inferred from the target column), rows, columns, each
+column's inferred type and missing values, the label balance, and what the preprocessing
+makes of it (features after encoding, split sizes). With a policy, also what that policy
+asks of this site: its local rules, its domains, a model built for these features, and whether
+the site accepts the job on privacy grounds (its plan, caps and what its ledger spent on other
+jobs: ops/plan_cli.py). A data plug-in is called as the agent calls it; silo.yaml's `kit`
+must be a silo's kit as `silo start` loads it.
 
 A problem is one `DataError` (or `PolicyError`) naming the silo.yaml key to change
 (`data.categorical`, `rules.max_rounds`, ...); nothing is written. A silo.yaml in the old
@@ -25,9 +27,10 @@ from fedsilo.policies.loading import PolicyError, load_policy
 from fedsilo.policies.schema import Policy
 from fedsilo.silo.config import SiloConfig, load_silo_config
 from fedsilo.silo.data import DataError, SiloDataset
+from fedsilo.silo.data.encoding import task_reason
 from fedsilo.silo.data.sources import RawSource, read_source
 from fedsilo.silo.domains import check_domains
-from fedsilo.silo.errors import DpSgdError
+from fedsilo.silo.errors import SECTION, DpSgdError
 
 CHECK_SEED = 0  # the split seed without a policy (a policy's own seed replaces it)
 
@@ -47,6 +50,7 @@ class SiteDataSummary:
     columns: tuple[ColumnSummary, ...]
     labels: dict[str, int] | None  # classification: rows per class
     dataset: SiloDataset
+    task_reason: str = ""  # where the task comes from: set, the source's, or inferred
     model_parameters: int | None = None  # with a policy: the size of its model on this data
     note: str | None = None  # how to write silo.yaml's data section in the current shape
 
@@ -83,17 +87,7 @@ def summarise(config: SiloConfig, base_dir: Path, policy: Policy | None = None) 
                 + "; ".join(f"rules.{rule}" for rule in broken)
             )
     source = config.data.site_source()
-    try:
-        raw = read_source(source, base_dir)
-    except DataError as error:
-        raise error.within(config.data.section_key) from None
-    except Exception as error:  # a plug-in's own code failing, as it would in the agent
-        if source.source != PLUGIN_SOURCE:
-            raise
-        raise DataError(
-            f"{config.data.section_key}.loader: data plug-in '{source.loader}' failed to load "
-            f"this site's data: {error} ({type(error).__name__})"
-        ) from None
+    raw = read_site_source(config, base_dir)
     dataset = config.data.load(CHECK_SEED if policy is None else policy.seed, base_dir)
     raw = _this_silos_rows(raw, source, dataset.name)
     parameters = None if policy is None else _model_parameters(policy, dataset)
@@ -103,9 +97,27 @@ def summarise(config: SiloConfig, base_dir: Path, policy: Policy | None = None) 
         columns=_columns(raw, config),
         labels=_label_counts(raw) if dataset.task == "classification" else None,
         dataset=dataset,
+        task_reason=task_reason(raw, source).replace(SECTION, config.data.section_key),
         model_parameters=parameters,
         note=config.data.shape_note(),
     )
+
+
+def read_site_source(config: SiloConfig, base_dir: Path) -> RawSource:
+    """The site's data as its source reads it (a file, a built-in set, a plug-in's loader); a
+    DataError names the silo.yaml key, also when a plug-in's own code fails."""
+    source = config.data.site_source()
+    try:
+        return read_source(source, base_dir)
+    except DataError as error:
+        raise error.within(config.data.section_key) from None
+    except Exception as error:  # a plug-in's own code failing, as it would in the agent
+        if source.source != PLUGIN_SOURCE:
+            raise
+        raise DataError(
+            f"{config.data.section_key}.loader: data plug-in '{source.loader}' failed to load "
+            f"this site's data: {error} ({type(error).__name__})"
+        ) from None
 
 
 def _this_silos_rows(raw: RawSource, source: DataConfig, silo: str) -> RawSource:
@@ -179,6 +191,7 @@ def render(summary: SiteDataSummary) -> list[str]:
     lines = [
         f"{summary.origin}: {summary.rows} rows, {len(summary.columns)} columns "
         f"(this silo, {data.name!r}: {sizes[0] + sizes[1] + sizes[2]} rows)",
+        f"task: {data.task} ({summary.task_reason})",
         f"  {'column':<24} {'role':<14} {'type':<26} missing",
     ]
     for column in summary.columns:
@@ -192,7 +205,7 @@ def render(summary: SiteDataSummary) -> list[str]:
     elif data.task == "classification":
         lines.append(f"labels ({data.num_classes} classes): one row may hold several")
     else:
-        lines.append(f"task: {data.task} on {len(data.y_train)} training targets")
+        lines.append(f"targets: {len(data.y_train)} for training")
     lines.append(
         f"after encoding: {len(data.feature_names)} features ({', '.join(data.feature_names)})"
     )

@@ -15,6 +15,7 @@ from fedsilo.ops.cli_support import (
     start_service,
     within,
 )
+from fedsilo.ops.options import kit_option
 from fedsilo.ops.silo_check import silo_check
 from fedsilo.ops.silo_process import run_silo
 from fedsilo.ops.silo_setup import data_section_options, write_silo_config
@@ -31,13 +32,7 @@ silo.add_command(silo_check)
 
 
 @silo.command("init")
-@click.option(
-    "--kit",
-    "kit_dir",
-    required=True,
-    type=click.Path(path_type=Path),
-    help="This silo's kit folder.",
-)
+@kit_option("This silo's kit folder.")
 @click.option(
     "--out", required=True, type=click.Path(path_type=Path), help="Where to write silo.yaml."
 )

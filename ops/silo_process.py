@@ -36,6 +36,7 @@ from fedsilo.ops.health import HealthFile
 from fedsilo.ops.job_id import job_id
 from fedsilo.ops.metrics import SiloMetrics, serve_metrics
 from fedsilo.ops.provision import SiloKit, load_silo_kit
+from fedsilo.ops.silo_check import read_site_source
 from fedsilo.policies.schema import Policy
 from fedsilo.privacy.accounting import total
 from fedsilo.privacy.certificate_files import TlsFileWatch
@@ -82,6 +83,7 @@ def run_silo(
     if note is not None:
         log.warning("%s: %s", config_path, note)
     kit = load_silo_kit(config.kit_path(config_path))
+    read_site_source(config, config_path.parent)  # data no job could read: refused at start
     settings = _settings(kit, config, poll_seconds)
     log.info(
         "silo %s reaches the coordinator at %s %s",

@@ -26,6 +26,7 @@ from fedsilo.policies.loading import PolicyError
 from fedsilo.silo.config import parse_silo_config
 from fedsilo.silo.data import DataError
 
+SYSTEMD_RESTART_S = 10.0  # the unit restarts a failed agent this long after (a job waits longer)
 UNIT = """[Unit]
 Description=fedsilo silo agent ({name})
 After=network-online.target
@@ -36,7 +37,7 @@ Type=simple
 ExecStart={fedsilo} silo start --config {config}
 WorkingDirectory={folder}
 Restart=on-failure
-RestartSec=10
+RestartSec={restart_s:g}
 KillSignal=SIGTERM
 NoNewPrivileges=true
 PrivateTmp=true
@@ -102,7 +103,15 @@ def write_silo_config(
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(yaml.safe_dump(document, sort_keys=False))
     executable = shutil.which("fedsilo") or f"{sys.executable} -m fedsilo"
-    unit.write_text(UNIT.format(name=kit.name, fedsilo=executable, config=out, folder=out.parent))
+    unit.write_text(
+        UNIT.format(
+            name=kit.name,
+            fedsilo=executable,
+            config=out,
+            folder=out.parent,
+            restart_s=SYSTEMD_RESTART_S,
+        )
+    )
     return [out, unit], summary
 
 

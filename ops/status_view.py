@@ -14,6 +14,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from fedsilo.coordinator.jobs import RUNNING, JobInfo
 from fedsilo.ops.epsilon import fmt_epsilon
@@ -85,36 +86,83 @@ def print_status(
         if report.evaluated_round is None
         else f"metrics of round {report.evaluated_round}"
     )
+    metric_names = sorted({m for values in report.last_evaluation.values() for m in values})
+    rows = {silo: report.participants.get(silo, ("never joined", "")) for silo in sorted(silos)}
+    show_epsilon = report.noised or bool(report.epsilon)
+    cap = f" (cap {report.epsilon_cap:g})" if report.epsilon_cap is not None else ""
+    cells = {
+        silo: {
+            "status": f"{state} {reason}".strip(),
+            "dropouts": str(report.dropouts.get(silo, 0)),
+            "epsilon": fmt_epsilon(report.epsilon.get(silo)) if show_epsilon else "",
+            **{m: fmt_metric(report.last_evaluation.get(silo, {}).get(m)) for m in metric_names},
+        }
+        for silo, (state, reason) in rows.items()
+    }
+    columns = [
+        ("silo", "silo", "left"),
+        ("status", "status", "left"),
+        ("dropouts", "rounds with a dropout", "right"),
+        *([("epsilon", f"ε{cap}", "right")] if show_epsilon else []),
+        *((m, f"{m} {NOISED}" if report.noised else m, "right") for m in metric_names),
+    ]
+    widths = _column_widths(columns, cells, console.width)
+    shown = [column for column in columns if column[0] in widths]
     table = Table(title=f"silos ({evaluated})")
+    captions = []
     if report.noised:
-        table.caption = (
+        captions.append(
             f"{NOISED}: reported with Gaussian noise (DP), not exact; shown clipped into each "
             "metric's range"
         )
-    metric_names = sorted({m for values in report.last_evaluation.values() for m in values})
-    rows = {silo: report.participants.get(silo, ("never joined", "")) for silo in sorted(silos)}
-    table.add_column("silo")
-    # as wide as its longest word, so a reason wraps between words, never inside one
-    words = [w for state, reason in rows.values() for w in f"{state} {reason}".split()]
-    table.add_column("status", min_width=min(STATUS_WIDTH, max(map(len, words), default=6)))
-    table.add_column("rounds with a dropout", justify="right")
-    show_epsilon = report.noised or bool(report.epsilon)
-    if show_epsilon:
-        cap = f" (cap {report.epsilon_cap:g})" if report.epsilon_cap is not None else ""
-        table.add_column(f"ε{cap}", justify="right")
-    for metric in metric_names:
-        table.add_column(f"{metric} {NOISED}" if report.noised else metric, justify="right")
-    for silo, (state, reason) in rows.items():
-        values = report.last_evaluation.get(silo, {})
-        epsilon = [fmt_epsilon(report.epsilon.get(silo))] if show_epsilon else []
-        table.add_row(
-            silo,
-            f"{state} {reason}".strip(),
-            str(report.dropouts.get(silo, 0)),
-            *epsilon,
-            *(fmt_metric(values.get(m)) for m in metric_names),
+    if hidden := [name for name, _, _ in columns if name not in widths]:
+        captions.append(
+            f"not shown at this width: {', '.join(hidden)} (`--json` shows every metric)"
         )
+    table.caption = "\n".join(captions) or None
+    for key, header, justify in shown:
+        table.add_column(header, justify=justify, min_width=widths[key], max_width=widths[key])
+    for silo, row in cells.items():
+        table.add_row(Text(silo), *(row[key] for key, _, _ in shown[1:]))
     console.print(table)
+
+
+def _column_widths(
+    columns: list[tuple[str, str, str]], cells: Mapping[str, Mapping[str, str]], width: int
+) -> dict[str, int]:
+    """The width of each column of the silos' table that fits in `width` columns: every
+    column at least as wide as its longest word (a header wraps between its words, a status
+    reason too; the status column needs at most STATUS_WIDTH for that) and the silo's whole
+    name; the metrics that fit after the silo, status, dropout and epsilon columns (the others
+    are left out); then what is left makes each header whole, then the status column wider, so
+    that its reason wraps less."""
+    rows = list(cells.values())
+
+    def longest_word(key: str, header: str) -> int:
+        words = [w for text in (header, *(row.get(key, "") for row in rows)) for w in text.split()]
+        return max(map(len, words), default=1)
+
+    widths: dict[str, int] = {"silo": max(len("silo"), *map(len, cells), 1)}
+    # each column has one space either side and a rule after it, and the table one before all
+    left = width - 1 - (widths["silo"] + 3)
+    for key, header, _ in columns[1:]:
+        needed = longest_word(key, header)
+        if key == "status":
+            needed = min(needed, STATUS_WIDTH)
+        if needed + 3 > left and key not in ("status", "dropouts", "epsilon"):
+            break  # this metric and the ones after it do not fit
+        widths[key] = needed
+        left -= needed + 3
+    # what is left: first each header whole on one line, then the status column
+    for key, header, _ in columns[1:]:
+        if key in widths and key != "status":
+            whole = max([len(header), *(len(row[key]) for row in rows)])
+            grown = max(0, min(left, whole - widths[key]))
+            widths[key] += grown
+            left -= grown
+    whole = max([len("status"), *(len(row["status"]) for row in rows)])
+    widths["status"] += max(0, min(left, whole - widths["status"]))
+    return widths
 
 
 def print_certificate(console: Console, party: str, path: Path) -> None:

@@ -11,4 +11,7 @@ from fedsilo.policies.base import PolicyModel
 
 
 class ChannelConfig(PolicyModel):
+    # true: every hand-off of a model from one silo to another is sealed to its recipient's key, so
+    # the coordinator relays bytes it cannot read; false (the default): forwarded in the clear over
+    # mutual TLS (required true by cyclic)
     sealed_handoffs: bool = False

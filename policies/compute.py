@@ -20,15 +20,24 @@ class SiloResources(PolicyModel):
     follows `device`: 0 for cpu, 1 for cuda and cuda:N, and for auto 1 when the cluster has a
     GPU, else 0."""
 
+    # CPUs one simulated silo reserves on a Ray cluster while it runs a task; a fraction shares a
+    # CPU (1 by default)
     cpus: float = Field(default=1.0, gt=0)
+    # GPUs it reserves; a fraction shares a device; null (the default): follows device, 0 for cpu, 1
+    # for cuda, and for auto 1 when the cluster has a GPU
     gpus: float | None = Field(default=None, ge=0)
+    # memory it reserves, in megabytes; null (the default): no reservation
     memory_mb: int | None = Field(default=None, gt=0)
 
 
 class ComputeConfig(PolicyModel):
     """Requested compute device; `auto` takes the first CUDA device if one is visible."""
 
+    # where a silo trains: auto (the default, the first CUDA device if one is visible, else the
+    # CPU), cpu, cuda or cuda:N (the N-th CUDA device)
     device: str = "auto"
+    # what each silo asks of a Ray cluster under `fedsilo simulate --backend ray`; other backends
+    # and deployments ignore it
     resources: SiloResources = SiloResources()
 
     @field_validator("device")

@@ -105,14 +105,20 @@ SPLIT_VALUES = ("train", "val", "test")
 class NaturalPartition(PolicyModel):
     """One silo per distinct value of `column` (e.g. the hospital a record comes from)."""
 
+    # natural: one silo per distinct value of a column of the source (e.g. the hospital a record
+    # comes from)
     kind: Literal["natural"]
+    # the column whose values name the silos (e.g. dataset for the bundled heart table, region for
+    # tcga_brca)
     column: str
 
 
 class IidPartition(PolicyModel):
     """Rows shuffled and dealt into `silos` near-equal silos."""
 
+    # iid: rows shuffled and dealt into near-equal silos
     kind: Literal["iid"]
+    # how many silos the rows are dealt into
     silos: int = Field(ge=1)
 
 
@@ -123,9 +129,15 @@ class DirichletPartition(PolicyModel):
     times, then an error).
     """
 
+    # dirichlet: label skew, each class's rows shared across silos by a Dirichlet draw
     kind: Literal["dirichlet"]
+    # how many silos the rows are dealt into
     silos: int = Field(ge=1)
+    # the Dirichlet concentration: small values (e.g. 0.1) give each silo few classes, large ones
+    # (e.g. 100) near-even shares (required)
     alpha: float = Field(gt=0)
+    # the fewest rows any silo may get; a draw that leaves a silo fewer is redrawn, a bounded number
+    # of times, then refused (2 by default)
     min_size: int = Field(default=2, ge=1)
 
 
@@ -134,8 +146,11 @@ class ShardsPartition(PolicyModel):
     `shards_per_silo` per silo at random, so each silo holds about that many labels (2 by
     default; a shard that straddles two labels gives its silo one more)."""
 
+    # shards: pathological label skew, label-sorted rows cut into equal shards dealt at random
     kind: Literal["shards"]
+    # how many silos the rows are dealt into
     silos: int = Field(ge=1)
+    # how many shards each silo gets, so about how many labels it holds (2 by default)
     shards_per_silo: int = Field(default=2, ge=1)
 
 
@@ -144,10 +159,16 @@ class QuantitySkewPartition(PolicyModel):
     linearly increasing sizes. `total`: use only that many rows of the source, drawn at random
     (default: all)."""
 
+    # quantity_skew: FedDC's realistic sizes, a few small silos and the rest of linearly increasing
+    # sizes
     kind: Literal["quantity_skew"]
+    # how many silos the rows are dealt into (at least 2)
     silos: int = Field(ge=2)
+    # the share of the silos that get only n_min rows, from 0 up to (not including) 1
     small_fraction: float = Field(ge=0, lt=1)
+    # the rows each small silo gets
     n_min: int = Field(ge=1)
+    # use only this many rows of the source, drawn at random; null (the default): every row
     total: int | None = Field(default=None, ge=1)
 
 
@@ -156,7 +177,10 @@ class ScaffoldPartition(PolicyModel):
     source only): the groups, largest first (equal sizes in a seeded random order), each to the
     silo holding the fewest molecules so far."""
 
+    # scaffold: molecules grouped by Bemis-Murcko scaffold, no scaffold in two silos (a molecules:
+    # source only)
     kind: Literal["scaffold"]
+    # how many silos the rows are dealt into
     silos: int = Field(ge=1)
 
 
@@ -176,9 +200,15 @@ class SplitConfig(PolicyModel):
     `column`, the column of the source whose value (train, val or test) is each row's split
     (a predefined split, e.g. a benchmark's; the column is not a feature)."""
 
+    # the share of each silo's rows used for training (0.8 by default); train, val and test sum to 1
     train: float = Field(default=0.8, gt=0, le=1)
+    # the share used for validation (0.1 by default; 0: none)
     val: float = Field(default=0.1, ge=0, le=1)
+    # the share held out for the test metrics (0.1 by default)
     test: float = Field(default=0.1, gt=0, le=1)
+    # a column of the source whose value (train, val or test) is each row's split, instead of the
+    # fractions (a predefined split; the column is not a feature); null (the default): split at
+    # random
     column: str | None = Field(default=None, min_length=1)
 
     @model_validator(mode="before")
@@ -218,8 +248,12 @@ class LabelNoiseConfig(PolicyModel):
     to another class with `probability` (classification), or given N(0, std^2) noise with
     `probability` (regression; `std` in target units)."""
 
+    # the share of the silos whose training labels get noise (above 0, at most 1)
     silo_fraction: float = Field(gt=0, le=1)
+    # the chance each training label of those silos is made noisy: flipped to another class
+    # (classification) or given Gaussian noise (regression)
     probability: float = Field(ge=0, le=1)
+    # the standard deviation of a regression label's noise, in target units (1 by default)
     std: float = Field(default=1.0, gt=0)
 
 
@@ -230,8 +264,13 @@ class MoleculeOptions(PolicyModel):
     of a `molecules:csv` file that holds the SMILES (None: `smiles`; the bundled sets name
     their own)."""
 
+    # the most heavy atoms per molecule, the size of the padded graph (64 by default, at most 256)
     max_atoms: int = Field(default=64, ge=1, le=256)
+    # what happens to a SMILES that does not parse or a larger molecule: error (the default) refuses
+    # it with its row named, drop skips and counts it
     invalid: Literal["error", "drop"] = "error"
+    # the column of a molecules:csv file that holds the SMILES; null (the default): smiles (the
+    # bundled sets name their own)
     smiles: str | None = Field(default=None, min_length=1)
 
     def smiles_column(self) -> str:
@@ -251,22 +290,48 @@ SHAPE_GUIDE = "docs/how-to/site-data.md"
 
 
 class DataConfig(PolicyModel):
-    """The `data:` section of a policy (and, without SIMULATION_ONLY_KEYS, of silo.yaml)."""
+    """The `data:` section of a policy (and of silo.yaml, less the keys only a simulation uses:
+    `partition` and `label_noise`)."""
 
-    source: str = "heart"
+    # where the rows come from: a bundled data set, a site's own file at path (csv, npz,
+    # molecules:csv), or an installed data plug-in (plugin); heart by default
+    source: str = Field(default="heart", json_schema_extra={"enum": list(SOURCES)})
+    # the file a csv, npz or molecules:csv source reads (in silo.yaml, relative to its folder);
+    # null for every other source
     path: str | None = None
+    # the label column of a csv or molecules:csv source (required for those, null for the others)
     target: str | None = None
-    # classification, regression, or a task plug-in's entry point value ("module:attr")
+    # what the model learns: classification, regression, survival, or a task plug-in's entry
+    # point value ("module:attr"); null (the default): the bundled source's own task, or for csv
+    # and npz the one the target's values suggest
     task: str | None = None
-    # source plugin: the entry point value of an installed data loader, and its keyword arguments
+    # source plugin: the entry point value ("module:attr") of an installed data loader of group
+    # fedsilo.datasets; null (the default) for every other source
     loader: str | None = None
+    # keyword arguments passed to a plugin source's loader (none by default)
     args: dict[str, Any] = Field(default_factory=dict)
+    # text columns of a csv source and each one's agreed categories, in order (e.g. smoker: [no,
+    # yes]); every silo encodes them the same way (none by default)
     categorical: dict[str, list[str]] = Field(default_factory=dict)
+    # what happens to missing values: error refuses them, impute fills them in at each silo from its
+    # own rows, drop drops the rows holding one; error by default (impute for the bundled heart
+    # table)
     missing: Literal["error", "impute", "drop"] = "error"
+    # values per column that mean "not measured" and are treated as missing (e.g. chol: [0]); none
+    # by default
     missing_values: dict[str, list[float]] = Field(default_factory=dict)
+    # columns that are not features (e.g. a patient id), dropped before anything else (none by
+    # default)
     drop_columns: list[str] = Field(default_factory=list)
+    # how one data set is dealt into many silos (a simulation); null (the default): heart one silo
+    # per hospital, tcga_brca one per region, any other source iid into 4 silos (at a site, its
+    # own file is one silo)
     partition: Partition | None = None
+    # how each silo's rows are split into training, validation and test rows (0.8, 0.1, 0.1 at
+    # random by default)
     split: SplitConfig = Field(default_factory=SplitConfig)
+    # noisy labels at a share of the silos, for studying robustness (a simulation only); null (the
+    # default): none
     label_noise: LabelNoiseConfig | None = None
     # A `molecules:` source's featurisation options (silo/data/molecules.py).
     molecules: MoleculeOptions | None = None

@@ -35,6 +35,8 @@ def architecture_digest(lines: list[str]) -> str:
 class LinearModel(PolicyModel):
     """One linear layer on the flattened input."""
 
+    # selects one linear layer on the flattened input: logistic regression for classification,
+    # linear regression for regression
     name: Literal["linear"]
 
 
@@ -42,14 +44,18 @@ class LogisticModel(PolicyModel):
     """One linear layer to one logit, for binary classification only: P(class 1) is the
     sigmoid of the logit (the `linear` model's two-logit softmax has twice the weights)."""
 
+    # selects binary logistic regression as one logit (binary classification only)
     name: Literal["logistic"]
 
 
 class MlpModel(PolicyModel):
     """Fully connected layers of the given widths, each followed by `activation`."""
 
+    # selects a fully connected network
     name: Literal["mlp"]
+    # the width of each hidden layer, in order (two layers of 64 units by default)
     hidden: list[Annotated[int, Field(ge=1)]] = Field(default=[64, 64], min_length=1)
+    # the function after each hidden layer: relu (the default) or tanh
     activation: Literal["relu", "tanh"] = "relu"
 
 
@@ -59,20 +65,30 @@ class CnnModel(PolicyModel):
     each block with GroupNorm (8 groups, or as many as divide its channels), which DP-SGD
     supports and BatchNorm it would not."""
 
+    # selects a small convolutional network for images
     name: Literal["cnn"]
+    # the output channels of each conv3x3 block, in order: 1 to 3 blocks (16 then 32 by default)
     channels: list[Annotated[int, Field(ge=1)]] = Field(
         default=[16, 32], min_length=1, max_length=3
     )
+    # the width of the dense layer after the blocks (64 by default); 0: none, the last layer reads
+    # the flattened features
     hidden: int = Field(default=64, ge=0)
+    # the function after each convolution and the dense layer: relu (the default) or silu
     activation: Literal["relu", "silu"] = "relu"
+    # none (the default), or group: GroupNorm in each block, which DP-SGD supports
     norm: Literal["none", "group"] = "none"
 
 
 class GcnModel(PolicyModel):
     """Graph convolutions (Kipf & Welling) of the given widths, then the readout."""
 
+    # selects a graph convolutional network for molecular graphs (a molecules: data source)
     name: Literal["gcn"]
+    # the width of each graph convolution, in order (three of 64 by default)
     hidden: list[Annotated[int, Field(ge=1)]] = Field(default=[64, 64, 64], min_length=1)
+    # how a graph's atom embeddings become one vector for the head: sum (the default) or mean over
+    # its atoms
     readout: Literal["sum", "mean"] = "sum"
 
 
@@ -80,9 +96,15 @@ class GatModel(PolicyModel):
     """Graph attention layers (Velickovic et al.) of `heads` heads of the given widths each
     (concatenated), then the readout."""
 
+    # selects a graph attention network for molecular graphs (a molecules: data source)
     name: Literal["gat"]
+    # the width of each head of each attention layer, in order; a layer's heads are concatenated
+    # (two layers of 32 by default)
     hidden: list[Annotated[int, Field(ge=1)]] = Field(default=[32, 32], min_length=1)
+    # the attention heads of each layer (2 by default, at most 8)
     heads: int = Field(default=2, ge=1, le=8)
+    # how a graph's atom embeddings become one vector for the head: sum (the default) or mean over
+    # its atoms
     readout: Literal["sum", "mean"] = "sum"
 
 
@@ -90,9 +112,15 @@ class MpnnModel(PolicyModel):
     """A message-passing network (Gilmer et al.'s edge network) of `steps` steps at width
     `hidden`, then the readout."""
 
+    # selects a message-passing network (an edge network) for molecular graphs (a molecules: data
+    # source)
     name: Literal["mpnn"]
+    # the width of the atom states (64 by default)
     hidden: int = Field(default=64, ge=1)
+    # how many message-passing steps run (3 by default, at most 8)
     steps: int = Field(default=3, ge=1, le=8)
+    # how a graph's atom embeddings become one vector for the head: sum (the default) or mean over
+    # its atoms
     readout: Literal["sum", "mean"] = "sum"
 
 
@@ -102,13 +130,20 @@ GRAPH_MODELS = ("gcn", "gat", "mpnn")
 class ModelArchitecture(PolicyModel):
     """The network a plugin model must be: `tensors` lists every parameter, in
     `named_parameters()` order, as `<name> [<shape>] <dtype>` (e.g. `fc.weight [10,64] float32`),
-    and `digest` is `architecture_digest(tensors)`. `input_shape` and `output_dim` are the data
-    schema it was pinned for (`fedsilo model pin` writes them), with which a final model is
-    rebuilt on its own."""
+    and `digest` is their BLAKE2b-256 digest (hex, the lines joined by newlines). `input_shape`
+    and `output_dim` are the data schema it was pinned for (`fedsilo model pin` writes them),
+    with which a final model is rebuilt on its own."""
 
+    # the BLAKE2b-256 digest (64 hex digits) of the tensor lines; `fedsilo model pin` prints it, and
+    # a policy whose digest does not match its tensors is refused
     digest: str = Field(pattern=r"^[0-9a-f]{64}$")
+    # every parameter the network must have, in order, as `<name> [<shape>] <dtype>` (e.g.
+    # `fc.weight [10,64] float32`)
     tensors: list[str] = Field(min_length=1)
+    # the input shape the network was pinned for (e.g. [1, 8, 8]), with which a final model is
+    # rebuilt on its own; null: not recorded
     input_shape: list[Annotated[int, Field(ge=1)]] | None = Field(default=None, min_length=1)
+    # the number of outputs the network was pinned for; null: not recorded
     output_dim: int | None = Field(default=None, ge=1)
 
     @field_validator("tensors")
@@ -139,9 +174,16 @@ class PluginModel(PolicyModel):
     `factory(input_shape, output_dim, **args)`; `architecture` pins what it must build.
     No code travels with the policy: a site without the package refuses the job."""
 
+    # selects a network built by a package installed at each site (an entry point of group
+    # fedsilo.models)
     name: Literal["plugin"]
+    # the entry point's value, `module:attr`, called as factory(input_shape, output_dim, **args) to
+    # build the network
     factory: str = Field(pattern=FACTORY_PATTERN)
+    # keyword arguments passed to the factory (none by default)
     args: dict[str, JsonValue] = Field(default_factory=dict)
+    # what the factory must build: every parameter's name, shape and dtype and their digest, printed
+    # by `fedsilo model pin`; required (a site whose network differs refuses the job)
     architecture: ModelArchitecture | None = None
 
     @model_validator(mode="after")

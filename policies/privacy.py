@@ -46,9 +46,18 @@ class DpSgdConfig(PolicyModel):
     assume); false keeps shuffled fixed-size batches.
     """
 
+    # the L2 norm each sample's gradient is clipped to before the noise is added; the noise's
+    # standard deviation is noise_multiplier times it (1 by default)
     max_grad_norm: float = Field(default=1.0, gt=0)
+    # the noise's standard deviation as a multiple of max_grad_norm (at least 0.01); null (the
+    # default): training_epsilon or privacy.job_epsilon sets it
     noise_multiplier: float | None = Field(default=None, ge=0)
+    # the epsilon the whole job's training may spend at each silo, to which each silo calibrates its
+    # noise (evaluation reports and probes come on top); null (the default): noise_multiplier or
+    # privacy.job_epsilon sets the noise. Formerly target_epsilon
     training_epsilon: float | None = Field(default=None, gt=0)
+    # true (the default): each sample joins each batch independently, as the accountants assume;
+    # false keeps shuffled fixed-size batches
     poisson_sampling: bool = True
 
     _noise = field_validator("noise_multiplier")(_meaningful_noise)
@@ -93,8 +102,14 @@ class ClientDpConfig(PolicyModel):
     fewer silos answer than planned).
     """
 
+    # S, the L2 norm each silo clips its model update to, in parameter units: the most one silo can
+    # move a round's sum (required)
     clip: float = Field(gt=0)
+    # z, the noise's standard deviation as a multiple of clip: the sum of a round's updates carries
+    # Gaussian noise of std z S (required, at least 0.01)
     noise_multiplier: float = Field(gt=0)
+    # who adds the noise: distributed (the default), each silo adds its share to its own update so
+    # the coordinator never sees an un-noised sum, or central, the coordinator adds it
     noise: Literal["central", "distributed"] = "distributed"
 
     _noise = field_validator("noise_multiplier")(_meaningful_noise)
@@ -112,8 +127,14 @@ class ReportsConfig(PolicyModel):
     without a bounded sensitivity (AUROC, RMSE, MAE) are withheld. `forbidden` kinds never
     leave a silo; an algorithm that needs one is refused when the policy is read."""
 
+    # in a DP deployment, the standard deviation of the Gaussian noise on each reported scalar as a
+    # multiple of its sensitivity (5 by default)
     noise_multiplier: float = Field(default=5.0, gt=0)
+    # in a DP deployment, the bound per-row losses are clipped to, [0, loss_bound], which sets a
+    # reported loss's sensitivity, loss_bound / n (10 by default, in loss units)
     loss_bound: float = Field(default=10.0, gt=0)
+    # the kinds of report that never leave a silo, in any deployment; an algorithm that needs one is
+    # refused when the policy is read (none by default)
     forbidden: list[ReportKind] = Field(default_factory=list)
 
     _noise = field_validator("noise_multiplier")(_meaningful_noise)
@@ -129,12 +150,25 @@ class PrivacyConfig(PolicyModel):
     alone spend it cannot be met and is refused with its plan. It needs `dp_sgd` without a
     noise setting of its own."""
 
+    # the delta of every (epsilon, delta) guarantee a silo's ledger books, the small chance the
+    # guarantee does not hold (1e-5 by default); at most 0.1:
     delta: float = Field(default=1e-5, gt=0, le=0.1)  # above, no guarantee worth the name
+    # the accountant that turns every release of a silo's data into one epsilon: rdp (the default,
+    # Renyi DP) or prv (tighter, needs delta of at least 1e-10)
     accountant: Literal["rdp", "prv"] = "rdp"
+    # the most epsilon one job may spend at each silo, which every silo's ledger enforces (a site's
+    # own rules.epsilon_cap may be stricter); null (the default): no cap from the policy
     epsilon_cap: float | None = Field(default=None, gt=0)
+    # the job's total epsilon at each silo: every silo calibrates DP-SGD's noise so that all the job
+    # books there composes to it (needs dp_sgd without a noise setting); null (the default): none
     job_epsilon: float | None = Field(default=None, gt=0)
+    # sample-level DP-SGD in every training task; null (the default): no DP-SGD
     dp_sgd: DpSgdConfig | None = None
+    # client-level DP (DP-FedAvg): each silo's model update clipped and the round's sum noised; null
+    # (the default): none
     client_dp: ClientDpConfig | None = None
+    # how the scalars the silos report (counts, losses, metrics) are noised in a DP deployment, and
+    # which never leave a silo
     reports: ReportsConfig = ReportsConfig()
 
     @property

@@ -30,27 +30,53 @@ MAX_ROUNDS = 1_000_000
 
 
 class ParticipantsConfig(PolicyModel):
-    """Quorum and deadlines: a phase needs `min_silos` answers within `phase_timeout_s`."""
+    """Quorum and deadlines: a phase needs `min_silos` answers within `phase_timeout_s`; a job
+    short of its quorum waits `quorum_grace_s` for silos to come back before it fails."""
 
+    # the quorum: the fewest silos whose answers a phase that aggregates or hands models on
+    # needs; a round with fewer fails, and a consortium smaller than this is refused (1 by default)
     min_silos: int = Field(default=1, ge=1)
+    # seconds each phase waits for the silos' answers; answers that come later are dropped, and a
+    # phase left short of its quorum fails its round (600 by default, at most a week)
     phase_timeout_s: float = Field(default=600.0, gt=0, le=MAX_PHASE_TIMEOUT_S)
+    # the run stops after this many failed rounds in a row (a failed round leaves the model as it
+    # was; 3 by default)
     max_consecutive_failed_rounds: int = Field(default=3, ge=1)
+    # seconds a deployment short of its quorum waits for silos to come back (an agent restarted
+    # by its service manager rejoins) before its next round; 0 fails the round at once
+    quorum_grace_s: float = Field(default=60.0, ge=0, le=MAX_PHASE_TIMEOUT_S)
 
 
 class Policy(PolicyModel):
+    # the policy format's version; 1, the only one (required)
     version: int
+    # the run's name, shown in logs, metrics and reports (fedsilo-run by default)
     name: str = Field(default="fedsilo-run", min_length=1)
+    # the seed every random draw of the run derives from (partitions, sampling, model
+    # initialisation), so a run can be repeated (0 by default)
     seed: int = Field(default=0, ge=0, le=MAX_SEED)
+    # how many federated rounds the job runs (20 by default)
     rounds: int = Field(default=20, ge=1, le=MAX_ROUNDS)
+    # every how many rounds the model is evaluated on the silos' held-out data (1 by default: every
+    # round)
     eval_every: int = Field(default=1, ge=1)
+    # which federated algorithm runs, chosen by name, with its own settings (fedavg by default)
     algorithm: AlgorithmConfig = FedAvgConfig(name="fedavg")
+    # which network each silo trains, chosen by name (linear by default)
     model: ModelConfig = LinearModel(name="linear")
+    # how each silo trains locally each round: epochs or steps, batch size, optimiser, learning rate
     training: TrainingConfig = TrainingConfig()
+    # the quorum and deadlines every phase of a round is held to
     participants: ParticipantsConfig = ParticipantsConfig()
+    # where each silo trains (device), and what a simulated silo reserves on a Ray cluster
     compute: ComputeConfig = ComputeConfig()
+    # where the rows come from, how they become silos and how each silo splits them
     data: DataConfig = DataConfig()
+    # how each silo's data is protected (DP-SGD, client-level DP, noisy reports) and accounted
     privacy: PrivacyConfig = PrivacyConfig()
+    # how the coordinator sums models without seeing any one silo's (none by default)
     secure_aggregation: SecureAggregationConfig = SecureAggregationConfig()
+    # how models that move between silos travel
     channel: ChannelConfig = ChannelConfig()
 
     @model_validator(mode="before")

@@ -74,10 +74,19 @@ def ckks_parameter_problem(degree: int, bits: tuple[int, ...], scale: int) -> st
 
 
 class CkksSettings(PolicyModel):
-    """CKKS encryption parameters (see privacy/ckks.py's `CkksParameters`, built from these)."""
+    """CKKS encryption parameters (privacy/ckks.py builds the scheme from these), checked for
+    128-bit security when the policy is read."""
 
-    poly_modulus_degree: int = 8192
+    # the polynomial modulus degree N: a ciphertext holds N/2 values, and larger N allows larger
+    # coefficient moduli at 128-bit security but costs time and bandwidth (8192 by default)
+    poly_modulus_degree: int = Field(
+        default=8192, json_schema_extra={"enum": sorted(MAX_COEFF_MODULUS_BITS)}
+    )
+    # the bit sizes of the coefficient modulus primes, 20 to 60 bits each, at least two, their total
+    # within 128-bit security for the degree (109, 218, 438 or 881 bits)
     coeff_mod_bit_sizes: tuple[int, ...] = (60, 40, 40, 60)
+    # log2 of the scale values are encoded at: the precision of the encoded values; at least 20,
+    # below the first prime's bits and no more than any inner prime's (40 by default)
     global_scale_bits: int = 40
 
     @model_validator(mode="after")
@@ -126,15 +135,36 @@ class SecureAggregationConfig(PolicyModel):
     default: on wherever it applies (masking, an algorithm of FedAvg's round, no client-level
     DP), `false` to turn it off, `true` to refuse a policy where it cannot apply."""
 
+    # how models are summed without the coordinator seeing any one: none (the default, in the
+    # clear), masking (pairwise masks with t-of-n recovery) or ckks (homomorphic encryption under a
+    # key-holder silo's key). May be written alone: `secure_aggregation: masking`
     method: Literal["none", "masking", "ckks"] = "none"
+    # each coordinate of a silo's update (its model minus the model it received) is clipped to
+    # [-bound, bound] before it is encoded; at most 65536 under masking (64 by default)
     bound: float = Field(default=64.0, gt=0)
+    # masking: how many of a round's silos must stay to the end for the sum to be recovered (t of
+    # n); null (the default): floor(2n/3) + 1, which is also the least a silo accepts
     threshold: int | None = Field(default=None, ge=2)
+    # the fewest silos whose inputs one secure sum may hold; a silo refuses a smaller aggregation,
+    # since a sum of one input is that input (2 by default; at least participants.min_silos is
+    # enforced)
     min_group: int = Field(default=2, ge=2)
+    # the least weight at least min_group of a sum's n silos must carry, so the coordinator's
+    # weights cannot single one silo out; null (the default): 1/(2n), half the uniform weight
     min_weight: float | None = Field(default=None, gt=0.0, le=0.5)
+    # masking: an even k, each silo masking with and sharing its secrets with only k neighbours
+    # (SecAgg+'s sparse graph), for large consortia; null (the default): every other silo
     neighbours: int | None = Field(default=None, ge=2)
+    # ckks: the silo that makes the CKKS keys; null (the default): the first silo by name
     key_holder: str | None = None
+    # ckks: the silo that decrypts sums; null (the default): the key holder when it took part, else
+    # the first remaining silo by name
     decryptor: str | None = None
+    # the CKKS encryption parameters, for method ckks
     ckks: CkksSettings = CkksSettings()
+    # masking: each silo derives every model it is sent from the policy's seed and the sums it
+    # verifies itself; null (the default): on wherever it applies, false: off, true: refuse a policy
+    # where it cannot apply
     lineage: bool | None = None
 
     @model_validator(mode="before")

@@ -15,28 +15,36 @@ MAX_LR = 10.0
 
 
 class ConstantLr(PolicyModel):
+    # constant (the default): the learning rate stays lr every round
     kind: Literal["constant"] = "constant"
 
 
 class ExponentialLr(PolicyModel):
     """lr * gamma^round, as the seeds' "lr 0.01, gamma = .995" settings."""
 
+    # exponential: the learning rate of round r is lr * gamma^r
     kind: Literal["exponential"]
+    # the factor the learning rate is multiplied by every round (above 0, at most 1; e.g. 0.995)
     gamma: float = Field(gt=0, le=1)
 
 
 class StepLr(PolicyModel):
     """lr * gamma^(round // every)."""
 
+    # step: the learning rate is multiplied by gamma every `every` rounds
     kind: Literal["step"]
+    # every how many rounds the learning rate drops
     every: int = Field(ge=1)
+    # the factor the learning rate is multiplied by at each drop (above 0, at most 1)
     gamma: float = Field(gt=0, le=1)
 
 
 class CosineLr(PolicyModel):
     """Cosine decay from lr to min_lr over the run's rounds."""
 
+    # cosine: the learning rate decays from lr to min_lr along a cosine over the run's rounds
     kind: Literal["cosine"]
+    # the learning rate of the last round (0 by default)
     min_lr: float = Field(default=0.0, ge=0, le=MAX_LR)
 
 
@@ -46,13 +54,23 @@ LrSchedule = Annotated[ConstantLr | ExponentialLr | StepLr | CosineLr, Field(dis
 class TrainingConfig(PolicyModel):
     """Local training at each silo; exactly one of `epochs` and `steps` per round."""
 
+    # passes over its training rows each silo makes per round (1 by default); null when steps is
+    # set, as exactly one of epochs and steps is
     epochs: int | None = Field(default=1, ge=1)
+    # optimiser steps (batches) each silo takes per round, instead of epochs; null (the default):
+    # epochs decide
     steps: int | None = Field(default=None, ge=1)
+    # rows per training batch (32 by default)
     batch_size: int = Field(default=32, ge=1)
+    # the local optimiser: sgd (the default) or adam
     optimizer: Literal["sgd", "adam"] = "sgd"
+    # the local learning rate, the start of lr_schedule (0.05 by default, at most 10)
     lr: float = Field(default=0.05, gt=0, le=MAX_LR)
+    # SGD's momentum, from 0 up to (not including) 1 (0 by default: none)
     momentum: float = Field(default=0.0, ge=0, lt=1)
+    # L2 weight decay added by the optimiser (0 by default: none)
     weight_decay: float = Field(default=0.0, ge=0)
+    # how the learning rate changes from round to round (kind: constant by default)
     lr_schedule: LrSchedule = ConstantLr()
 
     @model_validator(mode="before")

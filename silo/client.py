@@ -36,10 +36,11 @@ import logging
 import random
 import re
 import threading
+import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import grpc
 from nacl.signing import SigningKey, VerifyKey
@@ -82,6 +83,9 @@ from fedsilo.wire.tensors import WireError
 log = logging.getLogger("fedsilo.silo")
 
 RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
+WINDOW_METADATA = "fedsilo-heartbeat-window-s"  # what a coordinator tells a second agent
+DEFAULT_WINDOW_S = 10.0  # the coordinator's heartbeat window when it does not say
+DUPLICATE_MARGIN_S = 5.0
 MAX_REASON_CHARS = 300
 T = TypeVar("T")
 
@@ -146,6 +150,12 @@ class CoordinatorConnection:
             identity.deployment, {"coordinator": identity.coordinator_key}
         )
         self._one_message = True  # until a coordinator without `ExchangeOne` answers
+        self.agent = uuid.uuid4().hex  # this process: the coordinator lets one speak per kit
+        self._duplicate_since: float | None = None  # refused as a second agent since
+
+    def control(self, kind: str, fields: Mapping[str, Any] | None = None) -> bytes:
+        """A control message of this agent (it names the agent process)."""
+        return Control(kind, {**(fields or {}), "agent": self.agent}).encode()
 
     @property
     def call(self) -> ExchangeCalls:
@@ -181,6 +191,9 @@ class CoordinatorConnection:
                     )
                 elif exc.code() == grpc.StatusCode.FAILED_PRECONDITION:  # another protocol
                     raise ProtocolMismatch(exc.details() or exc.code().name) from None
+                elif exc.code() == grpc.StatusCode.ALREADY_EXISTS:
+                    self._wait_out_predecessor(exc)
+                    delay = min(delay, 1.0)
                 elif exc.code() not in RETRYABLE:
                     raise ChannelError(
                         f"the coordinator rejected this silo's {label!r}: {exc.details()}"
@@ -193,6 +206,7 @@ class CoordinatorConnection:
                         exc.details(),
                     )
             else:
+                self._duplicate_since = None
                 coordinator = f"the coordinator at {self.settings.address}"
                 mismatch = payload_mismatch(reply, coordinator, "silo")
                 if mismatch is not None:
@@ -201,6 +215,22 @@ class CoordinatorConnection:
             self.stop.wait(delay * random.uniform(0.5, 1.0))
             delay = min(delay * 2, self.settings.backoff_max_s)
         raise InterruptedError("stopped")
+
+    def _wait_out_predecessor(self, exc: grpc.RpcError) -> None:
+        """Another agent holds this kit's identity: retry while that may be this agent's
+        predecessor (killed, and not yet silent for the coordinator's heartbeat window); after
+        twice the window it is a live agent, and this one gives up with the coordinator's
+        word, which names it."""
+        now = time.monotonic()
+        if self._duplicate_since is None:
+            self._duplicate_since = now
+            log.warning("%s; retrying while that may be this agent's predecessor", exc.details())
+        window_s = DEFAULT_WINDOW_S
+        for key, value in exc.trailing_metadata() or ():
+            if key == WINDOW_METADATA:
+                window_s = float(value)
+        if now - self._duplicate_since > 2 * window_s + DUPLICATE_MARGIN_S:
+            raise SiloRefused(f"the coordinator refuses this agent: {exc.details()}") from None
 
     def exchange_once(
         self, payload: bytes | AnyPayload, label: str, round_no: int, timeout_s: float
@@ -291,7 +321,7 @@ class SiloClient:
         reply: bytes | None = None
         while not self.connection.stop.is_set() and self._current is not None:
             if reply is None:
-                reply = self.connection.exchange(Control(PULL).encode(), PULL)
+                reply = self.connection.exchange(self.connection.control(PULL), PULL)
             if _readable(payload_type, reply) == "task":
                 reply = self._answer(reply, self._current[1])
                 continue
@@ -319,7 +349,9 @@ class SiloClient:
         running yet, or when a coordinator that serves several jobs (POLICY's `more`) is told
         this silo refuses (or missed) this one: the silo then joins again for the next. A
         single-policy coordinator's refused policy raises `PolicyRefused`."""
-        reply = _readable(decode_control, self.connection.exchange(Control(JOIN).encode(), JOIN))
+        reply = _readable(
+            decode_control, self.connection.exchange(self.connection.control(JOIN), JOIN)
+        )
         if reply.type == IDLE:
             return None
         if reply.type != POLICY:
@@ -347,7 +379,7 @@ class SiloClient:
         self.record_decision(policy, digest, attempt, problems)
         if problems:
             self.connection.exchange(
-                Control(REFUSE, {"reason": "; ".join(problems)}).encode(), REFUSE
+                self.connection.control(REFUSE, {"reason": "; ".join(problems)}), REFUSE
             )
             if more:
                 log.warning("refused policy %s: %s", policy.name, "; ".join(problems))
@@ -355,7 +387,9 @@ class SiloClient:
             raise PolicyRefused("refused the policy: " + "; ".join(problems))
         ack = _readable(
             decode_control,
-            self.connection.exchange(Control(ACCEPT, {"policy_digest": digest}).encode(), ACCEPT),
+            self.connection.exchange(
+                self.connection.control(ACCEPT, {"policy_digest": digest}), ACCEPT
+            ),
         )
         if not ack.get("accepted"):
             if more:  # the job ended while this silo got ready: join the next

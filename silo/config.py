@@ -90,13 +90,29 @@ class LocalRules(PolicyModel):
     algorithms that send data-like releases (FedDRO's point clouds built from the records).
     """
 
-    allowed_algorithms: list[str] | None = None  # None: any algorithm
+    # the algorithms (algorithm.name) this site takes part in; a policy with another is refused.
+    allowed_algorithms: list[str] | None = None  # null: any algorithm
+    # the most rounds a policy may ask of this site; null (the default): no limit
     max_rounds: int | None = Field(default=None, ge=1)
+    # true: this site takes part only in DP deployments (privacy.dp_sgd, or client_dp with
+    # distributed noise); false (the default): any
     require_dp: bool = False
+    # this site's own epsilon budget per job, enforced by its ledger beside the policy's
+    # privacy.epsilon_cap (the stricter wins); a job without DP is then refused; null (the default):
+    # the policy's cap alone
     epsilon_cap: float | None = Field(default=None, gt=0)
+    # this site's epsilon budget over all jobs of the consortium (the jobs' epsilons add up); a job
+    # whose plan would pass it is refused; a job without DP spends none; null (the default): no
+    # total budget
     total_epsilon_cap: float | None = Field(default=None, gt=0)
-    allowed_reports: list[ReportKind] | None = None  # None: every kind the policy allows
+    # the kinds of scalar report (counts, losses, metrics) that may leave this site; a policy that
+    # lets another leave is refused.
+    allowed_reports: list[ReportKind] | None = None  # null: every kind the policy allows
+    # the plugin model factories (entry point values module:attr of group fedsilo.models) this site
+    # runs; empty (the default): no plugin model
     allowed_model_factories: list[str] = Field(default_factory=list)
+    # true: refuse algorithms that send data-like releases built from this site's records (FedDRO's
+    # point clouds); false (the default): allow them when the policy says so
     forbid_data_releases: bool = False
 
     def violations(self, policy: Policy) -> list[str]:
@@ -154,7 +170,7 @@ class SiloData(PolicyModel):
     """This silo's data: a data section, and which of its silos is this one.
 
     silo.yaml writes it as a policy writes its `data:` section, less the keys only a simulation
-    uses (`SIMULATION_ONLY_KEYS`), plus `select`: `data: {source: csv, path: ..., select: ...}`.
+    uses (`partition`, `label_noise`), plus `select`: `data: {source: csv, path: ..., select: ...}`.
     For a real site the section points at the site's own file (csv, npz), which is one silo;
     `select` names the silo when the section describes several (the bundled demo data).
 
@@ -163,7 +179,11 @@ class SiloData(PolicyModel):
     the deployment tests write it.
     """
 
+    # the data section's keys, written directly under data as a policy writes them (the old shape
+    # nests them under data.source)
     source: DataConfig
+    # which silo of a multi-silo source this site is (e.g. a hospital of the bundled heart data);
+    # null (the default): the section is one silo, as a site's own file is
     select: str | None = None
     _nested: bool = PrivateAttr(default=True)
 
@@ -246,6 +266,9 @@ class CoordinatorLink(PolicyModel):
     (http://host:port) that takes precedence over https_proxy, or `direct`; None: the
     environment decides, as gRPC reads it (silo/proxy.py)."""
 
+    # an HTTP CONNECT proxy's URL (http://host:port) that this silo reaches the coordinator through
+    # (mutual TLS runs through it), or direct to bypass any proxy; null (the default): the
+    # https_proxy and no_proxy environment variables decide
     proxy: str | None = None
 
     @field_validator("proxy")
@@ -265,16 +288,35 @@ class SiloConfig(PolicyModel):
     size that DP-SGD's sample rate and epsilon reveal (docs/privacy.md) is known only to that
     multiple."""
 
+    # the version of silo.yaml's format; 1, the only one
     version: int = Field(default=1, ge=1, le=1)
+    # the folder of this silo's kit (its certificates and the consortium's files, from `fedsilo
+    # provision`), relative to silo.yaml's folder (required)
     kit: str
+    # how this silo reaches its coordinator (through a proxy, or directly)
     coordinator: CoordinatorLink = CoordinatorLink()
+    # this site's data: a policy's data section, less the keys only a simulation uses (partition,
+    # label_noise), plus select; written flat under data
     data: SiloData
+    # the site trains on its training rows rounded down to a multiple of this (the rows left out
+    # drawn by each job's seed), so the training-set size that DP-SGD's sample rate and epsilon
+    # reveal is known only to that multiple; null (the default): every training row
     train_rows_multiple: int | None = Field(default=None, ge=2)
-    compute: ComputeConfig | None = None  # overrides the policy's placement at this site
+    # this site's compute section (its device), which overrides the policy's placement at this
+    # site; null (the default): the policy's compute section applies
+    compute: ComputeConfig | None = None
+    # the port on 127.0.0.1 where the agent serves Prometheus metrics; null (the default): no
+    # metrics endpoint
     metrics_port: int | None = Field(default=None, ge=1, le=65535)
+    # what this site allows: a policy that breaks a rule is refused when the silo joins, with the
+    # rule named
     rules: LocalRules = LocalRules()
-    ledger: str = "privacy-ledger.jsonl"  # this site's privacy ledger, beside this file
-    state: str = "silo-state"  # what outlives the agent (SuPerFed's local models), beside it
+    # the file of this site's privacy ledger, where every release of its data is booked with its
+    # epsilon (privacy-ledger.jsonl beside silo.yaml by default)
+    ledger: str = "privacy-ledger.jsonl"
+    # the folder of what outlives the agent between rounds and restarts (e.g. SuPerFed's local
+    # models), silo-state beside silo.yaml by default
+    state: str = "silo-state"
 
     def kit_path(self, config_file: Path) -> Path:
         return (config_file.parent / self.kit).resolve()

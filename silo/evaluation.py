@@ -2,11 +2,12 @@
 
 Classification reports loss (mean cross-entropy), accuracy and AUROC; a model with one logit
 (`logistic`) is binary: binary cross-entropy on the logit, P(class 1) its sigmoid, accuracy at
-0.5. Regression reports loss (MSE), RMSE and MAE. `HIGHER_IS_BETTER` tells the coordinator which
-direction is good. Any other task is a `TaskPlugin` (silo/data/plugins.py): the built-in
-survival task (silo/data/survival.py: Cox loss, c_index) or an installed task plug-in named by
-its entry point value: its loss, its per-row loss when it defines one, and its metrics (plus the
-mean loss).
+0.5. Regression reports loss (MSE), RMSE, MAE and R² (`r2`, the coefficient of determination,
+scikit-learn's `r2_score`; NaN where the split's targets are all equal). `HIGHER_IS_BETTER`
+tells the coordinator which direction is good. Any other task is a `TaskPlugin`
+(silo/data/plugins.py): the built-in survival task (silo/data/survival.py: Cox loss, c_index)
+or an installed task plug-in named by its entry point value: its loss, its per-row loss when it
+defines one, and its metrics (plus the mean loss).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ HIGHER_IS_BETTER: dict[str, bool] = {
     "auroc": True,
     "rmse": False,
     "mae": False,
+    "r2": True,
     "c_index": True,
 }
 
@@ -86,14 +88,22 @@ def predicted_classes(logits: Tensor) -> Tensor:
 
 
 def regression_metrics(pred: Tensor, y: Tensor) -> dict[str, float]:
-    """Loss (mean squared error), RMSE and MAE of predictions `pred` (n,) against `y` (n,)."""
+    """Loss (mean squared error), RMSE, MAE and R² of predictions `pred` (n,) against `y` (n,).
+
+    R² is 1 - SSE / SST, SST the squared deviations of `y` from its own mean; targets that are
+    all equal (SST 0) leave it undefined: float("nan"), which the coordinator excludes."""
     pred, y = pred.detach().cpu().double(), y.detach().cpu().double()
     if pred.shape != y.shape or pred.dim() != 1:
         raise ValueError(
             f"need pred and y of the same shape (n,), got {tuple(pred.shape)} and {tuple(y.shape)}"
         )
     mse = F.mse_loss(pred, y).item()
-    return {"loss": mse, "rmse": math.sqrt(mse), "mae": F.l1_loss(pred, y).item()}
+    return {
+        "loss": mse,
+        "rmse": math.sqrt(mse),
+        "mae": F.l1_loss(pred, y).item(),
+        "r2": _r2(pred, y),
+    }
 
 
 def metrics_for(task: str, output: Tensor, y: Tensor) -> dict[str, float]:
@@ -145,7 +155,7 @@ def task_metrics(task: str) -> tuple[str, ...]:
     if is_plugin_task(task):
         return tuple(name for name in task_plugin(task).higher_is_better if name != "loss")
     _check_task(task)
-    return ("accuracy", "auroc") if task == "classification" else ("rmse", "mae")
+    return ("accuracy", "auroc") if task == "classification" else ("rmse", "mae", "r2")
 
 
 def _plugin_metrics(task: str, output: Tensor, y: Tensor) -> dict[str, float]:
@@ -171,6 +181,14 @@ def _check_task(task: str) -> None:
         raise ValueError(
             f"unknown task '{task}'; allowed: {', '.join(TASKS)}, or a task plug-in 'module:attr'"
         )
+
+
+def _r2(pred: Tensor, y: Tensor) -> float:
+    if len(y) < 2 or bool((y == y[0]).all()) or not bool(torch.isfinite(pred).all()):
+        return float("nan")  # SST is 0 (one row, equal targets); scikit-learn refuses NaN
+    from sklearn.metrics import r2_score  # only here: services that never evaluate start faster
+
+    return float(r2_score(y.numpy(), pred.numpy()))
 
 
 def _auroc(probabilities: Tensor, y: Tensor) -> float:

@@ -19,7 +19,7 @@ import time
 import grpc
 
 from fedsilo.silo.client import CoordinatorConnection
-from fedsilo.wire.control import ACK, HEARTBEAT, Control, decode_control
+from fedsilo.wire.control import ACK, HEARTBEAT, decode_control
 from fedsilo.wire.framing import MessageRejected
 
 log = logging.getLogger("fedsilo.silo")
@@ -51,7 +51,7 @@ class Heartbeat:
         """One heartbeat; adopt the interval the coordinator asks for."""
         reply = decode_control(
             self.connection.exchange_once(
-                Control(HEARTBEAT).encode(), HEARTBEAT, 0, timeout_s=TIMEOUT_S
+                self.connection.control(HEARTBEAT), HEARTBEAT, 0, timeout_s=TIMEOUT_S
             )
         )
         self.answered_at = time.time()

@@ -9,7 +9,6 @@ from fedsilo.models.zoo import build_model
 from fedsilo.policies.model import LogisticModel
 from fedsilo.policies.schema import Policy
 from fedsilo.silo.data import SiloDataset
-from fedsilo.silo.dp_training import check_model as check_dp_model
 
 
 def check_model_for(policy: Policy, data: SiloDataset) -> int:
@@ -26,5 +25,7 @@ def check_model_for(policy: Policy, data: SiloDataset) -> int:
         )
     model = build_model(policy.model, data.input_shape, data.output_dim, policy.seed)
     if policy.privacy.dp_sgd is not None:
+        from fedsilo.silo.dp_training import check_model as check_dp_model  # Opacus: seconds
+
         check_dp_model(model)
     return sum(p.numel() for p in model.parameters())

@@ -21,7 +21,7 @@ from fedsilo.silo.config import SiloData
 from fedsilo.silo.data import DataError
 from fedsilo.silo.data.assignment import assign_silos
 from fedsilo.silo.data.consortium import split_rows
-from fedsilo.silo.data.encoding import class_labels, encode_new_rows, tabulate
+from fedsilo.silo.data.encoding import class_labels, encode_new_rows, feature_columns, tabulate
 from fedsilo.silo.data.scaling import Standardiser, fitted_standardiser
 from fedsilo.silo.data.sources import RawSource, read_source
 
@@ -42,6 +42,10 @@ class SiteFeatures:
     task: str
     num_classes: int | None
     classes: tuple[str, ...]  # class labels in class-code order (empty for regression)
+
+    def feature_columns(self) -> list[str]:
+        """The site's columns that the model reads (before one-hot encoding)."""
+        return feature_columns(self.source, self.config, self.partition)
 
     def encode(self, rows: pd.DataFrame, origin: str) -> torch.Tensor:
         """Model inputs for `rows`: encoded, imputed and scaled as the site's training rows."""

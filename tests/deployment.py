@@ -323,6 +323,27 @@ def sample(text: str, metric: str, **labels: str) -> float | None:
     return None
 
 
+def job_sample(text: str, metric: str, **labels: str) -> float | None:
+    """The value of `metric` with these labels and a job's `deployment` label, whichever job
+    (a run of `coordinator start` has one); the sum when several jobs have one."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    values = [
+        s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == metric
+        and "deployment" in s.labels
+        and {k: v for k, v in s.labels.items() if k != "deployment"} == labels
+    ]
+    return sum(values) if values else None
+
+
+def job_metric(port: int, name: str, **labels: str) -> float:
+    """`job_sample` of the /metrics at `port`; 0 for a sample not (yet) exported."""
+    return job_sample(scrape(port), name, **labels) or 0.0
+
+
 def wait_for(
     predicate, timeout: float, what: str, alive: Consortium | None = None, interval: float = 0.2
 ):

@@ -342,7 +342,7 @@ def test_list_status_abort_and_logs_round_trip(consortium: Consortium, served: A
     ]
 
 
-def test_job_status_json_is_the_job_and_whom_it_awaits(
+def test_job_status_json_is_the_job_whom_it_awaits_and_its_progress(
     consortium: Consortium, served: AdminServer
 ) -> None:
     result = fedsilo("job", "status", JOB, "--kit", operator_kit(consortium), "--json")
@@ -352,6 +352,7 @@ def test_job_status_json_is_the_job_and_whom_it_awaits(
     assert document["job"] == {
         **job_info("running").to_json(),
         "awaiting": [{"silo": "silo-1", "task_id": None, "since": 1.0e9, "until": 1.0e9 + 600}],
+        "progress": {"round": 3, "rounds": 5},
     }
     assert document["job"]["note"] == "" and document["job"]["refusals"] == {}
 

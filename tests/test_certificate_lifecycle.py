@@ -144,6 +144,39 @@ def test_renew_chooses_its_parties_and_those_due_and_refuses_what_it_cannot_issu
     assert {party: path.read_bytes() for party, path in files.items()} == after
 
 
+def test_renew_refuses_a_revoked_silos_certificate_and_leaves_it_out_of_the_rest(
+    consortium: Consortium,
+) -> None:
+    """Revoked through the running coordinator (`consortium revoke`, the signed roster)."""
+    consortium.start_serve()
+    consortium.wait_for_log("coordinator", "serving mTLS gRPC")
+    fedsilo(
+        "consortium",
+        "revoke",
+        "silo-2",
+        "--kit",
+        str(consortium.kits / "operator"),
+        "--reason",
+        "left the study",
+    )
+    files = certificates(consortium.kits)
+    before = {party: path.read_bytes() for party, path in files.items()}
+
+    result = renew(consortium, "--party", "silo-2")
+    assert result.exit_code == 1
+    assert result.output == (
+        "Error: --party silo-2: silo 'silo-2' is revoked (left the study); a revoked silo's "
+        "certificate is not renewed\n"
+    )
+    assert {party: path.read_bytes() for party, path in files.items()} == before
+
+    result = renew(consortium)
+    assert result.exit_code == 0, result.output
+    assert "not renewed: silo-2: revoked (left the study)" in result.output
+    changed = {party for party, path in files.items() if path.read_bytes() != before[party]}
+    assert changed == set(files) - {"silo-2"}
+
+
 def test_an_expired_or_not_yet_valid_certificate_stops_a_party_at_start_naming_it(
     consortium: Consortium,
 ) -> None:

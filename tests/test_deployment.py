@@ -26,6 +26,7 @@ from tests.deployment import (
     Consortium,
     fedsilo,
     free_port,
+    job_sample,
     policy_document,
     provision,
     sample,
@@ -36,7 +37,7 @@ from tests.deployment import (
 
 def scrape_at_round(port: int, round_no: int) -> str | None:
     text = scrape(port)
-    return text if sample(text, "fedsilo_round") == round_no else None
+    return text if job_sample(text, "fedsilo_round") == round_no else None
 
 
 @pytest.fixture
@@ -60,11 +61,11 @@ def test_fedavg_over_mtls_processes_equals_the_in_process_simulation(
     text = wait_for(
         lambda: scrape_at_round(metrics_port, 3), 120, "round 3 in /metrics", consortium
     )
-    assert sample(text, "fedsilo_rounds_total", status="completed") == 3
+    assert job_sample(text, "fedsilo_rounds_total", status="completed") == 3
     assert sample(text, "fedsilo_rejected_messages_total", reason="bad_signature") in (None, 0)
     for silo in SILOS:
         assert sample(text, "fedsilo_bytes_total", direction="from_silo", silo=silo) > 0
-        assert 0.5 < sample(text, "fedsilo_silo_metric", silo=silo, name="accuracy") <= 1.0
+        assert 0.5 < job_sample(text, "fedsilo_silo_metric", silo=silo, name="accuracy") <= 1.0
     for silo in SILOS:
         assert consortium.wait(silo, timeout=30) == 0, consortium.log(silo)
     consortium.processes["coordinator"].terminate()  # SIGTERM ends the lingering cleanly

@@ -62,7 +62,19 @@ def generated_pages() -> dict[Path, str]:
     }
     pages[DOCS / "reference" / "api.md"] = hook.api_page()
     pages[DOCS / "reference" / "cli.md"] = hook.cli_page()
+    pages[DOCS / "reference" / "metrics.md"] = metrics_page_hook().metrics_page()
     return pages
+
+
+def metrics_page_hook() -> ModuleType:
+    """docs/hooks/metrics_page.py, the MkDocs hook that generates the metrics reference."""
+    spec = importlib.util.spec_from_file_location(
+        "metrics_page", DOCS / "hooks" / "metrics_page.py"
+    )
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def reference_rows(path: str) -> dict[str, str]:

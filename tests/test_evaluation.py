@@ -136,5 +136,6 @@ def test_direction_of_every_metric_is_declared():
         "loss": False,
         "rmse": False,
         "mae": False,
+        "r2": True,
         "c_index": True,
     }

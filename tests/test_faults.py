@@ -32,6 +32,7 @@ from tests.deployment import (
     SILOS,
     Consortium,
     free_port,
+    job_metric,
     metric,
     policy_document,
     provision,
@@ -73,7 +74,7 @@ def test_a_silo_killed_mid_run_is_a_dropout_and_the_others_finish_the_run(
     consortium.wait_for_log("coordinator", "round 1/4 ", timeout=120, interval=0.02)
     consortium.kill("silo-2")
     wait_for(
-        lambda: metric(metrics_port, "fedsilo_dropouts_total", silo="silo-2") >= 1,
+        lambda: job_metric(metrics_port, "fedsilo_dropouts_total", silo="silo-2") >= 1,
         30,
         "a dropout of silo-2 in /metrics",
         consortium,

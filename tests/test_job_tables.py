@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import click
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -193,3 +194,42 @@ def test_the_serving_coordinator_reads_a_jobs_progress_from_its_state_file(
     assert backend.progress("heart-3f9a1c2e") == {"round": 31, "rounds": 40}
     assert backend.progress("not-started-3f9a1c2e") is None
     assert backend.progress("unknown-3f9a1c2e") is None
+
+
+IDS = [
+    "heart-fedavg-3f9a1c2e",
+    "heart-fedavg-3f9a1c2e-attempt2",
+    "heart-fedprox-77aa0b1c",
+    "diabetes-readmission-fedprox-eu-3f9a1c2e-attempt2",
+]
+
+
+@pytest.mark.parametrize("width", [24, 30, 40])
+def test_a_shortened_id_as_job_list_prints_it_names_its_job(width: int) -> None:
+    for job_id in IDS:
+        assert job_cli.match_job(job_cli.short_id(job_id, width), IDS) == job_id
+
+
+def test_a_start_of_an_id_names_its_job_and_an_ambiguous_one_names_the_candidates() -> None:
+    assert job_cli.match_job("heart-fedp", IDS) == "heart-fedprox-77aa0b1c"
+    assert job_cli.match_job("diab", IDS) == IDS[3]
+    assert job_cli.match_job("heart-fedavg-3f9a1c2e", IDS) == IDS[0]  # whole: itself
+    assert job_cli.match_job("lung", IDS) == "lung"  # none: the coordinator says so
+    with pytest.raises(click.ClickException) as error:
+        job_cli.match_job("heart-fedavg", IDS)
+    assert error.value.message == (
+        "JOB 'heart-fedavg' is ambiguous: it names 2 jobs, heart-fedavg-3f9a1c2e, "
+        "heart-fedavg-3f9a1c2e-attempt2; give more of the id"
+    )
+
+
+def test_a_whole_id_is_sent_as_it_is_without_asking_for_the_list(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    asked: list[str] = []
+    monkeypatch.setattr(
+        job_cli, "_call", lambda kit, command, **a: asked.append(command) or AdminReply(True)
+    )
+    for job_id in IDS:
+        assert job_cli.resolve_job(Path("kit"), job_id) == job_id
+    assert asked == []

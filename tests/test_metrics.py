@@ -112,19 +112,25 @@ def test_a_scrape_over_http_shows_the_rounds_the_engine_observer_was_fed(
     with serve_metrics(coordinator.registry, 0) as server:
         text, samples = scrape(f"http://127.0.0.1:{server.port}/metrics")
 
-    assert "fedsilo_round 3.0" in text.splitlines()
-    assert sample(samples, "fedsilo_rounds_planned") == 10
-    assert sample(samples, "fedsilo_rounds_total", status="completed") == 2
-    assert sample(samples, "fedsilo_rounds_total", status="failed") == 1
+    assert 'fedsilo_round{deployment=""} 3.0' in text.splitlines()
+    assert sample(samples, "fedsilo_rounds_planned", deployment="") == 10
+    assert sample(samples, "fedsilo_rounds_total", status="completed", deployment="") == 2
+    assert sample(samples, "fedsilo_rounds_total", status="failed", deployment="") == 1
     assert sample(samples, "fedsilo_round_duration_seconds_count") == 3
     assert sample(samples, "fedsilo_round_duration_seconds_sum") == pytest.approx(7.1)
     assert sample(samples, "fedsilo_round_duration_seconds_bucket", le="1.0") == 1
-    assert sample(samples, "fedsilo_dropouts_total", silo="b") == 1
-    assert sample(samples, "fedsilo_dropouts_total", silo="a") is None
-    assert sample(samples, "fedsilo_silo_metric", silo="a", name="accuracy") == 0.75
-    assert sample(samples, "fedsilo_silo_metric", silo="c", name="loss") == 0.71
-    assert sample(samples, "fedsilo_summary_metric", name="accuracy", statistic="mean") == 0.65
-    assert sample(samples, "fedsilo_summary_metric", name="accuracy", statistic="worst") == 0.55
+    assert sample(samples, "fedsilo_dropouts_total", silo="b", deployment="") == 1
+    assert sample(samples, "fedsilo_dropouts_total", silo="a", deployment="") is None
+    assert sample(samples, "fedsilo_silo_metric", silo="a", name="accuracy", deployment="") == 0.75
+    assert sample(samples, "fedsilo_silo_metric", silo="c", name="loss", deployment="") == 0.71
+    assert (
+        sample(samples, "fedsilo_summary_metric", name="accuracy", statistic="mean", deployment="")
+        == 0.65
+    )
+    assert (
+        sample(samples, "fedsilo_summary_metric", name="accuracy", statistic="worst", deployment="")
+        == 0.55
+    )
     assert sample(samples, "fedsilo_local_train_seconds_count", silo="a") == 2
     assert sample(samples, "fedsilo_local_train_seconds_count", silo="b") == 1
     assert sample(samples, "fedsilo_local_train_seconds_sum", silo="c") == pytest.approx(1.45)
@@ -132,10 +138,16 @@ def test_a_scrape_over_http_shows_the_rounds_the_engine_observer_was_fed(
 
 def test_nan_results_are_left_out_rather_than_exported(coordinator: CoordinatorMetrics) -> None:
     registry = coordinator.registry
-    assert value(registry, "fedsilo_silo_metric", silo="a", name="auroc") is None
-    assert value(registry, "fedsilo_silo_metric", silo="c", name="auroc") == 0.6
-    assert value(registry, "fedsilo_summary_metric", name="auroc", statistic="gini") is None
-    assert value(registry, "fedsilo_summary_metric", name="auroc", statistic="excluded") == 1
+    assert value(registry, "fedsilo_silo_metric", silo="a", name="auroc", deployment="") is None
+    assert value(registry, "fedsilo_silo_metric", silo="c", name="auroc", deployment="") == 0.6
+    assert (
+        value(registry, "fedsilo_summary_metric", name="auroc", statistic="gini", deployment="")
+        is None
+    )
+    assert (
+        value(registry, "fedsilo_summary_metric", name="auroc", statistic="excluded", deployment="")
+        == 1
+    )
 
 
 def test_a_failed_round_is_counted_but_leaves_the_last_completed_round_in_place() -> None:
@@ -143,15 +155,15 @@ def test_a_failed_round_is_counted_but_leaves_the_last_completed_round_in_place(
     first, failed, _ = three_rounds()
     metrics.on_round(first, 10)
     metrics.on_round(failed, 10)
-    assert value(metrics.registry, "fedsilo_round") == 1
-    assert value(metrics.registry, "fedsilo_rounds_total", status="failed") == 1
+    assert value(metrics.registry, "fedsilo_round", deployment="") == 1
+    assert value(metrics.registry, "fedsilo_rounds_total", status="failed", deployment="") == 1
     assert value(metrics.registry, "fedsilo_round_duration_seconds_count") == 2
 
 
 def test_a_silo_dropped_from_several_phases_is_one_dropout_of_that_round(
     coordinator: CoordinatorMetrics,
 ) -> None:
-    assert value(coordinator.registry, "fedsilo_dropouts_total", silo="b") == 1
+    assert value(coordinator.registry, "fedsilo_dropouts_total", silo="b", deployment="") == 1
 
 
 def test_only_training_phases_feed_the_local_train_histogram(
@@ -182,12 +194,15 @@ def test_the_metrics_follow_a_real_engine_run_as_its_observer() -> None:
     engine.run()
 
     registry = metrics.registry
-    assert value(registry, "fedsilo_round") == 2
-    assert value(registry, "fedsilo_rounds_total", status="completed") == 2
-    assert value(registry, "fedsilo_dropouts_total", silo="b") == 2
+    assert value(registry, "fedsilo_round", deployment="") == 2
+    assert value(registry, "fedsilo_rounds_total", status="completed", deployment="") == 2
+    assert value(registry, "fedsilo_dropouts_total", silo="b", deployment="") == 2
     assert value(registry, "fedsilo_local_train_seconds_count", silo="a") == 2
-    assert value(registry, "fedsilo_silo_metric", silo="b", name="accuracy") == 0.5
-    assert value(registry, "fedsilo_summary_metric", name="accuracy", statistic="mean") == 0.5
+    assert value(registry, "fedsilo_silo_metric", silo="b", name="accuracy", deployment="") == 0.5
+    assert (
+        value(registry, "fedsilo_summary_metric", name="accuracy", statistic="mean", deployment="")
+        == 0.5
+    )
 
 
 # -- what the transport reports -----------------------------------------------------------------
@@ -227,9 +242,9 @@ def test_new_mixing_weights_replace_the_old_ones_entirely() -> None:
     metrics.set_mixing_weights({"a": 0.5, "b": 0.5})
     metrics.set_mixing_weights({"a": 0.25, "c": 0.75})
     registry = metrics.registry
-    assert value(registry, "fedsilo_mixing_weight", silo="a") == 0.25
-    assert value(registry, "fedsilo_mixing_weight", silo="c") == 0.75
-    assert value(registry, "fedsilo_mixing_weight", silo="b") is None
+    assert value(registry, "fedsilo_mixing_weight", silo="a", deployment="") == 0.25
+    assert value(registry, "fedsilo_mixing_weight", silo="c", deployment="") == 0.75
+    assert value(registry, "fedsilo_mixing_weight", silo="b", deployment="") is None
 
 
 def test_an_unknown_direction_or_silo_status_is_refused() -> None:
@@ -329,9 +344,9 @@ def test_two_services_in_one_process_do_not_share_metrics(
         _, fresh = scrape(second.url)
         _, local = scrape(agent.url)
 
-    assert sample(fed, "fedsilo_round") == 3
-    assert sample(fresh, "fedsilo_round") == 0
-    assert sample(fresh, "fedsilo_dropouts_total", silo="b") is None
+    assert sample(fed, "fedsilo_round", deployment="") == 3
+    assert sample(fresh, "fedsilo_round", deployment="") == 0
+    assert sample(fresh, "fedsilo_dropouts_total", silo="b", deployment="") is None
     assert sample(fresh, "fedsilo_local_train_seconds_count", silo="a") is None
     assert sample(local, "fedsilo_local_train_seconds_count") == 1
     assert not any(name.startswith("fedsilo_silo_tasks") for name, _ in fed)

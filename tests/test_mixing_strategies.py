@@ -103,7 +103,9 @@ def test_the_coefficients_are_exported_as_a_metric() -> None:
     p = policy("aaggff", rounds=2)
     history = simulate(p, load_consortium(p.data, seed=p.seed), observers=[metrics]).history
     for silo, weight in history.records[-1].mixing.items():
-        value = registry.get_sample_value("fedsilo_mixing_weight", {"silo": silo})
+        value = registry.get_sample_value(
+            "fedsilo_mixing_weight", {"silo": silo, "deployment": "d"}
+        )
         assert value == pytest.approx(weight)
 
 

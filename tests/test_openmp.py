@@ -9,7 +9,8 @@ import subprocess
 import sys
 
 CLI = (
-    "import json, os, sys; import fedsilo.ops.cli; names = list(sys.modules);"
+    "import json, os, sys; from fedsilo.ops.cli import main;"
+    " main.get_command(None, 'simulate'); names = list(sys.modules);"
     " print(json.dumps([os.environ['OMP_WAIT_POLICY'],"
     " names.index('fedsilo.ops.openmp') < names.index('torch')]))"
 )

@@ -167,3 +167,55 @@ def test_a_deployments_results_are_a_simulations_plus_its_history(
 
 def _policy(run: Path) -> Policy:
     return load_policy(run.parent / "policy.yaml")
+
+
+def records_with_ids(folder: Path) -> Path:
+    """The site's records with a leading `patient_id` column of IDs such as 00017."""
+    records = pd.read_csv(site_records(folder))
+    records.insert(0, "patient_id", [f"{i:05d}" for i in range(len(records))])
+    path = folder / "records-with-ids.csv"
+    records.to_csv(path, index=False)
+    return path
+
+
+def test_an_id_column_passes_through_beside_the_predictions_unseen_by_the_model(
+    run: Path, tmp_path: Path
+) -> None:
+    model, config = str(run / "final_model.safetensors"), str(site_config(tmp_path))
+    plain, with_ids = tmp_path / "plain.csv", tmp_path / "with-ids.csv"
+    code, output = predict(
+        "--model", model, "--config", config, "--data", str(site_records(tmp_path)),
+        "--out", str(plain),
+    )  # fmt: skip
+    assert code == 0, output
+    code, output = predict(
+        "--model", model, "--config", config, "--data", str(records_with_ids(tmp_path)),
+        "--out", str(with_ids), "--id-column", "patient_id",
+    )  # fmt: skip
+    assert code == 0, output
+    got = pd.read_csv(with_ids, dtype={"patient_id": str})
+    header = ["patient_id", "prediction", "probability_False", "probability_True"]
+    assert list(got.columns) == header
+    assert got["patient_id"].tolist() == [f"{i:05d}" for i in range(len(got))]  # as written
+    pd.testing.assert_frame_equal(got.drop(columns=["patient_id"]), pd.read_csv(plain))
+
+
+def test_a_missing_id_column_is_one_message_naming_it(run: Path, tmp_path: Path) -> None:
+    out = tmp_path / "p.csv"
+    code, output = predict(
+        "--model", str(run / "final_model.safetensors"), "--config", str(site_config(tmp_path)),
+        "--data", str(site_records(tmp_path)), "--out", str(out), "--id-column", "mrn",
+    )  # fmt: skip
+    assert code == 1
+    assert output.count("Error:") == 1 and "--id-column mrn" in output
+    assert "has no column 'mrn'" in output
+    assert "Traceback" not in output and not out.exists()
+
+
+def test_an_id_column_the_model_reads_as_a_feature_is_refused(run: Path, tmp_path: Path) -> None:
+    out = tmp_path / "p.csv"
+    code, output = predict(
+        "--model", str(run / "final_model.safetensors"), "--config", str(site_config(tmp_path)),
+        "--data", str(site_records(tmp_path)), "--out", str(out), "--id-column", "age",
+    )  # fmt: skip
+    assert code == 1 and "'age' is one of the features" in output and not out.exists()

@@ -234,7 +234,7 @@ def test_a_revoked_silo_is_asked_no_more_and_shows_as_revoked_not_as_a_dropout(
     for record in history.records[1:]:  # its tasks fail at once: it still counts for quorums
         assert record.phases["train"]["dropped"] == {"s2": "revoked"}
     sample = metrics.registry.get_sample_value
-    assert not sample("fedsilo_dropouts_total", {"silo": "s2"})
+    assert not sample("fedsilo_dropouts_total", {"silo": "s2", "deployment": "heart-job"})
     assert sample("fedsilo_silo_status", {"silo": "s2", "status": "revoked"}) == 1
     report = deployment_status(state, "heart")
     assert report.participants["s2"][0] == "revoked"

@@ -88,8 +88,9 @@ def test_prometheus_gauges_hold_the_clipped_values_and_say_they_are_noised() -> 
     metrics.set_privacy(None, noised=True)
     ShownRounds(metrics, NOISED).on_round(raw_round(), 3)
     registry = metrics.registry
-    assert value(registry, "fedsilo_silo_metric", silo="Cleveland", name="accuracy") == 1.0
-    assert value(registry, "fedsilo_silo_metric", silo="Hungary", name="loss") == 10.0
+    silo_metric = "fedsilo_silo_metric"
+    assert value(registry, silo_metric, silo="Cleveland", name="accuracy", deployment="job") == 1.0
+    assert value(registry, silo_metric, silo="Hungary", name="loss", deployment="job") == 10.0
     assert value(registry, "fedsilo_metrics_noised", deployment="job") == 1
     families = {f.name: f.documentation for f in registry.collect()}
     assert "(noised)" in families["fedsilo_silo_metric"]

@@ -93,18 +93,18 @@ def refused(result: Result, *expected: str) -> None:
 # summary that only a true load of that source prints.
 ACCEPTED: dict[str, tuple[dict[str, Any], str]] = {
     "heart": ({"select": "Hungary"}, "dataset Hungary: 294 rows"),
-    "tcga_brca": ({"select": "Northeast"}, "task: survival on "),
+    "tcga_brca": ({"select": "Northeast"}, "task: survival ("),
     "sklearn:breast_cancer": ({"select": "silo-0"}, "labels (2 classes)"),
-    "sklearn:diabetes": ({"select": "silo-0"}, "task: regression on "),
+    "sklearn:diabetes": ({"select": "silo-0"}, "task: regression ("),
     "sklearn:digits": ({"select": "silo-0"}, "labels (10 classes)"),
     "sklearn:wine": ({"select": "silo-0"}, "labels (3 classes)"),
-    "molecules:esol": ({"select": "silo-0"}, "task: regression on "),
-    "molecules:freesolv": ({"select": "silo-0"}, "task: regression on "),
+    "molecules:esol": ({"select": "silo-0"}, "task: regression ("),
+    "molecules:freesolv": ({"select": "silo-0"}, "task: regression ("),
     "molecules:lipophilicity": (
         {"select": "silo-0", "molecules": {"invalid": "drop"}},
-        "task: regression on ",
+        "task: regression (",
     ),
-    "molecules:csv": ({"path": "molecules.csv", "target": "logp"}, "task: regression on "),
+    "molecules:csv": ({"path": "molecules.csv", "target": "logp"}, "task: regression ("),
     "csv": (
         {"path": "records.csv", "target": "outcome", "categorical": {"smoker": ["no", "yes"]}},
         "records.csv: 40 rows, 3 columns",
@@ -135,7 +135,7 @@ def test_every_source_is_loaded_and_summarised(kits: Path, tmp_path: Path, sourc
     ("loader", "expected"),
     [
         (f"{FIXTURES}:breast_cancer_dataset", ["400 rows, 30 columns", "labels (2 classes)"]),
-        (f"{FIXTURES}:survival", ["480 rows", f"task: {COX_TASK} on "]),
+        (f"{FIXTURES}:survival", ["480 rows", f"task: {COX_TASK} (returned by the data plug-in)"]),
     ],
 )
 def test_plugin_loaders_of_every_shape_are_summarised(
@@ -234,3 +234,66 @@ def test_the_reported_run_the_installed_cli_with_the_example_plugin(
     assert "Traceback" not in output and "KeyError" not in output
     assert f"data plug-in '{EXAMPLE_LOADER}': 1797 rows, 256 columns" in output
     assert "labels (10 classes)" in output
+
+
+@pytest.mark.parametrize(
+    ("target", "keys", "expected"),
+    [
+        (
+            "systolic",
+            {},
+            "task: regression (inferred: target 'systolic' holds numbers with decimals)",
+        ),
+        (
+            "visits",
+            {},
+            "task: regression (inferred: target 'visits' holds whole numbers, 40 "
+            "distinct values (more than 20))",
+        ),
+        (
+            "stage",
+            {},
+            "task: classification (inferred: target 'stage' holds whole numbers, 3 "
+            "distinct values (at most 20))",
+        ),
+        ("stage", {"task": "regression"}, "task: regression (set by data.task)"),
+    ],
+)
+def test_silo_check_names_the_task_and_why(
+    kits: Path, tmp_path: Path, target: str, keys: dict[str, Any], expected: str
+) -> None:
+    (tmp_path / "table.csv").write_text(
+        "age,systolic,visits,stage\n"
+        + "".join(f"{30 + i},{120 + i * 0.7:.1f},{i},{i % 3}\n" for i in range(40))
+    )
+    data = {"source": "csv", "path": "table.csv", "target": target, **keys}
+    drop = [c for c in ("systolic", "visits", "stage") if c != target]
+    config = write_site(tmp_path, kits / "silos" / "va", {**data, "drop_columns": drop})
+    result = check(config)
+    assert result.exit_code == 0, result.output
+    assert expected in result.output
+
+
+@pytest.mark.parametrize(
+    ("data", "named"),
+    [
+        ({"source": "csv", "path": "gone.csv", "target": "outcome"}, "gone.csv"),
+        ({"source": "plugin", "loader": "no_such_loader"}, "data.loader"),
+    ],
+)
+def test_silo_start_refuses_at_start_data_that_every_job_would_fail_on(
+    kits: Path, tmp_path: Path, data: dict[str, Any], named: str
+) -> None:
+    """Before it dials the coordinator (unreachable here: it would retry for ever), the agent
+    reads its data as a job would, and stops with one message naming what is wrong."""
+    config = tmp_path / "silo.yaml"
+    config.write_text(yaml.safe_dump({"kit": str(kits / "silos" / "cleveland"), "data": data}))
+    started = subprocess.run(
+        [sys.executable, "-m", "fedsilo", "silo", "start", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert started.returncode == 1, started.stderr
+    assert named in started.stderr and "Traceback" not in started.stderr, started.stderr
+    assert "reaches the coordinator" not in started.stderr

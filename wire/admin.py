@@ -53,6 +53,10 @@ ARGUMENTS: dict[str, dict[str, tuple[type, ...]]] = {
 ROSTER, INSTALL_ROSTER = "roster", "install_roster"  # the consortium's signed roster
 ARGUMENTS[ROSTER] = {}
 ARGUMENTS[INSTALL_ROSTER] = {"roster": (str,), "signature": (str,)}
+# A job's log from byte `offset` on, whole lines only, and whether the job has ended
+# (`fedsilo job logs --follow` asks again from the offset each reply gives until it has).
+LOG_LINES = "log_lines"
+ARGUMENTS[LOG_LINES] = {"job": (str,), "offset": (int,)}
 REQUEST, REPLY = "admin_request", "admin_reply"
 
 

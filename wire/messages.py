@@ -38,6 +38,7 @@ from fedsilo.wire.tensors import (
     index_tensors,
     tensor_block,
 )
+from fedsilo.wire.version import PROTOCOL_VERSION
 
 # The deployment a simulation's engine and silos both name when none is given: aggregation
 # labels, task ids (so every noise draw) and ledger bookings derive from it, so it is one name.
@@ -69,7 +70,7 @@ SIMULATION = "simulation"
 # are the whole message to show (`version_mismatch`: both sides' protocol and package versions
 # and what to upgrade), printed by the other side as they are. These keys, that status and the
 # use of its details must never change; everything else may, with the protocol version.
-PROTOCOL_VERSION = 7
+# PROTOCOL_VERSION is in wire/version.py, light for `fedsilo --version`.
 
 SiloEndpoint = Callable[[bytes | AnyPayload], bytes | AnyPayload]
 

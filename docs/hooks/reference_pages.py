@@ -5,8 +5,12 @@ An MkDocs hook (mkdocs.yml, `hooks:`): `on_files` adds `reference/policy.md` and
 `reference/silo-yaml.md`, from the pydantic models `Policy` and `SiloConfig`: one section per
 model, its docstring, then one row per field with its dotted key, type, default, bounds and
 description. A field's description is its `Field(description=...)` or, as this codebase writes
-them, the comment on the field's line or the comment lines right above it; no library reads
-those comments, so `field_comments` does (a few lines with `tokenize`).
+them, the comment on the field's line or the comment lines right above it (in the class that
+declares the field, or the nearest base class that comments it); no library reads those
+comments, so `field_comments` does (a few lines with `tokenize`). A key with a fixed set of
+values (a `Literal`, an `Enum`, a string checked against a list that its `Field` names as
+`json_schema_extra={"enum": [...]}`, or a section whose `name`/`kind` picks a variant) lists
+them in its description (`allowed_values`).
 
 It also adds `reference/api.md`, one mkdocstrings block for each name in `fedsilo.__all__` at the
 module that defines it, and `reference/cli.md`, the `fedsilo` command written out here from
@@ -37,11 +41,12 @@ from dataclasses import dataclass, field
 from enum import Enum
 from functools import cache
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal, NamedTuple, Union
 
 import annotated_types
 import click
 from pydantic import BaseModel
+from pydantic.fields import FieldInfo
 
 PAGES = {
     "reference/policy.md": (
@@ -63,6 +68,8 @@ PAGES = {
 FLATTENED = {"reference/silo-yaml.md": "data.source"}
 API_TREE = Path(__file__).resolve().parents[2] / "build" / "api-tree"
 SUBPACKAGES = ("wire", "policies", "privacy", "models", "coordinator", "silo", "ops")
+# comments that speak to a tool, not a reader
+PRAGMAS = ("type:", "noqa", "fmt:", "pragma:", "pyright:")
 BOUNDS = {
     annotated_types.Ge: ">=",
     annotated_types.Gt: ">",
@@ -73,13 +80,34 @@ BOUNDS = {
 }
 
 
+class Row(NamedTuple):
+    """One key of a reference table: its cells, and the field it documents."""
+
+    key: str
+    type: str
+    default: str
+    bounds: str
+    text: str  # what the key does: its comment or Field(description=...)
+    allowed: str  # the sentence listing its values, for a key with a fixed set ("" if none)
+    info: FieldInfo
+
+    @property
+    def description(self) -> str:
+        return " ".join(filter(None, [self.text, self.allowed]))
+
+    def cells(self) -> list[str]:
+        return [f"`{self.key}`", *map(cell, (self.type, self.default, self.bounds))] + [
+            cell(self.description)
+        ]
+
+
 @dataclass
 class Section:
     """One model as it appears under a dotted key: a heading and a row per field."""
 
     key: str
     model: type[BaseModel]
-    rows: list[tuple[str, str, str, str, str]] = field(default_factory=list)
+    rows: list[Row] = field(default_factory=list)
 
 
 def load(path: str) -> type[BaseModel]:
@@ -89,8 +117,8 @@ def load(path: str) -> type[BaseModel]:
 
 @cache
 def field_comments(model: type[BaseModel]) -> dict[str, str]:
-    """`name: type = default  # comment` in the class body, or `# comment` lines right above
-    the field: name -> comment."""
+    """`# comment` lines right above a field in the class body, then the comment on its line
+    (`name: type = default  # comment`): name -> comment."""
     try:
         source = inspect.getsource(model)
     except (OSError, TypeError):
@@ -100,16 +128,81 @@ def field_comments(model: type[BaseModel]) -> dict[str, str]:
     line_name: dict[int, str] = {}
     for token in tokenize.generate_tokens(io.StringIO(source).readline):
         text = token.string.lstrip("# ").strip()
+        if token.type == tokenize.COMMENT and text.startswith(PRAGMAS):
+            continue  # for a tool, not a reader (a type checker's or a linter's pragma)
         if token.type == tokenize.NAME and token.start[1] == 4 and token.start[0] not in line_name:
             line_name[token.start[0]] = token.string
             if above:
                 comments[token.string] = " ".join(above)
             above = []
         elif token.type == tokenize.COMMENT and token.start[0] in line_name:
-            comments[line_name[token.start[0]]] = text
+            name = line_name[token.start[0]]
+            comments[name] = f"{comments[name]} {text}" if name in comments else text
         elif token.type == tokenize.COMMENT and token.start[1] == 4:
             above.append(text)
     return {name: text for name, text in comments.items() if name in model.model_fields}
+
+
+def field_description(model: type[BaseModel], name: str) -> str:
+    """A field's `Field(description=...)`, else its comment in the class that declares it or,
+    failing that, in the nearest base class that comments it (an inherited `client_fraction`)."""
+    info = model.model_fields[name]
+    if info.description:
+        return sentence(info.description)
+    for owner in model.__mro__:
+        if is_model(owner) and name in owner.model_fields:
+            text = field_comments(owner).get(name)
+            if text:
+                return sentence(text)
+    return ""
+
+
+def sentence(text: str) -> str:
+    """A comment as a table's sentence: its first letter capitalised, a full stop at its end."""
+    text = " ".join(text.split())
+    if not text:
+        return text
+    text = text[0].upper() + text[1:]
+    return text if text.endswith((".", "!", "?")) else text + "."
+
+
+def allowed_values(info: FieldInfo) -> list[str]:
+    """The values a key may take when they are a fixed set: a Literal's or an Enum's, the
+    `enum` its `Field(json_schema_extra=...)` names (a string checked against a list), or the
+    `name`/`kind` values of the sections a union picks between; else []."""
+    values: list[Any] = []
+    extra = info.json_schema_extra
+    if isinstance(extra, dict) and isinstance(extra.get("enum"), list | tuple):
+        values.extend(extra["enum"])
+    for option in variants(info.annotation):
+        if typing.get_origin(option) in (list, tuple, set, frozenset):
+            inner = [arg for arg in typing.get_args(option) if arg is not ...]
+            values.extend(v for arg in inner for v in allowed_values(FieldInfo(annotation=arg)))
+        elif typing.get_origin(option) is Literal:
+            values.extend(typing.get_args(option))
+        elif isinstance(option, type) and issubclass(option, Enum):
+            values.extend(member.value for member in option)
+        elif is_model(option) and discriminator(option):
+            values.extend(typing.get_args(option.model_fields[discriminator(option)].annotation))
+    return [str(value) for value in dict.fromkeys(values)]
+
+
+def allowed_text(info: FieldInfo) -> str:
+    """The sentence a row's description ends with for a key with a fixed set of values."""
+    values = allowed_values(info)
+    if not values:
+        return ""
+    listed = ", ".join(f"`{value}`" for value in values)
+    sections = [v for v in variants(info.annotation) if is_model(v) and discriminator(v)]
+    if sections:
+        return f"Its `{discriminator(sections[0])}` is one of: {listed} (each a section below)."
+    if any(
+        typing.get_origin(v) in (list, tuple, set, frozenset) for v in variants(info.annotation)
+    ):
+        return f"Each one of: {listed}."
+    if len(values) == 1:
+        return f"Value for this section: {listed}."
+    return f"One of: {listed}."
 
 
 def variants(annotation: Any) -> list[Any]:
@@ -171,28 +264,37 @@ def bounds_text(info: Any) -> str:
 
 
 def discriminator(model: type[BaseModel]) -> str | None:
-    """The field whose Literal values tell this variant apart (`name`, `kind`, ...)."""
+    """The field whose Literal values tell this variant apart (`name`, `kind`), if any."""
     for name in ("name", "kind"):
         info = model.model_fields.get(name)
         if info is not None and typing.get_origin(info.annotation) is Literal:
-            return f"{name}: {' or '.join(map(str, typing.get_args(info.annotation)))}"
+            return name
     return None
+
+
+def variant_text(model: type[BaseModel]) -> str | None:
+    """`name: fedavg`: the discriminator and its values, for a variant's heading."""
+    name = discriminator(model)
+    if name is None:
+        return None
+    return f"{name}: {' or '.join(map(str, typing.get_args(model.model_fields[name].annotation)))}"
 
 
 def sections(key: str, model: type[BaseModel], seen: tuple[type, ...] = ()) -> list[Section]:
     """The model under `key` and, depth first, every model its fields hold."""
     section = Section(key, model)
     found = [section]
-    comments = field_comments(model)
     for name, info in model.model_fields.items():
         dotted = f"{key}.{name}" if key else name
         section.rows.append(
-            (
+            Row(
                 dotted,
                 type_name(info.annotation),
                 default_text(info),
                 bounds_text(info),
-                info.description or comments.get(name, ""),
+                field_description(model, name),
+                allowed_text(info),
+                info,
             )
         )
         for option in variants(info.annotation):
@@ -232,9 +334,9 @@ def flattened(found: list[Section], key: str) -> list[Section]:
     for section in kept:
         if section is own:
             continue
-        rows = [(moved(r[0]), *r[1:]) for r in section.rows if not r[0].startswith(dropped)]
+        rows = [r._replace(key=moved(r.key)) for r in section.rows if not r.key.startswith(dropped)]
         if section.key == key:
-            rows += [r for r in own.rows if r[0] != key]
+            rows += [r for r in own.rows if r.key != key]
         out.append(Section(moved(section.key), section.model, rows))
     return out
 
@@ -248,9 +350,8 @@ def page(title: str, root: str, intro: str, flatten: str | None = None) -> str:
         f"{intro} Generated from `{root.split(':')[1]}` in `{root.split(':')[0]}` when the site "
         "builds (`docs/hooks/reference_pages.py`).",
     ]
-    found = sections("", load(root))
-    for section in flattened(found, flatten) if flatten else found:
-        variant = discriminator(section.model)
+    for section in page_sections(root, flatten):
+        variant = variant_text(section.model)
         heading = f"`{section.key}`" if section.key else "Top level"
         if variant and section.key:
             heading += f" ({variant})"
@@ -259,10 +360,14 @@ def page(title: str, root: str, intro: str, flatten: str | None = None) -> str:
         if doc:
             lines += [inspect.cleandoc(doc), ""]
         lines += ["| key | type | default | bounds | description |", "|---|---|---|---|---|"]
-        lines += [
-            "| " + " | ".join([f"`{row[0]}`", *map(cell, row[1:])]) + " |" for row in section.rows
-        ]
+        lines += ["| " + " | ".join(row.cells()) + " |" for row in section.rows]
     return "\n".join(lines) + "\n"
+
+
+def page_sections(root: str, flatten: str | None = None) -> list[Section]:
+    """The sections of the reference page of the model at `root`, as `page` writes them."""
+    found = sections("", load(root))
+    return flattened(found, flatten) if flatten else found
 
 
 def api_page() -> str:

@@ -33,7 +33,11 @@ class CyclicConfig(AlgorithmBase):
 
     hands_off: ClassVar[bool] = True
     averages: ClassVar[bool] = False  # the round's model is one silo's, in no sum
+    # selects cyclic weight transfer: each round one model visits every silo in turn, each training
+    # it and handing it on sealed to the next
     name: Literal["cyclic"]
+    # true: the silos visit in their sorted order every round; false (the default): a seeded random
+    # order drawn anew each round
     deterministic_cycle: bool = False
 
     def silo_contract(self, policy: Policy) -> SiloContract:

@@ -49,12 +49,26 @@ class DrfaConfig(LambdaConfig):
     """
 
     needs_fixed_steps: ClassVar[bool] = True
+    # selects DRFA: distributionally robust training that keeps a mixture lambda over the silos,
+    # draws the silos that train from it and moves it towards the silos with the highest loss
     name: Literal["drfa"]
+    # a factor the lambda step is multiplied by every round (between 0 and 1); null (the default): a
+    # constant step, or 0.9 under the fedtorch variant
     step_decay: float | None = Field(default=None, gt=0, le=1)
+    # the smallest weight lambda keeps for any silo after each update, before it is renormalised
+    # (0.001 by default; 0: a silo's weight may reach 0)
     floor: float = Field(default=1e-3, ge=0, lt=1)
+    # M, how many silos are drawn from lambda each round (with replacement) and how many take the
+    # uniform loss probe; null (the default): every silo
     silos_per_round: int | None = Field(default=None, ge=1)
+    # the share e of uniform sampling mixed into the draws, (1 - e) lambda + e/K, so a silo whose
+    # weight collapsed is still drawn now and then (0.1 by default; 0 is the paper)
     uniform_mix: float = Field(default=0.1, ge=0, le=1)
+    # the fewest distinct silos a round's mean may hold: a draw with fewer is redrawn, then the
+    # round skipped, since a mean of one silo is that silo's model (2 by default)
     min_contributors: int = Field(default=2, ge=1)
+    # paper (the default): silos drawn from lambda with replacement, a mean with multiplicities;
+    # fedtorch: as the R-FedTorch code, silos drawn uniformly and updates weighted by lambda
     variant: Literal["paper", "fedtorch"] = "paper"
 
     def checkpoint_step(self, policy: Policy, round_no: int) -> int:
@@ -152,9 +166,15 @@ class DrflmConfig(DrfaConfig):
         "a partner, so per-row clipping does not bound a record's influence and the booked "
         "epsilon would be too low; use drfa under DP"
     )
+    # selects DRFLM: DRFA whose silos train on mixup of their own rows
     name: Literal["drflm"]  # type: ignore[assignment]
+    # alpha of the Beta(alpha, alpha) draw that sets how much two rows are mixed: small values mix
+    # little, 1 (the default) draws the share uniformly
     mixup_alpha: float = Field(default=1.0, gt=0)
+    # whether lambda's loss probe runs on mixed rows (mixup, the default) or on the clean rows
     probe: Literal["mixup", "clean"] = "mixup"
+    # what is mixed: the inputs (the default) or the embedding that the model's last layer reads
+    # (not for the linear model)
     mixup_on: Literal["inputs", "embedding"] = "inputs"
 
     def train_options(self, policy: Policy, position: Position) -> dict[str, Any]:

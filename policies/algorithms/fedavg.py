@@ -29,8 +29,14 @@ class FedAvgConfig(AveragingConfig):
     """FedAvg (McMahan et al.): sample-weighted mean of the sampled silos' models."""
 
     clips_updates: ClassVar[bool] = True
+    # selects FedAvg: each round the sampled silos train locally and the coordinator takes the
+    # sample-weighted mean of their models
     name: Literal["fedavg"]
+    # the share of the consortium's silos asked to train each round, drawn at random (at least
+    # participants.min_silos); 1 (the default): every silo, every round
     client_fraction: float = Field(default=1.0, gt=0, le=1)
+    # weight mu of a proximal term (mu/2)||w - w_global||^2 added to each silo's local loss, pulling
+    # local training towards the round's model; 0 (the default): plain FedAvg
     prox_mu: float = Field(default=0.0, ge=0)
 
 
@@ -38,8 +44,14 @@ class FedProxConfig(AveragingConfig):
     """FedProx (Li et al.): FedAvg with the proximal term (mu/2)||w - w_global||^2 locally."""
 
     clips_updates: ClassVar[bool] = True
+    # selects FedProx: FedAvg whose silos add the proximal term (prox_mu/2)||w - w_global||^2 to
+    # their local loss
     name: Literal["fedprox"]
+    # the share of the consortium's silos asked to train each round, drawn at random (at least
+    # participants.min_silos); 1 (the default): every silo, every round
     client_fraction: float = Field(default=1.0, gt=0, le=1)
+    # weight mu of the proximal term that keeps each silo's local model near the round's model;
+    # larger holds silos closer together (0.1 by default; must be above 0, else use fedavg)
     prox_mu: float = Field(default=0.1, gt=0)
 
 
@@ -58,10 +70,20 @@ class ApproxFedAvgConfig(AveragingConfig):
         "losses, which the other rows set, so per-row clipping does not bound a record's "
         "influence; use agnostic_fedavg (algorithm.domains: data) under DP"
     )
+    # selects ApproxFedAvg: FedAvg whose silos train on a soft maximum of their domains' losses (the
+    # domains of data.domain)
     name: Literal["approx_fedavg"]
+    # the share of the consortium's silos asked to train each round, drawn at random (at least
+    # participants.min_silos); 1 (the default): every silo, every round
     client_fraction: float = Field(default=1.0, gt=0, le=1)
+    # weight mu of a proximal term (mu/2)||w - w_global||^2 added to each silo's local loss; 0 (the
+    # default): none
     prox_mu: float = Field(default=0.0, ge=0)
+    # mu of the soft maximum (1/mu) log sum exp(mu F_i) over a silo's domain losses: larger weights
+    # the worst domain more, towards 0 it is their mean (1 by default)
     temperature: float = Field(default=1.0, gt=0)
+    # how a batch's loss on one domain is formed from its rows' losses: sum (the default, divided by
+    # the batch size) or mean
     domain_reduction: Literal["sum", "mean"] = "sum"
 
     @property

@@ -42,14 +42,32 @@ class FedDcConfig(AlgorithmBase):
     it in its last L hops (a return would hand the silo its recipient's exact update)."""
 
     hands_off: ClassVar[bool] = True
+    # selects FedDC (federated daisy chaining): silos train locally, hand their models on to other
+    # silos and aggregate them periodically
     name: Literal["feddc"]
+    # every how many rounds the sampled silos' models are handed on to a random permutation of those
+    # silos (1 by default: every round); null: never (no daisy chaining)
     daisy_period: int | None = Field(default=1, ge=1)
+    # every how many rounds the models are aggregated and sent back to every silo (10 by default);
+    # null: never
     aggregation_period: int | None = Field(default=10, ge=1)
+    # how models are aggregated: mean (the default; secure aggregation applies) or radon, their
+    # iterated Radon point (needs every model, and at least parameters + 2 of them a round)
     aggregator: Literal["mean", "radon"] = "mean"
+    # the height of the iterated Radon point when aggregator is radon: each level takes the Radon
+    # points of groups of the level below (1 by default)
     radon_iterations: int = Field(default=1, ge=1)
+    # the share of the consortium's silos asked to train each round, drawn at random (at least
+    # participants.min_silos); 1 (the default): every silo, every round
     client_fraction: float = Field(default=1.0, gt=0, le=1)
+    # weight mu of a proximal term (mu/2)||w - w_global||^2 added to each silo's local loss; 0 (the
+    # default): none
     prox_mu: float = Field(default=0.0, ge=0)
+    # how hand-offs are drawn: uniform (the default, as the paper: a silo may keep its own model) or
+    # derangement (every model moves to another silo)
     permutation: Literal["uniform", "derangement"] = "uniform"
+    # L, the hops during which a model never returns to a silo that held it, since a return would
+    # show that silo the next one's exact update; 0 (the default): no restriction
     no_return_window: int = Field(default=0, ge=0)
 
     @property

@@ -43,21 +43,46 @@ class FedDroConfig(AlgorithmBase):
     `point_cloud_noise` add the Gaussian mechanism to them. A run of no more rounds than
     `barycenter_rounds` and `server_epochs` 0 builds the barycenter and trains no model."""
 
+    # selects FedDRO: distributionally robust training on a federated Wasserstein barycenter of
+    # point clouds the silos derive from their records (classification only)
     name: Literal["feddro"]
     releases_data: ClassVar[bool] = True
+    # the share of the consortium's silos asked to train each round, drawn at random (at least
+    # participants.min_silos); 1 (the default): every silo, every round
     client_fraction: float = Field(default=1.0, gt=0, le=1)
+    # the consortium's consent that silos send point clouds built from their own records (data, not
+    # a model); feddro refuses to run unless it is true (false by default)
     release_point_clouds: bool = False
+    # classwise (the default): one cloud per class on the features; datawise: one cloud on the
+    # features with the one-hot label
     variant: Literal["classwise", "datawise"] = "classwise"
+    # how many points each cloud (and the barycenter) holds (50 by default)
     support_points: int = Field(default=50, ge=1)
+    # how many rounds at the start build the barycenter (stage A) before FedAvg-style training on it
+    # begins (20 by default)
     barycenter_rounds: int = Field(default=20, ge=1)
+    # the time t, between 0 and 1, at which a silo's cloud is interpolated between the barycenter
+    # and its data each stage-A round (0.5 by default)
     interpolation: float = Field(default=0.5, gt=0, le=1)
+    # the norm each record is clipped to before it shapes a cloud, for the Gaussian mechanism on the
+    # clouds (set with point_cloud_noise); null (the default): no DP on the clouds
     point_cloud_clip: float | None = Field(default=None, gt=0)
+    # the Gaussian noise on each cloud as a multiple of its sensitivity (set with point_cloud_clip);
+    # null (the default): the clouds are sent without noise
     point_cloud_noise: float | None = Field(default=None, gt=0)
+    # epochs the coordinator trains the policy's model on the barycenter points after stage A; 0
+    # (the default): it trains none
     server_epochs: int = Field(default=0, ge=0)
+    # the learning rate of the coordinator's training on the barycenter (0.001 by default)
     server_lr: float = Field(default=1e-3, gt=0, le=MAX_LR)
+    # the batch size, in points, of the coordinator's training on the barycenter (64 by default)
     server_batch_size: int = Field(default=64, ge=1)
+    # the penalty gamma of the WDRO adversary (Sinha et al.) that perturbs each training row in
+    # stage B; smaller allows larger perturbations; null (the default): no adversary
     adversarial_penalty: float | None = Field(default=None, gt=0)
+    # the gradient-ascent steps the adversary takes on each batch (10 by default)
     adversarial_steps: int = Field(default=10, ge=1)
+    # the adversary's ascent step size, in input units (0.1 by default)
     adversarial_step: float = Field(default=0.1, gt=0)
 
     def cloud_shape(self, facts: SiloFacts) -> tuple[int, int, int]:

@@ -42,24 +42,56 @@ class FedEvgConfig(AlgorithmBase):
     (`classifier_epochs` of Adam at `classifier_lr`). Its aggregates are the two sums of the
     mixture gradient, so secure aggregation applies."""
 
+    # selects FedEvg: silos send energy signals that move a synthetic data set at the coordinator,
+    # never their models (classification only)
     name: Literal["fedevg"]
+    # the share of the consortium's silos asked to train each round, drawn at random (at least
+    # participants.min_silos); 1 (the default): every silo, every round
     client_fraction: float = Field(default=1.0, gt=0, le=1)
+    # how many synthetic points the coordinator keeps per class (10 by default)
     samples_per_class: int = Field(default=10, ge=1)
+    # the energy each silo's model defines: joint (the default), -f(x)[y] for the point's label, or
+    # marginal, -log sum_y exp f(x)[y]
     energy: Literal["joint", "marginal"] = "joint"
+    # the largest Langevin step size the coordinator moves the synthetic points by, at the start of
+    # the run (10 by default)
     server_step_max: float = Field(default=10.0, gt=0)
+    # the smallest Langevin step size, reached at the end of the run along a cosine curve (1 by
+    # default)
     server_step_min: float = Field(default=1.0, gt=0)
+    # the standard deviation of the noise added to the synthetic points at each server step (0.0001
+    # by default; 0: none)
     server_noise: float = Field(default=1e-4, ge=0)
+    # when set, the server step's noise is this multiple of the step size instead of server_noise;
+    # null (the default): server_noise
     server_noise_scale: float | None = Field(default=None, ge=0)
+    # the Langevin steps each silo runs from the synthetic points to draw the contrastive samples of
+    # its energy model (1 by default; 0: none)
     client_sgld_steps: int = Field(default=1, ge=0)
+    # the step size of those silo-side Langevin steps (1 by default)
     client_sgld_step: float = Field(default=1.0, ge=0)
+    # the standard deviation of the noise of those silo-side Langevin steps (0.01 by default)
     client_sgld_noise: float = Field(default=0.01, ge=0)
+    # the norm each silo clips its energy's input gradient to, per synthetic point, before it is
+    # summed (3 by default)
     gradient_clip: float = Field(default=3.0, gt=0)
+    # the weight of the cross-entropy on the synthetic points in each silo's local loss (0.1 by
+    # default; 0: none)
     synthetic_ce_weight: float = Field(default=0.1, ge=0)
+    # true (the default): the silos' energy models use spectrally normalised layers; set false under
+    # DP-SGD, which cannot clip them
     spectral_norm: bool = True
+    # true: each silo starts its energy model from its own model of its last round, kept in its
+    # state folder; false (the default): from a fresh model every round
     persist_local_model: bool = False
+    # the epochs of Adam that train the policy's model on the synthetic set alone, the classifier
+    # the silos evaluate (100 by default)
     classifier_epochs: int = Field(default=100, ge=1)
+    # the learning rate of that classifier's training (0.001 by default)
     classifier_lr: float = Field(default=1e-3, gt=0, le=MAX_LR)
+    # the batch size, in synthetic points, of that classifier's training (64 by default)
     classifier_batch_size: int = Field(default=64, ge=1)
+    # every how many rounds a simulation saves the synthetic set, to view as images (10 by default)
     image_every: int = Field(default=10, ge=1)
 
     def energy_config(self, policy: Policy, position: Position) -> EnergySignals:

@@ -33,7 +33,11 @@ class LossWeightedConfig(AlgorithmBase):
     """A schedule that turns the losses its silos report into how much each silo counts."""
 
     reports: ClassVar[frozenset[str]] = SAMPLE_WEIGHTED | {"losses"}
+    # the share of the consortium's silos asked to train each round, drawn at random (at least
+    # participants.min_silos); 1 (the default): every silo, every round
     client_fraction: float = Field(default=1.0, gt=0, le=1)
+    # weight mu of a proximal term (mu/2)||w - w_global||^2 added to each silo's local loss; 0 (the
+    # default): none
     prox_mu: float = Field(default=0.0, ge=0)
 
     def probe_config(self, policy: Policy, position: Position) -> LossProbe:
@@ -57,8 +61,14 @@ class LambdaConfig(LossWeightedConfig):
       the median loss of the first round.
     """
 
+    # the ascent step size of the mixture lambda each round (DRFA's and AFL's gamma,
+    # AgnosticFedAvg's exponentiated-gradient step); 0.1 by default
     step: float = Field(default=0.1, gt=0)
+    # lambda's starting weights: counts (the default, proportional to the silos' released sample
+    # counts) or uniform
     init: Literal["counts", "uniform"] = "counts"
+    # losses are clipped to [0, loss_cap] before they move lambda, so one diverging silo cannot take
+    # all the weight; null (the default): 10 times the first round's median loss
     loss_cap: float | None = Field(default=None, gt=0)
 
 
@@ -66,7 +76,11 @@ class AflConfig(LambdaConfig):
     """AFL (Mohri et al. 2019), as projected ascent on lambda over the silos; `floor`: lambda's
     floor after each update, then renormalised."""
 
+    # selects AFL (agnostic federated learning): projected ascent on a mixture lambda over the
+    # silos, which weights the silos with the highest loss more
     name: Literal["afl"]
+    # the smallest weight lambda keeps for any silo after each update, before it is renormalised
+    # (0.001 by default; 0: a silo's weight may reach 0)
     floor: float = Field(default=1e-3, ge=0, lt=1)
 
 
@@ -78,8 +92,14 @@ class AgnosticFedAvgConfig(LambdaConfig):
     - `count_window`: r, the rounds of released counts averaged into N-bar.
     """
 
+    # selects AgnosticFedAvg: exponentiated-gradient ascent on a mixture lambda over the silos or
+    # the data's domains
     name: Literal["agnostic_fedavg"]
+    # r, how many rounds of released sample counts are averaged into the count each silo is weighted
+    # by (5 by default)
     count_window: int = Field(default=5, ge=1)
+    # silo (the default): each silo is a domain; data: the values of data.domain are, and every silo
+    # reports a loss per domain (not under secure aggregation)
     domains: Literal["silo", "data"] = "silo"
 
     @property
@@ -111,14 +131,21 @@ class QFedAvgConfig(LossWeightedConfig):
     """q-FedAvg (Li et al. 2020), as the unified table of the AAggFF thesis: weights
     proportional to n_k F_k^q."""
 
+    # selects q-FedAvg: each silo's update weighted by n_k F_k^q, its sample count times its loss to
+    # the power q
     name: Literal["qfedavg"]
+    # the fairness exponent: 0 is FedAvg's weighting, larger values weight high-loss silos more (1
+    # by default)
     q: float = Field(default=1.0, ge=0)
 
 
 class TermConfig(LossWeightedConfig):
     """TERM (Li et al. 2021), as the unified table: weights n_k exp(t F_k), t = `tilt`."""
 
+    # selects TERM (tilted empirical risk): each silo's update weighted by n_k exp(tilt F_k)
     name: Literal["term"]
+    # t of the weights n_k exp(t F_k): positive weights high-loss silos more, negative weights them
+    # less, 0 is FedAvg's weighting (1 by default)
     tilt: float = Field(default=1.0)
 
 
@@ -126,7 +153,11 @@ class PropFairConfig(LossWeightedConfig):
     """PropFair (Zhang et al. 2022), as the unified table: weights n_k / (M - F_k), M =
     `baseline`."""
 
+    # selects PropFair (proportional fairness): each silo's update weighted by n_k / (M - F_k), M
+    # the baseline
     name: Literal["propfair"]
+    # M of the weights n_k / (M - F_k), in the units of the loss: a silo whose loss nears M gets a
+    # large weight (3 by default; losses are kept below it)
     baseline: float = Field(default=3.0, gt=0)
 
 
@@ -136,6 +167,12 @@ class AAggFFConfig(LossWeightedConfig):
     FedYogi, FedAdagrad, with their settings) taken towards the AAggFF-mixed mean instead of
     adopting it (the thesis' plug-and-play)."""
 
+    # selects AAggFF: an online-learning mixture of the silos that favours those the model serves
+    # worst (AAggFF-S with every silo, AAggFF-D when client_fraction is below 1)
     name: Literal["aaggff"]
+    # the response CDF that turns a silo's loss into its response (normal by default)
     transform: Literal[RESPONSE_TRANSFORMS] = "normal"  # type: ignore[valid-type]
+    # an adaptive server step (name: fedadam, fedyogi or fedadagrad, with its settings) taken
+    # towards the mixed mean instead of adopting it; null (the default): the mixed mean is the next
+    # model
     server_optimizer: ServerOptimizerConfig | None = None

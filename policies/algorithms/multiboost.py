@@ -41,8 +41,14 @@ class MultiBoostConfig(AlgorithmBase):
 
     reports: ClassVar[frozenset[str]] = SAMPLE_WEIGHTED | {"losses"}
     averages: ClassVar[bool] = False  # each base classifier is one silo's model, sent as is
+    # selects federated MultiBoost: boosting over base classifiers the silos train once, weighted
+    # towards the worst silo's loss (binary classification only)
     name: Literal["multiboost"]
+    # N, how many base classifiers each silo trains once at setup, each from its own seed with the
+    # policy's model and training settings (1 by default, at most 16)
     base_learners: int = Field(default=1, ge=1, le=16)
+    # eta_0, the boosting step: boosting round t adds eta_0 / sqrt(t) to the chosen classifier's
+    # weight (1 by default)
     step: float = Field(default=1.0, gt=0)
 
     def task_problem(self, task: str, classes: int | None) -> str | None:

@@ -28,10 +28,14 @@ class ReferenceConfig(AlgorithmBase):
 class CentralConfig(ReferenceConfig):
     """Reference: one model trained on the pooled union of the silos' training data."""
 
+    # selects the central reference: one model trained on all silos' training data pooled, the upper
+    # bound a federation aims for (a simulation only)
     name: Literal["central"]
 
 
 class LocalConfig(ReferenceConfig):
     """Reference: each silo trains alone and is evaluated with its own model."""
 
+    # selects the local reference: each silo trains alone on its own data and is evaluated with its
+    # own model, the baseline a federation should beat
     name: Literal["local"]

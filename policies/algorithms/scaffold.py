@@ -32,8 +32,14 @@ class ScaffoldConfig(AlgorithmBase):
     silos (FLamby: every silo, every round)."""
 
     lineage_gap: ClassVar[str | None] = None  # its server step is server_step.py's
+    # selects SCAFFOLD: FedAvg's round with control variates that correct each silo's drift from the
+    # global model
     name: Literal["scaffold"]
+    # the server's step size towards the mean of the silos' models: x += server_lr (mean - x); 1
+    # (the default) takes the mean itself
     server_lr: float = Field(default=1.0, gt=0)
+    # the share of the consortium's silos asked to train each round, drawn at random (at least
+    # participants.min_silos); 1 (the default): every silo, every round
     client_fraction: float = Field(default=1.0, gt=0, le=1)
 
     def train_config(self, policy: Policy, position: Position) -> ScaffoldTrain:

@@ -38,14 +38,32 @@ class SuperFedConfig(AlgorithmBase):
     metrics at the lambda chosen on the validation split (on the training split when the
     validation split has fewer than `min_validation` rows)."""
 
+    # selects SuPerFed: personalised learning in which every silo mixes the federated model with a
+    # local model that never leaves it
     name: Literal["superfed"]
+    # how the two models are mixed during training: model (the default), one random weight per
+    # minibatch, or layer, one per layer and minibatch
     mixing: Literal["model", "layer"] = "model"
+    # the share of the run's rounds trained on the federated model alone before mixing starts (0.2
+    # by default; 0: mix from the first round)
     start_fraction: float = Field(default=0.2, ge=0, le=1)
+    # the weight of the proximity term that keeps the federated model near the global one (0.01 by
+    # default; 0: none)
     prox_mu: float = Field(default=0.01, ge=0)
+    # the proximity term's form: layer_l2 (the default), the sum of per-layer L2 distances, or
+    # squared, the squared distance
     prox_form: Literal["layer_l2", "squared"] = "layer_l2"
+    # the weight of the term cos^2(w_federated, w_local) that keeps the local model different from
+    # the federated one (1 by default; 0: none)
     ortho_nu: float = Field(default=1.0, ge=0)
+    # the share of the consortium's silos asked to train each round, drawn at random (at least
+    # participants.min_silos); 1 (the default): every silo, every round
     client_fraction: float = Field(default=1.0, gt=0, le=1)
+    # how many evenly spaced mixing weights in [0, 1] evaluation tries, reporting test metrics at
+    # the one best on validation (11 by default)
     lambda_grid: int = Field(default=11, ge=2)
+    # the fewest validation rows a silo needs to choose its mixing weight on them; with fewer it
+    # chooses on its training rows (20 by default)
     min_validation: int = Field(default=20, ge=1)
 
     def mixing_from(self, total_rounds: int) -> int:

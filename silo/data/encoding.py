@@ -79,6 +79,33 @@ def _infer_task(target: pd.Series) -> str:
     return "regression"
 
 
+def task_reason(source: RawSource, config: DataConfig) -> str:
+    """Where the data's task comes from, as `silo check` says it: the data section's `task`,
+    the source's own (bundled sets, a data plug-in), or the rule applied to the target."""
+    if config.task is not None:
+        return f"set by {SECTION}.task"
+    if source.task is not None:
+        if config.source == "plugin":
+            return "returned by the data plug-in"
+        return f"source {config.source} is a {source.task} set"
+    target = source.frame[source.dictionary.target]
+    name = target.name
+    if not pd.api.types.is_numeric_dtype(target) or pd.api.types.is_bool_dtype(target):
+        return f"inferred: target '{name}' is not numeric"
+    distinct = int(target.nunique())
+    if pd.api.types.is_integer_dtype(target):
+        if distinct <= MAX_INFERRED_CLASSES:
+            return (
+                f"inferred: target '{name}' holds whole numbers, {distinct} distinct values "
+                f"(at most {MAX_INFERRED_CLASSES})"
+            )
+        return (
+            f"inferred: target '{name}' holds whole numbers, {distinct} distinct values "
+            f"(more than {MAX_INFERRED_CLASSES})"
+        )
+    return f"inferred: target '{name}' holds numbers with decimals"
+
+
 def _encode_target(
     target: pd.Series, task: str | None, origin: str
 ) -> tuple[np.ndarray, str, int | None]:
@@ -404,6 +431,11 @@ def class_labels(source: RawSource) -> tuple[str, ...]:
     if not _is_number_dtype(target):
         values = values.astype(str)
     return tuple(str(label) for label in np.unique(values))
+
+
+def feature_columns(source: RawSource, config: DataConfig, partition: Partition) -> list[str]:
+    """The columns of `source` that become features (before one-hot encoding)."""
+    return _feature_columns(source, config, partition)
 
 
 def encode_new_rows(

@@ -101,8 +101,10 @@ def _registered(group: str, value: str, key: str) -> Any:
         return load_plugin(found[0])
     except PluginChanged as error:
         raise DataError(f"{SECTION}.{key}: plug-in '{value}' {error}") from None
-    except (ImportError, AttributeError) as error:
-        raise DataError(f"{SECTION}.{key}: plug-in '{value}' fails to load: {error}") from None
+    except Exception as error:  # the package is broken: say so, never a traceback
+        raise DataError(
+            f"{SECTION}.{key}: plug-in '{value}' fails to load: {error} ({type(error).__name__})"
+        ) from None
 
 
 def is_plugin_task(task: str) -> bool:
@@ -147,8 +149,13 @@ def load_plugin_data(config: DataConfig) -> LoadedData:
     shapes, finite values, its task (each refusal a DataError naming the key)."""
     assert config.loader is not None  # the policy requires it for plugin sources
     loader = _registered(DATASETS_GROUP, config.loader, "loader")
-    returned = loader(**config.args)
     where = f"{SECTION}.loader: data plug-in '{config.loader}'"
+    try:
+        returned = loader(**config.args)
+    except Exception as error:  # arguments the loader refuses, its data missing, or a bug in it
+        raise DataError(
+            f"{where} failed with args {config.args}: {error} ({type(error).__name__})"
+        ) from None
     if isinstance(returned, PluginDataset):
         returned = _materialised(returned, where)
     if not isinstance(returned, PluginData):
