@@ -311,6 +311,19 @@ class StateStore:
             ).fetchone()
         return None if row is None else row["last"]
 
+    def last_evaluated(self, deployment_id: str) -> dict[str, Any] | None:
+        """The record of the deployment's last round that evaluated (its cross-silo `summary`),
+        without loading a checkpoint; None before one did."""
+        with self._transaction("DEFERRED") as db:
+            for row in db.execute(
+                "SELECT record_json FROM rounds WHERE deployment_id = ? ORDER BY round DESC",
+                (deployment_id,),
+            ):
+                record = json.loads(row["record_json"])
+                if record.get("summary"):
+                    return record
+        return None
+
     def last_round(self, deployment_id: str) -> SavedRound | None:
         """The last saved round and everything needed to go on after it; None before setup."""
         with self._transaction("DEFERRED") as db:

@@ -82,7 +82,9 @@ from fedsilo.ops.provision import (
     load_coordinator_kit,
 )
 from fedsilo.ops.report import write_deployment_results
+from fedsilo.ops.shown_metrics import last_metrics
 from fedsilo.ops.status import FROM_COORDINATOR, consortium_document
+from fedsilo.policies.privacy import PrivacyConfig
 from fedsilo.privacy.policy_signing import PolicySignatureError, verify_attempt, verify_policy
 from fedsilo.privacy.roster import ROSTER_FILE, RosterError, not_older, verify_roster
 
@@ -386,7 +388,14 @@ class ServeBackend:
         with StateStore(self.state) as store:
             saved = store.saved_round(job_id)
             policy = store.deployment_policy(job_id) or {}
-        return None if not saved else {"round": saved, "rounds": policy.get("rounds")}
+            evaluated = store.last_evaluated(job_id)
+        if not saved:
+            return None
+        progress: dict[str, Any] = {"round": saved, "rounds": policy.get("rounds")}
+        if evaluated is not None:
+            privacy = PrivacyConfig.model_validate(policy.get("privacy") or {})
+            progress["metrics"] = last_metrics(evaluated, privacy)
+        return progress
 
     def abort(self, job_id: str) -> JobInfo:
         try:

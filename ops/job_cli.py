@@ -527,6 +527,7 @@ def _print_job(
         ("attempt", str(info.attempt)),
         ("status", info.status),
         *((("progress", rounds),) if rounds else ()),
+        *((("metrics", metrics),) if (metrics := _metrics(progress)) else ()),
         ("submitted", f"{_when(info.submitted_at)} by {info.submitted_by}"),
         ("started", _when(info.started_at)),
         ("finished", _when(info.finished_at)),
@@ -537,6 +538,16 @@ def _print_job(
     ):
         table.add_row(label, value)
     console.print(table)
+
+
+def _metrics(progress: dict[str, Any] | None) -> str | None:
+    """`round 30: accuracy 0.9474, loss 0.1765`: the cross-silo means of the last evaluated
+    round in a STATUS reply's `progress`; None before a round evaluated."""
+    metrics = (progress or {}).get("metrics")
+    if not metrics or not metrics.get("values"):
+        return None
+    values = ", ".join(f"{name} {value:.4g}" for name, value in metrics["values"].items())
+    return f"round {metrics['round']}: {values}"
 
 
 def _awaited(wait: dict[str, Any]) -> str:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from typing import Any
 
 from fedsilo.coordinator.engine import EngineObserver as RoundObserver
 from fedsilo.coordinator.engine import RoundRecord, RunHistory
@@ -89,6 +90,20 @@ class MetricDisplay:
         if metric == "loss":
             return 0.0, self.loss_bound
         return None
+
+
+def last_metrics(record: Mapping[str, Any], privacy: PrivacyConfig) -> dict[str, Any]:
+    """An evaluated round's record (as saved) reduced to what `job status` shows: its round and
+    each metric's size-weighted mean across silos, as shown under the policy's `privacy`."""
+    display = MetricDisplay.of(privacy)
+    shown = display.record(RoundRecord.from_json(dict(record)))
+    return {
+        "round": shown.round,
+        "values": {
+            display.label(name): summary["weighted_mean"]
+            for name, summary in sorted((shown.summary or {}).items())
+        },
+    }
 
 
 class ShownRounds:

@@ -311,7 +311,32 @@ SILO_CONTAINER = Elsewhere(
 )
 
 
+PROMETHEUS_HOST = {  # commands on the operator's Prometheus host
+    "promtool check config /etc/prometheus/prometheus.yml": Elsewhere(
+        "needs a Prometheus install: tests/test_alert_rules.py runs promtool on the rules where it"
+        " is installed, and checks the compose Prometheus loads them",
+        "tests/test_alert_rules.py",
+        '["promtool", "check", "rules", str(ALERTS)]',
+    ),
+    'kill -HUP "$(pidof prometheus)"': Elsewhere(
+        "needs a running Prometheus: the compose deployment's loads the rules at its start",
+        "deploy/compose/prometheus.yml",
+        "rule_files:",
+    ),
+}
+
+
+def a_prometheus_folder(session: Session) -> None:
+    """The reader's Prometheus configuration folder."""
+    (session.folder / "prometheus").mkdir()
+
+
 SCENES: dict[str, Callable[[], Scene]] = {
+    "metrics.md": lambda: Scene(
+        given=a_prometheus_folder,
+        values={"/etc/prometheus/": "prometheus/"},
+        elsewhere=PROMETHEUS_HOST,
+    ),
     "index.md": lambda: Scene(elsewhere=QUICK_START),
     "tutorials/demo.md": lambda: Scene(elsewhere=QUICK_START),
     "tutorials/own-csv.md": own_csv,

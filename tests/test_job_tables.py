@@ -196,6 +196,64 @@ def test_the_serving_coordinator_reads_a_jobs_progress_from_its_state_file(
     assert backend.progress("unknown-3f9a1c2e") is None
 
 
+def evaluated_record(number: int, accuracy: float) -> dict[str, Any]:
+    summary = {"weighted_mean": accuracy, "worst": accuracy, "best": accuracy}
+    return {
+        "round": number,
+        "status": "completed",
+        "seconds": 0.1,
+        "evaluation": {"silo-0": {"accuracy": accuracy}},
+        "test_sizes": {"silo-0": 40},
+        "summary": {"accuracy": summary},
+    }
+
+
+def test_job_status_of_a_running_job_shows_its_last_evaluated_metrics(tmp_path: Path) -> None:
+    """The serving coordinator reads the last round that evaluated (round 30 of 31 saved) from
+    its state file, and `job status` shows its cross-silo means."""
+    state = tmp_path / "coordinator.db"
+    with StateStore(state) as store:
+        store.open_deployment("heart-3f9a1c2e", "1" * 64, '{"rounds": 40}')
+        store.save_round("heart-3f9a1c2e", 0, "setup", server_state(), {"round": 0})
+        for number in range(1, 32):
+            record = evaluated_record(number, number / 100) if number % 10 == 0 else {}
+            store.save_round(
+                "heart-3f9a1c2e", number, "completed", server_state(), record or {"round": number}
+            )
+    backend = ServeBackend.__new__(ServeBackend)
+    backend.state = state
+    progress = backend.progress("heart-3f9a1c2e")
+    assert progress == {
+        "round": 31,
+        "rounds": 40,
+        "metrics": {"round": 30, "values": {"accuracy": 0.3}},
+    }
+
+
+def test_metrics_under_dp_are_shown_clipped_and_marked_noised(tmp_path: Path) -> None:
+    state = tmp_path / "coordinator.db"
+    policy = '{"rounds": 4, "privacy": {"dp_sgd": {"noise_multiplier": 1.0}}}'
+    with StateStore(state) as store:
+        store.open_deployment("heart-3f9a1c2e", "1" * 64, policy)
+        store.save_round("heart-3f9a1c2e", 0, "setup", server_state(), {"round": 0})
+        store.save_round("heart-3f9a1c2e", 1, "completed", server_state(), evaluated_record(1, 1.2))
+    backend = ServeBackend.__new__(ServeBackend)
+    backend.state = state
+    metrics = backend.progress("heart-3f9a1c2e")["metrics"]  # type: ignore[index]
+    assert metrics == {"round": 1, "values": {"accuracy (noised)": 1.0}}
+
+
+def test_job_status_prints_the_last_metrics(monkeypatch: pytest.MonkeyPatch) -> None:
+    progress = {
+        "round": 31,
+        "rounds": 40,
+        "metrics": {"round": 30, "values": {"accuracy": 0.9474, "loss": 0.17651}},
+    }
+    data = running_status(progress)
+    text = rendered(monkeypatch, 80, data, job_cli.job_status, job="heart-fedavg-3f9a1c2e")
+    assert "round 30: accuracy 0.9474, loss 0.1765" in text, text
+
+
 IDS = [
     "heart-fedavg-3f9a1c2e",
     "heart-fedavg-3f9a1c2e-attempt2",
