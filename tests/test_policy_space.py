@@ -308,7 +308,9 @@ def test_a_sample_of_accepted_policies_runs_over_real_processes_as_simulated(
         )
         if exact:
             tensors, _ = decode_tensors((root / "results" / "final_model.safetensors").read_bytes())
-            assert torch.equal(tensors["model"], simulated.history.state.model)
+            expected = simulated.history.state.tensors  # `local`: each silo's model, no global one
+            assert set(tensors) == set(expected)
+            assert all(torch.equal(tensors[name], tensor) for name, tensor in expected.items())
         event(f"deployed {policy.algorithm.name} on {policy.data.source}")
 
 

@@ -4,6 +4,7 @@ R²); and the shipped regression example simulates, naming its task and the pool
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -65,3 +66,16 @@ def test_the_regression_example_simulates_and_reports_r2(tmp_path: Path) -> None
         assert 0.0 < metrics["r2"] < 1.0
     pooled = results["final"]["summary"]["r2"]["weighted_mean"]
     assert 0.3 < pooled < 1.0
+
+
+def test_the_blood_pressure_table_is_written_again_byte_for_byte(tmp_path: Path) -> None:
+    """The shipped synthetic table is what its generator writes from its seed."""
+    root = Path(__file__).resolve().parents[1]
+    script = root / "examples" / "datasets" / "make_blood_pressure.py"
+    spec = importlib.util.spec_from_file_location("make_blood_pressure", script)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.main(tmp_path / "again.csv")
+    shipped = root / "silo" / "datasets" / "blood_pressure" / "blood_pressure.csv"
+    assert (tmp_path / "again.csv").read_bytes() == shipped.read_bytes()

@@ -233,6 +233,9 @@ class DoctoringCoordinator:
             return Control(POLICY, {**fields, **self.roster_fields}).encode()
         return Control(ACK, {"accepted": True, "reason": ""}).encode()
 
+    def control(self, kind: str, fields: dict | None = None) -> bytes:
+        return Control(kind, fields or {}).encode()
+
     def refusal(self) -> str | None:
         refused = [decode_control(p) for label, p in self.sent if label == REFUSE]
         return str(refused[0].get("reason")) if refused else None

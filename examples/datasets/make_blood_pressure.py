@@ -1,20 +1,23 @@
-"""Writes blood_pressure.csv: a synthetic regression table of three clinics, no download.
+"""Writes silo/datasets/blood_pressure/blood_pressure.csv: a synthetic regression table of three
+clinics, no download.
 
 Every value is drawn from a NumPy generator seeded with SEED, so running this script again
-writes the same file byte for byte: `python make_data.py` in this folder. Nothing here is real
-patient data; the coefficients below are made up to give a learnable, noisy linear target.
+writes the same file byte for byte (`python examples/datasets/make_blood_pressure.py [OUT]` from
+the repository's root; tests/test_regression.py checks it). Nothing here is real patient data;
+the coefficients below are made up to give a learnable, noisy linear target.
 """
 
 from __future__ import annotations
 
 import csv
+import sys
 from pathlib import Path
 
 import numpy as np
 
 SEED = 20240611
 CLINICS = {"north": (200, 0.0), "river": (160, 4.0), "hill": (140, -3.0)}  # rows, offset
-OUT = Path(__file__).with_name("blood_pressure.csv")
+OUT = Path(__file__).parents[2] / "silo" / "datasets" / "blood_pressure" / "blood_pressure.csv"
 COLUMNS = ("clinic", "age", "bmi", "smoker", "sodium_g", "systolic")
 
 
@@ -49,12 +52,12 @@ def rows(rng: np.random.Generator) -> list[tuple[object, ...]]:
     return table
 
 
-def main() -> None:
-    with OUT.open("w", newline="") as handle:
+def main(out: Path = OUT) -> None:
+    with out.open("w", newline="") as handle:
         writer = csv.writer(handle, lineterminator="\n")
         writer.writerow(COLUMNS)
         writer.writerows(rows(np.random.default_rng(SEED)))
 
 
 if __name__ == "__main__":
-    main()
+    main(Path(sys.argv[1]) if len(sys.argv) > 1 else OUT)
