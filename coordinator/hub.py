@@ -353,13 +353,18 @@ class SiloHub:
     def why_missing(self, silo: str) -> str:
         """Why `silo` is not a member of the running job, in a few words."""
         with self._lock:
-            if silo in self.revoked:
-                return REVOKED
-            if silo in self.refused:
-                return f"{REFUSED}: {self.refused[silo]}"
-            if silo in self._gone or silo in self._silent():
-                return self._offline_reason(silo)
-            return "connected, not joined"
+            return self._absence(silo)
+
+    def _absence(self, silo: str) -> str:
+        """Why `silo` cannot be sent a task: revoked, refused (its reason), gone (offline) or
+        not connected."""
+        if silo in self.revoked:
+            return REVOKED
+        if silo in self.refused:
+            return f"{REFUSED}: {self.refused[silo]}"
+        if silo in self._gone:
+            return self._offline_reason(silo)
+        return NOT_CONNECTED
 
     def awaited(self) -> list[Awaited]:
         """Whom the running job waits for: the silos not yet answered while it gathers its
@@ -382,17 +387,7 @@ class SiloHub:
         policy, or any silo of an aborted job, gets a failed reply at once instead."""
         with self._lock:
             if task.silo in self.revoked or task.silo not in self.accepted or self.aborted:
-                failure = (
-                    self.aborted
-                    if self.aborted
-                    else REVOKED
-                    if task.silo in self.revoked
-                    else f"{REFUSED}: {self.refused[task.silo]}"
-                    if task.silo in self.refused
-                    else self._offline_reason(task.silo)
-                    if task.silo in self._gone
-                    else NOT_CONNECTED
-                )
+                failure = self.aborted or self._absence(task.silo)
                 replies.put(Reply(task.silo, task.task_id, None, failure))
                 return
             self._pending[task.task_id] = Waiting(task.silo, replies, time.time(), task.until)

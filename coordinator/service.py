@@ -175,14 +175,15 @@ class CoordinatorService:
             mismatch = payload_mismatch(payload, f"silo {peer}", "coordinator")
             if mismatch is not None:
                 raise MessageRejected(PROTOCOL_MISMATCH, mismatch)
-            agent = _agent_of(payload)
-            if agent is not None:
+            message = _control_of(payload)
+            agent = None if message is None else message.get("agent")
+            if isinstance(agent, str) and agent:
                 refusal = self.hub.claim(envelope.sender, agent, _peer_address(context))
                 if refusal is not None:
                     raise MessageRejected(DUPLICATE_AGENT, refusal)
             self.metrics.count_bytes("from_silo", envelope.sender, len(payload))
             self.hub.seen(envelope.sender)
-            reply = self._answer(envelope.sender, payload)
+            reply = self._answer(envelope.sender, payload, message)
         except MessageRejected as rejected:
             if not context.is_active():  # the silo hung up: not an attack, nothing to refuse
                 log.info("silo %s went away mid-message (%s)", peer, rejected.reason)
@@ -200,11 +201,12 @@ class CoordinatorService:
         self.metrics.count_bytes("to_silo", envelope.sender, len(reply))
         yield from to_frames(reply_envelope, reply)
 
-    def _answer(self, silo: str, payload: AnyPayload) -> bytes | AnyPayload:
-        kind = payload_type(payload)
-        if kind == "result":
+    def _answer(
+        self, silo: str, payload: AnyPayload, message: Control | None
+    ) -> bytes | AnyPayload:
+        """The reply to `payload`: a result (`message` None) or the control `message`."""
+        if message is None:
             return self._result(silo, payload)
-        message = decode_control(payload)
         if message.type == JOIN:
             return self._join(silo)
         if message.type == ACCEPT:
@@ -308,12 +310,10 @@ def _ack(accepted: bool, reason: str = "") -> bytes:
     return Control(ACK, {"accepted": accepted, "reason": reason}).encode()
 
 
-def _agent_of(payload: AnyPayload) -> str | None:
-    """The agent id a control message carries (every agent's do); None for a result."""
-    if payload_type(payload) in {"task", "result"}:
-        return None
-    agent = decode_control(payload).get("agent")
-    return agent if isinstance(agent, str) and agent else None
+def _control_of(payload: AnyPayload) -> Control | None:
+    """A silo's control message, read once; None for a result (a WireError for anything else).
+    Every agent's control messages carry its `agent` id."""
+    return None if payload_type(payload) == "result" else decode_control(payload)
 
 
 def _peer_address(context: grpc.ServicerContext) -> str:

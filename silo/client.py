@@ -86,6 +86,7 @@ RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
 WINDOW_METADATA = "fedsilo-heartbeat-window-s"  # what a coordinator tells a second agent
 DEFAULT_WINDOW_S = 10.0  # the coordinator's heartbeat window when it does not say
 DUPLICATE_MARGIN_S = 5.0
+MAX_WINDOW_S = 3600.0  # the longest heartbeat window a coordinator's word is taken for
 MAX_REASON_CHARS = 300
 T = TypeVar("T")
 
@@ -225,11 +226,7 @@ class CoordinatorConnection:
         if self._duplicate_since is None:
             self._duplicate_since = now
             log.warning("%s; retrying while that may be this agent's predecessor", exc.details())
-        window_s = DEFAULT_WINDOW_S
-        for key, value in exc.trailing_metadata() or ():
-            if key == WINDOW_METADATA:
-                window_s = float(value)
-        if now - self._duplicate_since > 2 * window_s + DUPLICATE_MARGIN_S:
+        if now - self._duplicate_since > 2 * _told_window_s(exc) + DUPLICATE_MARGIN_S:
             raise SiloRefused(f"the coordinator refuses this agent: {exc.details()}") from None
 
     def exchange_once(
@@ -461,6 +458,21 @@ class SiloClient:
             if control.type == ACK and not control.get("accepted"):
                 log.warning("result for %s not taken: %s", task.task_id, control.get("reason"))
         return reply
+
+
+def _told_window_s(exc: grpc.RpcError) -> float:
+    """The heartbeat window a coordinator told a second agent, within (0, MAX_WINDOW_S]; the
+    default where it told none, or something else (a coordinator's word bounds only how long
+    this agent retries)."""
+    for key, value in exc.trailing_metadata() or ():
+        if key == WINDOW_METADATA:
+            try:
+                told = float(value)
+            except ValueError:
+                break
+            if 0 < told <= MAX_WINDOW_S:
+                return told
+    return DEFAULT_WINDOW_S
 
 
 def _header(payload: bytes) -> TaskHeader | None:

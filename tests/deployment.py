@@ -220,6 +220,12 @@ class Consortium:
             silo, "silo", "start", "--config", str(config), "--poll-seconds", "0.5", env=env
         )
 
+    def start_silo_again(self, silo: str, name: str) -> subprocess.Popen:
+        """Another agent of `silo` as process `name`, with the command its unit runs (`silo
+        start` on the silo.yaml `start_silo` wrote): a restart, or a second agent."""
+        config = self.root / "sites" / silo / "silo.yaml"
+        return self.start(name, "silo", "start", "--config", str(config), "--poll-seconds", "0.5")
+
     def wait(self, name: str, timeout: float = 120) -> int:
         try:
             return self.processes[name].wait(timeout=timeout)

@@ -82,7 +82,8 @@ def test_a_refusal_ends_the_join_wait_at_once_and_the_coordinator_logs_its_reaso
         hub.accept("silo-1")
         with caplog.at_level(logging.WARNING, logger="fedsilo.coordinator"):
             reason = "cannot work under this policy: data.source.path: data file not found"
-            ack = decode_control(coordinator._answer("silo-2", refusal(reason)))
+            refused = refusal(reason)
+            ack = decode_control(coordinator._answer("silo-2", refused, decode_control(refused)))
         assert members.result(timeout=10) == ["silo-0", "silo-1"]
     assert time.monotonic() - started < 5  # not the 60 s join timeout
     assert ack.type == ACK and ack.get("accepted")

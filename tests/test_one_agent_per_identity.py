@@ -59,15 +59,7 @@ def test_a_second_agent_with_the_same_kit_is_refused_and_the_first_goes_on(
         consortium.start_silo(silo)
     connected = "fedsilo_silos_connected"
     wait_for(lambda: metric(port, connected) == 3, 60, "3 silos connected", consortium)
-    second = consortium.start(
-        "silo-0-again",
-        "silo",
-        "start",
-        "--config",
-        str(consortium.root / "sites" / "silo-0" / "silo.yaml"),
-        "--poll-seconds",
-        "0.5",
-    )
+    second = consortium.start_silo_again("silo-0", "silo-0-again")
     assert second.wait(timeout=90) == 1, consortium.log("silo-0-again")
     consortium.processes.pop("silo-0-again")
     said = consortium.log("silo-0-again")

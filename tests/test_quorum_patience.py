@@ -85,19 +85,6 @@ def test_a_run_short_of_its_quorum_after_the_grace_ends_naming_the_missing_and_w
     )
 
 
-def restart_command(consortium: Consortium, silo: str, name: str) -> None:
-    """Start `silo`'s agent again with the command its unit runs (`silo start --config`)."""
-    consortium.start(
-        name,
-        "silo",
-        "start",
-        "--config",
-        str(consortium.root / "sites" / silo / "silo.yaml"),
-        "--poll-seconds",
-        "0.5",
-    )
-
-
 def test_a_silo_killed_mid_job_and_restarted_by_its_unit_rejoins_and_the_job_completes(
     consortium: Consortium,
 ) -> None:
@@ -108,7 +95,7 @@ def test_a_silo_killed_mid_job_and_restarted_by_its_unit_rejoins_and_the_job_com
     consortium.wait_for_log("coordinator", "round 2/8 completed", timeout=120, interval=0.02)
     consortium.kill("silo-2")
     time.sleep(SYSTEMD_RESTART_S)  # the unit's RestartSec: longer than the heartbeat window
-    restart_command(consortium, "silo-2", "silo-2-restarted")
+    consortium.start_silo_again("silo-2", "silo-2-restarted")
 
     assert consortium.wait("coordinator", timeout=240) == 0, consortium.log("coordinator")
     log = consortium.log("coordinator")
