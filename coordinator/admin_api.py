@@ -59,6 +59,12 @@ class AdminBackend(Protocol):
         """The files of an ended job's results folder, by path relative to it."""
         ...
 
+    def cross_site(self, job_id: str) -> dict[str, Any]:
+        """Job `job_id`'s cross-site validation matrix from the state file, as `fedsilo job
+        validate --json` prints it (ops/cross_site_view.py `job_cross_site`); AdminError when
+        its policy asks for none (`evaluation.cross_site`) or it has none yet."""
+        ...
+
     def roster(self) -> dict[str, str]:
         """The coordinator's signed roster as {"roster": text, "signature": hex}; AdminError
         when its kit has none (provisioned before rosters were signed)."""

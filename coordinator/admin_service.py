@@ -1,6 +1,6 @@
 """The coordinator's admin channel: gRPC service `fedsilo.v1.Admin`, method `Exchange`, on the
 coordinator's mTLS server, through which the operator submits, lists, aborts and inspects jobs
-(and follows a job's log),
+(and follows a job's log, reads its cross-site validation matrix),
 and reads and replaces the consortium's signed roster (`fedsilo consortium revoke`).
 
 Each request is checked before it is used: the caller's TLS certificate must be issued to
@@ -39,6 +39,7 @@ from fedsilo.wire.admin import (
     ROSTER,
     STATUS,
     SUBMIT,
+    VALIDATE,
     AdminReply,
     AdminRequest,
 )
@@ -165,6 +166,8 @@ class AdminService:
         if command == RESULTS:
             files = backend.results(args["job"])
             return AdminReply(ok=True, data={"files": sorted(files)}, files=files)
+        if command == VALIDATE:
+            return AdminReply(ok=True, data=backend.cross_site(args["job"]))
         if command == ROSTER:
             return AdminReply(ok=True, data=backend.roster())
         if command == INSTALL_ROSTER:

@@ -20,7 +20,9 @@ A phase's `WeightedMean` says what it sums; the policy says how: in the clear, o
 `secure_aggregation` masked (secure_sum.py) or under CKKS (ckks_sum.py), each silo then sending
 only its update to the mean's reference tensors, which the engine adds to the tasks. With
 `privacy.client_dp` every weighted mean of a round is DP-FedAvg's (client_dp.py): equal weights,
-clipped updates, the noise made whole, the round booked in the state's accounting.
+clipped updates, the noise made whole, the round booked in the state's accounting. A weighted
+mean with a robust rule (`algorithm.robust`) is combined by that rule in the clear once every
+reply is in (robust_mean.py), never under secure aggregation or client-level DP.
 
 A silo that answers `budget_exhausted` (its privacy budget cannot pay for the task) is a
 dropout in that phase and is retired: no later round or evaluation of the deployment asks it
@@ -50,6 +52,7 @@ import torch
 
 from fedsilo.coordinator.ckks_sum import CkksKeys, CkksMean
 from fedsilo.coordinator.client_dp import ClientDpRound, published_epsilon
+from fedsilo.coordinator.cross_site import CrossSite
 from fedsilo.coordinator.folded_keys import FoldedKeys
 from fedsilo.coordinator.hub import REVOKED
 from fedsilo.coordinator.lineage import attached, kept
@@ -69,6 +72,7 @@ from fedsilo.coordinator.replies import (
     keep_receipts,
     reports_of,
 )
+from fedsilo.coordinator.robust_mean import robust_mean
 from fedsilo.coordinator.routing import HandoffRouter
 from fedsilo.coordinator.running_mean import RunningMean
 from fedsilo.coordinator.secure_sum import MaskedMean
@@ -99,8 +103,8 @@ class RunAborted(RuntimeError):
 class RoundRecord:
     """What one round did: its `status`, each phase's answers and dropouts (`phases`), each
     silo's test metrics (`evaluation`) and their cross-silo `summary` when it evaluated, and,
-    by policy, each silo's epsilon (`privacy`) or mixing coefficient (`mixing`). Round 0 is the
-    setup."""
+    by policy, each silo's epsilon (`privacy`), mixing coefficient (`mixing`) or, after the final
+    evaluation, the cross-site matrix (`cross_site`). Round 0 is the setup."""
 
     round: int
     status: str  # "completed" | "failed"
@@ -117,6 +121,7 @@ class RoundRecord:
     privacy: dict[str, dict[str, Any]] | None = None  # silo -> epsilon, ledger head reported
     client_epsilon: float | None = None  # client-level DP: the published model's epsilon
     mixing: dict[str, float] | None = None  # mixing schedules: each silo's coefficient
+    cross_site: dict[str, Any] | None = None  # the final evaluation's: coordinator/cross_site.py
 
     def to_json(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if v is not None}
@@ -224,6 +229,7 @@ class RoundEngine:
         self.lineage = policy.uses_lineage
         self._lineage_state: Mapping[str, torch.Tensor] | None = None
         self._evidence: Mapping[str, torch.Tensor] | None = None
+        self.cross_site = CrossSite.of(policy)  # None: the policy asks for no cross-site matrix
 
     # -- the run ----------------------------------------------------------------------------
 
@@ -250,6 +256,8 @@ class RoundEngine:
                 round_no % self.policy.eval_every == 0 or round_no == total
             ):
                 self._evaluate(state, round_no, record)
+                if round_no == total:
+                    self._validate_across_sites(state, record, trained=True)
             records.append(record)
             self._save(record, state)
             for observer in self.observers:
@@ -265,6 +273,7 @@ class RoundEngine:
             self._check_stop()
             final = RoundRecord(records[-1].round, "final", 0.0)
             self._evaluate(state, final.round, final)
+            self._validate_across_sites(state, final, trained=records[-1].status == "completed")
         return RunHistory(records, replace(state, tensors=state_tensors(state.tensors)), final)
 
     def _await_quorum(self, round_no: int) -> None:
@@ -371,6 +380,19 @@ class RoundEngine:
         summaries = summarize_metrics(record.evaluation, record.test_sizes, {})
         record.summary = {name: summary.as_dict() for name, summary in summaries.items()}
 
+    def _validate_across_sites(
+        self, state: ServerState, record: RoundRecord, trained: bool
+    ) -> None:
+        """After the final evaluation (in `record`), when the policy asks: every model held in
+        the clear on every silo's test split (coordinator/cross_site.py), kept in `record`."""
+        if self.cross_site is None or record.evaluation is None:
+            return
+        global_model = self.strategy.global_model(state)
+        models, note = self.cross_site.models(global_model, self.silos, trained)
+        script = self.strategy.cross_site(models, state, self._context(record.round))
+        outcomes = self._drive(script, record.round, record)
+        record.cross_site = self.cross_site.matrix(outcomes, note).to_json()
+
     def _context(self, round_no: int) -> RoundContext:
         return RoundContext(
             round=round_no,
@@ -438,6 +460,12 @@ class RoundEngine:
     ) -> PhaseOutcome:
         """Run `phase`: its tasks dispatched, its answers checked, its aggregate taken (a weighted
         mean in the clear or by the policy's secure aggregation, under `client_dp` if given)."""
+        robust = isinstance(phase.aggregate, WeightedMean) and phase.aggregate.robust is not None
+        if robust and (client_dp is not None or self.policy.secure_aggregation.enabled):
+            raise ValueError(
+                f"phase {phase.name!r} asks for a robust rule, which needs each silo's update in "
+                "the clear: not under secure aggregation or client-level DP"
+            )
         if client_dp is not None and isinstance(phase.aggregate, WeightedMean):
             phase = client_dp.phase(phase)
             return client_dp.noised(phase, self._execute(phase, round_no, record))
@@ -494,12 +522,14 @@ class RoundEngine:
             return outcome
         running = (
             RunningMean(phase.aggregate, [t.silo for t in phase.tasks])
-            if isinstance(phase.aggregate, WeightedMean)
+            if isinstance(phase.aggregate, WeightedMean) and phase.aggregate.robust is None
             else None
         )
         results, dropped = self.collect(
             phase.name, phase.tasks, round_no, phase.aggregate, record, running=running
         )
+        if self.cross_site is not None:
+            self.cross_site.keep(phase.name, round_no, results)
         if len(results) < quorum:
             reasons = "; ".join(f"{s}: {why}" for s, why in sorted(dropped.items()))
             raise QuorumNotMet(
@@ -524,12 +554,15 @@ class RoundEngine:
             return PhaseOutcome(
                 phase.name, reports, dropped, tensors=copy, spec=spec, digests=digests
             )
-        assert running is not None  # the phase's aggregate is a WeightedMean
         first = results[min(results)].lazy
         self.make_room(
             sum(first[n].numel * first[n].dtype.itemsize for n in phase.aggregate.tensors)
         )
-        mean, total = running.mean(results)
+        mean, total = (
+            running.mean(results)
+            if running is not None
+            else robust_mean(phase.aggregate, phase.tasks, results)
+        )
         if total <= 0:
             raise QuorumNotMet(
                 f"phase {phase.name!r}: the answering silos carry zero total weight",

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from fedsilo.policies.algorithms.robust import RobustRuleBase
 from fedsilo.wire.tasks import TaskConfig
 from fedsilo.wire.tasks.tensor_names import MODEL
 from fedsilo.wire.tensors import ParameterSpec
@@ -48,6 +49,10 @@ class WeightedMean:
     the engine decides from the policy how the mean is taken (in the clear, masked or under
     CKKS, where each silo sends only its update to the reference) and applies client-level DP
     (coordinator/engine.py).
+
+    `robust`: a robust rule (`algorithm.robust`) the engine combines the updates to the
+    reference with instead of the weighted mean, in the clear only (coordinator/robust_mean.py);
+    the outcome still carries the combination alone, never one silo's tensors.
     """
 
     tensors: tuple[str, ...] = (MODEL,)
@@ -56,6 +61,7 @@ class WeightedMean:
     # the task's parameter spec fixes); a reply of another shape is that silo's dropout
     shapes: Mapping[str, tuple[int, ...]] | None = None
     references: Mapping[str, torch.Tensor] | None = None
+    robust: RobustRuleBase | None = None
 
     def flattened(self) -> WeightedMean:
         """The same aggregate over flat tensors (what a secure protocol's replies carry)."""

@@ -32,6 +32,22 @@ _API = {
     "PluginData": "fedsilo.silo.data.plugins",
     "PluginDataset": "fedsilo.silo.data.plugins",
     "TaskPlugin": "fedsilo.silo.data.plugins",
+    "TrainingStep": "fedsilo.silo.training_step",
+    "StepTools": "fedsilo.silo.training_step",
+    "PluginAlgorithm": "fedsilo.policies.algorithms.plugins",
+    "Strategy": "fedsilo.coordinator.strategies.base",
+    "ServerState": "fedsilo.coordinator.strategies.base",
+    "RoundContext": "fedsilo.coordinator.strategies.base",
+    "RoundScript": "fedsilo.coordinator.strategies.base",
+    "Phase": "fedsilo.coordinator.phases",
+    "Task": "fedsilo.coordinator.phases",
+    "WeightedMean": "fedsilo.coordinator.phases",
+    "PhaseOutcome": "fedsilo.coordinator.phases",
+    "SiloContract": "fedsilo.policies.algorithms.contract",
+    "averaging_contract": "fedsilo.policies.algorithms.contract",
+    "MODEL": "fedsilo.wire.tasks.tensor_names",
+    "check_silo_contract": "fedsilo.ops.contract_testing",
+    "ContractViolation": "fedsilo.ops.contract_testing",
 }
 __all__ = ["__version__", *_API]
 

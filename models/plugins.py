@@ -17,8 +17,8 @@ from importlib.metadata import EntryPoint, entry_points
 from torch import nn
 
 from fedsilo.models.global_rng import seeded_global_rng
-from fedsilo.models.plugin_loading import PluginChanged, load_plugin
 from fedsilo.policies.model import PluginModel
+from fedsilo.policies.plugin_loading import PluginChanged, load_plugin
 
 GROUP = "fedsilo.models"
 

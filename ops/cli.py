@@ -44,8 +44,12 @@ SUBCOMMANDS = {
     "model": ("fedsilo.ops.model_cli:model_group", "Work with a policy's model."),
     "new": (
         "fedsilo.ops.new_package:new_command",
-        "Write a plug-in package NAME: a model factory, a data loader, optionally a task, their "
-        "entry points, a policy using them with the model pinned, and a test.",
+        "Write a plug-in package NAME: a model factory, a data loader, optionally a task, a "
+        "strategy and training steps, their entry points, a policy using them pinned, and tests.",
+    ),
+    "plugin": (
+        "fedsilo.ops.plugin_cli:plugin_group",
+        "List this site's plug-ins and print the pin of a strategy or training step.",
     ),
     "policy": (f"{COMMANDS}:policy", "Work with policy files."),
     "predict": (

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import tempfile
+from collections.abc import Mapping
 from contextlib import ExitStack
 from importlib.resources import as_file, files
 from pathlib import Path
@@ -42,6 +43,7 @@ from fedsilo.ops.coordinator_process import (
     run_coordinator,
 )
 from fedsilo.ops.coordinator_serve import ServeOptions, serve_coordinator
+from fedsilo.ops.cross_site_view import print_simulated
 from fedsilo.ops.demo import DemoFailed, run_demo
 from fedsilo.ops.job_cli import coordinator_option, print_json, print_remote_status
 from fedsilo.ops.options import kit_option
@@ -58,6 +60,7 @@ from fedsilo.ops.report import (
 from fedsilo.ops.shown_metrics import MetricDisplay, ShownRounds
 from fedsilo.ops.status import certificate_status, state_file_document
 from fedsilo.ops.status_view import print_certificate, print_consortium
+from fedsilo.ops.tracking import JobTracking, TrackTarget, simulation_tracking, track_option
 from fedsilo.policies.loading import (
     PolicyError,
     load_policy,
@@ -118,13 +121,14 @@ def validate(files: tuple[Path, ...]) -> None:
 
 def _validate(file: Path) -> None:
     loaded = _load(file)
-    from fedsilo.ops.model_cli import plugin_report  # loads the model zoo's checks
+    from fedsilo.ops.model_cli import plugin_report, warm_start_report  # the model zoo's checks
     from fedsilo.ops.simulate import consortium_report  # the silo side: data, Opacus
 
     try:
         consortium = consortium_report(loaded, policy_folder(file))
     except USER_ERRORS as exc:
         raise click.ClickException(f"{file}: {user_message(exc)}") from None
+    warm_start = warm_start_report(loaded, file)
     console.print(
         f"[green]OK[/green] {file}: policy '{loaded.name}' (version {loaded.version}), "
         f"algorithm {loaded.algorithm.name}, model {loaded.model.name}, {loaded.rounds} rounds, "
@@ -137,16 +141,31 @@ def _validate(file: Path) -> None:
         raise click.ClickException(f"{file}: {user_message(exc)}") from None
     if planned is not None:
         click.echo(planned)
-    for line in plugin_report(loaded, file):
+    for line in [*warm_start, *plugin_report(loaded, file)]:
         click.echo(line)
 
 
 @click.command("algorithms")
 def algorithms() -> None:
     """List the algorithms a policy may select."""
-    width = max(len(name) for name in STRATEGIES)
-    for name, cls in STRATEGIES.items():
-        summary = (cls.__doc__ or cls.__module__).strip().splitlines()[0]
+    from fedsilo.policies.algorithms.plugins import installed_algorithms, plugin_config_class
+
+    rows = {
+        name: (cls.__doc__ or cls.__module__).strip().splitlines()[0]
+        for name, cls in STRATEGIES.items()
+    }
+    for point in installed_algorithms():
+        if point.name in rows:
+            continue  # a built-in name always means the built-in algorithm
+        package = f"{point.dist.name} {point.dist.version}" if point.dist else point.value
+        try:
+            config = plugin_config_class(point.name, list(STRATEGIES))
+            summary = (config.__doc__ or point.value).strip().splitlines()[0]
+        except ValueError as error:
+            summary = f"cannot be used here: {error}"
+        rows[point.name] = f"{summary} (strategy plug-in, {package})"
+    width = max(len(name) for name in rows)
+    for name, summary in rows.items():
         console.print(f"{name:{width}s}  {summary}", highlight=False, soft_wrap=True)
 
 
@@ -188,6 +207,7 @@ def algorithms() -> None:
     help="With --backend ray: the Ray cluster to join (as `ray start --head` printed it, or "
     "auto); default: a local Ray instance with this machine's CPUs.",
 )
+@track_option
 def simulate_command(
     policy_file: Path | None,
     silos: int | None,
@@ -197,6 +217,7 @@ def simulate_command(
     compare: tuple[str, ...],
     backend: str,
     address: str | None,
+    track: tuple[TrackTarget, ...],
 ) -> None:
     """Run a consortium (in this process, or on Ray) and write results, tables and plots."""
     from fedsilo.ops.ray_backend import import_ray, ray_session  # the silo side: data, Opacus
@@ -220,17 +241,25 @@ def simulate_command(
         check_output_folder(out, overwrite)
         datasets = load_silos(base, base_dir)
         _plan_before_running(variants, datasets)
-        with ExitStack() as stack:
-            if backend == RAY:
-                stack.enter_context(ray_session(address))  # one session for every variant
-            results = _run_all(variants, datasets, backend)
-        _require_an_evaluated_round(results)
-        write_results(out, results, overwrite)
+        with ExitStack() as tracked:  # each run ends failed unless its results are logged
+            tracking = {
+                name: tracked.enter_context(simulation_tracking(track, variant))
+                for name, variant in variants.items()
+            }
+            with ExitStack() as stack:
+                if backend == RAY:
+                    stack.enter_context(ray_session(address))  # one session for every variant
+                results = _run_all(variants, datasets, backend, tracking)
+            _require_an_evaluated_round(results)
+            write_results(out, results, overwrite)
+            for name, result in results.items():
+                tracking[name].finish(result.history, out / name if len(results) > 1 else out)
     except USER_ERRORS as exc:
         raise click.ClickException(user_message(exc)) from None
     first = next(iter(results.values()))
     console.print(f"device: {first.device}")
     console.print(comparison_table(results))
+    print_simulated(console, results)
     for name, result in results.items():
         for note in (result.history.failed_note(), _diverged_note(result)):
             if note is not None:
@@ -260,8 +289,12 @@ def _plan_before_running(variants: dict[str, Policy], datasets: list) -> None:
 
 
 def _run_all(
-    variants: dict[str, Policy], datasets: list, backend: str
+    variants: dict[str, Policy],
+    datasets: list,
+    backend: str,
+    tracking: Mapping[str, JobTracking],
 ) -> dict[str, SimulationResult]:
+    """Each variant simulated, its rounds shown on its progress bar and tracked (`tracking`)."""
     from fedsilo.ops.simulate import simulate
 
     results: dict[str, SimulationResult] = {}
@@ -272,7 +305,10 @@ def _run_all(
             results[name] = simulate(
                 variant,
                 datasets,
-                observers=[ShownRounds(_ProgressObserver(progress, bar, display), display)],
+                observers=[
+                    ShownRounds(_ProgressObserver(progress, bar, display), display),
+                    tracking[name],
+                ],
                 backend=backend,
             )
     return results
@@ -436,6 +472,7 @@ log_json_option = click.option(
     callback=within(0, MAX_SECONDS),
     help="Keep serving metrics this long after the last round.",
 )
+@track_option
 @log_json_option
 def coordinator_start(
     kit_dir: Path,
@@ -449,6 +486,7 @@ def coordinator_start(
     out: Path | None,
     overwrite: bool,
     linger_seconds: float,
+    track: tuple[TrackTarget, ...],
     log_json: bool,
 ) -> None:
     """Serve the consortium and run the policy's rounds to completion."""
@@ -472,6 +510,7 @@ def coordinator_start(
         linger_s=linger_seconds,
         out=out,
         overwrite=overwrite,
+        track=track,
     )
     try:
         history = run_coordinator(options, stop)
@@ -532,6 +571,7 @@ def coordinator_start(
     "container or host (the samples name silos: keep the port off public networks).",
 )
 @health_file_option
+@track_option
 @log_json_option
 def coordinator_serve(
     kit_dir: Path,
@@ -545,6 +585,7 @@ def coordinator_serve(
     listen: str | None,
     metrics_host: str,
     health_file: Path | None,
+    track: tuple[TrackTarget, ...],
     log_json: bool,
 ) -> None:
     """Serve the consortium and run the jobs the operator submits (`fedsilo job submit`), one
@@ -565,6 +606,7 @@ def coordinator_serve(
         listen=listen,
         metrics_host=metrics_host,
         health_file=health_file,
+        track=track,
     )
     try:
         serve_coordinator(options, stop)

@@ -45,6 +45,7 @@ from typing import Any, Protocol
 import grpc
 
 from fedsilo.coordinator.engine import (
+    EngineObserver,
     QuorumWait,
     RoundEngine,
     RoundRecord,
@@ -68,7 +69,9 @@ from fedsilo.ops.report import MARKER, atomic_directory, write_deployment_result
 from fedsilo.ops.server_credentials import reloading_server_credentials
 from fedsilo.ops.shown_metrics import MetricDisplay, ShownRounds
 from fedsilo.ops.synthetic import snapshots_for
+from fedsilo.ops.tracking import TrackTarget, deployment_tracking
 from fedsilo.policies.loading import parse_policy_text
+from fedsilo.policies.model import with_init_folder
 from fedsilo.policies.schema import Policy
 from fedsilo.privacy.certificate_files import TlsFileWatch
 from fedsilo.privacy.identity import noise_secret
@@ -111,12 +114,15 @@ class CoordinatorOptions:
     linger_s: float = 0.0  # keep serving (metrics, "finished" to silos) after the last round
     out: Path | None = None  # where the final model and history are written
     overwrite: bool = False  # replace earlier fedsilo results in `out` (never anything else)
+    track: tuple[TrackTarget, ...] = ()  # where the job is tracked (ops/tracking.py)
 
 
 def run_coordinator(options: CoordinatorOptions, stop: threading.Event | None = None) -> RunHistory:
     stop = stop or threading.Event()
     kit = load_coordinator_kit(options.kit)
-    job = prepare_job(signed_policy(options.policy, kit), str(options.policy))
+    job = prepare_job(
+        signed_policy(options.policy, kit), str(options.policy), options.policy.parent
+    )
     serving = open_serving(
         kit,
         options.state,
@@ -146,13 +152,17 @@ def run_coordinator(options: CoordinatorOptions, stop: threading.Event | None = 
             kit.address,
             job.id,
         )
-        history, snapshots = run_job(serving, job, options.join_timeout_s)
-        serving.hub.finish()
-        require_a_completed_round(history)
-        if options.out is not None:
-            write_deployment_results(
-                options.out, job.policy, history, snapshots, options.overwrite, job.id
-            )
+        with deployment_tracking(
+            options.track, kit.consortium, job.id, job.policy, job.signed.digest
+        ) as tracking:
+            history, snapshots = run_job(serving, job, options.join_timeout_s, observers=[tracking])
+            serving.hub.finish()
+            require_a_completed_round(history)
+            if options.out is not None:
+                write_deployment_results(
+                    options.out, job.policy, history, snapshots, options.overwrite, job.id
+                )
+            tracking.finish(history, options.out)
         log.info("job %s complete at round %d", job.id, history.final.round)
         log_audit_anchors(job.id, history)
         stop.wait(max(options.poll_seconds + 1.0, options.linger_s))  # silos hear "finished"
@@ -189,10 +199,12 @@ class Job:
     strategy: Strategy
 
 
-def prepare_job(signed: SignedPolicy, source: str) -> Job:
+def prepare_job(signed: SignedPolicy, source: str, folder: Path | None = None) -> Job:
     """The job that runs `signed` (its signature, and its attempt's, already verified); a
-    policy whose fields do not check, or that only a simulation may run, is refused."""
-    policy = parse_policy_text(signed.text, source=source)
+    policy whose fields do not check, or that only a simulation may run, is refused.
+    `folder`: the policy file's, which a relative `model.init.file` is read from (a submitted
+    job has none)."""
+    policy = with_init_folder(parse_policy_text(signed.text, source=source), folder)
     strategy = make_strategy(policy)
     if isinstance(strategy, Central):
         raise DeploymentError(
@@ -341,9 +353,11 @@ def run_job(
     job: Job,
     join_timeout_s: float,
     should_stop: Callable[[], str | None] = lambda: None,
+    observers: Sequence[EngineObserver] = (),
 ) -> tuple[RunHistory, dict[int, Any]]:
-    """Wait for the silos to accept the job's policy and run its rounds (resuming saved ones);
-    returns the history and the snapshots its results include (FedEvg's synthetic set)."""
+    """Wait for the silos to accept the job's policy and run its rounds (resuming saved ones),
+    each round also handed to `observers` (the job's tracking); returns the history and the
+    snapshots its results include (FedEvg's synthetic set)."""
     kit, hub, store, metrics, policy = (
         serving.kit,
         serving.hub,
@@ -389,6 +403,7 @@ def run_job(
             ShownRounds(metrics, display),
             ShownRounds(_RoundLog(display), display),
             *([snapshots] if snapshots else []),
+            *observers,
         ],
         deployment=job.id,
         store=store,

@@ -70,6 +70,7 @@ from fedsilo.ops.coordinator_process import (
     write_partial_results,
 )
 from fedsilo.ops.coordinator_process import run_job as run_job_rounds
+from fedsilo.ops.cross_site_view import job_cross_site
 from fedsilo.ops.health import HealthFile
 from fedsilo.ops.job_id import job_id as attempt_id
 from fedsilo.ops.job_outcomes import count_ended
@@ -84,6 +85,8 @@ from fedsilo.ops.provision import (
 from fedsilo.ops.report import write_deployment_results
 from fedsilo.ops.shown_metrics import last_metrics
 from fedsilo.ops.status import FROM_COORDINATOR, consortium_document
+from fedsilo.ops.tracking import JobTracking, TrackTarget, deployment_tracking
+from fedsilo.policies.loading import parse_policy_text
 from fedsilo.policies.privacy import PrivacyConfig
 from fedsilo.privacy.policy_signing import PolicySignatureError, verify_attempt, verify_policy
 from fedsilo.privacy.roster import ROSTER_FILE, RosterError, not_older, verify_roster
@@ -110,6 +113,7 @@ class ServeOptions:
     listen: str | None = None  # default: the kit's address
     metrics_host: str = "127.0.0.1"
     health_file: Path | None = None  # ops/health.py
+    track: tuple[TrackTarget, ...] = ()  # where each job is tracked (ops/tracking.py)
 
     @property
     def jobs_folder(self) -> Path:
@@ -205,6 +209,7 @@ def run_queued_job(
     handler = _job_log(folder / JOB_LOG)
     hub = serving.hub
     job: Job | None = None
+    tracking = JobTracking()  # the job's, once it starts
 
     def should_stop() -> str | None:
         return "the coordinator is stopping" if stop.is_set() else hub.aborted
@@ -221,11 +226,17 @@ def run_queued_job(
         serving.service.set_job(job.signed, job.id)
         log.info("job %s %s", job.id, "resumes" if resumed else "starts")
         check_job(serving, job)
-        history, snapshots = run_job_rounds(serving, job, options.join_timeout_s, should_stop)
+        tracking = deployment_tracking(
+            options.track, serving.kit.consortium, job.id, job.policy, job.signed.digest
+        )
+        history, snapshots = run_job_rounds(
+            serving, job, options.join_timeout_s, should_stop, observers=[tracking]
+        )
         require_a_completed_round(history)
         write_deployment_results(
             folder / RESULTS, job.policy, history, snapshots, overwrite=True, job=job.id
         )
+        tracking.finish(history, folder / RESULTS)
         log.info("job %s complete at round %d", job.id, history.final.round)
         log_audit_anchors(job.id, history)
         # a job that ran without a silo that refused it still says who did, and why
@@ -234,19 +245,23 @@ def run_queued_job(
     except Exception as exc:  # noqa: BLE001 (a failing job never stops the server)
         if stop.is_set():
             log.info("job %s stays running: the coordinator is stopping", job_id)
+            tracking.end(ABORTED)  # its run goes on when the job resumes
         elif queue.abort_requested(job_id):
             log.warning("job %s aborted by the operator", job_id)
             _keep_partial_results(serving, job, folder / RESULTS, ABORTED, ABORTED_BY_OPERATOR)
+            tracking.end(ABORTED, folder / RESULTS)
             queue.mark_ended(job_id, ABORTED, ABORTED_BY_OPERATOR)
             count_ended(serving.metrics, ABORTED)
         elif isinstance(exc, JobRefused):
             log.error("job %s %s", job_id, exc)
+            tracking.end(REFUSED)
             queue.mark_ended(job_id, REFUSED, str(exc), exc.refusals)
             count_ended(serving.metrics, REFUSED)
         else:
             reason = _one_line(exc)
             log.error("job %s failed: %s", job_id, reason, exc_info=not _expected(exc))
             _keep_partial_results(serving, job, folder / RESULTS, FAILED, reason)
+            tracking.end(FAILED, folder / RESULTS)
             queue.mark_ended(job_id, FAILED, reason, _refusals(hub, job_id))
             count_ended(serving.metrics, FAILED, exc)
     finally:
@@ -447,6 +462,13 @@ class ServeBackend:
             for path in sorted(folder.rglob("*"))
             if path.is_file()
         }
+
+    def cross_site(self, job_id: str) -> dict[str, Any]:
+        info = self.job(job_id)
+        policy = parse_policy_text(self.queue.policy(job_id).text)
+        with StateStore(self.state) as store:
+            record = store.last_evaluated(job_id)
+        return job_cross_site(info, policy, record)
 
     def roster(self) -> dict[str, str]:
         kit = self.serving.kit

@@ -55,9 +55,12 @@ from fedsilo.wire.admin import (
     RETRY,
     STATUS,
     SUBMIT,
+    VALIDATE,
     AdminReply,
 )
 from fedsilo.wire.durable import write_atomically
+
+FINAL_MODEL = "final_model.safetensors"
 
 console = Console()
 
@@ -238,6 +241,37 @@ def results(job: str, kit_dir: Path, out: Path, overwrite: bool) -> None:
     for name, content in sorted(files.items()):
         table.add_row(name, str(len(content)))
     console.print(table)
+    _print_init_block(out / FINAL_MODEL)
+
+
+def _print_init_block(model_file: Path) -> None:
+    """The `init:` block that starts a next job from this job's final model, where it has one
+    (FedEvg's result is its synthetic set)."""
+    from fedsilo.models.warm_start import WarmStartError, init_block, read_warm_start  # torch
+
+    try:
+        warm = read_warm_start(model_file)
+    except WarmStartError:
+        return
+    click.echo(f"to start a job from this model:\n{init_block(model_file.resolve(), warm.digest)}")
+
+
+@job_group.command("validate")
+@click.argument("job")
+@kit_option
+@json_option
+def validate(job: str, kit_dir: Path, as_json: bool) -> None:
+    """The cross-site validation matrix of job JOB: every model the coordinator held in the
+    clear (the global model, each site's where its policy lets one reach the coordinator) on
+    every site's test split, run once after the job's final evaluation when its policy asks
+    for it (evaluation.cross_site)."""
+    from fedsilo.ops.cross_site_view import print_job_cross_site  # loads torch
+
+    data = _call(kit_dir, VALIDATE, job=resolve_job(kit_dir, job)).data
+    if as_json:
+        print_json({"schema": STATUS_SCHEMA, **data})
+        return
+    print_job_cross_site(console, data)
 
 
 def _print_partial(job: str, results_json: bytes | None) -> None:

@@ -1,10 +1,16 @@
-"""`fedsilo model pin`, and what `fedsilo policy validate` says about a plugin model.
+"""`fedsilo model pin` and `fedsilo model digest`, and what `fedsilo policy validate` says about
+a plugin model and a warm start.
 
 A plugin model's policy pins the network (`model.architecture`): `model pin` builds it with the
 plug-in installed here and prints the block to paste under `model:` (it never rewrites the
 policy file). `plugin_report` checks a loaded policy's plugin model where it is installed
 (the pinned architecture, and DP-SGD compatibility under `privacy.dp_sgd`); where it is not,
 each silo checks it when it joins.
+
+A warm start (`model.init`) pins a model file by the digest of its tensors: `model digest`
+prints the `init:` block for a file (models/warm_start.py). `warm_start_report` checks a loaded
+policy's warm start where its file is on this machine: the digest, and that its tensors fit
+the network the policy builds (for the data here, or as a plugin model's architecture pins it).
 """
 
 from __future__ import annotations
@@ -17,6 +23,14 @@ from pydantic import ValidationError
 
 from fedsilo.models import architecture
 from fedsilo.models.plugins import PluginError, build_plugin, find_factory
+from fedsilo.models.warm_start import (
+    FILE_KEY,
+    WarmStartError,
+    digest_problem,
+    fit_problem,
+    init_block,
+    read_warm_start,
+)
 from fedsilo.models.zoo import build_model
 from fedsilo.policies.loading import (
     PolicyError,
@@ -81,9 +95,62 @@ def plugin_report(policy: Policy, file: Path) -> list[str]:
     return lines
 
 
+def warm_start_report(policy: Policy, file: Path) -> list[str]:
+    """What `policy validate` says of the policy's warm start (nothing without one): its file's
+    digest and fit where the file is on this machine (a ClickException naming
+    `model.init.digest` or `model.init.file` when they are not the policy's), else that the
+    coordinator checks them when the job starts."""
+    init = policy.model.init
+    if init is None:
+        return []
+    path = Path(init.file)
+    if not path.is_file():
+        return [
+            f"{FILE_KEY} {init.file!r}: not on this machine; the coordinator reads it and checks "
+            "its digest and fit when the job starts"
+        ]
+    try:
+        warm = read_warm_start(path)
+        problem = digest_problem(init, warm.digest, "the file's tensors")
+        if problem is None:
+            network, checked = _network(policy, file)
+            problem = fit_problem(warm, network, "the policy's model has") if network else None
+    except WarmStartError as error:
+        raise click.ClickException(f"{file}: {error}") from None
+    if problem is not None:
+        raise click.ClickException(f"{file}: {problem}")
+    return [f"model.init: {init.file} holds the pinned tensors; {checked}"]
+
+
+def _network(policy: Policy, file: Path) -> tuple[list[str], str]:
+    """The architecture lines of the network the policy's model is (a plugin's pin, a zoo
+    network built for the data here; none where the data is not here), and what that checks."""
+    config = policy.model
+    if isinstance(config, PluginModel) and config.architecture is not None:
+        return config.architecture.tensors, "they fit the architecture the policy pins"
+    try:
+        shape, outputs = _schema(policy, _base_dir(file), None, None)
+    except DataError as error:
+        return [], f"their fit to the network is checked when the job starts ({error})"
+    network = architecture.describe(build_model(config, shape, outputs, policy.seed))
+    return network, f"they fit the network the policy builds for this data (input shape {shape})"
+
+
 @click.group("model")
 def model_group() -> None:
     """Work with a policy's model."""
+
+
+@model_group.command("digest")
+@click.argument("model_file", metavar="FILE", type=click.Path(path_type=Path))
+def digest(model_file: Path) -> None:
+    """Print the `init:` block that starts a job from the model in FILE (a final_model.safetensors
+    of `fedsilo simulate --out` or `fedsilo job results`), to paste under `model:`."""
+    try:
+        warm = read_warm_start(model_file, str(model_file))
+    except WarmStartError as error:
+        raise click.ClickException(str(error)) from None
+    click.echo(init_block(model_file, warm.digest))
 
 
 @model_group.command("pin")

@@ -2,11 +2,15 @@
 
 It writes, from the Jinja templates in `ops/templates/new_package/` (package data), a package
 that runs as it is: a pyproject.toml registering its entry points (groups `fedsilo.models`,
-`fedsilo.datasets` and, with `--task`, `fedsilo.tasks`), a model factory, a data loader that
-draws its rows in place (never a download), optionally a task plug-in, a policy that uses them
-with the model's architecture already pinned, a README and the package's own test. The pin is
-what `fedsilo model pin` would print once the package is installed: the generated factory is
-built here, from the file just rendered, for the loader's input shape and outputs.
+`fedsilo.datasets` and, with `--task`, `fedsilo.tasks`; with `--strategy`,
+`fedsilo.algorithms`; with `--step`, `fedsilo.steps`), a model factory, a data loader that
+draws its rows in place (never a download), optionally a task plug-in, a strategy plug-in
+(FedBN, written against the public API only) and training steps, a policy that uses them with
+the model's architecture already pinned, a README and the package's own tests. The
+architecture pin is what `fedsilo model pin` would print once the package is installed: the
+generated factory is built here, from the file just rendered, for the loader's input shape
+and outputs; the package pin (a strategy's or a step's) is what `fedsilo plugin pin` would
+print: version 0.1.0 and the digest of the rendered package's code.
 
 NAME is the distribution's name and the folder's; the import package is NAME in lower case
 with '-' and '.' as '_'. The output folder must be new or empty: the package is rendered into
@@ -29,13 +33,15 @@ import click
 from jinja2 import Environment, PackageLoader, StrictUndefined
 
 from fedsilo.models import architecture
+from fedsilo.policies.package_pin import code_digest
 
 # PEP 508's distribution name: letters, digits, '.', '-', '_', a letter or digit at each end
 DISTRIBUTION_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$")
 FEATURES = 12  # the generated loader's features
 CLASSES = 3  # its classes; under --task the model has one output, a log-rate
 HIDDEN = 32  # the factory's hidden units, as the policy's model.args.hidden
-POLICY = "policy.yaml"  # rendered last: it holds the pin of the rendered models.py
+POLICY = "policy.yaml"  # rendered last: it holds the pins of the rendered code
+VERSION = "0.1.0"  # the package's, as pyproject.toml.j2 sets it
 TEMPLATES = Environment(
     loader=PackageLoader("fedsilo.ops", "templates/new_package"),
     undefined=StrictUndefined,
@@ -49,11 +55,13 @@ TEMPLATES = Environment(
 @dataclass(frozen=True)
 class Package:
     """What the templates fill in: the distribution's NAME, its import package, and whether it
-    has a task plug-in."""
+    has a task plug-in, a strategy plug-in and training steps."""
 
     name: str
     package: str
     task: bool
+    strategy: bool = False
+    step: bool = False
 
     def files(self) -> dict[str, str]:
         """The path in the output folder of each file rendered from a template, by its
@@ -68,6 +76,10 @@ class Package:
         }
         if self.task:
             files["package/task.py.j2"] = f"{self.package}/task.py"
+        if self.strategy:
+            files["package/strategy.py.j2"] = f"{self.package}/strategy.py"
+        if self.step:
+            files["package/steps.py.j2"] = f"{self.package}/steps.py"
         return files
 
 
@@ -84,10 +96,22 @@ class Package:
     help="Add a task plug-in (counts as a Poisson rate: its own loss and metric) that the "
     "loader's rows and the policy use.",
 )
-def new_command(name: str, out: Path | None, task: bool) -> None:
-    """Write a plug-in package NAME: a model factory, a data loader, optionally a task, their
-    entry points, a policy using them with the model pinned, and a test."""
-    package = Package(name, import_package(name), task)
+@click.option(
+    "--strategy",
+    is_flag=True,
+    help="Add a strategy plug-in (FedBN: FedAvg whose silos keep their normalisation layers "
+    "local) that the policy selects, with its silo contract and its contract test.",
+)
+@click.option(
+    "--step",
+    is_flag=True,
+    help="Add training steps (feature jitter; with early stopping on the validation split) "
+    "that the policy's training.step uses.",
+)
+def new_command(name: str, out: Path | None, task: bool, strategy: bool, step: bool) -> None:
+    """Write a plug-in package NAME: a model factory, a data loader, optionally a task, a
+    strategy and training steps, their entry points, a policy using them pinned, and tests."""
+    package = Package(name, import_package(name), task, strategy, step)
     out = out or Path(name)
     check_new_folder(out)
     try:
@@ -145,6 +169,8 @@ def write_package(package: Package, out: Path) -> None:
         "name": package.name,
         "package": package.package,
         "task": package.task,
+        "strategy": package.strategy,
+        "step": package.step,
         "features": FEATURES,
         "classes": CLASSES,
         "hidden": HIDDEN,
@@ -154,7 +180,9 @@ def write_package(package: Package, out: Path) -> None:
         for template, path in package.files().items()
     }
     rendered[POLICY] = TEMPLATES.get_template(f"{POLICY}.j2").render(
-        values, architecture=pin(rendered[f"{package.package}/models.py"], package)
+        values,
+        architecture=pin(rendered[f"{package.package}/models.py"], package),
+        package_pin=package_pin(rendered, package),
     )
     into_existing = out.is_dir()  # an empty one (checked), perhaps this very folder
     if not into_existing:
@@ -178,6 +206,18 @@ def write_package(package: Package, out: Path) -> None:
         for path in [staging, *moved]:
             shutil.rmtree(path, ignore_errors=True)
         raise
+
+
+def package_pin(rendered: dict[str, str], package: Package) -> str:
+    """The `package:` block (two spaces in) that pins the rendered package's code: version
+    0.1.0 (pyproject.toml's) and the digest `fedsilo plugin pin` prints once it is installed."""
+    with tempfile.TemporaryDirectory() as folder:
+        for path, text in rendered.items():
+            if path.startswith(f"{package.package}/"):
+                (Path(folder) / path).parent.mkdir(parents=True, exist_ok=True)
+                (Path(folder) / path).write_text(text, encoding="utf-8")
+        digest = code_digest(Path(folder) / package.package)
+    return f"  package:\n    version: {VERSION}\n    digest: {digest}"
 
 
 def pin(models_source: str, package: Package) -> str:

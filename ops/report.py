@@ -2,7 +2,8 @@
 the final model with its card (models/card.py), and a side-by-side comparison when several
 algorithms ran on the same consortium. Under DP: each silo's epsilon over rounds against the
 cap (results.json's `privacy`, `epsilon_per_round.png`, an epsilon column per algorithm in the
-table) and, for a simulation, each silo's ledger (`ledgers/<silo>.jsonl`).
+table) and, for a simulation, each silo's ledger (`ledgers/<silo>.jsonl`). With
+`evaluation.cross_site`: the matrix in results.json (`cross_site`) and `cross_site.csv`.
 
 Everything goes into a temporary sibling of the output folder first and is moved into place
 only when complete, so an interrupted or failed run never leaves a half-written folder. Nothing
@@ -31,10 +32,12 @@ import torch
 from rich.table import Table
 
 from fedsilo import __version__
+from fedsilo.coordinator.cross_site import CrossSiteMatrix
 from fedsilo.coordinator.engine import RunHistory
 from fedsilo.coordinator.strategies.base import ServerState
 from fedsilo.coordinator.summary import R2
 from fedsilo.models.card import CARD_KEY, ModelCard
+from fedsilo.ops.cross_site_view import CSV_NAME, write_cross_site_csv
 from fedsilo.ops.epsilon import (
     epsilon_by_round,
     final_epsilons,
@@ -282,9 +285,13 @@ def write_report(
         "metrics_noised": policy.privacy.differentially_private,
         "final": {"round": final.round, "per_silo": final.evaluation, "summary": final.summary},
         "failed_rounds": [{"round": r.round, "error": r.error} for r in history.failed],
+        # evaluation.cross_site: model row -> site -> metrics (coordinator/cross_site.py)
+        **({"cross_site": final.cross_site} if final.cross_site is not None else {}),
         "history": history.to_json()["rounds"],
     }
     (folder / "results.json").write_text(json.dumps(_finite(results), indent=2))
+    if final.cross_site is not None:
+        write_cross_site_csv(folder / CSV_NAME, CrossSiteMatrix.from_json(final.cross_site))
     silos = [p["name"] for p in document["silos"]]
     with (folder / "silos.csv").open("w", newline="") as handle:
         metrics = sorted(

@@ -10,7 +10,7 @@ job after job, each with an agent of its own (`_start_agent`), refusing the jobs
 not allow. silo.yaml is read again for each job, so a site changes its rules or its data
 between jobs without restarting the agent (the kit, the metrics port and the route to the
 coordinator stay those it started with), and the installed plug-ins are read afresh
-(models/plugin_loading.py): a plug-in package installed while the agent runs is used from the
+(policies/plugin_loading.py): a plug-in package installed while the agent runs is used from the
 next job on, and one that changed on disk since the agent loaded it is refused, the refusal
 saying the agent must restart. A renewed certificate in the kit is used from the next exchange
 on (silo/channel.py), and its days left are the gauge
@@ -31,12 +31,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from fedsilo.models.plugin_loading import read_afresh
 from fedsilo.ops.health import HealthFile
 from fedsilo.ops.job_id import job_id
 from fedsilo.ops.metrics import SiloMetrics, serve_metrics
 from fedsilo.ops.provision import SiloKit, load_silo_kit
 from fedsilo.ops.silo_check import read_site_source
+from fedsilo.policies.plugin_loading import read_afresh
 from fedsilo.policies.schema import Policy
 from fedsilo.privacy.accounting import total
 from fedsilo.privacy.certificate_files import TlsFileWatch

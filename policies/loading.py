@@ -19,6 +19,7 @@ import yaml
 from pydantic import ValidationError
 
 from fedsilo.policies.base import closest
+from fedsilo.policies.model import with_init_folder
 from fedsilo.policies.schema import Policy
 from fedsilo.policies.strict_yaml import load_yaml
 
@@ -35,13 +36,15 @@ class PolicyError(ValueError):
 
 
 def load_policy(path: str | Path) -> Policy:
-    """The policy in file `path`, or in the packaged example `path` names (`example:NAME`)."""
+    """The policy in file `path`, or in the packaged example `path` names (`example:NAME`);
+    a relative `model.init.file` is read from the policy file's folder."""
     name = example_name(path)
     if name is not None:
         text = example_file(name).read_text(encoding="utf-8")
         return parse_policy_text(text, source=f"{EXAMPLE_PREFIX}{name}")
     path = Path(path)
-    return parse_policy_text(read_text_file(path, "policy file"), source=str(path))
+    policy = parse_policy_text(read_text_file(path, "policy file"), source=str(path))
+    return with_init_folder(policy, path.parent)
 
 
 def example_name(path: str | Path) -> str | None:

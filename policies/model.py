@@ -9,17 +9,33 @@ source; models/graphs.py): message passing, a readout g(x) over the atoms, and a
 `plugin` is a network a site's installed package builds (the entry point group
 `fedsilo.models`), pinned by its `architecture`: every parameter's name, shape and dtype, and
 their digest, which the policy's signature covers.
+
+Every model may start from a given one instead of the seeded network (`init`, declared once in
+`ModelSection`): a model file the coordinator reads, pinned by the digest of its tensors, which
+each silo holds the first model it is sent to (models/warm_start.py).
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
-from typing import Annotated, Literal
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import Field, JsonValue, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    Field,
+    JsonValue,
+    SerializerFunctionWrapHandler,
+    ValidationInfo,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from fedsilo.policies.base import PolicyModel
+
+if TYPE_CHECKING:
+    from fedsilo.policies.schema import Policy
 
 FACTORY_PATTERN = r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$"  # an entry point's value, module:attr
 TENSOR_LINE = re.compile(r"^\S+ \[(\d+(,\d+)*)?\] \w+$")  # name [a,b,...] dtype
@@ -32,7 +48,57 @@ def architecture_digest(lines: list[str]) -> str:
     return hashlib.blake2b("\n".join(lines).encode(), digest_size=32).hexdigest()
 
 
-class LinearModel(PolicyModel):
+class ModelInit(PolicyModel):
+    """A warm start: the job starts from the model in `file` instead of the one built from the
+    seed. Only the coordinator (or `fedsilo simulate`) reads the file; `digest` pins its
+    tensors, and every silo refuses a first model whose digest differs where it derives the
+    job's models itself (model lineage, docs/secure-aggregation.md)."""
+
+    # the model file the job starts from: a final_model.safetensors as `fedsilo simulate --out` or
+    # `fedsilo job results` writes it; a relative path is read from the policy file's folder; only
+    # the coordinator (or simulate) reads it
+    file: str = Field(min_length=1)
+    # the BLAKE2b-256 digest (64 hex digits) of the model's tensors (each one's name, shape, dtype
+    # and bytes, in name order; not the file's bytes), printed by `fedsilo model digest FILE`
+    digest: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+    def anchored(self, folder: Path) -> ModelInit:
+        """This warm start with a relative `file` read from `folder` (the policy file's), by
+        its absolute path."""
+        path = Path(self.file)
+        if path.is_absolute():
+            return self
+        return self.model_copy(update={"file": str((folder / path).absolute())})
+
+
+class ModelSection(PolicyModel):
+    """What every model of the `model:` section has, zoo and plugin alike: its warm start,
+    left out of the model's dump when there is none (a card or results.json of a seeded
+    start reads as before warm starts existed)."""
+
+    # the model the job starts from instead of the one built from the seed: `file` and the `digest`
+    # of its tensors (null: the seeded model)
+    init: ModelInit | None = None
+
+    @model_serializer(mode="wrap")
+    def _without_a_seeded_start(self, dump: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data = dump(self)
+        if data.get("init") is None:
+            data.pop("init", None)
+        return data
+
+
+def with_init_folder(policy: Policy, folder: Path | None) -> Policy:
+    """`policy` with its model's relative `init.file` read from `folder`, the folder of the
+    policy file (unchanged without a warm start or a folder)."""
+    init = policy.model.init
+    if init is None or folder is None:
+        return policy
+    model = policy.model.model_copy(update={"init": init.anchored(folder)})
+    return policy.model_copy(update={"model": model})
+
+
+class LinearModel(ModelSection):
     """One linear layer on the flattened input."""
 
     # selects one linear layer on the flattened input: logistic regression for classification,
@@ -40,7 +106,7 @@ class LinearModel(PolicyModel):
     name: Literal["linear"]
 
 
-class LogisticModel(PolicyModel):
+class LogisticModel(ModelSection):
     """One linear layer to one logit, for binary classification only: P(class 1) is the
     sigmoid of the logit (the `linear` model's two-logit softmax has twice the weights)."""
 
@@ -48,7 +114,7 @@ class LogisticModel(PolicyModel):
     name: Literal["logistic"]
 
 
-class MlpModel(PolicyModel):
+class MlpModel(ModelSection):
     """Fully connected layers of the given widths, each followed by `activation`."""
 
     # selects a fully connected network
@@ -59,7 +125,7 @@ class MlpModel(PolicyModel):
     activation: Literal["relu", "tanh"] = "relu"
 
 
-class CnnModel(PolicyModel):
+class CnnModel(ModelSection):
     """1 to 3 conv3x3 + activation (+ GroupNorm) + max-pool blocks, then one hidden dense layer
     (`hidden: 0`: none, the last layer reads the flattened features). `norm: group` normalises
     each block with GroupNorm (8 groups, or as many as divide its channels), which DP-SGD
@@ -80,7 +146,7 @@ class CnnModel(PolicyModel):
     norm: Literal["none", "group"] = "none"
 
 
-class GcnModel(PolicyModel):
+class GcnModel(ModelSection):
     """Graph convolutions (Kipf & Welling) of the given widths, then the readout."""
 
     # selects a graph convolutional network for molecular graphs (a molecules: data source)
@@ -92,7 +158,7 @@ class GcnModel(PolicyModel):
     readout: Literal["sum", "mean"] = "sum"
 
 
-class GatModel(PolicyModel):
+class GatModel(ModelSection):
     """Graph attention layers (Velickovic et al.) of `heads` heads of the given widths each
     (concatenated), then the readout."""
 
@@ -108,7 +174,7 @@ class GatModel(PolicyModel):
     readout: Literal["sum", "mean"] = "sum"
 
 
-class MpnnModel(PolicyModel):
+class MpnnModel(ModelSection):
     """A message-passing network (Gilmer et al.'s edge network) of `steps` steps at width
     `hidden`, then the readout."""
 
@@ -168,7 +234,7 @@ class ModelArchitecture(PolicyModel):
         return self
 
 
-class PluginModel(PolicyModel):
+class PluginModel(ModelSection):
     """A network from a package installed at each site: `factory` is the value (`module:attr`)
     of an entry point in the group `fedsilo.models`, called as
     `factory(input_shape, output_dim, **args)`; `architecture` pins what it must build.

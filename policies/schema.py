@@ -8,16 +8,27 @@ import typing
 from collections.abc import Callable
 from typing import Any
 
-from pydantic import Field, TypeAdapter, model_validator
+from pydantic import (
+    Field,
+    SerializeAsAny,
+    TypeAdapter,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    field_validator,
+    model_validator,
+)
 
 from fedsilo.policies.algorithms import AlgorithmConfig
-from fedsilo.policies.algorithms.base import AlgorithmBase, names_of
+from fedsilo.policies.algorithms.base import AlgorithmBase, algorithm_classes, names_of
+from fedsilo.policies.algorithms.contract import cross_site_problem
 from fedsilo.policies.algorithms.fedavg import FedAvgConfig
 from fedsilo.policies.algorithms.former_mixing import SCHEDULE_SETTINGS, moved_message
+from fedsilo.policies.algorithms.plugins import validate_plugin_algorithm
 from fedsilo.policies.base import PolicyModel
 from fedsilo.policies.channel import ChannelConfig
 from fedsilo.policies.compute import ComputeConfig
 from fedsilo.policies.data import DataConfig
+from fedsilo.policies.evaluation import EvaluationConfig
 from fedsilo.policies.model import LinearModel, ModelConfig
 from fedsilo.policies.privacy import PrivacyConfig
 from fedsilo.policies.secure_aggregation import SecureAggregationConfig
@@ -60,8 +71,10 @@ class Policy(PolicyModel):
     # every how many rounds the model is evaluated on the silos' held-out data (1 by default: every
     # round)
     eval_every: int = Field(default=1, ge=1)
-    # which federated algorithm runs, chosen by name, with its own settings (fedavg by default)
-    algorithm: AlgorithmConfig = FedAvgConfig(name="fedavg")
+    # which federated algorithm runs, chosen by name, with its own settings (fedavg by default); a
+    # name no built-in algorithm has selects an installed strategy plug-in (entry point group
+    # fedsilo.algorithms)
+    algorithm: SerializeAsAny[AlgorithmConfig] = FedAvgConfig(name="fedavg")
     # which network each silo trains, chosen by name (linear by default)
     model: ModelConfig = LinearModel(name="linear")
     # how each silo trains locally each round: epochs or steps, batch size, optimiser, learning rate
@@ -78,6 +91,9 @@ class Policy(PolicyModel):
     secure_aggregation: SecureAggregationConfig = SecureAggregationConfig()
     # how models that move between silos travel
     channel: ChannelConfig = ChannelConfig()
+    # what the job evaluates besides each evaluation round's metrics: cross_site, the matrix of
+    # every model on every site's test split after the final evaluation (off by default)
+    evaluation: EvaluationConfig = EvaluationConfig()
 
     @model_validator(mode="before")
     @classmethod
@@ -95,6 +111,22 @@ class Policy(PolicyModel):
                     f"this fedsilo reads {SUPPORTED_VERSIONS}"
                 )
         return data
+
+    @field_validator("algorithm", mode="wrap")
+    @classmethod
+    def _plugin_algorithm(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        builtin = [name for config in algorithm_classes() for name in names_of(config)]
+        try:
+            plugin = validate_plugin_algorithm(value, builtin)
+        except ValidationError as exc:  # the plug-in's own fields, named under algorithm.
+            raise ValueError(
+                "; ".join(
+                    f"{'.'.join(str(part) for part in error['loc']) or 'algorithm'}: "
+                    f"{error['msg'].removeprefix('Value error, ')}"
+                    for error in exc.errors()
+                )
+            ) from None
+        return plugin if plugin is not None else handler(value)
 
     @model_validator(mode="before")
     @classmethod
@@ -142,12 +174,36 @@ class Policy(PolicyModel):
         self._check_federated_scaling()
         self._check_secure_aggregation()
         self._check_local_work()
+        self._check_step_plugin()
         self.algorithm.check(self)
+        cross_site = cross_site_problem(self)
+        if cross_site:
+            raise ValueError(cross_site)
         silos = self.data.known_silos()
         problem = None if silos is None else self.consortium_problem(silos)
         if problem:
             raise ValueError(problem)
         return self
+
+    def _check_step_plugin(self) -> None:
+        """A training step plug-in runs in `train` tasks only: an algorithm that trains with a
+        task of its own kind (SuPerFed's mixtures, FedDC's daisy chain...) cannot take one."""
+        if self.training.step is None:
+            return
+        from fedsilo.wire.tasks import TASK_CONFIGS
+
+        training_kinds = {
+            kind for kind, config in TASK_CONFIGS.items() if "local" in config.__dataclass_fields__
+        }
+        kinds = {rule.kind for rule in self.algorithm.silo_contract(self).rules}
+        other = sorted((kinds & training_kinds) - {"train"})
+        if other:
+            raise ValueError(
+                f"training.step: {self.algorithm.name} trains with its own task kind "
+                f"({', '.join(other)}), which takes no step plug-in; a step plug-in runs in "
+                "`train` tasks (the FedAvg family, the loss-weighted schedules, strategy "
+                "plug-ins that send `train`)"
+            )
 
     def _check_dp_noise(self) -> None:
         dp_sgd = self.privacy.dp_sgd

@@ -5,9 +5,11 @@ from __future__ import annotations
 import math
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, JsonValue, model_validator
 
 from fedsilo.policies.base import PolicyModel
+from fedsilo.policies.model import FACTORY_PATTERN
+from fedsilo.policies.package_pin import PackagePin
 
 # The largest learning rate a policy may set: far beyond any useful one (models diverge long
 # before), but small enough that a typo such as 1e300 is refused instead of failing every round.
@@ -51,6 +53,22 @@ class CosineLr(PolicyModel):
 LrSchedule = Annotated[ConstantLr | ExponentialLr | StepLr | CosineLr, Field(discriminator="kind")]
 
 
+class StepPlugin(PolicyModel):
+    """A site's own training step (a `fedsilo.TrainingStep` from an installed package, entry
+    point group `fedsilo.steps`): augmentation, gradient accumulation, early stopping on the
+    site's validation split, mixed precision on CUDA. Every silo loads it from its own copy of
+    the policy and refuses the job unless the installed package is the pinned one."""
+
+    # the entry point's value, `module:attr`: a fedsilo.TrainingStep subclass, built as
+    # cls(**args) for each training task
+    plugin: str = Field(pattern=FACTORY_PATTERN)
+    # the package every silo must have installed: its version and code digest, printed by
+    # `fedsilo plugin pin module:attr` (required)
+    package: PackagePin
+    # keyword arguments the step is built with (none by default)
+    args: dict[str, JsonValue] = Field(default_factory=dict)
+
+
 class TrainingConfig(PolicyModel):
     """Local training at each silo; exactly one of `epochs` and `steps` per round."""
 
@@ -72,6 +90,9 @@ class TrainingConfig(PolicyModel):
     weight_decay: float = Field(default=0.0, ge=0)
     # how the learning rate changes from round to round (kind: constant by default)
     lr_schedule: LrSchedule = ConstantLr()
+    # a site's own training step from an installed package, pinned by version and digest (none
+    # by default: fedsilo's own step); only `train` tasks take one
+    step: StepPlugin | None = None
 
     @model_validator(mode="before")
     @classmethod

@@ -26,6 +26,7 @@ from dataclasses import dataclass, fields, replace
 from functools import cached_property
 from typing import Any
 
+from fedsilo.policies.algorithms.contract import is_cross_site
 from fedsilo.policies.privacy import MIN_NOISE_MULTIPLIER
 from fedsilo.privacy.accounting import Mechanism, epsilon
 from fedsilo.silo.errors import DpSgdError
@@ -35,12 +36,13 @@ from fedsilo.silo.tasks import TASK_KINDS
 from fedsilo.silo.tasks.base import SiloContext
 from fedsilo.wire.messages import TaskMessage
 
-TRAINING, EVALUATION, PROBES, POINT_CLOUDS, SETUP = (
+TRAINING, EVALUATION, PROBES, POINT_CLOUDS, SETUP, CROSS_SITE_VALIDATION = (
     "training",
     "evaluation",
     "probes",
     "point clouds",
     "setup",
+    "cross-site validation",
 )
 # What each kind of task is for, as the plan groups its releases
 PURPOSES: Mapping[str, str] = {
@@ -70,6 +72,10 @@ class PlannedTask:
 
     @property
     def purpose(self) -> str:
+        """Its task kind's purpose; cross-site validation's evaluations on their own
+        (`evaluation.cross_site`), so a privacy officer sees what they cost."""
+        if is_cross_site(self.phase):
+            return CROSS_SITE_VALIDATION
         return PURPOSES.get(self.kind, SETUP)
 
 

@@ -35,6 +35,8 @@ rules:                          # LocalRules: what this site allows
   total_epsilon_cap: 20.0       # this site's epsilon over all jobs of the consortium
   allowed_reports: null         # None: every report kind the policy allows
   allowed_model_factories: []   # plugin models (module:attr of fedsilo.models) this site runs
+  allowed_strategy_plugins: []  # strategy plug-ins (algorithm names) this site takes part in
+  allowed_training_steps: []    # training steps (module:attr of fedsilo.steps) it trains with
   forbid_data_releases: false   # refuse algorithms that send data-like point clouds (feddro)
 ledger: privacy-ledger.jsonl    # this site's privacy ledger
 state: silo-state               # what outlives the agent
@@ -59,6 +61,7 @@ from pydantic import (
     model_validator,
 )
 
+from fedsilo.policies.algorithms.plugins import PluginAlgorithm
 from fedsilo.policies.base import PolicyModel, unknown_key_message
 from fedsilo.policies.compute import ComputeConfig
 from fedsilo.policies.data import (
@@ -86,7 +89,9 @@ class LocalRules(PolicyModel):
     consortium (the jobs' epsilons add up), which no peer enforces; a job without DP spends
     none of it; `allowed_reports`: the kinds of scalar report that may leave;
     `allowed_model_factories`: the plugin model factories (entry point values `module:attr`
-    of group `fedsilo.models`) this site runs; none by default; `forbid_data_releases`: refuse
+    of group `fedsilo.models`) this site runs; none by default; `allowed_strategy_plugins` and
+    `allowed_training_steps`: the strategy plug-ins (algorithm names) and training steps (entry
+    point values) whose code this site runs; none by default; `forbid_data_releases`: refuse
     algorithms that send data-like releases (FedDRO's point clouds built from the records).
     """
 
@@ -111,6 +116,12 @@ class LocalRules(PolicyModel):
     # the plugin model factories (entry point values module:attr of group fedsilo.models) this site
     # runs; empty (the default): no plugin model
     allowed_model_factories: list[str] = Field(default_factory=list)
+    # the strategy plug-ins (algorithm names of entry point group fedsilo.algorithms) this site
+    # takes part in; empty (the default): none, whatever is installed
+    allowed_strategy_plugins: list[str] = Field(default_factory=list)
+    # the training steps (entry point values module:attr of group fedsilo.steps) this site trains
+    # with; empty (the default): none, only fedsilo's own step
+    allowed_training_steps: list[str] = Field(default_factory=list)
     # true: refuse algorithms that send data-like releases built from this site's records (FedDRO's
     # point clouds); false (the default): allow them when the policy says so
     forbid_data_releases: bool = False
@@ -149,6 +160,23 @@ class LocalRules(PolicyModel):
                 f"allowed_model_factories: the policy's model factory {model.factory!r} is not in "
                 f"{self.allowed_model_factories} (a site runs a plugin model only once its "
                 "silo.yaml lists it under rules.allowed_model_factories)"
+            )
+        algorithm = policy.algorithm
+        if (
+            isinstance(algorithm, PluginAlgorithm)
+            and algorithm.name not in self.allowed_strategy_plugins
+        ):
+            problems.append(
+                f"allowed_strategy_plugins: the policy's strategy plug-in {algorithm.name!r} is "
+                f"not in {self.allowed_strategy_plugins} (a site runs a strategy plug-in's code "
+                "only once its silo.yaml lists it under rules.allowed_strategy_plugins)"
+            )
+        step = policy.training.step
+        if step is not None and step.plugin not in self.allowed_training_steps:
+            problems.append(
+                f"allowed_training_steps: the policy's training step {step.plugin!r} is not in "
+                f"{self.allowed_training_steps} (a site trains with a step plug-in only once its "
+                "silo.yaml lists it under rules.allowed_training_steps)"
             )
         if self.forbid_data_releases and policy.algorithm.releases_data:
             problems.append(

@@ -175,15 +175,36 @@ def train_private(
     optimiser steps: the place for a data-independent gradient term such as FedProx's.
     `after_step` runs after each optimiser step with its number (1-based).
     """
-    check_model(model)
-    # What DPOptimizer clips and noises: the optimiser's parameters that want a gradient.
-    params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
-    with ClippedSums(model, params, plan.max_grad_norm) as clipped_sums:
 
+    def gradients_of(params: list[torch.Tensor], clipped_sums: ClippedSums) -> ClippedGradients:
         def gradients(index: torch.Tensor) -> tuple[list[torch.Tensor], float]:
             per_sample = per_sample_loss(index)
             return clipped_sums(per_sample), float(per_sample.detach().mean())
 
+        return gradients
+
+    return private_run(
+        model, optimizer, plan, seed, private_seed, gradients_of, after_noise, after_step
+    )
+
+
+def private_run(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    plan: DpSgdPlan,
+    seed: int,
+    private_seed: int,
+    gradients_of: Callable[[list[torch.Tensor], ClippedSums], ClippedGradients],
+    after_noise: Callable[[], None] | None = None,
+    after_step: Callable[[int], None] | None = None,
+) -> list[float | None]:
+    """`plan` on `model`, each batch's clipped sums from `gradients_of(params, clipped_sums)`
+    (a site's training step goes through here: silo/training_step.py)."""
+    check_model(model)
+    # What DPOptimizer clips and noises: the optimiser's parameters that want a gradient.
+    params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
+    with ClippedSums(model, params, plan.max_grad_norm) as clipped_sums:
+        gradients = gradients_of(params, clipped_sums)
         return noisy_steps(
             plan, seed, private_seed, params, optimizer, gradients, after_noise, after_step
         )

@@ -3,7 +3,9 @@ policy that uses it (`Policy.uses_lineage`), a task that carries a model runs on
 model is the one this silo derives itself, bit for bit:
 
 - before the first aggregation, the model it builds from the policy's seed and model section
-  (the `init` task's), with the server optimiser's initial moments;
+  (the `init` task's), with the server optimiser's initial moments; under a warm start
+  (`model.init`), whose file only the coordinator reads, the first model it is sent once the
+  digest of its tensors, named by this silo's own network, is the one its policy pins;
 - after it, the server step of its own policy applied to the state the aggregation's silos
   trained from and to the mean this silo recomputes from the evidence: the advertisements and
   confirmations (at least the consistency threshold of survivors signed the statement binding
@@ -23,6 +25,7 @@ from collections.abc import Callable, Mapping
 import torch
 from nacl.exceptions import BadSignatureError
 
+from fedsilo.models.warm_start import digest_problem, flat_digest
 from fedsilo.policies.algorithms.contract import init_config
 from fedsilo.policies.algorithms.server_step import initial_state, server_step
 from fedsilo.privacy.lineage import (
@@ -100,8 +103,8 @@ def check(message: TaskMessage, ctx: SiloContext) -> None:
             raise LineageError(
                 f"the initial model again, after this silo unmasked round {unmasked}'s aggregation"
             )
-        source = "the policy's seed"
-        state = _cached(ctx, b"initial", lambda: _initial(ctx))
+        source = "the policy's seed" if ctx.policy.model.init is None else "model.init"
+        state = _cached(ctx, b"initial", lambda: _initial(message, ctx))
     for name in sorted(state):  # the model, and SCAFFOLD's control variate
         if name in tensors and not _same(read_only(tensors, name), state[name]):
             raise LineageError(f"the {name} sent is not the one this silo derives from {source}")
@@ -148,10 +151,19 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1).view(torch.uint8)
 
 
-def _initial(ctx: SiloContext) -> dict[str, torch.Tensor]:
-    """The state before any aggregation: the `init` task's model, and initial moments."""
-    model = ctx.new_model(init_config(ctx.policy).seed)
-    flat = flat_parameters(model, parameter_spec(model)).detach().cpu()
+def _initial(message: TaskMessage, ctx: SiloContext) -> dict[str, torch.Tensor]:
+    """The state before any aggregation, with initial moments: the `init` task's model, or
+    under a warm start the model `message` carries once its digest is the policy's."""
+    init = ctx.policy.model.init
+    if init is None:
+        model = ctx.new_model(init_config(ctx.policy).seed)
+        flat = flat_parameters(model, parameter_spec(model)).detach().cpu()
+    else:
+        flat = read_only(message.tensors, MODEL).detach().cpu().clone()
+        sent = flat_digest(flat, ctx.facts.spec)
+        problem = digest_problem(init, sent, "the first model this silo was sent")
+        if problem is not None:
+            raise LineageError(problem)
     return initial_state(ctx.algorithm, flat)
 
 

@@ -1,7 +1,9 @@
 """What a silo checks before it accepts a job, beside its data: the policy's model builds on
 this silo's data (a plug-in model: installed here and exactly as the policy pins it) and, under
 DP-SGD, every layer can be trained privately (a BatchNorm is refused naming the layer, never
-swapped). A simulation checks the same before its first round."""
+swapped); a training step plug-in is installed here as the policy pins it and, under DP-SGD,
+asks for nothing DP-SGD cannot account for (silo/training_step.py). A simulation checks the
+same before its first round."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from fedsilo.models.zoo import build_model
 from fedsilo.policies.model import LogisticModel
 from fedsilo.policies.schema import Policy
 from fedsilo.silo.data import SiloDataset
+from fedsilo.silo.training_step import TrainingStepError, dp_sgd_problem, load_step
 
 
 def check_model_for(policy: Policy, data: SiloDataset) -> int:
@@ -28,4 +31,9 @@ def check_model_for(policy: Policy, data: SiloDataset) -> int:
         from fedsilo.silo.dp_training import check_model as check_dp_model  # Opacus: seconds
 
         check_dp_model(model)
+    if policy.training.step is not None:
+        step = load_step(policy.training.step)
+        problem = dp_sgd_problem(step, policy.privacy)
+        if problem is not None:
+            raise TrainingStepError(problem)
     return sum(p.numel() for p in model.parameters())

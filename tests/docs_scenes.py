@@ -258,9 +258,44 @@ RAY_CLUSTER = Elsewhere(
 )
 
 
+# tracking.md: the viewers serve until stopped, the deployment needs a consortium
+TRACKING = {
+    "pip install 'fedsilo[tracking]'": Elsewhere(
+        "`make setup` installs the dev extra, which holds the tracking extra's packages",
+        "pyproject.toml",
+        '"mlflow-skinny>=',
+    ),
+    "mlflow ui --backend-store-uri sqlite:///mlflow.db": Elsewhere(
+        "MLflow's UI serves until stopped (and needs the full mlflow package): the test reads "
+        "the same store with MLflow's client",
+        "tests/test_tracking.py",
+        "client = MlflowClient(store(",
+    ),
+    "tensorboard --logdir runs/tb": Elsewhere(
+        "TensorBoard serves until stopped: the test reads the same event files with "
+        "TensorBoard's own reader",
+        "tests/test_tracking.py",
+        "EventAccumulator(str(folder)",
+    ),
+    "fedsilo coordinator serve --kit kits/coordinator --state state.db --track "
+    "mlflow:sqlite:////srv/fedsilo/mlflow.db --track tensorboard:/srv/fedsilo/tb": Elsewhere(
+        "needs a provisioned consortium and writes /srv: the test serves one with both --track",
+        "tests/test_tracking.py",
+        'consortium.start_serve("--track", f"mlflow:{store(root)}", "--track", "tensorboard:tb")',
+    ),
+}
+
+
 def a_policy(session: Session) -> None:
     """The reader's policy, P.yaml."""
     session.run("fedsilo examples copy heart-fedavg --out P.yaml")
+
+
+def first_runs_digest(session: Session) -> str:
+    """The digest `fedsilo model digest` printed for the first run's final model, which the
+    reader pastes (the page shows the one its run printed; another machine's run may differ)."""
+    printed = session.run("fedsilo model digest runs/first/final_model.safetensors")
+    return yaml.safe_load("model:\n" + printed)["model"]["init"]["digest"]
 
 
 # the wheel as hospital-it.md installs it: ci/check-wheel.sh does the same outside the checkout
@@ -299,6 +334,16 @@ COMPOSE_OPERATOR = Elsewhere(
     "deploy/compose/try.sh",
     "--coordinator 127.0.0.1:",
 )
+CROSS_SITE_DEPLOYED = Elsewhere(
+    "needs a serving coordinator and silos that ran a job asking for cross-site validation: the"
+    " test runs one",
+    "tests/test_cross_site_validation.py",
+    'main, ["job", "validate", short, *operator]',
+)
+JOB_VALIDATE = {
+    "fedsilo job validate JOB --kit kits/operator": CROSS_SITE_DEPLOYED,
+    "fedsilo job validate JOB --kit kits/operator --json": CROSS_SITE_DEPLOYED,
+}
 SITE_PLAN = Elsewhere(
     "needs a site's silo.yaml and kit: the test provisions one, with a cap below the plan",
     "tests/test_budget_plan_cli.py",
@@ -342,6 +387,7 @@ SCENES: dict[str, Callable[[], Scene]] = {
     "tutorials/own-csv.md": own_csv,
     "tutorials/own-model.md": own_model,
     "how-to/new-plugin-package.md": lambda: Scene(given=plugin_environment),
+    "how-to/research-plugins.md": lambda: Scene(given=plugin_environment),
     "how-to/hospital-it.md": hospital_it,
     "how-to/containers.md": lambda: Scene(
         elsewhere={
@@ -355,8 +401,14 @@ SCENES: dict[str, Callable[[], Scene]] = {
     ),
     "how-to/operator.md": operator,
     "how-to/researcher.md": Scene,
+    "how-to/warm-start.md": lambda: Scene(
+        values={
+            "8c11a81468aae7abad0688debb0a09f1076b9267fa4c15b75ca4f694d57c4b3a": first_runs_digest
+        }
+    ),
     "how-to/site-data.md": Scene,
     "how-to/privacy-officer.md": Scene,
+    "how-to/cross-site-validation.md": lambda: Scene(elsewhere=JOB_VALIDATE),
     "adding-an-algorithm.md": Scene,
     "privacy.md": lambda: Scene(
         elsewhere={
@@ -365,6 +417,17 @@ SCENES: dict[str, Callable[[], Scene]] = {
         }
     ),
     "python-api.md": Scene,
+    "robust-aggregation.md": lambda: Scene(
+        elsewhere={
+            "python -m bench.robust": Elsewhere(
+                "runs the whole benchmark from a checkout (minutes); its --quick configuration "
+                "runs in tests/test_robust_bench.py",
+                "tests/test_robust_bench.py",
+                'robust.main(["--quick"])',
+            )
+        }
+    ),
+    "how-to/tracking.md": lambda: Scene(elsewhere=TRACKING),
     "ray-backend.md": lambda: Scene(
         given=a_policy,
         elsewhere={

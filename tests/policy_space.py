@@ -39,11 +39,11 @@ from fedsilo.policies.data import (
     ShardsPartition,
     SplitConfig,
 )
-from fedsilo.policies.model import ModelConfig
+from fedsilo.policies.model import ModelConfig, ModelInit
 from fedsilo.policies.privacy import PrivacyConfig
 from fedsilo.policies.schema import ParticipantsConfig
 from fedsilo.policies.secure_aggregation import SecureAggregationConfig
-from fedsilo.policies.training import TrainingConfig
+from fedsilo.policies.training import StepPlugin, TrainingConfig
 
 Draw = st.SearchStrategy[Any]
 SITES = ("north", "south", "east")  # the multi-site CSV's sites, one silo each
@@ -130,6 +130,12 @@ FIXED: dict[str, Draw] = {
 }
 
 
+# Sections never drawn (null): a warm start names the model file of an earlier run
+# (tests/test_warm_start.py); a training step names an installed, pinned package
+# (tests/test_research_plugins.py)
+LEFT_OUT = (ModelInit, StepPlugin)
+
+
 def section(model: Any, costs: dict[str, Draw] = COST) -> Draw:
     """A document for `model` (a policy model class, or a tagged union of them): each field
     left out or drawn from its annotation and bounds (`costs` and `FIXED` where they name it)."""
@@ -187,7 +193,7 @@ def _annotation(annotation: Any, metadata: list[Any], costs: dict[str, Draw]) ->
     if annotation is type(None):
         return st.none()
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return section(annotation, costs)
+        return st.none() if annotation in LEFT_OUT else section(annotation, costs)
     if origin in (list, tuple):
         (item, *_) = get_args(annotation) or (int,)
         drawn = _annotation(item, [], costs)

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from fedsilo.coordinator.jobs import COMPLETED
-from fedsilo.models import plugin_loading
 from fedsilo.models import plugins as model_plugins
+from fedsilo.policies import plugin_loading
 from fedsilo.silo.data.plugins import DATASETS_GROUP
 from tests.deployment import Consortium, policy_document, provision
 from tests.test_serve import participants, wait_until_ended

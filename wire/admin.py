@@ -57,6 +57,9 @@ ARGUMENTS[INSTALL_ROSTER] = {"roster": (str,), "signature": (str,)}
 # (`fedsilo job logs --follow` asks again from the offset each reply gives until it has).
 LOG_LINES = "log_lines"
 ARGUMENTS[LOG_LINES] = {"job": (str,), "offset": (int,)}
+# A job's cross-site validation matrix (`fedsilo job validate`), from the coordinator's state file.
+VALIDATE = "validate"
+ARGUMENTS[VALIDATE] = {"job": (str,)}
 REQUEST, REPLY = "admin_request", "admin_reply"
 
 

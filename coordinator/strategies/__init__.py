@@ -22,6 +22,7 @@ from fedsilo.coordinator.strategies.multiboost import MultiBoost
 from fedsilo.coordinator.strategies.references import Central, Local
 from fedsilo.coordinator.strategies.scaffold import Scaffold
 from fedsilo.coordinator.strategies.superfed import SuperFed
+from fedsilo.policies.algorithms.plugins import PluginAlgorithm, PluginAlgorithmError
 from fedsilo.policies.schema import Policy
 
 STRATEGIES: dict[str, type[Strategy]] = {
@@ -36,4 +37,15 @@ STRATEGIES: dict[str, type[Strategy]] = {
 
 
 def make_strategy(policy: Policy) -> Strategy:
-    return STRATEGIES[policy.algorithm.name](policy)
+    """The strategy of the policy's algorithm: a built-in one, or the one its strategy plug-in
+    names (which must be a `Strategy` of that name)."""
+    algorithm = policy.algorithm
+    if not isinstance(algorithm, PluginAlgorithm):
+        return STRATEGIES[algorithm.name](policy)
+    cls = algorithm.strategy_class()
+    if not (isinstance(cls, type) and issubclass(cls, Strategy)) or cls.name != algorithm.name:
+        raise PluginAlgorithmError(
+            f"strategy plug-in {algorithm.name!r}: {algorithm.strategy} is not a "
+            f"fedsilo.Strategy whose name is {algorithm.name!r}"
+        )
+    return cls(policy)

@@ -18,8 +18,14 @@ import torch
 
 from fedsilo.coordinator.phases import Identical, Phase, PhaseOutcome, Task, WeightedMean
 from fedsilo.coordinator.strategies.mixing_state import MixingState
-from fedsilo.models.architecture import spec_difference
-from fedsilo.policies.algorithms.contract import Position, derived_train, init_config
+from fedsilo.models.architecture import describe_spec, spec_difference
+from fedsilo.models.warm_start import WarmStartError, fit_problem, load_pinned
+from fedsilo.policies.algorithms.contract import (
+    CROSS_SITE,
+    Position,
+    derived_train,
+    init_config,
+)
 from fedsilo.policies.schema import Policy
 from fedsilo.policies.seeding import derive_rng, derive_seed
 from fedsilo.wire.messages import schema_of
@@ -92,6 +98,7 @@ def mixing_weights(extra: Mapping[str, Any]) -> dict[str, float] | None:
 
 RoundScript = Generator[Phase, PhaseOutcome, ServerState]
 EvaluationScript = Generator[Phase, PhaseOutcome, PhaseOutcome]
+CrossSiteScript = Generator[Phase, PhaseOutcome, dict[str, PhaseOutcome]]
 
 
 class SetupError(RuntimeError):
@@ -143,7 +150,14 @@ class Strategy:
         self.policy = policy
 
     def setup(self, ctx: RoundContext) -> RoundScript:
-        """Every silo builds the model from the run's seed; all answers must be identical."""
+        """Every silo builds the model from the run's seed; all answers must be identical. A
+        warm start (`model.init`) replaces the model with the file's, read here, once its
+        digest is the policy's and its tensors fit the network the silos built."""
+        init = self.policy.model.init
+        try:
+            warm = None if init is None else load_pinned(init)
+        except WarmStartError as error:
+            raise SetupError(str(error)) from None
         if self.policy.data.scaling == "federated":
             yield from self.federated_scaling(ctx)
         tasks = tuple(Task(s, init_config(self.policy)) for s in ctx.silos)
@@ -155,7 +169,12 @@ class Strategy:
         difference = spec_difference(self.policy.model, out.spec)
         if difference is not None:
             raise SetupError(f"the initial model is not the one the policy pins: {difference}")
-        return ServerState({MODEL: tensors[MODEL]}, out.spec)
+        if warm is None:
+            return ServerState({MODEL: tensors[MODEL]}, out.spec)
+        problem = fit_problem(warm, describe_spec(out.spec), "the silos built")
+        if problem is not None:
+            raise SetupError(problem)
+        return ServerState({MODEL: warm.model}, out.spec)
 
     def classification_schema(
         self, ctx: RoundContext
@@ -210,6 +229,23 @@ class Strategy:
         """The current global model on every silo's test split."""
         tasks = tuple(self.evaluate_task(s, state.model, state.spec) for s in ctx.silos)
         return (yield Phase("evaluate", tasks, quorum=1))
+
+    def global_model(self, state: ServerState) -> torch.Tensor | None:
+        """The final global model, the cross-site matrix's first row; None for a strategy that
+        keeps none (`local`: a model per silo)."""
+        return state.tensors.get(MODEL)
+
+    def cross_site(
+        self, models: Mapping[str, torch.Tensor], state: ServerState, ctx: RoundContext
+    ) -> CrossSiteScript:
+        """Cross-site validation (coordinator/cross_site.py): each of `models` (by row, in
+        order) on every silo's test split with the plain `evaluate` task, row k in phase
+        `cross_site_<k>`; each row's outcome."""
+        outcomes = {}
+        for index, (row, model) in enumerate(models.items()):
+            tasks = tuple(self.evaluate_task(s, model, state.spec) for s in ctx.silos)
+            outcomes[row] = yield Phase(CROSS_SITE.format(index), tasks, quorum=0)
+        return outcomes
 
     # -- building blocks shared by strategies -------------------------------------------------
 

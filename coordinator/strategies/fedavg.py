@@ -9,7 +9,9 @@ policy's temperature (silo/domains.py); the coordinator mixes with the sample co
 n_k) and keeps no lambda.
 
 Under client-level DP the engine runs this round's mean as DP-FedAvg (McMahan et al. 2018),
-so the strategy sees only the noised mean, as FedOpt's server step does.
+so the strategy sees only the noised mean, as FedOpt's server step does. With
+`algorithm.robust` the engine combines the models in the clear by that rule instead of their
+mean (docs/robust-aggregation.md), and the server step takes the combination as the mean.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from fedsilo.coordinator.strategies.base import (
     Strategy,
 )
 from fedsilo.policies.algorithms import ApproxFedAvgConfig, FedAvgConfig, FedProxConfig
+from fedsilo.policies.algorithms.fedavg import AveragingConfig
+from fedsilo.policies.algorithms.robust import RobustRuleBase
 from fedsilo.policies.algorithms.server_step import initial_state, server_step
 from fedsilo.wire.tasks.tensor_names import MODEL
 
@@ -42,8 +46,16 @@ class FedAvg(Strategy):
     def round(self, state: ServerState, ctx: RoundContext) -> RoundScript:
         chosen = self.sample_silos(ctx)
         tasks = tuple(self.train_task(s, state.model, state.spec, ctx) for s in chosen)
-        out = yield Phase("train", tasks, aggregate=WeightedMean((MODEL,)))
+        combined = WeightedMean((MODEL,), robust=self.robust)
+        out = yield Phase("train", tasks, aggregate=combined)
         return replace(state, tensors=self.server_update(state, out.mean[MODEL]))
+
+    @property
+    def robust(self) -> RobustRuleBase | None:
+        """The robust rule the round combines the models with (`algorithm.robust` of an
+        algorithm of FedAvg's round), or None: their weighted mean."""
+        algorithm = self.policy.algorithm
+        return algorithm.robust if isinstance(algorithm, AveragingConfig) else None
 
     def setup(self, ctx: RoundContext) -> RoundScript:
         state = yield from super().setup(ctx)

@@ -50,6 +50,13 @@ class AlgorithmBase(PolicyModel):
         """The algorithm as messages name it (with the setting that decides a capability)."""
         return self.name
 
+    def local_parameters(self) -> tuple[str, ...]:
+        """Shell-style patterns (fnmatch) of the model's parameter names each silo keeps to
+        itself (FedBN's normalisation layers): a silo trains and evaluates with its own values of
+        those, and sends back the values it received in their place (silo/local_parameters.py);
+        none here."""
+        return ()
+
     def check(self, policy: Policy) -> None:
         """Refuse (ValueError) what this algorithm cannot run with in `policy`."""
 
@@ -98,12 +105,13 @@ class AlgorithmBase(PolicyModel):
 
 
 def algorithm_classes() -> list[type[AlgorithmBase]]:
-    """Every algorithm's config class (those that name their algorithms)."""
+    """Every built-in algorithm's config class (those that name their algorithms; a strategy
+    plug-in's, loaded or not, is none of them)."""
     found, pending = [], list(AlgorithmBase.__subclasses__())
     while pending:
         cls = pending.pop(0)
         pending.extend(cls.__subclasses__())
-        if names_of(cls):
+        if names_of(cls) and cls.__module__.startswith("fedsilo."):
             found.append(cls)
     return found
 

@@ -176,7 +176,8 @@ class PhaseRule:
     client-DP round's whole cohort), for the privacy planner (silo/budget_plan.py); None: the
     derived config. `from_reference`: in a secure sum, a silo sends only a model it
     trained from the sum's reference (FedDC's hosted models: adopted from it, or handed on from
-    a silo that did). A
+    a silo that did). `evaluates`: the split on which an evaluation of the model sent reports
+    (`evaluation_rule`), which cross-site validation reads (`cross_site_rows`). A
     phase that only reports scalars (a loss probe, an evaluation) is answered, like every
     position, once: the allowance that bounds an oracle (docs/threat-model.md)."""
 
@@ -194,6 +195,7 @@ class PhaseRule:
     from_reference: bool = False
     round_slot: str | None = None
     largest: Largest = lambda position, facts: None
+    evaluates: str | None = None
 
     @property
     def slot(self) -> str | None:
@@ -460,6 +462,100 @@ def evaluation_rule(policy: Policy, split: str = "test", name: str = "evaluate")
         "evaluate",
         evaluation_rounds(policy),
         lambda r, p, f: EvaluateTask(split=split),
+        evaluates=split,
+    )
+
+
+# -- cross-site validation (`evaluation.cross_site`) ----------------------------------------------
+
+# Its phases, one per row of the matrix: row k's model on each silo's test split, in the last
+# round, after the final evaluation (coordinator/cross_site.py).
+CROSS_SITE = "cross_site_{}"
+
+
+def is_cross_site(phase: str) -> bool:
+    """Whether `phase` is one of cross-site validation's (`cross_site_<k>`)."""
+    return (
+        re.fullmatch(re.escape(CROSS_SITE).replace(r"\{\}", "(0|[1-9][0-9]*)"), phase) is not None
+    )
+
+
+@dataclass(frozen=True)
+class CrossSiteRows:
+    """The models cross-site validation may evaluate under a policy, read from its algorithm's
+    phases in the last round. `global_model`: the algorithm evaluates a global model on the
+    test split, or averages the silos' models into one; `site_models`: each silo's model of the
+    last `train` phase reaches the coordinator in the clear (averaged in the clear, or returned
+    one by one), else `why_not_sites` says why in a line."""
+
+    global_model: bool
+    site_models: bool
+    why_not_sites: str | None = None
+
+    def count(self, facts: SiloFacts) -> int:
+        """The most cross-site positions a silo answers: a row for the global model and one
+        for each member's model."""
+        return int(self.global_model) + (facts.consortium if self.site_models else 0)
+
+
+def cross_site_rows(policy: Policy, rules: tuple[PhaseRule, ...]) -> CrossSiteRows:
+    """What cross-site validation can evaluate under `policy`, whose algorithm has `rules`."""
+    last = policy.rounds
+    trains = [rule for rule in rules if rule.name == "train" and rule.rounds(last)]
+    averaged = any(MODEL in rule.sums for rule in trains)
+    returned = any(
+        not rule.sums and not rule.routed and rule.kind == TrainTask.KIND for rule in trains
+    )
+    evaluated = any(rule.evaluates == "test" and rule.rounds(last) for rule in rules)
+    secure = policy.secure_aggregation
+    why = None
+    if not (averaged or returned):
+        why = f"{policy.algorithm.name} sends the coordinator no site's own model in its last round"
+    elif secure.enabled:
+        why = (
+            f"under secure_aggregation {secure.method} the coordinator holds only the sum of "
+            "the sites' models, never one site's"
+        )
+    elif policy.privacy.client_dp is not None:
+        why = (
+            "under privacy.client_dp the coordinator takes each site's model only clipped, into "
+            "a noised mean"
+        )
+    return CrossSiteRows(evaluated or averaged, why is None, why)
+
+
+def cross_site_rules(policy: Policy, rules: tuple[PhaseRule, ...]) -> tuple[PhaseRule, ...]:
+    """The cross-site phase, when `policy` asks for it and its algorithm (`rules`) has a model
+    to evaluate: each row's plain `evaluate` of the test split, in the last round, at most
+    `CrossSiteRows.count` rows."""
+    if not policy.evaluation.cross_site:
+        return ()
+    rows = cross_site_rows(policy, rules)
+    if not (rows.global_model or rows.site_models):
+        return ()
+    return (
+        PhaseRule(
+            CROSS_SITE,
+            EvaluateTask.KIND,
+            lambda r: r == policy.rounds,
+            lambda r, p, f: EvaluateTask(split="test"),
+            indices=rows.count,
+        ),
+    )
+
+
+def cross_site_problem(policy: Policy) -> str | None:
+    """Why `policy`'s `evaluation.cross_site` cannot run (its algorithm's contract has no
+    cross-site phase: no model the coordinator holds is evaluated with `evaluate`), or None."""
+    if not policy.evaluation.cross_site:
+        return None
+    contract = policy.algorithm.silo_contract(policy)
+    if any(rule.name == CROSS_SITE for rule in contract.rules):
+        return None
+    return (
+        f"evaluation.cross_site: {policy.algorithm.name} evaluates no model the coordinator "
+        "holds with the evaluate task (neither a global model nor each site's own model "
+        "reaches it in the clear); set cross_site to false or choose another algorithm"
     )
 
 
@@ -491,9 +587,13 @@ def largest_train(policy: Policy) -> Largest:
 
 def averaging_contract(policy: Policy, *rules: PhaseRule) -> SiloContract:
     """Setup, then `rules` (FedAvg's round when none are given: the `train` phase, a weighted
-    mean of models), and the evaluation of the global model on each silo's test split."""
+    mean of models, and the evaluation of the global model on each silo's test split), then
+    cross-site validation where the policy asks for it (`cross_site_rules`)."""
     rules = rules or (train_rule(policy), evaluation_rule(policy))
-    return SiloContract(policy.algorithm.name, (*setup_rules(policy), *rules), policy.rounds)
+    cross_site = cross_site_rules(policy, rules)
+    return SiloContract(
+        policy.algorithm.name, (*setup_rules(policy), *rules, *cross_site), policy.rounds
+    )
 
 
 def report_rule(

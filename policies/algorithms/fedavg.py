@@ -1,5 +1,6 @@
 """FedAvg and the algorithms that are FedAvg with another local objective: FedProx and
-ApproxFedAvg."""
+ApproxFedAvg; and what every algorithm of FedAvg's round shares, its optional robust rule
+(`algorithm.robust`, policies/algorithms/robust.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pydantic import Field
 
 from fedsilo.policies.algorithms.base import AlgorithmBase
 from fedsilo.policies.algorithms.contract import Position, SiloContract, averaging_contract
+from fedsilo.policies.algorithms.robust import RobustRule, robust_problem
 
 if TYPE_CHECKING:
     from fedsilo.policies.schema import Policy
@@ -17,9 +19,27 @@ if TYPE_CHECKING:
 class AveragingConfig(AlgorithmBase):
     """An algorithm whose round is FedAvg's (a `train` phase whose models are averaged),
     whatever its local objective or server step: under masking its silos derive each round's
-    model themselves (`secure_aggregation.lineage`)."""
+    model themselves (`secure_aggregation.lineage`). Its coordinator combines the models with
+    their weighted mean, or with a robust rule in the clear (`robust`)."""
 
     lineage_gap: ClassVar[str | None] = None
+    # how the coordinator combines the silos' models: null (the default) takes their sample-weighted
+    # mean; a robust rule withstands silos whose data or update is broken or poisoned
+    # (docs/robust-aggregation.md), in the clear only: not with secure_aggregation or
+    # privacy.client_dp
+    robust: RobustRule | None = None
+
+    def check(self, policy: Policy) -> None:
+        if self.robust is None:
+            return
+        problem = robust_problem(
+            self.robust,
+            policy.secure_aggregation.method,
+            policy.privacy.client_dp is not None,
+            policy.participants.min_silos,
+        )
+        if problem:
+            raise ValueError(problem)
 
     def silo_contract(self, policy: Policy) -> SiloContract:
         return averaging_contract(policy)

@@ -23,8 +23,8 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from fedsilo.models.plugin_loading import PluginChanged, load_plugin
 from fedsilo.policies.data import BUILTIN_TASKS, SURVIVAL, DataConfig, is_entry_point_value
+from fedsilo.policies.plugin_loading import PluginChanged, load_plugin
 from fedsilo.silo.data.survival import SurvivalTask
 from fedsilo.silo.errors import SECTION, DataError, DataNotHere
 

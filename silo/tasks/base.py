@@ -24,6 +24,7 @@ from fedsilo.policies.secure_aggregation import SecureAggregationConfig
 from fedsilo.privacy.accounting import Mechanism
 from fedsilo.privacy.lineage import digest_entry, task_digest_of, tensor_digest, wrapped_config
 from fedsilo.silo.data import SiloDataset
+from fedsilo.silo.local_parameters import KEPT, as_received, local_names, own_values, use_own
 from fedsilo.silo.memory import SiloMemory
 from fedsilo.silo.reports import Reports
 from fedsilo.silo.state import LocalState
@@ -188,7 +189,22 @@ class SiloContext:
             raise WireError(
                 "the model sent does not fit this silo's model (policy or data schema differ)"
             )
-        return load_flat(model, read_only(message.tensors, MODEL)), spec
+        load_flat(model, read_only(message.tensors, MODEL))
+        own = local_names(self.algorithm.local_parameters(), model)
+        use_own(model, own, self.state.latest(KEPT, message.round) if own else None)
+        return model, spec
+
+    def keep_local(
+        self, message: TaskMessage, model: nn.Module, spec: ParameterSpec, trained: torch.Tensor
+    ) -> torch.Tensor:
+        """After training `model` (whose flat parameters are `trained`): keep the values of the
+        parameters this silo's algorithm keeps local, and give `trained` back with the values
+        received in their place (silo/local_parameters.py)."""
+        own = local_names(self.algorithm.local_parameters(), model)
+        if not own:
+            return trained
+        self.state.save(KEPT, message.round, own_values(model, own))
+        return as_received(trained, read_only(message.tensors, MODEL), spec, own)
 
     def split(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
         """Features (standardised with the consortium's scaler once received) and labels."""

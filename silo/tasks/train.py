@@ -30,7 +30,11 @@ sample count then leaves as a noisy report and the training loss not at all (sil
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor, nn
 
 from fedsilo.policies.data import SURVIVAL
 from fedsilo.privacy.accounting import Mechanism
@@ -39,6 +43,7 @@ from fedsilo.silo.data.plugins import is_plugin_task, per_sample_loss_of
 from fedsilo.silo.data.survival import NO_PER_ROW_LOSS
 from fedsilo.silo.domains import domain_objective
 from fedsilo.silo.drfa_training import Checkpoint, checkpoint_step, scaled, update_scale
+from fedsilo.silo.evaluation import loss_function, per_sample_loss_function
 from fedsilo.silo.local_loop import (
     gradient_steps,
     local_steps,
@@ -53,14 +58,21 @@ from fedsilo.silo.reports import reports_mechanism
 from fedsilo.silo.scaffold import ControlCorrection
 from fedsilo.silo.schedule import LocalSchedule
 from fedsilo.silo.tasks.base import SiloContext, config_of, flat_parameters, task_result
+from fedsilo.silo.training_step import (
+    StepTools,
+    TrainingStep,
+    TrainingStepError,
+    dp_sgd_problem,
+    guarded_private_step,
+    load_step,
+    plain_steps,
+)
 from fedsilo.wire.messages import TaskMessage, TaskResult
 from fedsilo.wire.tasks import TrainTask
 from fedsilo.wire.tasks.tensor_names import MODEL
 from fedsilo.wire.tensors import read_only
 
 if TYPE_CHECKING:  # Opacus loads only on the DP path
-    from torch import Tensor, nn
-
     from fedsilo.silo.dp_training import DpSgdPlan
 
 
@@ -101,41 +113,114 @@ def train(message: TaskMessage, ctx: SiloContext) -> TaskResult:
     checkpoint = Checkpoint(step, model, spec)
     seed = local.seed
 
-    def private(plan: DpSgdPlan, private_seed: int) -> list[float | None]:
-        from fedsilo.silo.dp_training import train_private
+    after_noise = proximal.add_gradient if proximal is not None else None
+    regulariser = proximal.value if proximal is not None else None
+    own = _site_step(ctx, task)
 
-        return train_private(
+    def private(plan: DpSgdPlan, private_seed: int) -> list[float | None]:
+        from fedsilo.silo.dp_training import private_run, train_private
+
+        if own is None:
+            return train_private(
+                model,
+                optimizer,
+                plan,
+                seed,
+                private_seed,
+                objective.per_sample_loss,
+                after_noise=after_noise,
+                after_step=checkpoint.after_step,
+            )
+        generator = torch.Generator().manual_seed(ctx.private_seed(message.task_id, "step"))
+        return private_run(
             model,
             optimizer,
             plan,
             seed,
             private_seed,
-            objective.per_sample_loss,
-            after_noise=proximal.add_gradient if proximal is not None else None,
+            lambda params, sums: guarded_private_step(
+                own, _tools(ctx, model, x, y, generator), params, sums
+            ),
+            after_noise=after_noise,
+            after_step=checkpoint.after_step,
+        )
+
+    def plain(batches: Iterator[Tensor]) -> list[float]:
+        if own is None:
+            return gradient_steps(
+                optimizer,
+                objective.batch_loss,
+                batches,
+                x.device,
+                regulariser=regulariser,
+                after_step=checkpoint.after_step,
+            )
+        generator = torch.Generator().manual_seed(seed)
+        return plain_steps(
+            own,
+            _tools(ctx, model, x, y, generator),
+            optimizer,
+            (rows.to(x.device) for rows in batches),
+            -(-n // schedule.batch),
+            _validation_loss(ctx, model) if _has_validation_rows(ctx) else None,
+            regulariser=regulariser,
             after_step=checkpoint.after_step,
         )
 
     model.train()
-    losses, metrics = local_steps(
-        message,
-        ctx,
-        schedule,
-        lambda batches: gradient_steps(
-            optimizer,
-            objective.batch_loss,
-            batches,
-            x.device,
-            regulariser=proximal.value if proximal is not None else None,
-            after_step=checkpoint.after_step,
-        ),
-        private,
-    )
+    losses, metrics = local_steps(message, ctx, schedule, plain, private)
     count = released_training(ctx, message, schedule, losses, metrics)
     received = read_only(message.tensors, MODEL)
-    trained = scaled(received, flat_parameters(model, spec), scale)
+    trained = scaled(
+        received, ctx.keep_local(message, model, spec, flat_parameters(model, spec)), scale
+    )
     if ctx.privacy.client_dp is not None:
         trained = clipped_update(message, ctx, received.to(trained), trained)
     return task_result(message, ctx, {MODEL: trained} | checkpoint.tensors(), count, metrics, spec)
+
+
+def _site_step(ctx: SiloContext, task: TrainTask) -> TrainingStep | None:
+    """The site's own training step (`training.step` of its own policy), checked against the
+    task and the silo's DP-SGD; None without one."""
+    config = ctx.policy.training.step
+    if config is None:
+        return None
+    if task.mixup_alpha is not None or task.domain_weights or task.domain_temperature:
+        raise TrainingStepError(
+            "training.step: this task trains on mixed or domain-weighted rows, which a step "
+            "plug-in does not compose with"
+        )
+    step = load_step(config)
+    problem = dp_sgd_problem(step, ctx.privacy)
+    if problem is not None:
+        raise TrainingStepError(problem)
+    return step
+
+
+def _tools(
+    ctx: SiloContext, model: nn.Module, x: Tensor, y: Tensor, generator: torch.Generator
+) -> Callable[[Callable[[Tensor], None]], StepTools]:
+    per_row = per_sample_loss_function(ctx.data.task)
+    return lambda descend: StepTools(model, generator, x, y, per_row, descend)
+
+
+def _has_validation_rows(ctx: SiloContext) -> bool:
+    return len(ctx.data.y_val) > 0
+
+
+def _validation_loss(ctx: SiloContext, model: nn.Module) -> Callable[[], float]:
+    """The model's mean loss on the site's validation split, in evaluation mode."""
+    x, y = ctx.split("val")
+    mean_loss = loss_function(ctx.data.task)
+
+    def loss() -> float:
+        model.eval()
+        with torch.no_grad():
+            value = float(mean_loss(model(x), y))
+        model.train()
+        return value
+
+    return loss
 
 
 def _refuse_dp_sgd_without_rows(ctx: SiloContext) -> None:
