@@ -18,7 +18,7 @@ from torch import nn
 
 from fedsilo.models.global_rng import seeded_global_rng
 from fedsilo.policies.model import PluginModel
-from fedsilo.policies.plugin_loading import PluginChanged, load_plugin
+from fedsilo.policies.plugin_loading import load_or_refuse
 
 GROUP = "fedsilo.models"
 
@@ -46,14 +46,7 @@ def load_factory(factory: str) -> Callable[..., nn.Module]:
             f"model factory {factory!r} is not installed at this site (entry points {GROUP}: "
             f"{installed})"
         )
-    try:
-        loaded = load_plugin(entry_point)
-    except PluginChanged as error:
-        raise PluginError(f"model factory {factory!r} {error}") from None
-    except Exception as error:  # the package is broken: say so, never a traceback
-        raise PluginError(
-            f"model factory {factory!r} cannot be loaded: {type(error).__name__}: {error}"
-        ) from None
+    loaded = load_or_refuse(entry_point, PluginError, f"model factory {factory!r}")
     if not callable(loaded):
         raise PluginError(f"model factory {factory!r} is a {type(loaded).__name__}, not callable")
     return loaded

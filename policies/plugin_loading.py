@@ -148,6 +148,18 @@ def load_plugin(entry_point: EntryPoint) -> Any:
     return PLUGINS.load(entry_point)
 
 
+def load_or_refuse(entry_point: EntryPoint, error: type[Exception], plugin: str) -> Any:
+    """`load_plugin`, or `error` with one message that starts with `plugin` (how the caller
+    names it: "model factory 'm:f'") and says why: changed on disk since this process loaded
+    it, or broken (its exception, never a traceback)."""
+    try:
+        return load_plugin(entry_point)
+    except PluginChanged as changed:
+        raise error(f"{plugin} {changed}") from None
+    except Exception as broken:  # the package is broken: say so, never a traceback
+        raise error(f"{plugin} cannot be loaded: {type(broken).__name__}: {broken}") from None
+
+
 def read_afresh() -> dict[str, str]:
     """`Plugins.read_afresh` for this process."""
     return PLUGINS.read_afresh()

@@ -30,7 +30,7 @@ import torch
 from torch import Tensor, nn
 
 from fedsilo.policies.package_pin import pin_problem
-from fedsilo.policies.plugin_loading import PluginChanged, load_plugin
+from fedsilo.policies.plugin_loading import load_or_refuse
 from fedsilo.policies.privacy import PrivacyConfig
 from fedsilo.policies.training import StepPlugin
 
@@ -120,14 +120,7 @@ def load_step(config: StepPlugin) -> TrainingStep:
     problem = pin_problem(entry_point, config.package, f"{KEY}.package")
     if problem is not None:
         raise TrainingStepError(problem)
-    try:
-        cls = load_plugin(entry_point)
-    except PluginChanged as error:
-        raise TrainingStepError(f"{KEY}.plugin: {config.plugin!r} {error}") from None
-    except Exception as error:  # a broken package: one message, never a traceback
-        raise TrainingStepError(
-            f"{KEY}.plugin: {config.plugin!r} cannot be loaded: {type(error).__name__}: {error}"
-        ) from None
+    cls = load_or_refuse(entry_point, TrainingStepError, f"{KEY}.plugin: {config.plugin!r}")
     if not (isinstance(cls, type) and issubclass(cls, TrainingStep)):
         raise TrainingStepError(
             f"{KEY}.plugin: {config.plugin!r} is not a subclass of fedsilo.TrainingStep"

@@ -284,7 +284,10 @@ def sections(key: str, model: type[BaseModel], seen: tuple[type, ...] = ()) -> l
     """The model under `key` and, depth first, every model its fields hold."""
     section = Section(key, model)
     found = [section]
-    for name, info in model.model_fields.items():
+    # the field that picks a variant (`name`, `kind`) first, even when a base class declares
+    # other fields before it (a model's `init`, an algorithm's `robust`)
+    fields = sorted(model.model_fields.items(), key=lambda item: item[0] not in ("name", "kind"))
+    for name, info in fields:
         dotted = f"{key}.{name}" if key else name
         section.rows.append(
             Row(

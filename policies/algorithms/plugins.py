@@ -23,6 +23,7 @@ from pydantic import model_validator
 from fedsilo.policies.algorithms.base import AlgorithmBase
 from fedsilo.policies.base import closest
 from fedsilo.policies.package_pin import PackagePin, pin_problem
+from fedsilo.policies.plugin_loading import load_or_refuse
 
 GROUP = "fedsilo.algorithms"
 
@@ -77,8 +78,6 @@ def find_algorithm(name: str) -> EntryPoint | None:
 def plugin_config_class(name: str, builtin: list[str]) -> type[PluginAlgorithm]:
     """The config class of the installed strategy plug-in `name`; a PluginAlgorithmError when
     none is installed, or it does not load, is no `PluginAlgorithm`, or declares no contract."""
-    from fedsilo.policies.plugin_loading import PluginChanged, load_plugin
-
     entry_point = find_algorithm(name)
     if entry_point is None:
         installed = sorted(ep.name for ep in installed_algorithms())
@@ -89,15 +88,9 @@ def plugin_config_class(name: str, builtin: list[str]) -> type[PluginAlgorithm]:
             f"the strategy plug-ins installed here (entry points {GROUP}: "
             f"{', '.join(installed) or 'none'})"
         )
-    try:
-        loaded = load_plugin(entry_point)
-    except PluginChanged as error:
-        raise PluginAlgorithmError(f"strategy plug-in {name!r} {error}") from None
-    except Exception as error:  # a broken package: one message, never a traceback
-        raise PluginAlgorithmError(
-            f"strategy plug-in {name!r} ({entry_point.value}) cannot be loaded: "
-            f"{type(error).__name__}: {error}"
-        ) from None
+    loaded = load_or_refuse(
+        entry_point, PluginAlgorithmError, f"strategy plug-in {name!r} ({entry_point.value})"
+    )
     if not (isinstance(loaded, type) and issubclass(loaded, PluginAlgorithm)):
         raise PluginAlgorithmError(
             f"strategy plug-in {name!r} ({entry_point.value}) is not a subclass of "
