@@ -7,19 +7,21 @@
 # between containers, a 2-round job submitted from this host with the operator kit, its results
 # and the coordinator's metrics endpoint.
 #
-# Usage: ci/check-image.sh   (as root; installs podman, runc, mmdebstrap and podman-compose when
-# missing). FEDSILO_IMAGE_WORK keeps the work folder (default: a temporary one, removed).
+# Usage: ci/check-image.sh   (as root; installs podman, runc, mmdebstrap, iptables and
+# podman-compose when missing). FEDSILO_IMAGE_WORK keeps the work folder (default: a temporary
+# one, removed).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 step() { printf '\n== %s (%ds)\n' "$*" "$SECONDS"; }
 
 step "tools: podman with runc, mmdebstrap, podman-compose"
 missing=()
-for tool in podman runc mmdebstrap; do command -v "$tool" > /dev/null || missing+=("$tool"); done
+# netavark, podman's network stack, runs iptables: a machine with podman but not it cannot build
+for tool in podman runc mmdebstrap iptables; do command -v "$tool" > /dev/null || missing+=("$tool"); done
 if ((${#missing[@]})); then
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq  # container DNS between compose services: netavark with aardvark-dns
-    apt-get install -y -qq podman runc mmdebstrap netavark aardvark-dns > /dev/null
+    apt-get install -y -qq podman runc mmdebstrap netavark aardvark-dns iptables > /dev/null
 fi
 tools=$repo/.venv-compose
 [[ -x $tools/bin/podman-compose ]] || {
