@@ -21,7 +21,6 @@ GROUPS = {
     "fedsilo.datasets": ("data loader", "data.source.loader: VALUE"),
     "fedsilo.tasks": ("task", "data.task: VALUE"),
 }
-PINNED = ("fedsilo.algorithms", "fedsilo.steps")  # the groups whose packages a policy pins
 
 
 @click.group("plugin")
@@ -64,16 +63,16 @@ def pin_command(plugin: str) -> None:
 
 
 def _find(plugin: str) -> EntryPoint:
-    for group in PINNED:
-        for point in entry_points(group=group):
-            if plugin in (point.name, point.value) and (
-                group == "fedsilo.algorithms" or point.value == plugin
-            ):
-                return point
+    """The strategy plug-in named `plugin`, or the training step whose value it is."""
+    candidates = [
+        *(point for point in entry_points(group="fedsilo.algorithms") if point.name == plugin),
+        *(point for point in entry_points(group="fedsilo.steps") if point.value == plugin),
+    ]
+    if candidates:
+        return candidates[0]
     installed = [
-        point.name if group == "fedsilo.algorithms" else point.value
-        for group in PINNED
-        for point in entry_points(group=group)
+        *(point.name for point in entry_points(group="fedsilo.algorithms")),
+        *(point.value for point in entry_points(group="fedsilo.steps")),
     ]
     raise click.ClickException(
         f"PLUGIN {plugin!r}: no strategy plug-in (algorithm name) or training step "

@@ -186,14 +186,18 @@ class Policy(PolicyModel):
         return self
 
     def _check_step_plugin(self) -> None:
-        """A training step plug-in runs in `train` tasks only: an algorithm that trains with a
-        task of its own kind (SuPerFed's mixtures, FedDC's daisy chain...) cannot take one."""
+        """A training step plug-in runs in plain `train` tasks only: an algorithm that trains
+        with a task of its own kind (SuPerFed's mixtures, FedDC's daisy chain...) or on mixed or
+        domain-weighted rows (DRFLM, AgnosticFedAvg, ApproxFedAvg) cannot take one."""
         if self.training.step is None:
             return
+        from fedsilo.policies.algorithms.contract import Position, derived_train
         from fedsilo.wire.tasks import TASK_CONFIGS
 
-        training_kinds = {
-            kind for kind, config in TASK_CONFIGS.items() if "local" in config.__dataclass_fields__
+        training_kinds = {  # the kinds that carry local training, or a train task inside
+            kind
+            for kind, config in TASK_CONFIGS.items()
+            if {"local", "train"} & set(config.__dataclass_fields__)
         }
         kinds = {rule.kind for rule in self.algorithm.silo_contract(self).rules}
         other = sorted((kinds & training_kinds) - {"train"})
@@ -203,6 +207,12 @@ class Policy(PolicyModel):
                 f"({', '.join(other)}), which takes no step plug-in; a step plug-in runs in "
                 "`train` tasks (the FedAvg family, the loss-weighted schedules, strategy "
                 "plug-ins that send `train`)"
+            )
+        derived = derived_train(self, Position(1, "train", ""))
+        if self.algorithm.needs_domains or derived.mixup_alpha is not None:
+            raise ValueError(
+                f"training.step: {self.algorithm.name} trains on mixed or domain-weighted rows, "
+                "which a step plug-in does not compose with"
             )
 
     def _check_dp_noise(self) -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import importlib
 import math
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -371,3 +372,20 @@ def test_fedbn_with_its_step_runs_in_a_real_deployment_under_dp_sgd_and_masking(
         assert ended.status == COMPLETED, (ended, consortium.log("coordinator")[-3000:])
     finally:
         consortium.stop_all()
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "refusal"),
+    [
+        ({"name": "feddc"}, "feddc trains with its own task kind (daisy_train)"),
+        ({"name": "drflm"}, "drflm trains on mixed or domain-weighted rows"),
+        ({"name": "approx_fedavg"}, "approx_fedavg trains on mixed or domain-weighted rows"),
+    ],
+)
+def test_a_step_under_a_daisy_chain_or_mixed_or_domain_weighted_rows_is_refused_when_read(
+    installed: Installed, algorithm: dict, refusal: str
+) -> None:
+    training = {k: v for k, v in installed.policy["training"].items() if k != "epochs"}
+    document = {**installed.policy, "algorithm": algorithm, "training": {**training, "steps": 2}}
+    with pytest.raises(PolicyError, match=re.escape(f"training.step: {refusal}")):
+        fedsilo.parse_policy(document)
