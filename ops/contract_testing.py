@@ -112,10 +112,15 @@ class Recording:
         return lineage.refusal(message, self.agents[message.silo].context)
 
 
-def record(p: Policy, base_dir: Path | str = ".") -> Recording:
+def record(
+    p: Policy,
+    base_dir: Path | str = ".",
+    rewrite: Callable[[TaskMessage], TaskMessage] | None = None,
+) -> Recording:
     """The honest run of `p` (its data read relative to `base_dir`) through the real engine and
     silo agents built by the simulation's builder, every task recorded as it arrived at its
-    silo, every answer as the silo sent it."""
+    silo, every answer as the silo sent it; `rewrite`: a deviating coordinator's change to each
+    task on its way (none: honest)."""
     datasets = load_silos(p, Path(base_dir))
     keys = ConsortiumKeys.generate(d.name for d in datasets)
     silos = {d.name: d for d in datasets}
@@ -129,6 +134,8 @@ def record(p: Policy, base_dir: Path | str = ".") -> Recording:
     def endpoint(name: str) -> Callable[[Any], Any]:
         def call(payload: Any) -> Any:
             data = as_payload(payload).to_bytes()
+            if rewrite is not None:
+                data = rewrite(TaskMessage.decode(data)).encode()
             hosted = agents[name].context.store.hosted
             arrivals.append(Arrival(data, hosted.delivered, hosted.holders))
             reply = agents[name].handle_bytes(data).to_bytes()

@@ -8,6 +8,7 @@ PYTHONPATH).
   its own tests pass, the silo-contract property among them (`fedsilo.check_silo_contract`).
 - FedBN's silos keep their normalisation layers: what leaves a silo in their place is what it
   received, so the global model's stay as initialised while FedAvg's move.
+  A coordinator that writes its own values there gets back exactly those, never a silo's.
 - Bad input gets one message: a step that goes around the privacy engine under DP-SGD (it
   back-propagates or moves the parameters itself, or descends twice), a step DP-SGD cannot
   account for (early stopping), a pin whose version or digest differs from the installed
@@ -24,7 +25,7 @@ import re
 import subprocess
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -36,9 +37,13 @@ import fedsilo
 from fedsilo.coordinator.jobs import COMPLETED
 from fedsilo.models.zoo import build_model
 from fedsilo.ops.cli import main
+from fedsilo.ops.contract_testing import record
 from fedsilo.policies.loading import PolicyError
 from fedsilo.policies.seeding import derive_seed
+from fedsilo.silo.local_parameters import KEPT
+from fedsilo.wire.messages import TaskMessage, TaskResult
 from fedsilo.wire.tasks.tensor_names import MODEL
+from fedsilo.wire.tensors import ParameterSpec
 from tests.deployment import provision, wait_until_ended
 
 NAME, PACKAGE = "site-plugins", "site_plugins"
@@ -389,3 +394,41 @@ def test_a_step_under_a_daisy_chain_or_mixed_or_domain_weighted_rows_is_refused_
     document = {**installed.policy, "algorithm": algorithm, "training": {**training, "steps": 2}}
     with pytest.raises(PolicyError, match=re.escape(f"training.step: {refusal}")):
         fedsilo.parse_policy(document)
+
+
+def test_a_coordinator_that_sends_chosen_values_for_the_kept_layers_gets_back_only_those(
+    installed: Installed,
+) -> None:
+    """A deviating coordinator writes its own values into the `norm` entries of round 2's
+    models: every silo trains with its own kept values and answers with exactly the values it
+    was sent there, never its own."""
+    chosen = 7.0
+    policy = fedsilo.parse_policy({**installed.policy, "rounds": 2})
+
+    def kept_entries(spec: ParameterSpec) -> list[slice]:
+        spans, offset = [], 0
+        for entry in spec.entries:
+            if entry.name.startswith("norm."):
+                spans.append(slice(offset, offset + entry.numel))
+            offset += entry.numel
+        return spans
+
+    def rewrite(message: TaskMessage) -> TaskMessage:
+        if message.kind != "train" or message.round != 2 or message.spec is None:
+            return message
+        model = message.tensors[MODEL].clone()
+        for span in kept_entries(message.spec):
+            model[span] = chosen
+        return replace(message, tensors={**dict(message.tensors.items()), MODEL: model})
+
+    run = record(policy, installed.folder, rewrite=rewrite)
+    answers = [TaskResult.decode(reply) for reply in run.replies]
+    trained = [a for a in answers if a.kind == "train" and "/r2/" in a.task_id]
+    assert len(trained) == 3
+    for answer in trained:
+        assert answer.spec is not None
+        sent = answer.tensors[MODEL]
+        for span in kept_entries(answer.spec):
+            assert torch.all(sent[span] == chosen), answer.silo
+        own = run.agents[answer.silo].context.state.latest(KEPT, 3)
+        assert own is not None and not torch.all(own["norm.weight"] == chosen)
