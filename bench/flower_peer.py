@@ -5,8 +5,9 @@ pins protobuf<7 while fedsilo's stubs need protobuf 7, so this file imports neit
 bench.common. Its module level needs numpy only, so bench/transport.py and
 bench/flower_runner.py share the workload definition below (widths, data) from fedsilo's venv.
 
-Two roles on 127.0.0.1, with Flower's legacy API (`flwr.server.start_server` and
-`flwr.client.start_client`, both living in flwr.compat; deprecated since 1.13 but present):
+Two roles on 127.0.0.1 (or on `--host`, the server's address on a shaped link), with Flower's
+legacy API (`flwr.server.start_server` and `flwr.client.start_client`, both living in
+flwr.compat; deprecated since 1.13 but present):
 
     python bench/flower_peer.py server --port P --parameters N --silos K --rounds R --out F.json
         [--certs DIR]      # DIR/ca.pem, server.pem, server.key: TLS (server-authenticated)
@@ -125,7 +126,7 @@ def serve(args: argparse.Namespace) -> None:
             (args.certs / name).read_bytes() for name in ("ca.pem", "server.pem", "server.key")
         )
     start_server(
-        server_address=f"127.0.0.1:{args.port}",
+        server_address=f"{args.host}:{args.port}",
         config=ServerConfig(num_rounds=args.rounds),
         strategy=strategy,
         grpc_max_message_length=MAX_MESSAGE_BYTES,
@@ -169,7 +170,7 @@ def join(args: argparse.Namespace) -> None:
 
     ca = args.ca.read_bytes() if args.ca is not None else None
     start_client(
-        server_address=f"127.0.0.1:{args.port}",
+        server_address=f"{args.host}:{args.port}",
         client=Silo().to_client(),
         grpc_max_message_length=MAX_MESSAGE_BYTES,
         root_certificates=ca,
@@ -190,6 +191,7 @@ def main() -> None:
     for role in (server, client):
         role.add_argument("--port", type=int, required=True)
         role.add_argument("--parameters", type=float, required=True)
+        role.add_argument("--host", default="127.0.0.1", help="the server's address")
     args = parser.parse_args()
     if args.role == "server":
         serve(args)

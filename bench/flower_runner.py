@@ -18,6 +18,7 @@ import signal
 import socket
 import statistics
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -52,19 +53,25 @@ def run_flower(
     rounds: int,
     tls: bool = True,
     timeout_s: float = 600.0,
+    host: str = "127.0.0.1",
+    inside: Callable[[str], list[str]] | None = None,
 ) -> dict | None:
-    """One configuration under Flower in folder `root`; None when Flower's interpreter is absent."""
+    """One configuration under Flower in folder `root`; None when Flower's interpreter is absent.
+
+    On shaped links (bench/links.py) the server listens on `host` and `inside(name)` is the
+    command prefix that runs process `name` ("server", "s0", ...) in its network namespace;
+    the loopback byte counts then count nothing of the run."""
     python = flower_python()
     if python is None:
         return None
     root.mkdir(parents=True, exist_ok=True)
     width = hidden_width(parameters)
     port, report = _free_port(), root / "flower.json"
-    common = ["--port", str(port), "--parameters", str(parameters)]
+    common = ["--port", str(port), "--parameters", str(parameters), "--host", host]
     server_args = ["--silos", str(silos), "--rounds", str(rounds), "--out", str(report)]
     client_args: list[str] = []
     if tls:
-        _write_certificates(root / "certs")
+        _write_certificates(root / "certs", host)
         server_args += ["--certs", str(root / "certs")]
         client_args += ["--ca", str(root / "certs" / "ca.pem")]
 
@@ -72,11 +79,22 @@ def run_flower(
     processes: dict[str, subprocess.Popen] = {}
     net_before = psutil.net_io_counters(pernic=True)["lo"].bytes_recv
     try:
-        processes["server"] = _start(python, root, "server", "server", *common, *server_args)
-        _wait_until(lambda: _listening(port), processes, deadline, root)
+        prefix = inside or (lambda name: [])
+        processes["server"] = _start(
+            python, root, "server", "server", *common, *server_args, prefix=prefix("server")
+        )
+        _wait_until(lambda: _listening(host, port, prefix("s0")), processes, deadline, root)
         for i in range(silos):
             processes[f"s{i}"] = _start(
-                python, root, f"s{i}", "client", *common, "--silo", str(i), *client_args
+                python,
+                root,
+                f"s{i}",
+                "client",
+                *common,
+                "--silo",
+                str(i),
+                *client_args,
+                prefix=prefix(f"s{i}"),
             )
         _wait_until(lambda: processes["server"].poll() == 0, processes, deadline, root)
         net = psutil.net_io_counters(pernic=True)["lo"].bytes_recv - net_before
@@ -106,10 +124,10 @@ def run_flower(
     }
 
 
-def _start(python: Path, root: Path, name: str, *args: str) -> subprocess.Popen:
+def _start(python: Path, root: Path, name: str, *args: str, prefix: list[str]) -> subprocess.Popen:
     with (root / f"flower-{name}.log").open("w") as log:
         return subprocess.Popen(
-            [str(python), str(PEER), *args],
+            [*prefix, str(python), str(PEER), *args],
             cwd=root,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -150,18 +168,24 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _listening(port: int) -> bool:
-    with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", port)) == 0
+def _listening(host: str, port: int, prefix: list[str]) -> bool:
+    """Whether the server accepts connections, tried from where a client runs (`prefix`)."""
+    if not prefix:
+        with socket.socket() as s:
+            return s.connect_ex((host, port)) == 0
+    probe = f"import socket; socket.create_connection(({host!r}, {port}), timeout=1).close()"
+    return (
+        subprocess.run([*prefix, sys.executable, "-c", probe], capture_output=True).returncode == 0
+    )
 
 
-def _write_certificates(folder: Path) -> None:
-    """A throw-away CA (ca.pem) and a server certificate for 127.0.0.1 (server.pem/.key)."""
+def _write_certificates(folder: Path, host: str = "127.0.0.1") -> None:
+    """A throw-away CA (ca.pem) and a server certificate for `host` (server.pem/.key)."""
     folder.mkdir(parents=True, exist_ok=True)
     now = datetime.datetime.now(datetime.timezone.utc)
     ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "flower-bench-ca")])
-    server_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    server_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, host)])
 
     def certificate(
         subject: x509.Name, public_key: ec.EllipticCurvePublicKey
@@ -186,7 +210,7 @@ def _write_certificates(folder: Path) -> None:
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(
             x509.SubjectAlternativeName(
-                [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]
+                [x509.IPAddress(ipaddress.ip_address(host)), x509.DNSName("localhost")]
             ),
             critical=False,
         )

@@ -85,7 +85,7 @@ def run_config(root: Path, parameters: float, silos: int, rounds: int) -> dict:
     )
     consortium.sign_policy(policy)
     for i, name in enumerate(names):
-        _write_site(root, name, i)
+        write_site(root, name, i)
 
     net_before = psutil.net_io_counters(pernic=True)["lo"].bytes_recv
     try:
@@ -97,14 +97,14 @@ def run_config(root: Path, parameters: float, silos: int, rounds: int) -> dict:
         # (round, CPU seconds) as rounds pass, read from the state file, which costs the
         # coordinator nothing (a metrics scrape would cost it CPU and loopback bytes)
         spans: list[tuple[int, dict[str, float]]] = []
-        while (now := _rounds_saved(root / "state.db")) < rounds:
+        while (now := rounds_saved(root / "state.db")) < rounds:
             consortium.check()
             if now >= 1 and (not spans or spans[-1][0] != now):
-                spans.append((now, _cpu_seconds(consortium.processes)))
+                spans.append((now, cpu_seconds(consortium.processes)))
             time.sleep(0.01)
         while not (root / "results" / "history.json").exists():
             time.sleep(0.2)
-        peak_rss = _peak_rss(consortium.processes["coordinator"].pid)  # the whole run's peak
+        peak = peak_rss(consortium.processes["coordinator"].pid)  # the whole run's peak
         payload = _payload_bytes(metrics_port)
         net = psutil.net_io_counters(pernic=True)["lo"].bytes_recv - net_before
     finally:
@@ -112,7 +112,7 @@ def run_config(root: Path, parameters: float, silos: int, rounds: int) -> dict:
     count = parameter_count(width)  # the MLP's, near `parameters`
     floor = measured_floor(root / "kits", names, count, rounds, service_allocator=False)
     kept = measured_floor(root / "kits", names, count, rounds, service_allocator=True)
-    cpu = _cpu_per_round(spans, names)
+    cpu = cpu_per_round(spans, names)
     history = json.loads((root / "results" / "history.json").read_text())
     overhead = statistics.median(
         r["seconds"] - max(r["compute_seconds"]["train"].values()) for r in history["rounds"]
@@ -127,7 +127,7 @@ def run_config(root: Path, parameters: float, silos: int, rounds: int) -> dict:
         "payload_bytes": payload,
         "loopback_bytes": net,
         "wire_over_payload": net / payload,
-        "coordinator_peak_rss_bytes": peak_rss,
+        "coordinator_peak_rss_bytes": peak,
         **floor,
         **{key.replace("floor_", "floor_kept_", 1): value for key, value in kept.items()},
         **cpu,
@@ -136,7 +136,7 @@ def run_config(root: Path, parameters: float, silos: int, rounds: int) -> dict:
     }
 
 
-def _write_site(root: Path, name: str, index: int) -> None:
+def write_site(root: Path, name: str, index: int) -> None:
     site = root / "sites" / name
     site.mkdir(parents=True)
     x, y = site_data(index)  # the rows Flower's client `index` trains on too
@@ -152,7 +152,7 @@ def _write_site(root: Path, name: str, index: int) -> None:
     )
 
 
-def _rounds_saved(state: Path) -> int:
+def rounds_saved(state: Path) -> int:
     """The last round the coordinator saved as completed (0 before any), read-only."""
     if not state.exists():
         return 0
@@ -166,7 +166,7 @@ def _rounds_saved(state: Path) -> int:
     return last or 0
 
 
-def _cpu_seconds(processes: dict) -> dict[str, float]:
+def cpu_seconds(processes: dict) -> dict[str, float]:
     """Each party's CPU seconds so far (user and system, with its child processes)."""
     seconds = {}
     for name, process in processes.items():
@@ -179,7 +179,7 @@ def _cpu_seconds(processes: dict) -> dict[str, float]:
     return seconds
 
 
-def _cpu_per_round(spans: list[tuple[int, dict[str, float]]], silos: list[str]) -> dict:
+def cpu_per_round(spans: list[tuple[int, dict[str, float]]], silos: list[str]) -> dict:
     """CPU milliseconds per round of the coordinator and of the busiest silo, between the first
     and the last round seen passing (so no start-up is counted); on a machine with fewer cores
     than processes their sum, not the slowest party's, bounds the round."""
@@ -194,7 +194,7 @@ def _cpu_per_round(spans: list[tuple[int, dict[str, float]]], silos: list[str]) 
     }
 
 
-def _peak_rss(pid: int) -> int:
+def peak_rss(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) * 1024

@@ -37,6 +37,7 @@ import grpc
 from nacl.signing import SigningKey
 
 from fedsilo.coordinator.hub import SiloHub
+from fedsilo.coordinator.staggered_sends import StaggeredSends
 from fedsilo.privacy.roster import SignedRoster
 from fedsilo.wire.control import (
     ACCEPT,
@@ -127,10 +128,12 @@ class CoordinatorService:
         poll_seconds: float = 5.0,
         more_jobs: bool = False,
         roster: SignedRoster | None = None,
+        sends: StaggeredSends | None = None,
     ) -> None:
         """`policy`: the one job's policy (`coordinator start`), or None until `set_job`;
         `roster`: the consortium's signed roster now (`roster` is updated as it changes, and a
-        job keeps the one it started with)."""
+        job keeps the one it started with); `sends`: large replies one silo at a time
+        (coordinator/staggered_sends.py), None: side by side."""
         self.deployment = deployment
         self.hub = hub
         self.verifier = verifier
@@ -143,6 +146,7 @@ class CoordinatorService:
         self.roster = roster
         self.job_roster = roster
         self.mismatches = MismatchLog(log)
+        self.sends = sends
 
     def set_job(self, policy: SignedPolicy, job: str) -> None:
         """Job `job` runs `policy` from now on, under the roster of now; every silo joins it
@@ -199,7 +203,8 @@ class CoordinatorService:
             deployment=self.deployment,
         )
         self.metrics.count_bytes("to_silo", envelope.sender, len(reply))
-        yield from to_frames(reply_envelope, reply)
+        frames = to_frames(reply_envelope, reply)
+        yield from frames if self.sends is None else self.sends.frames(frames, len(reply))
 
     def _answer(
         self, silo: str, payload: AnyPayload, message: Control | None

@@ -24,6 +24,7 @@ from rich.table import Table
 import fedsilo.ops.openmp  # noqa: F401 (first, before torch loads: see the module)
 from fedsilo.coordinator.engine import RoundRecord, RunAborted
 from fedsilo.coordinator.hub import DEFAULT_HEARTBEAT_WINDOW_S
+from fedsilo.coordinator.staggered_sends import SEND_MODES
 from fedsilo.coordinator.strategies import STRATEGIES
 from fedsilo.ops.backends import BACKENDS, IN_PROCESS, RAY, BackendError
 from fedsilo.ops.cli_support import (
@@ -429,6 +430,14 @@ max_payload_option = click.option(
     callback=within(1, 1 << 20),
     help="Largest message accepted.",
 )
+sends_option = click.option(
+    "--sends",
+    type=click.Choice(SEND_MODES),
+    default="concurrent",
+    show_default=True,
+    help="How large tasks leave the coordinator: side by side, or one silo at a time, which "
+    "shortens rounds where the coordinator's link is the narrowest (docs/performance.md).",
+)
 log_json_option = click.option(
     "--log-json", is_flag=True, help="Log JSON lines instead of key=value lines."
 )
@@ -461,6 +470,7 @@ log_json_option = click.option(
 @silo_poll_option
 @heartbeat_window_option
 @max_payload_option
+@sends_option
 @click.option(
     "--out", type=click.Path(path_type=Path), help="Write the final model and history here."
 )
@@ -483,6 +493,7 @@ def coordinator_start(
     poll_seconds: float,
     heartbeat_window_s: float,
     max_payload_mb: int,
+    sends: str,
     out: Path | None,
     overwrite: bool,
     linger_seconds: float,
@@ -511,6 +522,7 @@ def coordinator_start(
         out=out,
         overwrite=overwrite,
         track=track,
+        sends=sends,
     )
     try:
         history = run_coordinator(options, stop)
@@ -551,6 +563,7 @@ def coordinator_start(
 )
 @heartbeat_window_option
 @max_payload_option
+@sends_option
 @click.option(
     "--jobs-dir",
     type=click.Path(path_type=Path),
@@ -581,6 +594,7 @@ def coordinator_serve(
     join_timeout: float,
     heartbeat_window_s: float,
     max_payload_mb: int,
+    sends: str,
     jobs_dir: Path | None,
     listen: str | None,
     metrics_host: str,
@@ -607,6 +621,7 @@ def coordinator_serve(
         metrics_host=metrics_host,
         health_file=health_file,
         track=track,
+        sends=sends,
     )
     try:
         serve_coordinator(options, stop)

@@ -56,6 +56,7 @@ from fedsilo.coordinator.grpc_transport import GrpcTransport
 from fedsilo.coordinator.hub import DEFAULT_HEARTBEAT_WINDOW_S, SiloHub
 from fedsilo.coordinator.replay_store import ReplayStore
 from fedsilo.coordinator.service import CoordinatorService, SignedPolicy, handler
+from fedsilo.coordinator.staggered_sends import StaggeredSends
 from fedsilo.coordinator.state import StateStore
 from fedsilo.coordinator.strategies import make_strategy
 from fedsilo.coordinator.strategies.base import Strategy
@@ -115,6 +116,7 @@ class CoordinatorOptions:
     out: Path | None = None  # where the final model and history are written
     overwrite: bool = False  # replace earlier fedsilo results in `out` (never anything else)
     track: tuple[TrackTarget, ...] = ()  # where the job is tracked (ops/tracking.py)
+    sends: str = "concurrent"  # or "staggered": coordinator/staggered_sends.py
 
 
 def run_coordinator(options: CoordinatorOptions, stop: threading.Event | None = None) -> RunHistory:
@@ -132,6 +134,7 @@ def run_coordinator(options: CoordinatorOptions, stop: threading.Event | None = 
         job.signed,
         workers=2 * len(kit.silos) + 8,
         heartbeat_window_s=options.heartbeat_window_s,
+        sends=options.sends,
     )
     serving.metrics.deployment = job.id
     serving.metrics.set_privacy(
@@ -253,11 +256,13 @@ def open_serving(
     heartbeat_window_s: float = DEFAULT_HEARTBEAT_WINDOW_S,
     listen: str | None = None,
     metrics_host: str = "127.0.0.1",
+    sends: str = "concurrent",
 ) -> Serving:
     """Everything but the server's start; `policy`: the one job's (None: jobs come later); a
     silo silent for `heartbeat_window_s` is gone (coordinator/hub.py); the server listens on
-    `listen` (None: the kit's address) and the metrics on `metrics_host`. An expired server
-    certificate is refused first (`CertificateError`)."""
+    `listen` (None: the kit's address) and the metrics on `metrics_host`; `sends`: whether
+    large tasks leave side by side or one at a time (coordinator/staggered_sends.py). An
+    expired server certificate is refused first (`CertificateError`)."""
     certificate = server_certificate(kit)
     store = StateStore(state)
     try:
@@ -288,6 +293,7 @@ def open_serving(
         poll_seconds,
         more_jobs=policy is None,
         roster=kit.roster,
+        sends=StaggeredSends() if sends == "staggered" else None,
     )
     server = grpc_server(kit, service, workers, certificate, listen)
     metrics_server = (

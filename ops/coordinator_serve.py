@@ -114,6 +114,7 @@ class ServeOptions:
     metrics_host: str = "127.0.0.1"
     health_file: Path | None = None  # ops/health.py
     track: tuple[TrackTarget, ...] = ()  # where each job is tracked (ops/tracking.py)
+    sends: str = "concurrent"  # or "staggered": coordinator/staggered_sends.py
 
     @property
     def jobs_folder(self) -> Path:
@@ -135,6 +136,7 @@ def serve_coordinator(options: ServeOptions, stop: threading.Event | None = None
         heartbeat_window_s=options.heartbeat_window_s,
         listen=options.listen,
         metrics_host=options.metrics_host,
+        sends=options.sends,
     )
     queue = JobQueue(options.state)  # after the StateStore made (or checked) the file
     serving.metrics.watch_jobs(queue.count_by_status)

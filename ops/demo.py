@@ -49,11 +49,14 @@ class LocalConsortium:
 
     folder: Path
     processes: dict[str, subprocess.Popen] = field(default_factory=dict)
+    # a command prefix per process name that runs it elsewhere (a network namespace of a
+    # shaped-link bench: `ip netns exec NAME`); none by default
+    launchers: dict[str, list[str]] = field(default_factory=dict)
 
     def start(self, name: str, *args: str) -> None:
         log = (self.folder / "logs" / f"{name}.log").open("w")
         self.processes[name] = subprocess.Popen(
-            [sys.executable, "-m", "fedsilo", *args],
+            [*self.launchers.get(name, []), sys.executable, "-m", "fedsilo", *args],
             cwd=self.folder,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -61,12 +64,15 @@ class LocalConsortium:
         )
 
     @classmethod
-    def provision(cls, folder: Path, name: str, silos: list[str]) -> tuple[LocalConsortium, int]:
-        """Kits for a consortium whose coordinator listens on a free loopback port (returned)."""
+    def provision(
+        cls, folder: Path, name: str, silos: list[str], host: str = "127.0.0.1"
+    ) -> tuple[LocalConsortium, int]:
+        """Kits for a consortium whose coordinator listens on a free port (returned) of `host`
+        (loopback by default)."""
         grpc_port = free_port()
         config = {
             "consortium": name,
-            "coordinator": {"address": f"127.0.0.1:{grpc_port}"},
+            "coordinator": {"address": f"{host}:{grpc_port}"},
             "silos": [{"name": silo} for silo in silos],
         }
         provision(parse_consortium(config), folder / "kits")
