@@ -57,7 +57,12 @@ from bench.flower_runner import FlowerFailed, flower_python, run_flower
 from bench.netns import Star, link_problem, shaped_star
 from bench.transport import cpu_per_round, cpu_seconds, peak_rss, rounds_saved, write_site
 from fedsilo.coordinator.staggered_sends import SEND_MODES
-from fedsilo.ops.demo import LocalConsortium
+from fedsilo.ops.demo import DemoFailed, LocalConsortium
+
+
+class RunFailed(RuntimeError):
+    """A run ended without its rounds; the message names its logs."""
+
 
 # One request and its answer per silo a round: the task goes down, the update comes up.
 ROUND_TRIPS = 1
@@ -119,13 +124,16 @@ def run_fedsilo(
         rtt = _round_trip(star, port)
         spans: list[tuple[int, dict[str, float]]] = []
         link: list[int] = []  # the coordinator link's bytes at each span
+        history_file = root / "results" / "history.json"
         while (now := rounds_saved(root / "state.db")) < rounds:
+            if history_file.exists():  # the job ended short of its rounds
+                raise RunFailed(f"fedsilo completed {now} of {rounds} rounds; see {root}/logs")
             consortium.check()
             if now >= 1 and (not spans or spans[-1][0] != now):
                 spans.append((now, cpu_seconds(consortium.processes)))
                 link.append(sum(star.coordinator_link_bytes()))
             time.sleep(0.05)
-        while not (root / "results" / "history.json").exists():
+        while not history_file.exists():
             consortium.check()
             time.sleep(0.2)
         peaks = {name: peak_rss(p.pid) for name, p in consortium.processes.items()}
@@ -133,7 +141,7 @@ def run_fedsilo(
         sent, received = star.coordinator_link_bytes()
     finally:
         consortium.stop()
-    history = json.loads((root / "results" / "history.json").read_text())["rounds"]
+    history = json.loads(history_file.read_text())["rounds"]
     return {
         "round_seconds": statistics.median(r["seconds"] for r in history),
         "train_seconds": statistics.median(
@@ -242,19 +250,23 @@ def measure(
     count = parameter_count(hidden_width(parameters))
     model_bytes = 4 * count
     runs: list[dict[str, dict]] = []
-    failed = None
+    failures: list[str] = []
     for repeat in range(repeats):
         tag = f"p{parameters:.0e}-k{star.silos}-r{star.rate_mbit:g}-{repeat}"
         run = {}
         for mode in sends:
-            run[f"fedsilo {mode}"] = run_fedsilo(
-                star, tmp / f"{mode}-{tag}", parameters, rounds, mode, extra
-            )
-        rtt = statistics.median(m["rtt_seconds"] for m in run.values())
+            try:
+                run[f"fedsilo {mode}"] = run_fedsilo(
+                    star, tmp / f"{mode}-{tag}", parameters, rounds, mode, extra
+                )
+            except (RunFailed, DemoFailed) as exc:
+                failures.append(f"fedsilo {mode}, repeat {repeat}: {exc}")
+        rtt = statistics.median([m["rtt_seconds"] for m in run.values()] or [0.0])
         try:
             flower = run_flower_on(star, tmp / f"flower-{tag}", parameters, rounds)
         except FlowerFailed as exc:
-            failed, flower = str(exc).split(";")[0], None
+            failures.append(f"Flower, repeat {repeat}: {str(exc).split(';')[0]}")
+            flower = None
         if flower is not None:
             run["Flower"] = flower | {"rtt_seconds": rtt}
         for measured in run.values():
@@ -275,10 +287,10 @@ def measure(
             if all(system in run for run in runs)
         },
     }
-    if failed is not None:
-        row["flower_failed"] = failed
+    if failures:
+        row["failures"] = failures
     if "Flower" in row["systems"]:
-        for mode in sends:
+        for mode in (m for m in sends if f"fedsilo {m}" in row["systems"]):
             versus = [
                 run[f"fedsilo {mode}"]["round_seconds"] / run["Flower"]["round_seconds"]
                 for run in runs
@@ -384,6 +396,8 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def _line(row: dict) -> str:
+    if not row["systems"]:
+        return f"{row['parameters']:.0e} x {row['silos']}: no system completed: {row['failures']}"
     systems = ", ".join(
         f"{name} {m['round_seconds']:.2f} s ({m['over_bound']:.2f}x)"
         for name, m in row["systems"].items()

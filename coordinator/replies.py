@@ -1,9 +1,11 @@
 """A silo's reply as the coordinator checks it: `accept` decodes it and turns anything wrong
 (malformed, for another task, failed, budget exhausted, non-finite, missing or misshapen
 tensors) into a `Dropout` with its reason; an `Accepted` reply keeps an aggregated phase's
-tensors unread in the payload, to be read slice by slice. Either keeps the silo's signed receipt
-of the booking (a receipt for another task or silo, or malformed, drops the reply), for the
-engine to store: it is what a privacy officer audits the silo's ledger against."""
+tensors unread in the payload, to be read slice by slice (a quantized model, `compression:`,
+read decoded: the model the task sent + q * scale, wire/quantized.py, never a full-size copy
+of it). Either keeps the silo's signed receipt of the booking (a receipt for another task or
+silo, or malformed, drops the reply), for the engine to store: it is what a privacy officer
+audits the silo's ledger against."""
 
 from __future__ import annotations
 
@@ -17,9 +19,14 @@ from fedsilo.coordinator.state import StateStore
 from fedsilo.privacy.receipts import Receipt, ReceiptError
 from fedsilo.wire.messages import STATUS_BUDGET_EXHAUSTED, TaskMessage, TaskResult
 from fedsilo.wire.payload import AnyPayload
+from fedsilo.wire.quantized import Dequantized, dequantized
+from fedsilo.wire.tasks import Quantization, TrainTask
+from fedsilo.wire.tasks.tensor_names import MODEL, SCALES
 from fedsilo.wire.tensors import LazyTensor, WireError, all_finite
 
 SLICE_ELEMENTS = 1 << 20  # elements read at once (a multiple of every SIMD width)
+# a tensor of an answer still to read: in its payload, or a quantized one read decoded
+Unread = LazyTensor | Dequantized
 
 
 class SliceReader:
@@ -31,7 +38,7 @@ class SliceReader:
     def __init__(self) -> None:
         self._buffers: dict[torch.dtype, torch.Tensor] = {}
 
-    def peek(self, tensor: LazyTensor, start: int, stop: int) -> torch.Tensor:
+    def peek(self, tensor: Unread, start: int, stop: int) -> torch.Tensor:
         buffer = self._buffers.get(tensor.dtype)
         if buffer is None or buffer.numel() < stop - start:
             buffer = self._buffers[tensor.dtype] = torch.empty(stop - start, dtype=tensor.dtype)
@@ -84,7 +91,7 @@ class Accepted:
     """A checked reply: the result, and (for an aggregated phase) its tensors still unread."""
 
     result: TaskResult
-    lazy: Mapping[str, LazyTensor] = field(default_factory=dict)
+    lazy: Mapping[str, Unread] = field(default_factory=dict)
     receipt: Receipt | None = None
 
 
@@ -140,7 +147,7 @@ def accept(
 
 def _checked(
     accepted: Accepted,
-    tensors: Mapping[str, torch.Tensor | LazyTensor],
+    tensors: Mapping[str, torch.Tensor | Unread],
     sent: TaskMessage,
     aggregate: WeightedMean | Identical | None,
 ) -> Accepted | Dropout:
@@ -149,6 +156,13 @@ def _checked(
         return Dropout(f"{STATUS_BUDGET_EXHAUSTED}: {result.error}", retire=True)
     if not result.ok:
         return Dropout(f"task failed at the silo ({result.status}): {result.error}")
+    quantization = quantization_of(sent)
+    if isinstance(aggregate, WeightedMean) and quantization is not None:
+        try:
+            tensors = dequantized_model(accepted.lazy, sent, quantization)
+        except WireError as exc:
+            return Dropout(f"malformed reply: {exc}")
+        accepted = replace(accepted, lazy=tensors)
     for name, tensor in tensors.items():
         if tensor.dtype.is_floating_point and not _all_finite(tensor):
             return Dropout(
@@ -176,11 +190,28 @@ def _checked(
     return accepted
 
 
-def _all_finite(tensor: torch.Tensor | LazyTensor) -> bool:
+def quantization_of(sent: TaskMessage) -> Quantization | None:
+    """How the answer to `sent` carries its model: quantized (`compression:`), or None."""
+    return sent.config.compression if isinstance(sent.config, TrainTask) else None
+
+
+def dequantized_model(
+    lazy: Mapping[str, Unread], sent: TaskMessage, quantization: Quantization
+) -> dict[str, Unread]:
+    """An answer's unread tensors with its quantized MODEL read as the model it stands for,
+    from the model `sent` carried and its parameter spec (wire/quantized.py); a WireError
+    when it is not the quantized update of that model."""
+    if sent.spec is None:
+        raise WireError("a quantized model is read against the task's parameter spec; none")
+    sizes = [entry.numel for entry in sent.spec.entries]
+    return dequantized(lazy, MODEL, SCALES + MODEL, sent.tensors[MODEL], quantization, sizes)
+
+
+def _all_finite(tensor: torch.Tensor | Unread) -> bool:
     return all(all_finite(part) for part in _slices(tensor))
 
 
-def _slices(tensor: torch.Tensor | LazyTensor) -> Iterator[torch.Tensor]:
+def _slices(tensor: torch.Tensor | Unread) -> Iterator[torch.Tensor]:
     if isinstance(tensor, torch.Tensor):
         yield tensor
         return

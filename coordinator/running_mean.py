@@ -9,7 +9,9 @@ last reply is in. That needs a float64 running sum of the model's size; above
 unread tensors, so memory stays the output plus a slice's buffers (its float64 sum, and a
 spooled reply's slice, read into a buffer kept from slice to slice) whatever the model's size.
 Either way every element goes through the same operations (slices of `SLICE_ELEMENTS`, the
-same silos in the same order), so both give the same bits.
+same silos in the same order), so both give the same bits. A quantized answer
+(`compression:`) is read the same way, each slice decoded into the reader's buffer
+(`Dequantized` in wire/quantized.py).
 """
 
 from __future__ import annotations

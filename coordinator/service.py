@@ -170,7 +170,9 @@ class CoordinatorService:
             if peer in self.hub.revoked:
                 raise MessageRejected(REVOKED, f"silo {peer!r} is revoked")
             envelope, payload = read_message(
-                request_iterator, self.verifier, self.max_payload_bytes
+                self._heard_while_moving(peer, request_iterator),
+                self.verifier,
+                self.max_payload_bytes,
             )
             if envelope.sender != peer:
                 raise MessageRejected(
@@ -204,7 +206,17 @@ class CoordinatorService:
         )
         self.metrics.count_bytes("to_silo", envelope.sender, len(reply))
         frames = to_frames(reply_envelope, reply)
-        yield from frames if self.sends is None else self.sends.frames(frames, len(reply))
+        if self.sends is not None:
+            frames = self.sends.frames(frames, len(reply))
+        yield from self._heard_while_moving(envelope.sender, frames)
+
+    def _heard_while_moving(self, silo: str, frames: Iterator[bytes]) -> Iterator[bytes]:
+        """`frames`, the silo heard from at each (liveness, coordinator/hub.py): a silo whose
+        large message is still crossing a narrow link, and which its heartbeats queue behind,
+        is not taken for gone."""
+        for frame in frames:
+            self.hub.seen(silo)
+            yield frame
 
     def _answer(
         self, silo: str, payload: AnyPayload, message: Control | None

@@ -26,6 +26,7 @@ from fedsilo.policies.algorithms.former_mixing import SCHEDULE_SETTINGS, moved_m
 from fedsilo.policies.algorithms.plugins import validate_plugin_algorithm
 from fedsilo.policies.base import PolicyModel
 from fedsilo.policies.channel import ChannelConfig
+from fedsilo.policies.compression import CompressionConfig
 from fedsilo.policies.compute import ComputeConfig
 from fedsilo.policies.data import DataConfig
 from fedsilo.policies.evaluation import EvaluationConfig
@@ -91,6 +92,9 @@ class Policy(PolicyModel):
     secure_aggregation: SecureAggregationConfig = SecureAggregationConfig()
     # how models that move between silos travel
     channel: ChannelConfig = ChannelConfig()
+    # how each silo's update travels to the coordinator: quantized to 8 or 16 bits a value
+    # (docs/compression.md); null (the default): the trained model as it is, 32 bits a value
+    compression: CompressionConfig | None = None
     # what the job evaluates besides each evaluation round's metrics: cross_site, the matrix of
     # every model on every site's test split after the final evaluation (off by default)
     evaluation: EvaluationConfig = EvaluationConfig()
@@ -173,6 +177,7 @@ class Policy(PolicyModel):
         self._check_dp_noise()
         self._check_federated_scaling()
         self._check_secure_aggregation()
+        self._check_compression()
         self._check_local_work()
         self._check_step_plugin()
         self.algorithm.check(self)
@@ -242,6 +247,13 @@ class Policy(PolicyModel):
                 f"training.steps: {algorithm.name} needs a fixed number of local steps tau per "
                 "round (it draws a checkpoint from them); set steps instead of epochs"
             )
+
+    def _check_compression(self) -> None:
+        if self.compression is None:
+            return
+        problem = self.compression.problem(self, _names_where(lambda cls: cls.compresses_updates))
+        if problem:
+            raise ValueError(problem)
 
     def _check_secure_aggregation(self) -> None:
         secure = self.secure_aggregation

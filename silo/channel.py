@@ -46,7 +46,8 @@ class ChannelSettings:
 
     @property
     def call_timeout_s(self) -> float:
-        """The deadline of one exchange: the long poll and a margin."""
+        """How long one exchange may go without a frame moving either way: the long poll and
+        a margin (silo/call_progress.py)."""
         return self.poll_seconds + 60
 
 

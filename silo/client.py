@@ -49,6 +49,7 @@ from fedsilo.policies.loading import parse_policy_text
 from fedsilo.policies.schema import Policy
 from fedsilo.privacy.policy_signing import PolicySignatureError, verify_attempt, verify_policy
 from fedsilo.privacy.roster import RosterError, SignedRoster
+from fedsilo.silo.call_progress import watched_reply
 from fedsilo.silo.channel import ChannelSettings, CoordinatorChannel, ExchangeCalls
 from fedsilo.silo.roster_gate import RosterGate
 from fedsilo.wire.chunks import DEFAULT_CHUNK_BYTES
@@ -232,7 +233,9 @@ class CoordinatorConnection:
     def exchange_once(
         self, payload: bytes | AnyPayload, label: str, round_no: int, timeout_s: float
     ) -> bytes:
-        """One attempt of `exchange`: the verified reply, or the `grpc.RpcError`."""
+        """One attempt of `exchange`: the verified reply, or the `grpc.RpcError`; the call is
+        cancelled once no frame has moved for `timeout_s` (silo/call_progress.py), however long
+        a large model takes to cross."""
         envelope = seal(
             payload,
             signing_key=self.identity.signing_key,
@@ -244,15 +247,18 @@ class CoordinatorConnection:
         calls = self.call
         if self._one_message and len(as_payload(payload)) <= DEFAULT_CHUNK_BYTES:
             try:  # one message: gRPC starts no thread for it (docs/performance.md)
-                return self._reply(
-                    calls.one(one_message(envelope, payload), timeout=timeout_s), envelope
-                )
+                request = one_message(envelope, payload)
+                return self._reply(watched_reply(lambda _: calls.one(request), timeout_s), envelope)
             except grpc.RpcError as exc:
                 if exc.code() != grpc.StatusCode.UNIMPLEMENTED:
                     raise
                 log.info("the coordinator takes no one-message requests: sending frames")
                 self._one_message = False
-        return self._reply(calls.stream(to_frames(envelope, payload), timeout=timeout_s), envelope)
+        frames = to_frames(envelope, payload)
+        return self._reply(
+            watched_reply(lambda progress: calls.stream(progress.moving(frames)), timeout_s),
+            envelope,
+        )
 
     def _reply(self, frames: Iterable[bytes], request: Envelope) -> bytes:
         """The verified reply in `frames` to `request`."""

@@ -427,6 +427,16 @@ SCENES: dict[str, Callable[[], Scene]] = {
             )
         }
     ),
+    "compression.md": lambda: Scene(
+        elsewhere={
+            "python -m bench.compression": Elsewhere(
+                "runs the whole benchmark from a checkout (minutes); its --quick configuration "
+                "runs in tests/test_compression.py",
+                "tests/test_compression.py",
+                'compression_bench.main(["--quick"])',
+            )
+        }
+    ),
     "how-to/tracking.md": lambda: Scene(elsewhere=TRACKING),
     "ray-backend.md": lambda: Scene(
         given=a_policy,

@@ -212,3 +212,21 @@ def test_a_silo_enrolled_while_serving_has_as_long_to_start_from_its_enrolment()
     assert hub.offline() == ["s0"]  # never heard since the hub started; s1 was just enrolled
     clock.now += STARTUP_WINDOWS * WINDOW_S + 1
     assert hub.offline() == ["s0", "s1"]
+
+
+def test_a_silo_whose_large_message_is_still_crossing_is_heard_and_keeps_its_task() -> None:
+    """Over a narrow link a silo's heartbeats queue behind its own model upload or download:
+    every frame of a message moving either way counts as hearing from it."""
+    from types import SimpleNamespace
+
+    from fedsilo.coordinator.service import CoordinatorService
+
+    clock = FakeClock()
+    hub, replies = hub_with_a_task(clock)
+    service = SimpleNamespace(hub=hub)
+    upload = CoordinatorService._heard_while_moving(service, "s1", iter([b"frame"] * 3))
+    for _ in upload:  # s1's frames arrive over three windows; s0 heartbeats
+        clock.now += WINDOW_S - 1
+        hub.seen("s0")
+        hub.reap()
+    assert replies.empty() and hub.offline() == []

@@ -27,6 +27,9 @@ class AlgorithmBase(PolicyModel):
     reports: ClassVar[frozenset[str]] = SAMPLE_WEIGHTED  # report kinds it cannot run without
     averages: ClassVar[bool] = True  # every aggregate is a mean: secure aggregation applies
     clips_updates: ClassVar[bool] = False  # a mean of clipped updates: client-level DP applies
+    # its silos' trained models go, alone, to a weighted mean of `train` answers the coordinator
+    # decodes: `compression:` (quantized updates) applies
+    compresses_updates: ClassVar[bool] = False
     hands_off: ClassVar[bool] = False  # hands single silos' models on to other silos
     needs_fixed_steps: ClassVar[bool] = False  # local work is `training.steps`, never epochs
     # why DP-SGD's per-row clipping would not bound a record's influence (None: it does)

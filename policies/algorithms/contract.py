@@ -324,10 +324,15 @@ def local_training(policy: Policy, position: Position, seed: int | None = None) 
 
 
 def derived_train(policy: Policy, position: Position, seed: int | None = None) -> TrainTask:
-    """The `train` config at `position`: local training and the options the algorithm derives
-    from the policy (`train_options`), none of those the coordinator chooses."""
+    """The `train` config at `position`: local training, the options the algorithm derives
+    from the policy (`train_options`), none of those the coordinator chooses, and the
+    policy's `compression` (so a silo whose own policy does not ask refuses a task that
+    would have it quantize, and one whose policy asks refuses a task that would not)."""
     options = policy.algorithm.train_options(policy, position)
-    return TrainTask(local=local_training(policy, position, seed), **options)
+    compression = None if policy.compression is None else policy.compression.on_the_wire()
+    return TrainTask(
+        local=local_training(policy, position, seed), compression=compression, **options
+    )
 
 
 def chosen_train_options(policy: Policy) -> dict[str, Callable[[Any, SiloFacts], Any]]:

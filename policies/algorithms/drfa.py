@@ -49,6 +49,7 @@ class DrfaConfig(LambdaConfig):
     """
 
     needs_fixed_steps: ClassVar[bool] = True
+    compresses_updates: ClassVar[bool] = False  # its models travel with a checkpoint
     # selects DRFA: distributionally robust training that keeps a mixture lambda over the silos,
     # draws the silos that train from it and moves it towards the silos with the highest loss
     name: Literal["drfa"]

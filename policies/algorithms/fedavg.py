@@ -23,6 +23,7 @@ class AveragingConfig(AlgorithmBase):
     their weighted mean, or with a robust rule in the clear (`robust`)."""
 
     lineage_gap: ClassVar[str | None] = None
+    compresses_updates: ClassVar[bool] = True
     # how the coordinator combines the silos' models: null (the default) takes their sample-weighted
     # mean; a robust rule withstands silos whose data or update is broken or poisoned
     # (docs/robust-aggregation.md), in the clear only: not with secure_aggregation or

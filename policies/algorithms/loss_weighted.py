@@ -33,6 +33,7 @@ class LossWeightedConfig(AlgorithmBase):
     """A schedule that turns the losses its silos report into how much each silo counts."""
 
     reports: ClassVar[frozenset[str]] = SAMPLE_WEIGHTED | {"losses"}
+    compresses_updates: ClassVar[bool] = True  # its round's mean is FedAvg's train phase, mixed
     # the share of the consortium's silos asked to train each round, drawn at random (at least
     # participants.min_silos); 1 (the default): every silo, every round
     client_fraction: float = Field(default=1.0, gt=0, le=1)

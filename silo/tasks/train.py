@@ -18,7 +18,9 @@ The task composes one local loop (silo/local_loop.py) from the pieces its config
 * with `checkpoint_step`, DRFA's checkpoint, and with `update_scale`, its scaled update
   (silo/drfa_training.py);
 * with the silo's `privacy.client_dp`, the update clipped and noised before it leaves
-  (silo/client_dp.py).
+  (silo/client_dp.py);
+* with `compression` (the silo's own `compression:` section), the update, last of all,
+  quantized (silo/compression.py).
 
 When the silo's own policy asks for DP-SGD (`privacy.dp_sgd`), the loop runs through
 silo/dp_training.py with the DP parameters of that policy, whatever the task says, each row of
@@ -39,6 +41,7 @@ from torch import Tensor, nn
 from fedsilo.policies.data import SURVIVAL
 from fedsilo.privacy.accounting import Mechanism
 from fedsilo.silo.client_dp import clipped_update, share_mechanism
+from fedsilo.silo.compression import compressed_model
 from fedsilo.silo.data.plugins import is_plugin_task, per_sample_loss_of
 from fedsilo.silo.data.survival import NO_PER_ROW_LOSS
 from fedsilo.silo.domains import domain_objective
@@ -176,7 +179,12 @@ def train(message: TaskMessage, ctx: SiloContext) -> TaskResult:
     )
     if ctx.privacy.client_dp is not None:
         trained = clipped_update(message, ctx, received.to(trained), trained)
-    return task_result(message, ctx, {MODEL: trained} | checkpoint.tensors(), count, metrics, spec)
+    released = (  # quantized last of all, as the silo's own policy asks
+        {MODEL: trained}
+        if task.compression is None
+        else compressed_model(message, ctx, task.compression, received, trained, spec)
+    )
+    return task_result(message, ctx, released | checkpoint.tensors(), count, metrics, spec)
 
 
 def _site_step(ctx: SiloContext, task: TrainTask) -> TrainingStep | None:

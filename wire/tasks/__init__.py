@@ -30,7 +30,13 @@ from fedsilo.wire.tasks.secure_sum import (
     SecAggUnmask,
 )
 from fedsilo.wire.tasks.setup import FeatureMoments, InitTask, SchemaTask, Standardise
-from fedsilo.wire.tasks.training import EnergySignals, LocalTraining, SuperFedTrain, TrainTask
+from fedsilo.wire.tasks.training import (
+    EnergySignals,
+    LocalTraining,
+    Quantization,
+    SuperFedTrain,
+    TrainTask,
+)
 
 __all__ = [
     "TASK_CONFIGS",
@@ -54,6 +60,7 @@ __all__ = [
     "LossProbe",
     "MaskedInput",
     "NextAggregation",
+    "Quantization",
     "ScaffoldTrain",
     "SchemaTask",
     "SecAggAdvertise",

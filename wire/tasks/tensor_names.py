@@ -4,6 +4,8 @@ from __future__ import annotations
 
 # A model as a flat parameter vector: sent to train, evaluate or probe, returned trained.
 MODEL = "model"
+# A quantized update (`compression:`, wire/quantized.py): its scales, beside MODEL's values.
+SCALES = "scales/"  # + the quantized tensor's name
 # DRFA: the flat parameters after the task's `checkpoint_step`, returned beside the model.
 CHECKPOINT = "checkpoint"
 # FedProx's anchor when it is not the model sent (FedDC: the model of the last exchange).

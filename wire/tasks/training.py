@@ -37,6 +37,30 @@ class LocalTraining(JsonFields):
         return settings
 
 
+QUANTIZED_BITS = (8, 16)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Quantization(JsonFields):
+    """The policy's `compression:` as a `train` task carries it: the answer sends the update
+    quantized to `bits` a value, one float32 scale per `block_size` consecutive values of a
+    parameter tensor (absent: one per parameter tensor); wire/quantized.py."""
+
+    bits: int
+    block_size: int | None = optional()
+
+    def __post_init__(self) -> None:
+        if self.bits not in QUANTIZED_BITS:
+            raise WireError(f"a quantized update has 8 or 16 bits a value, not {self.bits}")
+        if self.block_size is not None and self.block_size < 1:
+            raise WireError(f"a block holds at least one value, not {self.block_size}")
+
+    @property
+    def levels(self) -> int:
+        """L = 2^(bits-1) - 1, the largest |q|."""
+        return 2 ** (self.bits - 1) - 1
+
+
 @dataclass(frozen=True, kw_only=True)
 class TrainTask(TaskConfig):
     """`train`: local training from the model sent (MODEL). The optional keys, absent unless
@@ -58,6 +82,8 @@ class TrainTask(TaskConfig):
     update_scale: float | None = optional()  # 1 when absent
     # client-level DP with distributed noise: the silos sharing the round's noise (1: absent)
     cohort: int | None = optional()
+    # `compression:`: the trained model's update travels quantized (absent: the model as is)
+    compression: Quantization | None = optional()
 
     @property
     def mixup_site(self) -> str:
