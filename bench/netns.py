@@ -184,11 +184,6 @@ def list_namespaces() -> list[str]:
     return [line.split()[0] for line in listed.stdout.splitlines() if line.strip()]
 
 
-def ours(namespaces: Sequence[str]) -> list[str]:
-    """Those of `namespaces` a link bench made (alive or not)."""
-    return [name for name in namespaces if _owner(name) is not None]
-
-
 def _owner(namespace: str) -> int | None:
     head, _, _ = namespace.partition("-")
     digits = head.removeprefix(PREFIX)
