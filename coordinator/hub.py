@@ -114,6 +114,7 @@ class SiloHub:
         self._outboxes: dict[str, deque[PostedTask]] = {s: deque() for s in roster}
         self._pending: dict[str, Waiting] = {}  # by task id
         self._last_seen: dict[str, float] = {}
+        self._moving_at: dict[str, float] = {}  # a frame of a message to or from it last moved
         self._gone: set[str] = set()  # reaped, not heard from since
         self._agents: dict[str, AgentSession] = {}  # the agent that holds each identity
         self._joining: tuple[float, float] | None = None  # since, until (unix) while gathering
@@ -186,6 +187,13 @@ class SiloHub:
             self._last_seen[silo] = self._clock()
             self._gone.discard(silo)
 
+    def moving(self, silo: str) -> None:
+        """A frame of a message from or to `silo` moved: it is not silent (`reap`) while a
+        large message crosses a narrow link and its heartbeats queue behind it. Unlike `seen`,
+        it binds no agent's claim to the identity: the frames may be a new agent's first."""
+        with self._lock:
+            self._moving_at[silo] = self._clock()
+
     def connected(self) -> list[str]:
         """The silos not revoked heard from within the heartbeat window."""
         now = self._clock()
@@ -244,7 +252,8 @@ class SiloHub:
     def _heard_at(self, silo: str) -> float:
         """When `silo` was last heard from; never: since it could have been (the hub's start,
         or its enrolment)."""
-        return self._last_seen.get(silo, self._enrolled_at.get(silo, self._started))
+        heard = self._last_seen.get(silo, self._enrolled_at.get(silo, self._started))
+        return max(heard, self._moving_at.get(silo, heard))
 
     def _silent(self) -> set[str]:
         now = self._clock()

@@ -208,14 +208,16 @@ class CoordinatorService:
         frames = to_frames(reply_envelope, reply)
         if self.sends is not None:
             frames = self.sends.frames(frames, len(reply))
-        yield from self._heard_while_moving(envelope.sender, frames)
+        for frame in frames:
+            yield frame
+            self.hub.moving(envelope.sender)  # gRPC asks for the next: the silo took this one
 
     def _heard_while_moving(self, silo: str, frames: Iterator[bytes]) -> Iterator[bytes]:
-        """`frames`, the silo heard from at each (liveness, coordinator/hub.py): a silo whose
-        large message is still crossing a narrow link, and which its heartbeats queue behind,
-        is not taken for gone."""
+        """`frames` from `silo`, which is moving at each (liveness, coordinator/hub.py), as it
+        is at each frame of a reply it takes: a silo whose large message is still crossing a
+        narrow link, and which its heartbeats queue behind, is not taken for gone."""
         for frame in frames:
-            self.hub.seen(silo)
+            self.hub.moving(silo)
             yield frame
 
     def _answer(
